@@ -1,0 +1,142 @@
+/* Tensor element types and quantisation block layouts, described once for every backend.
+ * Type numbers and block layouts are those of ggml (ggml.h `enum ggml_type`, ggml-common.h
+ * block structs), so GGUF files written by llama.cpp and ik_llama.cpp load unchanged. */
+#ifndef ST_QUANT_H
+#define ST_QUANT_H
+
+#include <assert.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ggml_type numbers as stored in GGUF tensor infos. */
+enum st_type {
+  ST_TYPE_F32 = 0,
+  ST_TYPE_F16 = 1,
+  ST_TYPE_Q4_0 = 2,
+  ST_TYPE_Q4_1 = 3,
+  ST_TYPE_Q5_0 = 6,
+  ST_TYPE_Q5_1 = 7,
+  ST_TYPE_Q8_0 = 8,
+  ST_TYPE_Q8_1 = 9,
+  ST_TYPE_Q2_K = 10,
+  ST_TYPE_Q3_K = 11,
+  ST_TYPE_Q4_K = 12,
+  ST_TYPE_Q5_K = 13,
+  ST_TYPE_Q6_K = 14,
+  ST_TYPE_Q8_K = 15,
+  ST_TYPE_IQ2_XXS = 16,
+  ST_TYPE_IQ2_XS = 17,
+  ST_TYPE_IQ3_XXS = 18,
+  ST_TYPE_IQ1_S = 19,
+  ST_TYPE_IQ4_NL = 20,
+  ST_TYPE_IQ3_S = 21,
+  ST_TYPE_IQ2_S = 22,
+  ST_TYPE_IQ4_XS = 23,
+  ST_TYPE_I8 = 24,
+  ST_TYPE_I16 = 25,
+  ST_TYPE_I32 = 26,
+  ST_TYPE_I64 = 27,
+  ST_TYPE_F64 = 28,
+  ST_TYPE_IQ1_M = 29,
+  ST_TYPE_BF16 = 30,
+  ST_TYPE_TQ1_0 = 34,
+  ST_TYPE_TQ2_0 = 35,
+  ST_TYPE_COUNT = 39,
+};
+
+/* Q8_0: 32 weights, one fp16 scale (ggml-common.h block_q8_0). */
+#define ST_QK8_0 32
+typedef struct {
+  uint16_t d; /* fp16 scale */
+  int8_t qs[ST_QK8_0];
+} st_block_q8_0;
+static_assert(sizeof(st_block_q8_0) == 2 + ST_QK8_0, "block_q8_0 size");
+
+/* Per-type geometry: elements per block and bytes per block (0 bytes = unknown type).
+ * Source: ggml.c type_traits (blck_size, type_size). */
+struct st_type_info {
+  const char *name;   /* ggml's name, e.g. "q8_0" */
+  uint32_t blck_size; /* elements per block */
+  uint32_t type_size; /* bytes per block */
+  int computed;       /* 1 when strata has kernels for it */
+};
+
+/* Info for a type number; a name of "type<N>" and type_size 0 for numbers ggml does not define. */
+const struct st_type_info *st_type_info(uint32_t type);
+
+/* Bytes of a row of `n` elements of `type`, or 0 when n is not a multiple of the block size
+ * or the type is unknown. */
+uint64_t st_row_bytes(uint32_t type, uint64_t n);
+
+/* IEEE half and bfloat16 conversions (round to nearest even on the way down). */
+static inline float st_fp16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else { /* subnormal */
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        exp--;
+      }
+      mant &= 0x3ff;
+      u = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t st_f32_to_fp16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffff;
+  if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    mant |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t h = sign | ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return (uint16_t)h;
+}
+
+static inline float st_bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t st_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 64); /* quiet NaN */
+  return (uint16_t)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
+}
+
+/* Quantises `n` floats (n a multiple of 32) to Q8_0 as ggml's quantize_row_q8_0_ref does:
+ * d = max|x| / 127, q = round(x / d). */
+void st_quantize_row_q8_0(const float *x, st_block_q8_0 *y, int64_t n);
+
+#define ST_QUANT_UNREACHABLE(t) do { fprintf(stderr, "strata: internal invariant broken: dequantize type %u\n", (unsigned)(t)); abort(); } while (0)
+
+/* Dequantises one row of `n` elements of `type` (F32, F16, BF16 or Q8_0) into `out`. */
+void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);
+
+#endif

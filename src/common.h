@@ -1,0 +1,48 @@
+/* Status codes, the error message buffer and invariant checks shared by every strata module.
+ * Functions that can fail return 0 or a negative ST_E* code and record a one-line message with
+ * st_set_error(); main() prints st_last_error() and exits non-zero (STYLE.md: errors are values). */
+#ifndef ST_COMMON_H
+#define ST_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum {
+  ST_OK = 0,
+  ST_EIO = -1,      /* a file could not be opened, read, mapped or written */
+  ST_EFORMAT = -2,  /* malformed input: GGUF, JSON, profile, config */
+  ST_EUNSUP = -3,   /* well-formed but not supported (tensor type, architecture) */
+  ST_EINVAL = -4,   /* bad argument or flag combination */
+  ST_ENOMEM = -5,   /* an allocation failed or a size does not fit */
+  ST_ERUNTIME = -6, /* StarPU or a device reported a failure */
+};
+
+/* Records a printf-style message for the calling thread and returns `code`, so that
+ * `return st_set_error(ST_EFORMAT, "...")` reads naturally. The message is truncated to
+ * 1 KiB. */
+int st_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prefixes the calling thread's current message with `prefix: ` (for adding context, e.g. the
+ * file name, as the error travels up) and returns `code`. */
+int st_error_context(int code, const char *prefix);
+
+/* The calling thread's last message ("" if none). Owned by the thread; valid until the next
+ * st_set_error() on that thread. */
+const char *st_last_error(void);
+
+/* A broken internal invariant: prints the condition and aborts. Never used for bad input. */
+#define ST_ASSERT(cond)                                                                      \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      fprintf(stderr, "strata: internal invariant broken at %s:%d: %s\n", __FILE__, __LINE__, \
+              #cond);                                                                        \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
+/* Monotonic wall-clock time in seconds. */
+double st_now(void);
+
+#endif

@@ -1,0 +1,53 @@
+/* The GGUF `gpt2` byte-level BPE tokenizer with the `qwen2` pre-tokenizer (Qwen2/Qwen3 models).
+ * Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,eos_token_id,...} from a GGUF file
+ * (a vocabulary-only file without tensors is fine). The pre-split regex is Qwen2's from
+ * Hugging Face tokenizers / llama.cpp (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_QWEN2), run with
+ * PCRE2 in UTF+UCP mode. Special (control / user-defined) tokens written in the text are
+ * matched first and become their own ids. No BOS is added. */
+#ifndef ST_TOKENIZER_H
+#define ST_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct st_gguf;
+struct st_tokenizer;
+
+/* Builds a tokenizer from the GGUF's tokenizer.* keys. Refuses (ST_EUNSUP) a model other than
+ * "gpt2" or a pre-tokenizer other than "qwen2" (naming it), and (ST_EFORMAT) missing or
+ * inconsistent arrays. The GGUF handle may be closed afterwards (strings are copied).
+ * *out is owned by the caller: st_tokenizer_free(). */
+int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out);
+void st_tokenizer_free(struct st_tokenizer *t);
+
+/* Encodes `text` (len bytes of UTF-8; invalid UTF-8 bytes are encoded byte-wise) into a
+ * malloc'd array *ids of *n ids (caller frees). parse_special != 0 turns special-token text
+ * into its id. */
+int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t len,
+                        int parse_special, int32_t **ids, size_t *n);
+
+/* Vocabulary size (number of ids) and special ids (-1 when absent). */
+int32_t st_tokenizer_n_vocab(const struct st_tokenizer *t);
+int32_t st_tokenizer_eos(const struct st_tokenizer *t);   /* tokenizer.ggml.eos_token_id */
+int32_t st_tokenizer_eot(const struct st_tokenizer *t);   /* <|im_end|> when present */
+int st_tokenizer_is_special(const struct st_tokenizer *t, int32_t id);
+
+/* The bytes of one token (byte-level BPE decoded back to raw bytes; special tokens give their
+ * text). Returns the byte count written to buf (at most cap) or a negative ST_E* for a bad id. */
+int st_tokenizer_token_bytes(const struct st_tokenizer *t, int32_t id, char *buf, size_t cap);
+
+/* Streaming detokenizer: feeds ids, emits only complete UTF-8 characters; a character split
+ * over several tokens is held back until complete. */
+struct st_detok {
+  const struct st_tokenizer *tok;
+  char pending[16];
+  size_t n_pending;
+};
+void st_detok_init(struct st_detok *d, const struct st_tokenizer *t);
+/* Appends the text now complete after `id` to out (NUL-terminated, at most cap-1 bytes);
+ * returns the number of bytes written. */
+size_t st_detok_push(struct st_detok *d, int32_t id, char *out, size_t cap);
+/* Emits whatever is held back (invalid or truncated sequences as U+FFFD). */
+size_t st_detok_flush(struct st_detok *d, char *out, size_t cap);
+
+#endif
