@@ -1,1 +1,115 @@
-int main(void){return 0;}
+/* The `strata` binary: dispatches to its subcommands and holds the small parsers they share. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common.h"
+#include "config.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: strata <command> [options]\n"
+          "\n"
+          "Runs GGUF Mixture-of-Experts models (qwen3moe) as StarPU task graphs.\n"
+          "\n"
+          "commands:\n"
+          "  generate   generate text from a prompt, streaming it, then print speed and tier statistics\n"
+          "  eval       run a prompt and write the logits of its last position (float32, little-endian)\n"
+          "  tokenize   print the token ids of a text as a JSON array\n"
+          "  mkmodel    write a random-weight qwen3moe GGUF for demos and benchmarks\n"
+          "\n"
+          "`strata <command> --help` lists each command's options. StarPU reads its own environment\n"
+          "variables (STARPU_SCHED, STARPU_NCPU, ...): see doc/tuning.md.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 1;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "--version")) {
+    printf("strata %s\n", PACKAGE_VERSION);
+    return 0;
+  }
+  static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+  } cmds[] = {{"generate", st_cmd_generate},
+              {"eval", st_cmd_eval},
+              {"tokenize", st_cmd_tokenize},
+              {"mkmodel", st_cmd_mkmodel}};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "strata: unknown command '%s' (see strata --help)\n", cmd);
+  return 1;
+}
+
+int st_parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end)
+    return st_set_error(ST_EINVAL, "%s expects a whole number, got '%s'", flag, s);
+  if (v < lo || v > hi)
+    return st_set_error(ST_EINVAL, "%s must be between %ld and %ld, got %ld", flag, lo, hi, v);
+  *out = v;
+  return 0;
+}
+
+int st_parse_float(const char *flag, const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end) return st_set_error(ST_EINVAL, "%s expects a number, got '%s'", flag, s);
+  if (!(v >= lo && v <= hi)) return st_set_error(ST_EINVAL, "%s must be between %g and %g, got %g", flag, lo, hi, v);
+  *out = v;
+  return 0;
+}
+
+int st_parse_ids(const char *s, int32_t **ids, size_t *n) {
+  size_t cap = 16, m = 0;
+  int32_t *v = malloc(sizeof *v * cap);
+  if (!v) return st_set_error(ST_ENOMEM, "out of memory");
+  const char *p = s;
+  while (*p == ' ' || *p == '[') p++;
+  while (*p && *p != ']') {
+    char *end;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (end == p || errno || x < 0 || x > INT32_MAX) {
+      free(v);
+      return st_set_error(ST_EINVAL, "--prompt-ids: expected comma-separated token ids, got '%s'", s);
+    }
+    if (m == cap) {
+      int32_t *nv = realloc(v, sizeof *v * (cap *= 2));
+      if (!nv) {
+        free(v);
+        return st_set_error(ST_ENOMEM, "out of memory");
+      }
+      v = nv;
+    }
+    v[m++] = (int32_t)x;
+    p = end;
+    while (*p == ' ' || *p == ',' || *p == '\n') p++;
+  }
+  if (m == 0) {
+    free(v);
+    return st_set_error(ST_EINVAL, "--prompt-ids: no token ids in '%s'", s);
+  }
+  *ids = v;
+  *n = m;
+  return 0;
+}
+
+void st_print_ids(FILE *f, const int32_t *ids, size_t n) {
+  fputc('[', f);
+  for (size_t i = 0; i < n; i++) fprintf(f, "%s%d", i ? ", " : "", ids[i]);
+  fputs("]\n", f);
+}

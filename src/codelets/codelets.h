@@ -1,0 +1,99 @@
+/* StarPU codelets of one qwen3moe layer and the output head, and the wrappers that submit them.
+ * One kernel family per file (STYLE.md): attention.c, linear.c, router.c, expert_rows.c,
+ * combine.c; CUDA variants live in cuda/. Every buffer is a StarPU vector handle: activations
+ * are float32 row-major [rows][width]; weights are the raw bytes of a GGUF tensor (or of one
+ * expert's slice of it), read-only. Codelets know nothing of caches or tiers: the caller passes
+ * the worker a task must run on (-1 = any worker that has an implementation). */
+#ifndef ST_CODELETS_H
+#define ST_CODELETS_H
+
+#include <starpu.h>
+#include <stdint.h>
+
+/* How a weight buffer is laid out: rows of `n` elements of `type`, `row_bytes` apart. */
+struct st_wdesc {
+  uint32_t type;
+  uint64_t row_bytes;
+  int64_t n;
+};
+
+/* ---- attention.c: one task per KV head (GQA group) ------------------------------------------
+ * Buffers: x [T][n_embd] R, attn_norm f32 R, wq R, wk R, wv R, q_norm f32 R, k_norm f32 R,
+ * k_cache [n_ctx][head_dim] RW, v_cache [n_ctx][head_dim] RW, out [T][n_q * head_dim] W.
+ * Computes, for the n_q query heads of `group` and its KV head: RMSNorm, Q/K/V projections,
+ * q/k RMSNorm, NEOX RoPE at positions pos0..pos0+T-1, the KV-cache write and causal softmax
+ * attention over positions 0..pos. */
+struct st_attention_args {
+  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group;
+  float eps, rope_theta;
+  struct st_wdesc wq, wk, wv;
+};
+int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t bufs[10],
+                        const char *name);
+
+/* ---- linear.c: y = W[r0..r1) · concat(inputs), optionally RMS-normed first ------------------
+ * Buffers: W R, [norm f32 R when has_norm], n_in inputs [T_in][n / n_in] R, out [T][r1 - r0] W.
+ * Inputs are concatenated along the row (their widths are equal); rows in_row0..in_row0+T-1
+ * of the inputs are used (the output head takes only the last position). Used for the
+ * attention output projection (inputs: the per-group attention outputs) and the output head. */
+struct st_linear_args {
+  int32_t T, in_row0, n_in, has_norm;
+  int64_t r0, r1;
+  float eps;
+  struct st_wdesc w;
+};
+int st_submit_linear(const struct st_linear_args *a, starpu_data_handle_t *bufs, int nbufs,
+                     const char *name);
+
+/* ---- router.c: residual, ffn_norm, routing -------------------------------------------------
+ * Buffers: x [T][n_embd] R, n_xo attention-output slices [T][n_embd / n_xo] R, ffn_norm f32 R,
+ * router W [n_expert][n_embd] R, h [T][n_embd] W, ffn_in [T][n_embd] W,
+ * routing W (int32 ids[T][k] followed by float weights[T][k]).
+ * h = x + concat(xo); ffn_in = RMSNorm(h) * ffn_norm; softmax over the router logits, top-k
+ * (ties to the lower expert id), weights renormalised to sum to 1 (qwen3moe always does). */
+struct st_router_args {
+  int32_t T, n_embd, n_expert, k, n_xo;
+  float eps;
+  struct st_wdesc w;
+};
+int st_submit_router(const struct st_router_args *a, starpu_data_handle_t *bufs, int nbufs,
+                     const char *name);
+
+/* ---- expert_rows.c: the rows of one expert pair ----------------------------------------------
+ * Buffers: ffn_in [T][n_embd] R, gate [n_ff][n_embd] R, up [n_ff][n_embd] R,
+ * down [n_embd][n_ff] R, out [n_rows][n_embd] W.
+ * out[i] = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows. */
+struct st_expert_row {
+  int32_t token;
+  float weight;
+};
+struct st_expert_rows_args {
+  int32_t n_rows, n_embd, n_ff, layer, expert;
+  struct st_wdesc gate, up, down;
+  struct st_expert_row rows[]; /* n_rows entries */
+};
+/* `a` is copied; `worker` = -1 lets the scheduler pick among the workers that can run it. */
+int st_submit_expert_rows(const struct st_expert_rows_args *a, starpu_data_handle_t bufs[5],
+                          int worker, const char *name);
+
+/* ---- combine.c: fixed-order sum of the experts' weighted outputs, then the residual ---------
+ * Buffers: h [T][n_embd] R, n_out expert outputs R, x [T][n_embd] W.
+ * x[t] = h[t] + sum over slots j = 0..k-1, in that order, of out[src[t][j].buf][src[t][j].row]. */
+struct st_combine_src {
+  int32_t buf, row;
+};
+struct st_combine_args {
+  int32_t T, k, n_embd, n_out;
+  struct st_combine_src src[]; /* T * k entries */
+};
+int st_submit_combine(const struct st_combine_args *a, starpu_data_handle_t *bufs, int nbufs,
+                      const char *name);
+
+/* Shared by the wrappers: creates and submits a task with `nbufs` handles and modes, a copy of
+ * `args` (args_size bytes) as cl_arg, `name` (not copied: must outlive the task) and an
+ * optional fixed worker. Returns 0 or ST_ERUNTIME. */
+int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
+                   const enum starpu_data_access_mode *modes, int nbufs, const void *args,
+                   size_t args_size, int worker, const char *name);
+
+#endif

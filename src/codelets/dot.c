@@ -1,0 +1,194 @@
+/* CPU dot-product kernels (see dot.h): a scalar path, AVX2+FMA+F16C and AVX-512, selected once
+ * at run time from the CPU's features. One weight row is loaded once and multiplied with a tile
+ * of up to ST_TILE activation rows; each activation row keeps its own accumulators, updated in
+ * the same order whatever the tile size, so results do not depend on the batch size. */
+#include "codelets/dot.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "codelets/quant.h"
+#include "common.h"
+
+#define ST_TILE 4
+
+/* ---- scalar ------------------------------------------------------------------------------ */
+
+static inline float load_w_scalar(uint32_t type, const void *row, int64_t i) {
+  switch (type) {
+  case ST_TYPE_F32:
+    return ((const float *)row)[i];
+  case ST_TYPE_F16:
+    return st_fp16_to_f32(((const uint16_t *)row)[i]);
+  case ST_TYPE_BF16:
+    return st_bf16_to_f32(((const uint16_t *)row)[i]);
+  default: {
+    const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
+    return st_fp16_to_f32(b->d) * (float)b->qs[i % ST_QK8_0];
+  }
+  }
+}
+
+static void row_tile_scalar(uint32_t type, const void *w, const float *x, int64_t ldx, int nt,
+                            int64_t n, float *out, int64_t ldo) {
+  for (int t = 0; t < nt; t++) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i & 7] += load_w_scalar(type, w, i) * x[t * ldx + i];
+    out[t * ldo] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  }
+}
+
+/* ---- AVX2 -------------------------------------------------------------------------------- */
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) {
+  switch (type) {
+  case ST_TYPE_F32:
+    return _mm256_loadu_ps((const float *)row + i);
+  case ST_TYPE_F16:
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+  case ST_TYPE_BF16:
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+  default: {
+    const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
+    const __m256 d = _mm256_set1_ps(st_fp16_to_f32(b->d));
+    const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + i % ST_QK8_0));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  }
+  }
+}
+
+static inline AVX2 float hsum8_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt,
+                               int64_t n, float *out, int64_t ldo) {
+  __m256 a0[ST_TILE], a1[ST_TILE];
+  for (int t = 0; t < nt; t++) a0[t] = a1[t] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = load8_avx2(type, w, i), w1 = load8_avx2(type, w, i + 8);
+    for (int t = 0; t < nt; t++) {
+      a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + i), a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + i + 8), a1[t]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 w0 = load8_avx2(type, w, i);
+    for (int t = 0; t < nt; t++) a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + i), a0[t]);
+  }
+  for (int t = 0; t < nt; t++) {
+    float s = hsum8_avx2(_mm256_add_ps(a0[t], a1[t]));
+    for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j) * x[t * ldx + j];
+    out[t * ldo] = s;
+  }
+}
+
+/* ---- AVX-512 ----------------------------------------------------------------------------- */
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_t i) {
+  switch (type) {
+  case ST_TYPE_F32:
+    return _mm512_loadu_ps((const float *)row + i);
+  case ST_TYPE_F16:
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
+  case ST_TYPE_BF16:
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))),
+        16));
+  default: {
+    const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
+    const __m512 d = _mm512_set1_ps(st_fp16_to_f32(b->d));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + i % ST_QK8_0));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+  }
+  }
+}
+
+static AVX512 void row_tile_avx512(uint32_t type, const void *w, const float *x, int64_t ldx,
+                                   int nt, int64_t n, float *out, int64_t ldo) {
+  __m512 a0[ST_TILE], a1[ST_TILE];
+  for (int t = 0; t < nt; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 w0 = load16_avx512(type, w, i), w1 = load16_avx512(type, w, i + 16);
+    for (int t = 0; t < nt; t++) {
+      a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * ldx + i), a0[t]);
+      a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * ldx + i + 16), a1[t]);
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 w0 = load16_avx512(type, w, i);
+    for (int t = 0; t < nt; t++) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * ldx + i), a0[t]);
+  }
+  for (int t = 0; t < nt; t++) {
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+    for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j) * x[t * ldx + j];
+    out[t * ldo] = s;
+  }
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
+                            int64_t);
+
+static int detected_level(void) {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return 1;
+  return 0;
+}
+
+/* -1 until first use; a process-wide constant afterwards (the CPU does not change). */
+static int isa_level = -1;
+
+static int level(void) {
+  if (isa_level < 0) isa_level = detected_level();
+  return isa_level;
+}
+
+const char *st_dot_isa(void) {
+  static const char *names[] = {"scalar", "avx2", "avx512"};
+  return names[level()];
+}
+
+int st_dot_force_isa(int l) {
+  if (l >= 0 && l <= detected_level()) isa_level = l;
+  return level();
+}
+
+void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
+               const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
+  static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
+  const row_tile_fn fn = fns[level()];
+  /* Blocks of 64 weight rows stay in L2 while every token tile passes over them. */
+  for (int64_t rb = r0; rb < r1; rb += 64) {
+    const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
+    for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
+      const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
+      for (int64_t r = rb; r < re; r++)
+        fn(type, (const uint8_t *)W + (uint64_t)r * row_bytes, x + t0 * ldx, ldx, nt, n,
+           out + t0 * ldo + (r - r0), ldo);
+    }
+  }
+}
+
+void st_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * (w ? w[i] : 1.0f);
+}

@@ -1,0 +1,427 @@
+/* Builds and runs the StarPU task graph of a batch (see engine.h). Per layer: one attention task
+ * per KV head, the attention output projection in row slices, the router; the host then reads
+ * the routing table, submits one expert-row task per active expert pair (large ones sliced by
+ * rows) on the worker its tier gives, and a combine task that sums the experts' outputs in
+ * top-k slot order. Slicing never depends on the number of workers, so logits are bitwise
+ * identical under any scheduler or worker count. */
+#include "graph/engine.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codelets/codelets.h"
+#include "codelets/quant.h"
+#include "common.h"
+
+enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
+
+#define ROWS_PER_EXPERT_TASK 64 /* an expert with more rows in a batch is split into tasks */
+#define HEAD_SLICE_ROWS 4096    /* output-head rows per task */
+#define O_SLICE_ROWS 512        /* attention-output rows per task */
+
+static starpu_data_handle_t reg(const void *ptr, uint64_t nx, uint64_t elemsize) {
+  starpu_data_handle_t h;
+  starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)ptr, (uint32_t)nx, (size_t)elemsize);
+  return h;
+}
+
+static starpu_data_handle_t reg_weight(const struct st_weight *w) {
+  return reg(w->data, w->ne[1] * w->ne[2], w->row_bytes);
+}
+
+static struct st_wdesc wdesc(const struct st_weight *w) {
+  return (struct st_wdesc){w->type, w->row_bytes, (int64_t)w->ne[0]};
+}
+
+static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+/* Every task name the graph uses, made once (StarPU keeps the pointer, not a copy). */
+static int make_names(struct st_engine *e) {
+  const struct st_hparams *hp = &e->hp;
+  const int per_layer = 3 + (int)hp->n_head_kv + e->n_slices_o;
+  const size_t n_names = (size_t)hp->n_layer * hp->n_expert + (size_t)hp->n_layer * per_layer + e->n_slices_head;
+  e->names = malloc(n_names * 40);
+  e->expert_names = malloc(sizeof(char *) * (size_t)hp->n_layer * hp->n_expert);
+  e->layer_names = malloc(sizeof(char *) * (size_t)hp->n_layer * per_layer);
+  e->head_names = malloc(sizeof(char *) * (size_t)e->n_slices_head);
+  if (!e->names || !e->expert_names || !e->layer_names || !e->head_names)
+    return st_set_error(ST_ENOMEM, "out of memory for task names");
+  char *p = e->names;
+#define NAME(dst, ...)               \
+  do {                               \
+    snprintf(p, 40, __VA_ARGS__);    \
+    (dst) = p;                       \
+    p += 40;                         \
+  } while (0)
+  for (uint32_t l = 0; l < hp->n_layer; l++) {
+    for (uint32_t x = 0; x < hp->n_expert; x++)
+      NAME(e->expert_names[l * hp->n_expert + x], "expert_rows L%u E%u %s", l, x,
+           st_tier_name(st_placement_tier(&e->placement, l, x)));
+    const char **ln = e->layer_names + (size_t)l * per_layer;
+    NAME(ln[0], "router L%u", l);
+    NAME(ln[1], "combine L%u", l);
+    NAME(ln[2], "unused L%u", l);
+    for (uint32_t g = 0; g < hp->n_head_kv; g++) NAME(ln[3 + g], "attention L%u G%u", l, g);
+    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[3 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
+  }
+  for (int s = 0; s < e->n_slices_head; s++) NAME(e->head_names[s], "output_head S%d", s);
+#undef NAME
+  return 0;
+}
+
+int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
+  *out = NULL;
+  struct st_engine *e = calloc(1, sizeof *e);
+  if (!e) return st_set_error(ST_ENOMEM, "out of memory");
+  e->model = m;
+  e->hp = m->hp;
+  const struct st_hparams *hp = &e->hp;
+  e->n_ctx = o->n_ctx > 0 ? o->n_ctx : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+  e->prefill = o->prefill > 0 ? o->prefill : 512;
+  if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
+  e->n_slices_o = div_up((int)hp->n_embd, O_SLICE_ROWS);
+  while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
+  e->n_slices_head = div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
+
+  int rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert);
+  if (!rc) rc = make_names(e);
+  const size_t T = (size_t)e->prefill, d = hp->n_embd, k = hp->n_expert_used;
+  const size_t qw = (size_t)hp->n_head * hp->head_dim;
+  const size_t kv_floats = (size_t)hp->n_layer * hp->n_head_kv * 2 * (size_t)e->n_ctx * hp->head_dim;
+  if (!rc) {
+    e->kv = calloc(kv_floats, sizeof(float));
+    e->x = malloc(sizeof(float) * T * d);
+    e->h = malloc(sizeof(float) * T * d);
+    e->ffn_in = malloc(sizeof(float) * T * d);
+    e->xo = malloc(sizeof(float) * T * d);
+    e->attn = malloc(sizeof(float) * T * qw);
+    e->expert_out = malloc(sizeof(float) * T * k * d);
+    e->logits = malloc(sizeof(float) * T * hp->n_vocab);
+    e->routing = malloc(sizeof(int32_t) * T * k * 2);
+    e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
+    e->h_expert = calloc((size_t)hp->n_layer * hp->n_expert * 3, sizeof(starpu_data_handle_t));
+    e->h_kv = calloc((size_t)hp->n_layer * hp->n_head_kv * 2, sizeof(starpu_data_handle_t));
+    if (!e->kv || !e->x || !e->h || !e->ffn_in || !e->xo || !e->attn || !e->expert_out ||
+        !e->logits || !e->routing || !e->h_layer || !e->h_expert || !e->h_kv)
+      rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens) and batch buffers",
+                        kv_floats * 4.0 / (1 << 20), e->n_ctx);
+  }
+  if (rc) {
+    st_engine_destroy(e);
+    return rc;
+  }
+
+  struct starpu_conf conf;
+  starpu_conf_init(&conf);
+  int sret = starpu_init(&conf);
+  if (sret) {
+    st_engine_destroy(e);
+    return st_set_error(ST_ERUNTIME, "StarPU failed to start (starpu_init returned %d)", sret);
+  }
+  if (starpu_cpu_worker_get_count() == 0) {
+    starpu_shutdown();
+    st_engine_destroy(e);
+    return st_set_error(ST_ERUNTIME, "StarPU started with no CPU worker (check STARPU_NCPU)");
+  }
+  e->h_output_norm = reg_weight(&m->output_norm);
+  e->h_output = reg_weight(&m->output);
+  for (uint32_t l = 0; l < hp->n_layer; l++) {
+    const struct st_layer *L = &m->layers[l];
+    const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                           &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
+    for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
+    for (uint32_t x = 0; x < hp->n_expert; x++) {
+      starpu_data_handle_t *he = e->h_expert + ((size_t)l * hp->n_expert + x) * 3;
+      he[0] = reg(st_expert_ptr(&L->gate_exps, x), L->gate_exps.ne[1], L->gate_exps.row_bytes);
+      he[1] = reg(st_expert_ptr(&L->up_exps, x), L->up_exps.ne[1], L->up_exps.row_bytes);
+      he[2] = reg(st_expert_ptr(&L->down_exps, x), L->down_exps.ne[1], L->down_exps.row_bytes);
+    }
+    for (uint32_t g = 0; g < hp->n_head_kv; g++)
+      for (int c = 0; c < 2; c++) {
+        const size_t i = ((size_t)l * hp->n_head_kv + g) * 2 + c;
+        e->h_kv[i] = reg(e->kv + i * (size_t)e->n_ctx * hp->head_dim, (uint64_t)e->n_ctx * hp->head_dim, 4);
+      }
+  }
+  *out = e;
+  return 0;
+}
+
+void st_engine_destroy(struct st_engine *e) {
+  if (!e) return;
+  if (e->h_output) {
+    const struct st_hparams *hp = &e->hp;
+    starpu_task_wait_for_all();
+    starpu_data_unregister(e->h_output_norm);
+    starpu_data_unregister(e->h_output);
+    for (size_t i = 0; i < (size_t)hp->n_layer * W_COUNT; i++) starpu_data_unregister(e->h_layer[i]);
+    for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert * 3; i++) starpu_data_unregister(e->h_expert[i]);
+    for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_head_kv * 2; i++) starpu_data_unregister(e->h_kv[i]);
+    starpu_shutdown();
+  }
+  free(e->kv);
+  free(e->x);
+  free(e->h);
+  free(e->ffn_in);
+  free(e->xo);
+  free(e->attn);
+  free(e->expert_out);
+  free(e->logits);
+  free(e->routing);
+  free(e->h_layer);
+  free(e->h_expert);
+  free(e->h_kv);
+  free(e->names);
+  free(e->expert_names);
+  free(e->layer_names);
+  free(e->head_names);
+  st_placement_free(&e->placement);
+  free(e);
+}
+
+void st_engine_reset(struct st_engine *e) { e->n_past = 0; }
+
+int st_engine_n_cpu_workers(const struct st_engine *e) {
+  (void)e;
+  return (int)starpu_cpu_worker_get_count();
+}
+
+int st_engine_n_cuda_workers(const struct st_engine *e) {
+  (void)e;
+  return (int)starpu_cuda_worker_get_count();
+}
+
+/* Handles of one batch: registered over the engine's buffers for T rows. */
+struct batch {
+  int T;
+  starpu_data_handle_t x, h, ffn_in, routing;
+  starpu_data_handle_t *attn; /* [n_head_kv] */
+  starpu_data_handle_t *xo;   /* [n_slices_o] */
+};
+
+/* The experts of one layer: submits expert-row tasks and the combine. Reads the routing table
+ * (the host waits for the router here), so it is called after the layer's router is submitted. */
+static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
+  const struct st_hparams *hp = &e->hp;
+  const struct st_layer *L = &e->model->layers[l];
+  const int T = b->T, k = (int)hp->n_expert_used, d = (int)hp->n_embd, E = (int)hp->n_expert;
+  int rc = 0;
+
+  starpu_data_acquire(b->routing, STARPU_R);
+  const int32_t *ids = e->routing;
+  const float *wts = (const float *)(e->routing + (size_t)T * k);
+  if (e->routing_trace)
+    memcpy(e->routing_trace + ((size_t)l * e->n_ctx + e->n_past) * k, ids, sizeof(int32_t) * (size_t)T * k);
+
+  /* rows of each expert, in token order: counting sort by expert */
+  int *count = calloc((size_t)E + 1, sizeof(int));
+  int *order = malloc(sizeof(int) * (size_t)T * k); /* (t*k+j) sorted by expert */
+  struct st_combine_args *ca = malloc(sizeof *ca + sizeof ca->src[0] * (size_t)T * k);
+  struct st_expert_rows_args *ea = malloc(sizeof *ea + sizeof ea->rows[0] * ROWS_PER_EXPERT_TASK);
+  starpu_data_handle_t *outs = malloc(sizeof(starpu_data_handle_t) * ((size_t)T * k + 2));
+  if (!count || !order || !ca || !ea || !outs) {
+    rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
+    starpu_data_release(b->routing);
+    goto done;
+  }
+  for (int i = 0; i < T * k; i++) {
+    if (ids[i] < 0 || ids[i] >= E) ST_ASSERT(!"router produced an expert id out of range");
+    count[ids[i] + 1]++;
+  }
+  for (int x = 0; x < E; x++) count[x + 1] += count[x];
+  {
+    int *fill = malloc(sizeof(int) * (size_t)E);
+    memcpy(fill, count, sizeof(int) * (size_t)E);
+    for (int i = 0; i < T * k; i++) order[fill[ids[i]]++] = i;
+    free(fill);
+  }
+
+  *ca = (struct st_combine_args){.T = T, .k = k, .n_embd = d};
+  int n_out = 0;
+  for (int x = 0; x < E && !rc; x++) {
+    const enum st_tier tier = st_placement_tier(&e->placement, l, (uint32_t)x);
+    for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
+      const int n = count[x + 1] - s < ROWS_PER_EXPERT_TASK ? count[x + 1] - s : ROWS_PER_EXPERT_TASK;
+      *ea = (struct st_expert_rows_args){.n_rows = n, .n_embd = d, .n_ff = (int)hp->n_ff_exp,
+                                         .layer = (int)l, .expert = x, .gate = wdesc(&L->gate_exps),
+                                         .up = wdesc(&L->up_exps), .down = wdesc(&L->down_exps)};
+      for (int r = 0; r < n; r++) {
+        const int i = order[s + r];
+        ea->rows[r] = (struct st_expert_row){.token = i / k, .weight = wts[i]};
+        ca->src[i] = (struct st_combine_src){.buf = n_out, .row = r};
+      }
+      outs[1 + n_out] = reg(e->expert_out + (size_t)s * d, (uint64_t)n * d, 4);
+      starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
+      starpu_data_handle_t bufs[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
+      rc = st_submit_expert_rows(ea, bufs, st_placement_worker(&e->placement, tier),
+                                 e->expert_names[(size_t)l * E + x]);
+      e->stats.expert_tasks[tier]++;
+      e->stats.expert_entries[tier] += (uint64_t)n;
+      e->stats.tasks++;
+      n_out++;
+    }
+  }
+  starpu_data_release(b->routing);
+  if (!rc) {
+    ca->n_out = n_out;
+    outs[0] = b->h;
+    outs[1 + n_out] = b->x;
+    const int per_layer = 3 + (int)hp->n_head_kv + e->n_slices_o;
+    rc = st_submit_combine(ca, outs, n_out + 2, e->layer_names[(size_t)l * per_layer + 1]);
+    e->stats.tasks++;
+  }
+  for (int i = 0; i < n_out; i++) starpu_data_unregister_submit(outs[1 + i]);
+done:
+  free(count);
+  free(order);
+  free(ca);
+  free(ea);
+  free(outs);
+  return rc;
+}
+
+static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
+  const struct st_hparams *hp = &e->hp;
+  const struct st_layer *L = &e->model->layers[l];
+  starpu_data_handle_t *hw = e->h_layer + (size_t)l * W_COUNT;
+  const int per_layer = 3 + (int)hp->n_head_kv + e->n_slices_o;
+  const char **names = e->layer_names + (size_t)l * per_layer;
+  const int G = (int)hp->n_head_kv, nq = (int)(hp->n_head / hp->n_head_kv);
+  int rc = 0;
+  for (int g = 0; g < G && !rc; g++) {
+    struct st_attention_args a = {.T = b->T, .pos0 = e->n_past, .n_ctx = e->n_ctx,
+                                  .n_embd = (int)hp->n_embd, .head_dim = (int)hp->head_dim,
+                                  .n_q = nq, .group = g, .eps = hp->rms_eps,
+                                  .rope_theta = hp->rope_theta, .wq = wdesc(&L->wq),
+                                  .wk = wdesc(&L->wk), .wv = wdesc(&L->wv)};
+    const size_t ikv = ((size_t)l * G + g) * 2;
+    starpu_data_handle_t bufs[10] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V],
+                                     hw[W_Q_NORM], hw[W_K_NORM], e->h_kv[ikv], e->h_kv[ikv + 1],
+                                     b->attn[g]};
+    rc = st_submit_attention(&a, bufs, names[3 + g]);
+    e->stats.tasks++;
+  }
+  const int so = (int)hp->n_embd / e->n_slices_o;
+  for (int s = 0; s < e->n_slices_o && !rc; s++) {
+    struct st_linear_args a = {.T = b->T, .in_row0 = 0, .n_in = G, .has_norm = 0,
+                               .r0 = (int64_t)s * so, .r1 = (int64_t)(s + 1) * so, .w = wdesc(&L->wo)};
+    starpu_data_handle_t bufs[2 + G];
+    bufs[0] = hw[W_O];
+    for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
+    bufs[1 + G] = b->xo[s];
+    rc = st_submit_linear(&a, bufs, 2 + G, names[3 + G + s]);
+    e->stats.tasks++;
+  }
+  if (rc) return rc;
+  {
+    struct st_router_args a = {.T = b->T, .n_embd = (int)hp->n_embd, .n_expert = (int)hp->n_expert,
+                               .k = (int)hp->n_expert_used, .n_xo = e->n_slices_o,
+                               .eps = hp->rms_eps, .w = wdesc(&L->router)};
+    const int nb = 6 + e->n_slices_o;
+    starpu_data_handle_t bufs[nb];
+    bufs[0] = b->x;
+    for (int s = 0; s < e->n_slices_o; s++) bufs[1 + s] = b->xo[s];
+    bufs[1 + e->n_slices_o] = hw[W_FFN_NORM];
+    bufs[2 + e->n_slices_o] = hw[W_ROUTER];
+    bufs[3 + e->n_slices_o] = b->h;
+    bufs[4 + e->n_slices_o] = b->ffn_in;
+    bufs[5 + e->n_slices_o] = b->routing;
+    rc = st_submit_router(&a, bufs, nb, names[0]);
+    e->stats.tasks++;
+  }
+  return rc ? rc : submit_moe(e, b, l);
+}
+
+/* Output head over rows [row0, row0 + T_out) of x into e->logits ([T_out][n_vocab]). */
+static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out) {
+  const struct st_hparams *hp = &e->hp;
+  const int V = (int)hp->n_vocab, S = e->n_slices_head;
+  const int rows = div_up(V, S);
+  starpu_data_handle_t *out = malloc(sizeof(starpu_data_handle_t) * (size_t)S);
+  float *slices = malloc(sizeof(float) * (size_t)T_out * V);
+  if (!out || !slices) {
+    free(out);
+    free(slices);
+    return st_set_error(ST_ENOMEM, "out of memory for logits");
+  }
+  int rc = 0, submitted = 0;
+  for (int s = 0; s < S && !rc; s++) {
+    const int r0 = s * rows, r1 = r0 + rows < V ? r0 + rows : V;
+    struct st_linear_args a = {.T = T_out, .in_row0 = row0, .n_in = 1, .has_norm = 1,
+                               .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output)};
+    out[s] = reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
+    starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
+    rc = st_submit_linear(&a, bufs, 4, e->head_names[s]);
+    e->stats.tasks++;
+    submitted++;
+  }
+  for (int s = 0; s < submitted; s++) starpu_data_unregister(out[s]); /* waits for the task */
+  if (!rc)
+    for (int s = 0; s < S; s++) {
+      const int r0 = s * rows, r1 = r0 + rows < V ? r0 + rows : V;
+      for (int t = 0; t < T_out; t++)
+        memcpy(e->logits + (size_t)t * V + r0, slices + (size_t)T_out * r0 + (size_t)t * (r1 - r0),
+               sizeof(float) * (size_t)(r1 - r0));
+    }
+  free(out);
+  free(slices);
+  return rc;
+}
+
+static int eval_chunk(struct st_engine *e, const int32_t *ids, int T, int want_logits, int all_logits) {
+  const struct st_hparams *hp = &e->hp;
+  const size_t d = hp->n_embd, k = hp->n_expert_used;
+  const size_t qg = (size_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
+  const struct st_weight *emb = &e->model->tok_embd;
+  for (int t = 0; t < T; t++)
+    st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)ids[t] * emb->row_bytes,
+                      e->x + (size_t)t * d, (int64_t)d);
+
+  struct batch b = {.T = T};
+  starpu_data_handle_t attn[hp->n_head_kv], xo[e->n_slices_o];
+  b.attn = attn;
+  b.xo = xo;
+  b.x = reg(e->x, (uint64_t)T * d, 4);
+  b.h = reg(e->h, (uint64_t)T * d, 4);
+  b.ffn_in = reg(e->ffn_in, (uint64_t)T * d, 4);
+  b.routing = reg(e->routing, (uint64_t)T * k * 2, 4);
+  for (uint32_t g = 0; g < hp->n_head_kv; g++) attn[g] = reg(e->attn + (size_t)g * T * qg, (uint64_t)T * qg, 4);
+  const size_t so = d / (size_t)e->n_slices_o;
+  for (int s = 0; s < e->n_slices_o; s++) xo[s] = reg(e->xo + (size_t)s * T * so, (uint64_t)T * so, 4);
+
+  int rc = 0;
+  for (uint32_t l = 0; l < hp->n_layer && !rc; l++) rc = submit_layer(e, &b, l);
+  if (!rc && want_logits) rc = all_logits ? submit_head(e, &b, 0, T) : submit_head(e, &b, T - 1, 1);
+  starpu_task_wait_for_all();
+  starpu_data_unregister(b.x);
+  starpu_data_unregister(b.h);
+  starpu_data_unregister(b.ffn_in);
+  starpu_data_unregister(b.routing);
+  for (uint32_t g = 0; g < hp->n_head_kv; g++) starpu_data_unregister(attn[g]);
+  for (int s = 0; s < e->n_slices_o; s++) starpu_data_unregister(xo[s]);
+  return rc;
+}
+
+int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
+  if (n <= 0) return st_set_error(ST_EINVAL, "nothing to evaluate (0 tokens)");
+  if (e->n_past + n > e->n_ctx)
+    return st_set_error(ST_EINVAL, "%d tokens after %d already in the context exceed the context of %d tokens (raise -c)",
+                        n, e->n_past, e->n_ctx);
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || (uint32_t)ids[i] >= e->hp.n_vocab)
+      return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", ids[i], e->hp.n_vocab);
+  const size_t V = e->hp.n_vocab;
+  for (int done = 0; done < n;) {
+    const int T = n - done < e->prefill ? n - done : e->prefill;
+    const int last = done + T == n;
+    int rc = eval_chunk(e, ids + done, T, all_logits || last, all_logits);
+    if (rc) return rc;
+    if (all_logits)
+      memcpy(logits + (size_t)done * V, e->logits, sizeof(float) * V * (size_t)T);
+    else if (last)
+      memcpy(logits, e->logits, sizeof(float) * V);
+    e->n_past += T;
+    done += T;
+  }
+  return 0;
+}

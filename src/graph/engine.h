@@ -1,0 +1,70 @@
+/* The engine: a loaded model, StarPU, the weight and KV-cache handles, and the task graph that
+ * runs a batch of tokens through every layer (DESIGN.md, "The task graph of one MoE layer").
+ * All state lives in struct st_engine, passed explicitly. */
+#ifndef ST_ENGINE_H
+#define ST_ENGINE_H
+
+#include <starpu.h>
+#include <stdint.h>
+
+#include "io/model.h"
+#include "tiers/placement.h"
+
+struct st_engine_opts {
+  int n_ctx;   /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
+  int prefill; /* prompt chunk in tokens; 0 = 512 */
+};
+
+struct st_engine_stats {
+  uint64_t expert_tasks[ST_TIER_COUNT];   /* expert-row tasks submitted per tier */
+  uint64_t expert_entries[ST_TIER_COUNT]; /* (token, expert) rows computed per tier */
+  uint64_t tasks;                         /* all tasks submitted */
+};
+
+struct st_engine {
+  struct st_model *model; /* borrowed */
+  struct st_hparams hp;
+  int n_ctx, prefill, n_past;
+  int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
+  struct st_placement placement;
+  struct st_engine_stats stats;
+
+  /* weights, registered once read-only with their home in main RAM */
+  starpu_data_handle_t h_output_norm, h_output;
+  starpu_data_handle_t *h_layer;   /* [n_layer][9]: attn_norm wq wk wv wo q_norm k_norm ffn_norm router */
+  starpu_data_handle_t *h_expert;  /* [n_layer][n_expert][3]: gate up down */
+  float *kv;                       /* [n_layer][n_head_kv][2][n_ctx][head_dim] */
+  starpu_data_handle_t *h_kv;      /* [n_layer][n_head_kv][2] */
+
+  /* batch buffers, sized for `prefill` tokens; registered per batch */
+  float *x, *h, *ffn_in, *attn, *xo, *expert_out, *logits;
+  int32_t *routing;
+
+  char *names;                 /* task-name arena */
+  const char **expert_names;   /* [n_layer][n_expert] "expert_rows L12 E87 CPU" */
+  const char **layer_names;    /* [n_layer][4 + n_head_kv + n_slices_o] */
+  const char **head_names;     /* [n_slices_head] */
+
+  int32_t *routing_trace; /* optional, [n_layer][n_ctx][k] expert ids, set by the caller */
+};
+
+/* Starts StarPU (honouring STARPU_* environment variables) and registers the model's weights
+ * and a KV cache. Errors: ST_ERUNTIME if StarPU cannot start or has no worker, ST_ENOMEM.
+ * *out is owned: st_engine_destroy() (which also shuts StarPU down). */
+int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out);
+void st_engine_destroy(struct st_engine *e);
+
+/* Forgets the KV cache (next eval starts at position 0). */
+void st_engine_reset(struct st_engine *e);
+
+/* Runs `n` tokens at positions n_past.. in prompt chunks of at most `prefill` tokens and advances
+ * n_past. Writes the logits (float32, n_vocab each) of the last token to `logits`, or of every
+ * token to `logits` ([n][n_vocab]) when all_logits != 0. Errors: ST_EINVAL when the tokens
+ * would run past the context (nothing is computed then), or an id is out of range. */
+int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* StarPU worker counts by kind, for reports. */
+int st_engine_n_cpu_workers(const struct st_engine *e);
+int st_engine_n_cuda_workers(const struct st_engine *e);
+
+#endif

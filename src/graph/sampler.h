@@ -1,0 +1,24 @@
+/* Token sampling from logits: greedy, or temperature with top-k and top-p (nucleus, Holtzman et
+ * al. 2019) filtering, as llama.cpp's samplers apply them (top-k, then top-p, then temperature). */
+#ifndef ST_SAMPLER_H
+#define ST_SAMPLER_H
+
+#include <stdint.h>
+
+struct st_sampler {
+  float temp;   /* <= 0: greedy (argmax, ties to the lower id) */
+  int top_k;    /* <= 0: no top-k cut */
+  float top_p;  /* >= 1: no nucleus cut */
+  uint64_t rng; /* xorshift state, seeded by st_sampler_init */
+};
+
+void st_sampler_init(struct st_sampler *s, float temp, int top_k, float top_p, uint64_t seed);
+
+/* Picks one id from n logits (a temporary of n entries is allocated); returns -1 only when that
+ * allocation fails. */
+int32_t st_sampler_sample(struct st_sampler *s, const float *logits, int32_t n);
+
+/* Index of the largest value (ties to the lower index). */
+int32_t st_argmax(const float *v, int32_t n);
+
+#endif

@@ -1,0 +1,269 @@
+/* `strata generate` and `strata eval`: load a model, start the engine, run a prompt; generate
+ * streams sampled text and reports speed and per-tier expert work, eval writes logits. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common.h"
+#include "graph/engine.h"
+#include "graph/sampler.h"
+#include "io/model.h"
+#include "io/tokenizer.h"
+
+struct run_opts {
+  const char *model, *prompt, *prompt_ids, *logits_out;
+  long n_predict, seed, top_k, prefill, n_ctx;
+  double temp, top_p;
+  int chat, print_ids, ignore_eos, all_logits;
+};
+
+enum { OPT_PROMPT_IDS = 256, OPT_PRINT_IDS, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_SEED, OPT_PREFILL,
+       OPT_CHAT, OPT_LOGITS_OUT, OPT_IGNORE_EOS, OPT_ALL_LOGITS };
+
+static void generate_help(FILE *f, const char *cmd) {
+  const int gen = !strcmp(cmd, "generate");
+  fprintf(f, "usage: strata %s -m FILE (-p TEXT | --prompt-ids IDS) [options]\n\n", cmd);
+  fprintf(f,
+          "  -m, --model FILE       qwen3moe GGUF file (F32, F16, BF16 and Q8_0 tensors)\n"
+          "  -p, --prompt TEXT      prompt text; special tokens such as <|im_start|> are parsed\n"
+          "      --prompt-ids IDS   prompt as token ids, e.g. 1,2,3 or [1,2,3] (instead of -p)\n"
+          "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
+          "      --prefill N        prompt chunk in tokens (default 512)\n");
+  if (gen)
+    fprintf(f,
+            "  -n, --n-predict N      tokens to generate (default 128; 0 = prompt only)\n"
+            "      --chat             wrap the prompt in the Qwen chat template (user turn, assistant reply)\n"
+            "      --temp T           sampling temperature (default 0.8; 0 = greedy)\n"
+            "      --top-k K          keep the K most likely tokens (default 40; 0 = all)\n"
+            "      --top-p P          nucleus sampling mass (default 0.95; 1 = off)\n"
+            "      --seed S           sampling seed (default 42)\n"
+            "      --ignore-eos       keep generating after an end-of-text token\n"
+            "      --print-ids        print the generated ids as a JSON array instead of the text\n");
+  else
+    fprintf(f,
+            "      --logits-out FILE  write the last position's logits (float32, little-endian, n_vocab values)\n"
+            "      --all-logits       write every position's logits instead ([n_prompt][n_vocab])\n");
+  fprintf(f,
+          "  -h, --help             this help\n\n"
+          "StarPU's environment variables choose the scheduler and workers (STARPU_SCHED, STARPU_NCPU,\n"
+          "STARPU_NCUDA, ...); see doc/tuning.md.\n");
+}
+
+static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
+  *o = (struct run_opts){.n_predict = 128, .seed = 42, .top_k = 40, .temp = 0.8, .top_p = 0.95};
+  static const struct option longopts[] = {
+      {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
+      {"n-predict", required_argument, 0, 'n'},   {"ctx-size", required_argument, 0, 'c'},
+      {"prompt-ids", required_argument, 0, OPT_PROMPT_IDS},
+      {"print-ids", no_argument, 0, OPT_PRINT_IDS},
+      {"temp", required_argument, 0, OPT_TEMP},   {"top-k", required_argument, 0, OPT_TOP_K},
+      {"top-p", required_argument, 0, OPT_TOP_P}, {"seed", required_argument, 0, OPT_SEED},
+      {"prefill", required_argument, 0, OPT_PREFILL},
+      {"chat", no_argument, 0, OPT_CHAT},
+      {"logits-out", required_argument, 0, OPT_LOGITS_OUT},
+      {"all-logits", no_argument, 0, OPT_ALL_LOGITS},
+      {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+  const int gen = !strcmp(argv[0], "generate");
+  opterr = 0;
+  optind = 1;
+  int c, rc = 0;
+  while (!rc && (c = getopt_long(argc, argv, gen ? ":m:p:n:c:h" : ":m:p:c:h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'm': o->model = optarg; break;
+    case 'p': o->prompt = optarg; break;
+    case 'n': rc = st_parse_int("-n", optarg, 0, 1 << 20, &o->n_predict); break;
+    case 'c': rc = st_parse_int("-c", optarg, 1, 1 << 24, &o->n_ctx); break;
+    case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
+    case OPT_PRINT_IDS: o->print_ids = 1; break;
+    case OPT_TEMP: rc = st_parse_float("--temp", optarg, 0.0, 100.0, &o->temp); break;
+    case OPT_TOP_K: rc = st_parse_int("--top-k", optarg, 0, 1 << 24, &o->top_k); break;
+    case OPT_TOP_P: rc = st_parse_float("--top-p", optarg, 0.0, 1.0, &o->top_p); break;
+    case OPT_SEED: rc = st_parse_int("--seed", optarg, 0, 0x7fffffffL, &o->seed); break;
+    case OPT_PREFILL: rc = st_parse_int("--prefill", optarg, 1, 1 << 16, &o->prefill); break;
+    case OPT_CHAT: o->chat = 1; break;
+    case OPT_LOGITS_OUT: o->logits_out = optarg; break;
+    case OPT_ALL_LOGITS: o->all_logits = 1; break;
+    case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
+    case 'h': generate_help(stdout, argv[0]); return 1;
+    case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
+    default:
+      rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata %s --help)", argv[optind - 1], argv[0]);
+    }
+  }
+  if (rc) return rc;
+  if (optind < argc)
+    return st_set_error(ST_EINVAL, "unexpected argument '%s' (see strata %s --help)", argv[optind], argv[0]);
+  if (!o->model) return st_set_error(ST_EINVAL, "no model given (-m FILE)");
+  if (!o->prompt == !o->prompt_ids) return st_set_error(ST_EINVAL, "give exactly one of -p TEXT and --prompt-ids IDS");
+  if (o->prompt && !*o->prompt) return st_set_error(ST_EINVAL, "the prompt is empty");
+  if (o->chat && o->prompt_ids) return st_set_error(ST_EINVAL, "--chat applies to -p TEXT, not to --prompt-ids");
+  return 0;
+}
+
+/* Model, tokenizer, engine and the prompt's ids, set up from the options. */
+struct session {
+  struct st_model *model;
+  struct st_engine *engine;
+  int32_t *ids;
+  size_t n_ids;
+};
+
+static void session_free(struct session *s) {
+  st_engine_destroy(s->engine);
+  st_model_free(s->model);
+  free(s->ids);
+}
+
+static int session_open(const struct run_opts *o, struct session *s) {
+  *s = (struct session){0};
+  double t0 = st_now();
+  int rc = st_model_load(o->model, &s->model);
+  if (rc) return rc;
+  const struct st_hparams *hp = &s->model->hp;
+  if (o->prompt_ids) {
+    if ((rc = st_parse_ids(o->prompt_ids, &s->ids, &s->n_ids))) return rc;
+  } else {
+    const char *text = o->prompt;
+    char *wrapped = NULL;
+    if (o->chat) {
+      static const char pre[] = "<|im_start|>user\n", post[] = "<|im_end|>\n<|im_start|>assistant\n";
+      wrapped = malloc(strlen(pre) + strlen(text) + strlen(post) + 1);
+      if (!wrapped) return st_set_error(ST_ENOMEM, "out of memory");
+      strcat(strcat(strcpy(wrapped, pre), text), post);
+      text = wrapped;
+    }
+    rc = st_tokenizer_encode(s->model->tok, text, strlen(text), 1, &s->ids, &s->n_ids);
+    free(wrapped);
+    if (rc) return rc;
+    if (s->n_ids == 0) return st_set_error(ST_EINVAL, "the prompt has no tokens");
+  }
+  struct st_engine_opts eo = {.n_ctx = (int)o->n_ctx, .prefill = (int)o->prefill};
+  if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
+  fprintf(stderr,
+          "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
+          "context %d tokens, prompt chunk %d tokens; %.2f s\n",
+          o->model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab,
+          s->engine->n_ctx, s->engine->prefill, st_now() - t0);
+  if ((int64_t)s->n_ids > s->engine->n_ctx)
+    return st_set_error(ST_EINVAL, "the prompt has %zu tokens, more than the context of %d tokens (raise -c)",
+                        s->n_ids, s->engine->n_ctx);
+  return 0;
+}
+
+static void report(const struct session *s, size_t n_prompt, double t_prompt, size_t n_gen, double t_gen) {
+  const struct st_engine_stats *st = &s->engine->stats;
+  struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0);
+  fprintf(stderr, "\nprompt: %zu tokens in %.3f s (%.2f tok/s)\n", n_prompt, t_prompt,
+          t_prompt > 0 ? n_prompt / t_prompt : 0.0);
+  fprintf(stderr, "decode: %zu tokens in %.3f s (%.2f tok/s)\n", n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0);
+  fprintf(stderr, "StarPU workers: %d CPU, %d CUDA; scheduler %s\n", st_engine_n_cpu_workers(s->engine),
+          st_engine_n_cuda_workers(s->engine), pol && pol->policy_name ? pol->policy_name : "?");
+  fprintf(stderr, "expert tasks per tier:");
+  for (int t = 0; t < ST_TIER_COUNT; t++)
+    fprintf(stderr, " %s %llu tasks / %llu expert entries%s", st_tier_name((enum st_tier)t),
+            (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t],
+            t + 1 < ST_TIER_COUNT ? ";" : "\n");
+  fprintf(stderr, "tasks submitted: %llu\n", (unsigned long long)st->tasks);
+}
+
+int st_cmd_generate(int argc, char **argv) {
+  struct run_opts o;
+  int rc = parse_run_opts(argc, argv, &o);
+  if (rc == 1) return 0; /* --help */
+  struct session s = {0};
+  if (!rc) rc = session_open(&o, &s);
+  if (rc) {
+    fprintf(stderr, "strata generate: %s\n", st_last_error());
+    session_free(&s);
+    return 1;
+  }
+  const struct st_hparams *hp = &s.model->hp;
+  const int32_t eos = st_tokenizer_eos(s.model->tok), eot = st_tokenizer_eot(s.model->tok);
+  float *logits = malloc(sizeof(float) * hp->n_vocab);
+  int32_t *gen = malloc(sizeof(int32_t) * ((size_t)o.n_predict + 1));
+  struct st_sampler smp;
+  st_sampler_init(&smp, (float)o.temp, (int)o.top_k, (float)o.top_p, (uint64_t)o.seed);
+  struct st_detok dt;
+  st_detok_init(&dt, s.model->tok);
+  char text[256];
+
+  double t0 = st_now();
+  rc = !logits || !gen ? st_set_error(ST_ENOMEM, "out of memory") : 0;
+  if (!rc) rc = st_engine_eval(s.engine, s.ids, (int)s.n_ids, logits, 0);
+  const double t_prompt = st_now() - t0;
+  size_t n_gen = 0;
+  t0 = st_now();
+  while (!rc && (long)n_gen < o.n_predict) {
+    int32_t id = st_sampler_sample(&smp, logits, (int32_t)hp->n_vocab);
+    if (id < 0) {
+      rc = st_set_error(ST_ENOMEM, "out of memory sampling");
+      break;
+    }
+    gen[n_gen++] = id;
+    if (!o.print_ids && !st_tokenizer_is_special(s.model->tok, id)) {
+      st_detok_push(&dt, id, text, sizeof text);
+      fputs(text, stdout);
+      fflush(stdout);
+    }
+    if (!o.ignore_eos && (id == eos || id == eot)) break;
+    if ((long)n_gen == o.n_predict) break;
+    if (s.engine->n_past >= s.engine->n_ctx) {
+      fprintf(stderr, "\nstrata generate: the context of %d tokens is full; stopping\n", s.engine->n_ctx);
+      break;
+    }
+    rc = st_engine_eval(s.engine, &id, 1, logits, 0);
+  }
+  const double t_gen = st_now() - t0;
+  if (!rc) {
+    if (o.print_ids) {
+      st_print_ids(stdout, gen, n_gen);
+    } else {
+      st_detok_flush(&dt, text, sizeof text);
+      fputs(text, stdout);
+      fputc('\n', stdout);
+    }
+    fflush(stdout);
+    report(&s, s.n_ids, t_prompt, n_gen, t_gen);
+  } else {
+    fprintf(stderr, "strata generate: %s\n", st_last_error());
+  }
+  free(logits);
+  free(gen);
+  session_free(&s);
+  return rc ? 1 : 0;
+}
+
+int st_cmd_eval(int argc, char **argv) {
+  struct run_opts o;
+  int rc = parse_run_opts(argc, argv, &o);
+  if (rc == 1) return 0;
+  struct session s = {0};
+  if (!rc) rc = session_open(&o, &s);
+  float *logits = NULL;
+  size_t n_rows = o.all_logits ? s.n_ids : 1;
+  if (!rc) {
+    const size_t V = s.model->hp.n_vocab;
+    logits = malloc(sizeof(float) * V * n_rows);
+    if (!logits) rc = st_set_error(ST_ENOMEM, "out of memory for logits");
+    double t0 = st_now();
+    if (!rc) rc = st_engine_eval(s.engine, s.ids, (int)s.n_ids, logits, o.all_logits);
+    if (!rc) {
+      const float *last = logits + (n_rows - 1) * V;
+      int32_t best = st_argmax(last, (int32_t)V);
+      fprintf(stderr, "strata eval: %zu tokens in %.3f s; last position argmax %d (logit %.4f)\n", s.n_ids,
+              st_now() - t0, best, last[best]);
+      if (o.logits_out) {
+        FILE *f = fopen(o.logits_out, "wb");
+        if (!f || fwrite(logits, sizeof(float) * V, n_rows, f) != n_rows || fclose(f))
+          rc = st_set_error(ST_EIO, "cannot write %s", o.logits_out);
+      }
+    }
+  }
+  if (rc) fprintf(stderr, "strata eval: %s\n", st_last_error());
+  free(logits);
+  session_free(&s);
+  return rc ? 1 : 0;
+}
