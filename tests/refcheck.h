@@ -1,0 +1,37 @@
+/* Reference files of ../shared/fixtures/models (<model>-<type>-reference.json and the
+ * last-position logits files) and the comparisons their `tolerance` block defines
+ * (fixtures/README.md). */
+#ifndef ST_REFCHECK_H
+#define ST_REFCHECK_H
+
+#include <stdint.h>
+
+struct ref_prompt {
+  char *name;
+  int32_t *ids;
+  int n_ids;
+  int32_t *top8_ids; /* [n_ids][8] */
+  float *top8_logits;
+  float *last_logits; /* [n_vocab], from last_logits_file */
+  int32_t greedy_ids[16];
+  float greedy_margins[16];
+  int n_greedy;
+  int32_t *routing_experts; /* [n_layer][n_ids][k] or NULL */
+  float *routing_weights;
+};
+
+struct ref_file {
+  char *model_file;
+  int n_prompts, n_vocab, n_layer, k;
+  struct ref_prompt *p;
+  double tol_mean_over_sigma, tol_top1_01, tol_top1_025, tol_f32_max_abs, tol_routing;
+};
+
+/* Loads dir/json_name and the logits files it names. 0 or -1 with a message on stderr. */
+int ref_load(const char *dir, const char *json_name, struct ref_file *r);
+void ref_free(struct ref_file *r);
+
+/* σ of a logits vector (population standard deviation). */
+double ref_sigma(const float *v, int n);
+
+#endif

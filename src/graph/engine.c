@@ -80,6 +80,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->n_ctx = o->n_ctx > 0 ? o->n_ctx : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
   e->prefill = o->prefill > 0 ? o->prefill : 512;
   if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
+  e->prefill_cap = e->prefill;
   e->n_slices_o = div_up((int)hp->n_embd, O_SLICE_ROWS);
   while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
   e->n_slices_head = div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
@@ -180,6 +181,13 @@ void st_engine_destroy(struct st_engine *e) {
 }
 
 void st_engine_reset(struct st_engine *e) { e->n_past = 0; }
+
+int st_engine_set_prefill(struct st_engine *e, int prefill) {
+  if (prefill < 1 || prefill > e->prefill_cap)
+    return st_set_error(ST_EINVAL, "prompt chunk %d is outside 1..%d", prefill, e->prefill_cap);
+  e->prefill = prefill;
+  return 0;
+}
 
 int st_engine_n_cpu_workers(const struct st_engine *e) {
   (void)e;

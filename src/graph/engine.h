@@ -25,6 +25,7 @@ struct st_engine {
   struct st_model *model; /* borrowed */
   struct st_hparams hp;
   int n_ctx, prefill, n_past;
+  int prefill_cap; /* batch buffers hold this many tokens */
   int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
   struct st_placement placement;
   struct st_engine_stats stats;
@@ -53,6 +54,10 @@ struct st_engine {
  * *out is owned: st_engine_destroy() (which also shuts StarPU down). */
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out);
 void st_engine_destroy(struct st_engine *e);
+
+/* Sets the prompt chunk (tokens) for later evals: 1..the `prefill` the engine was created with.
+ * Returns 0 or ST_EINVAL. */
+int st_engine_set_prefill(struct st_engine *e, int prefill);
 
 /* Forgets the KV cache (next eval starts at position 0). */
 void st_engine_reset(struct st_engine *e);

@@ -21,8 +21,10 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out);
 void st_tokenizer_free(struct st_tokenizer *t);
 
 /* Encodes `text` (len bytes of UTF-8; invalid UTF-8 bytes are encoded byte-wise) into a
- * malloc'd array *ids of *n ids (caller frees). parse_special != 0 turns special-token text
- * into its id. */
+ * malloc'd array *ids of *n ids (caller frees, also when *n is 0). parse_special != 0 turns
+ * special-token text (control / unknown types) into its id; user-defined tokens (<think>,
+ * <tool_call>, ...) are matched either way, as llama.cpp and Hugging Face do. Several threads
+ * may encode with one tokenizer at once. Errors: ST_ENOMEM, ST_ERUNTIME (PCRE2 failure). */
 int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t len,
                         int parse_special, int32_t **ids, size_t *n);
 
@@ -30,7 +32,10 @@ int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t l
 int32_t st_tokenizer_n_vocab(const struct st_tokenizer *t);
 int32_t st_tokenizer_eos(const struct st_tokenizer *t);   /* tokenizer.ggml.eos_token_id */
 int32_t st_tokenizer_eot(const struct st_tokenizer *t);   /* <|im_end|> when present */
+/* 1 for a control or user-defined token (token_type 3 or 4), else 0 (also for a bad id). */
 int st_tokenizer_is_special(const struct st_tokenizer *t, int32_t id);
+/* Bytes of the longest token (sizing for st_tokenizer_token_bytes / st_detok_push). */
+size_t st_tokenizer_max_token_bytes(const struct st_tokenizer *t);
 
 /* The bytes of one token (byte-level BPE decoded back to raw bytes; special tokens give their
  * text). Returns the byte count written to buf (at most cap) or a negative ST_E* for a bad id. */
@@ -44,8 +49,10 @@ struct st_detok {
   size_t n_pending;
 };
 void st_detok_init(struct st_detok *d, const struct st_tokenizer *t);
-/* Appends the text now complete after `id` to out (NUL-terminated, at most cap-1 bytes);
- * returns the number of bytes written. */
+/* Writes the text now complete after `id` to out (NUL-terminated, at most cap-1 bytes; always
+ * whole, valid UTF-8 characters) and returns the number of bytes written. Invalid bytes become
+ * U+FFFD. cap >= 3 * (st_tokenizer_max_token_bytes() + 4) + 1 always suffices; with less, the
+ * output is cut at a character boundary and the rest is lost. A bad id writes nothing. */
 size_t st_detok_push(struct st_detok *d, int32_t id, char *out, size_t cap);
 /* Emits whatever is held back (invalid or truncated sequences as U+FFFD). */
 size_t st_detok_flush(struct st_detok *d, char *out, size_t cap);
