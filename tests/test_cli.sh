@@ -1,2 +1,71 @@
 #!/bin/sh
-exit 77
+# The `strata` binary as a user drives it: greedy generation through the CLI reproduces the
+# reference continuation, tokenize on a vocabulary-only GGUF, eval's logits file, and bad input
+# (unknown flags, missing or malformed files, an unsupported architecture or tensor type, a
+# prompt longer than the context, negative -n) giving one clear line and exit status 1.
+set -u
+: "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
+export STARPU_SILENT=1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok()  { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+tiny=$FIXTURES/models/tiny-qwen3moe-bf16.gguf
+
+# expect_error NAME PATTERN CMD...: exit status 1 (not a crash), one stderr line matching PATTERN
+expect_error() {
+  name=$1; pat=$2; shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"; st=$?
+  lines=$(grep -c . "$tmp/err")
+  if [ "$st" = 1 ] && [ "$lines" = 1 ] && grep -q -- "$pat" "$tmp/err"; then
+    ok "$name: exit 1, '$(cat "$tmp/err")'"
+  else
+    bad "$name: exit $st, $lines stderr lines, want /$pat/: $(head -c 400 "$tmp/err")"
+  fi
+}
+
+# 1. greedy generation of the reference's 'short' prompt (ids and continuation from the JSON)
+ids="785, 3974, 293, 4830, 282, 5131, 7784, 82, 916, 279, 1187, 4246, 5562, 13"
+want="[6841, 6004, 3427, 4124, 2332, 1561, 6252, 3073, 3427, 4124, 2332, 1561, 6252, 3073, 3427, 452]"
+got=$("$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 16 --temp 0 --print-ids --ignore-eos 2>"$tmp/err")
+if [ "$got" = "$want" ]; then ok "generate --print-ids: $got"; else bad "generate --print-ids: got '$got' want '$want' ($(tail -n 3 "$tmp/err"))"; fi
+grep -q "decode: 16 tokens" "$tmp/err" && grep -q "StarPU workers:" "$tmp/err" && grep -q "expert tasks per tier: CPU" "$tmp/err" \
+  && ok "generate report: $(grep -E '^(prompt|decode):' "$tmp/err" | tr '\n' ' ')" || bad "generate report missing: $(cat "$tmp/err")"
+
+# 2. text generation streams text
+"$STRATA" generate -m "$tiny" -p "Hello" -n 8 --seed 3 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/out" ] \
+  && ok "generate text: $(head -c 80 "$tmp/out" | tr '\n' ' ')" || bad "generate text: $(cat "$tmp/err")"
+
+# 3. tokenize a vocabulary-only GGUF (no tensors), special tokens parsed
+got=$("$STRATA" tokenize -m "$FIXTURES/tokenizer/vocab-qwen3.gguf" -p "<|im_start|>user
+Hello world<|im_end|>" 2>&1)
+[ "$got" = "[151644, 872, 198, 9707, 1879, 151645]" ] && ok "tokenize vocab-only GGUF: $got" || bad "tokenize: $got"
+
+# 4. eval writes n_vocab float32 values
+"$STRATA" eval -m "$tiny" --prompt-ids "$ids" --logits-out "$tmp/l.f32" 2>"$tmp/err"
+sz=$(wc -c < "$tmp/l.f32" 2>/dev/null || echo 0)
+[ "$sz" = $((8224 * 4)) ] && ok "eval --logits-out: $sz bytes (8224 float32)" || bad "eval --logits-out: $sz bytes; $(cat "$tmp/err")"
+
+# 5. bad input
+expect_error "unknown flag" "unknown option '--bogus'" "$STRATA" generate -m "$tiny" -p hi --bogus
+expect_error "unknown command" "unknown command" "$STRATA" frobnicate
+expect_error "missing model file" "$tmp/nope.gguf" "$STRATA" generate -m "$tmp/nope.gguf" -p hi
+expect_error "negative -n" "\-n must be between 0" "$STRATA" generate -m "$tiny" -p hi -n -1
+expect_error "no prompt" "give exactly one of" "$STRATA" generate -m "$tiny"
+expect_error "prompt longer than the context" "more than the context of 4 tokens" "$STRATA" generate -m "$tiny" -p "one two three four five six" -c 4
+expect_error "bad --prompt-ids" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "1,x"
+expect_error "token id out of range" "out of range" "$STRATA" eval -m "$tiny" --prompt-ids "999999"
+head -c 100000 "$tiny" > "$tmp/trunc.gguf"
+expect_error "truncated GGUF" "trunc.gguf" "$STRATA" generate -m "$tmp/trunc.gguf" -p hi
+printf 'NOTAGGUF%0100d' 0 > "$tmp/magic.gguf"
+expect_error "wrong magic" "magic" "$STRATA" generate -m "$tmp/magic.gguf" -p hi
+# the same file with its architecture renamed (same length, so the layout stays valid)
+LC_ALL=C sed 's/qwen3moe/llama4xx/g' "$tiny" > "$tmp/arch.gguf"
+expect_error "unsupported architecture" "unsupported architecture llama4xx" "$STRATA" generate -m "$tmp/arch.gguf" -p hi
+expect_error "unsupported tensor type" "unsupported tensor type q6_K for token_embd.weight" \
+  "$STRATA" generate -m "$FIXTURES/models/small-qwen3moe-q4_k_m.gguf" -p hi
+for c in generate eval tokenize mkmodel; do
+  "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"
+done
+echo "test_cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -140,16 +140,20 @@ static int session_open(const struct run_opts *o, struct session *s) {
     if (rc) return rc;
     if (s->n_ids == 0) return st_set_error(ST_EINVAL, "the prompt has no tokens");
   }
-  struct st_engine_opts eo = {.n_ctx = (int)o->n_ctx, .prefill = (int)o->prefill};
+  const int n_ctx = st_engine_ctx_size(hp, (int)o->n_ctx);
+  if ((int64_t)s->n_ids > n_ctx)
+    return st_set_error(ST_EINVAL, "the prompt has %zu tokens, more than the context of %d tokens (raise -c)",
+                        s->n_ids, n_ctx);
+  for (size_t i = 0; i < s->n_ids; i++)
+    if (s->ids[i] < 0 || (uint32_t)s->ids[i] >= hp->n_vocab)
+      return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", s->ids[i], hp->n_vocab);
+  struct st_engine_opts eo = {.n_ctx = n_ctx, .prefill = (int)o->prefill};
   if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
   fprintf(stderr,
           "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
           "context %d tokens, prompt chunk %d tokens; %.2f s\n",
           o->model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab,
           s->engine->n_ctx, s->engine->prefill, st_now() - t0);
-  if ((int64_t)s->n_ids > s->engine->n_ctx)
-    return st_set_error(ST_EINVAL, "the prompt has %zu tokens, more than the context of %d tokens (raise -c)",
-                        s->n_ids, s->engine->n_ctx);
   return 0;
 }
 
@@ -163,9 +167,10 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
           st_engine_n_cuda_workers(s->engine), pol && pol->policy_name ? pol->policy_name : "?");
   fprintf(stderr, "expert tasks per tier:");
   for (int t = 0; t < ST_TIER_COUNT; t++)
-    fprintf(stderr, " %s %llu tasks / %llu expert entries%s", st_tier_name((enum st_tier)t),
-            (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t],
-            t + 1 < ST_TIER_COUNT ? ";" : "\n");
+    if (t == ST_TIER_CPU_POOL || st->expert_tasks[t])
+      fprintf(stderr, "%s %s %llu tasks / %llu expert entries", t ? ";" : "", st_tier_name((enum st_tier)t),
+              (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t]);
+  fputc('\n', stderr);
   fprintf(stderr, "tasks submitted: %llu\n", (unsigned long long)st->tasks);
 }
 
@@ -188,10 +193,11 @@ int st_cmd_generate(int argc, char **argv) {
   st_sampler_init(&smp, (float)o.temp, (int)o.top_k, (float)o.top_p, (uint64_t)o.seed);
   struct st_detok dt;
   st_detok_init(&dt, s.model->tok);
-  char text[256];
+  const size_t text_cap = 3 * (st_tokenizer_max_token_bytes(s.model->tok) + 4) + 1;
+  char *text = malloc(text_cap);
 
   double t0 = st_now();
-  rc = !logits || !gen ? st_set_error(ST_ENOMEM, "out of memory") : 0;
+  rc = !logits || !gen || !text ? st_set_error(ST_ENOMEM, "out of memory") : 0;
   if (!rc) rc = st_engine_eval(s.engine, s.ids, (int)s.n_ids, logits, 0);
   const double t_prompt = st_now() - t0;
   size_t n_gen = 0;
@@ -204,7 +210,7 @@ int st_cmd_generate(int argc, char **argv) {
     }
     gen[n_gen++] = id;
     if (!o.print_ids && !st_tokenizer_is_special(s.model->tok, id)) {
-      st_detok_push(&dt, id, text, sizeof text);
+      st_detok_push(&dt, id, text, text_cap);
       fputs(text, stdout);
       fflush(stdout);
     }
@@ -221,7 +227,7 @@ int st_cmd_generate(int argc, char **argv) {
     if (o.print_ids) {
       st_print_ids(stdout, gen, n_gen);
     } else {
-      st_detok_flush(&dt, text, sizeof text);
+      st_detok_flush(&dt, text, text_cap);
       fputs(text, stdout);
       fputc('\n', stdout);
     }
@@ -232,6 +238,7 @@ int st_cmd_generate(int argc, char **argv) {
   }
   free(logits);
   free(gen);
+  free(text);
   session_free(&s);
   return rc ? 1 : 0;
 }

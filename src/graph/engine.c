@@ -70,6 +70,10 @@ static int make_names(struct st_engine *e) {
   return 0;
 }
 
+int st_engine_ctx_size(const struct st_hparams *hp, int requested) {
+  return requested > 0 ? requested : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+}
+
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
   *out = NULL;
   struct st_engine *e = calloc(1, sizeof *e);
@@ -77,7 +81,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->model = m;
   e->hp = m->hp;
   const struct st_hparams *hp = &e->hp;
-  e->n_ctx = o->n_ctx > 0 ? o->n_ctx : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+  e->n_ctx = st_engine_ctx_size(hp, o->n_ctx);
   e->prefill = o->prefill > 0 ? o->prefill : 512;
   if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
   e->prefill_cap = e->prefill;

@@ -49,6 +49,9 @@ struct st_engine {
   int32_t *routing_trace; /* optional, [n_layer][n_ctx][k] expert ids, set by the caller */
 };
 
+/* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
+int st_engine_ctx_size(const struct st_hparams *hp, int requested);
+
 /* Starts StarPU (honouring STARPU_* environment variables) and registers the model's weights
  * and a KV cache. Errors: ST_ERUNTIME if StarPU cannot start or has no worker, ST_ENOMEM.
  * *out is owned: st_engine_destroy() (which also shuts StarPU down). */

@@ -33,7 +33,8 @@ struct st_gguf_str {
 
 /* One metadata key/value. Scalars are decoded into `u`; strings point into the mapping; arrays
  * give their element type, count and a pointer to the first element in the mapping (for arrays
- * of strings, use st_gguf_arr_str()). */
+ * of strings, use st_gguf_arr_str(); there `data` points at an index owned by the handle, not
+ * at the mapping). */
 struct st_gguf_kv {
   struct st_gguf_str key;
   uint32_t type; /* enum st_gguf_vtype */
@@ -138,6 +139,9 @@ int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path);
 /* Appends bytes of the current tensor; when a tensor's bytes are complete the writer pads to
  * the alignment before the next one. Writing more than the declared size is an error. */
 int st_gguf_writer_write_data(struct st_gguf_writer *w, const void *data, size_t n);
+/* Writes the whole of the current tensor in one call: `n` must equal its declared size (bytes)
+ * and none of it may have been written yet. */
+int st_gguf_writer_write_tensor(struct st_gguf_writer *w, const void *data, size_t n);
 /* Checks every tensor was written completely, flushes and closes. */
 int st_gguf_writer_finish(struct st_gguf_writer *w);
 

