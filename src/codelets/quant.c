@@ -57,7 +57,10 @@ uint64_t st_row_bytes(uint32_t type, uint64_t n) {
 void st_quantize_row_q8_0(const float *x, st_block_q8_0 *y, int64_t n) {
   for (int64_t b = 0; b < n / ST_QK8_0; b++) {
     float amax = 0.0f;
-    for (int j = 0; j < ST_QK8_0; j++) amax = fmaxf(amax, fabsf(x[b * ST_QK8_0 + j]));
+    for (int j = 0; j < ST_QK8_0; j++) {
+      const float a = fabsf(x[b * ST_QK8_0 + j]);
+      amax = a > amax ? a : amax; /* not fmaxf: a libm call at -O2 */
+    }
     const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
     y[b].d = st_f32_to_fp16(d);
     for (int j = 0; j < ST_QK8_0; j++) y[b].qs[j] = (int8_t)roundf(x[b * ST_QK8_0 + j] * id);
