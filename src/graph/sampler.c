@@ -40,19 +40,49 @@ static double next_uniform(struct st_sampler *s) {
   return (double)(s->rng >> 11) / 9007199254740992.0;
 }
 
+/* Keeps the m best candidates of n logits in c[0..m), best first: a min-heap of size m over
+ * one pass (O(n log m)), then a sort of the m survivors. */
+static void best_m(const float *logits, int32_t n, int32_t m, struct cand *c) {
+  int32_t size = 0;
+  for (int32_t i = 0; i < n; i++) {
+    const struct cand x = {logits[i], i};
+    if (size == m && by_logit_desc(&x, &c[0]) >= 0) continue; /* not better than the worst kept */
+    int32_t j;
+    if (size < m) {
+      j = size++; /* sift up */
+      while (j > 0 && by_logit_desc(&c[(j - 1) / 2], &x) < 0) {
+        c[j] = c[(j - 1) / 2];
+        j = (j - 1) / 2;
+      }
+    } else {
+      j = 0; /* replace the root (the worst kept) and sift down */
+      for (;;) {
+        int32_t l = 2 * j + 1, w = j;
+        const struct cand *worst = &x;
+        if (l < size && by_logit_desc(&c[l], worst) > 0) w = l, worst = &c[l];
+        if (l + 1 < size && by_logit_desc(&c[l + 1], worst) > 0) w = l + 1;
+        if (w == j) break;
+        c[j] = c[w];
+        j = w;
+      }
+    }
+    c[j] = x;
+  }
+  qsort(c, (size_t)size, sizeof *c, by_logit_desc);
+}
+
 int32_t st_sampler_sample(struct st_sampler *s, const float *logits, int32_t n) {
   if (s->temp <= 0.0f) return st_argmax(logits, n);
-  struct cand *c = malloc(sizeof *c * (size_t)n);
-  if (!c) return -1;
-  for (int32_t i = 0; i < n; i++) c[i] = (struct cand){logits[i], i};
-  qsort(c, (size_t)n, sizeof *c, by_logit_desc);
   int32_t m = s->top_k > 0 && s->top_k < n ? s->top_k : n;
-  double sum = 0.0;
+  struct cand *c = malloc(sizeof *c * (size_t)m);
   double *p = malloc(sizeof *p * (size_t)m);
-  if (!p) {
+  if (!c || !p) {
     free(c);
+    free(p);
     return -1;
   }
+  best_m(logits, n, m, c);
+  double sum = 0.0;
   for (int32_t i = 0; i < m; i++) sum += p[i] = exp((double)(c[i].logit - c[0].logit) / s->temp);
   if (s->top_p < 1.0f) {
     double acc = 0.0;
