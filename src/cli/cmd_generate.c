@@ -171,7 +171,15 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
       fprintf(stderr, "%s %s %llu tasks / %llu expert entries", t ? ";" : "", st_tier_name((enum st_tier)t),
               (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t]);
   fputc('\n', stderr);
-  fprintf(stderr, "tasks submitted: %llu\n", (unsigned long long)st->tasks);
+  fprintf(stderr, "tasks submitted: %llu; executed per worker:", (unsigned long long)st->tasks);
+  for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
+    struct starpu_profiling_worker_info info;
+    char name[64];
+    starpu_worker_get_name((int)w, name, sizeof name);
+    if (starpu_profiling_worker_get_info((int)w, &info) == 0)
+      fprintf(stderr, "%s %s %d", w ? "," : "", name, info.executed_tasks);
+  }
+  fputc('\n', stderr);
 }
 
 int st_cmd_generate(int argc, char **argv) {

@@ -124,6 +124,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     st_engine_destroy(e);
     return st_set_error(ST_ERUNTIME, "StarPU failed to start (starpu_init returned %d)", sret);
   }
+  starpu_profiling_status_set(STARPU_PROFILING_ENABLE); /* per-worker task counts for reports */
   if (starpu_cpu_worker_get_count() == 0) {
     starpu_shutdown();
     st_engine_destroy(e);
