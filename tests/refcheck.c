@@ -99,8 +99,13 @@ int ref_load(const char *dir, const char *json_name, struct ref_file *r) {
     }
     snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetStringValue(cJSON_GetObjectItem(pj, "last_logits_file")));
     long len = 0;
-    p->last_logits = (float *)slurp(path, &len);
-    if (!p->last_logits || len != (long)sizeof(float) * r->n_vocab) {
+    char *raw = slurp(path, &len);
+    if (raw && len == (long)sizeof(float) * r->n_vocab) {
+      p->last_logits = malloc((size_t)len);
+      memcpy(p->last_logits, raw, (size_t)len);
+    }
+    free(raw);
+    if (!p->last_logits) {
       fprintf(stderr, "%s: missing or not %d float32 values\n", path, r->n_vocab);
       rc = -1;
     }

@@ -117,7 +117,7 @@ static void run_chunking(struct st_engine *e, const struct ref_file *r, const ch
     if (r->p[i].n_ids > p->n_ids) p = &r->p[i];
   const int V = r->n_vocab;
   const int chunks[] = {512, 7, 1};
-  float *base = malloc(sizeof(float) * V), *l = malloc(sizeof(float) * V);
+  float *base = calloc((size_t)V, sizeof(float)), *l = calloc((size_t)V, sizeof(float));
   for (int c = 0; c < 3; c++) {
     st_engine_reset(e);
     st_engine_set_prefill(e, chunks[c]);

@@ -48,9 +48,13 @@ int st_submit_linear(const struct st_linear_args *a, starpu_data_handle_t *bufs,
 /* ---- router.c: residual, ffn_norm, routing -------------------------------------------------
  * Buffers: x [T][n_embd] R, n_xo attention-output slices [T][n_embd / n_xo] R, ffn_norm f32 R,
  * router W [n_expert][n_embd] R, h [T][n_embd] W, ffn_in [T][n_embd] W,
- * routing W (int32 ids[T][k] followed by float weights[T][k]).
+ * routing W (struct st_route [T][k], best expert first).
  * h = x + concat(xo); ffn_in = RMSNorm(h) * ffn_norm; softmax over the router logits, top-k
  * (ties to the lower expert id), weights renormalised to sum to 1 (qwen3moe always does). */
+struct st_route {
+  int32_t expert;
+  float weight; /* renormalised over the token's k experts */
+};
 struct st_router_args {
   int32_t T, n_embd, n_expert, k, n_xo;
   float eps;

@@ -17,8 +17,7 @@ static void router_cpu(void *buffers[], void *cl_arg) {
   const void *rw = (const void *)STARPU_VECTOR_GET_PTR(buffers[2 + a->n_xo]);
   float *h = (float *)STARPU_VECTOR_GET_PTR(buffers[3 + a->n_xo]);
   float *ffn_in = (float *)STARPU_VECTOR_GET_PTR(buffers[4 + a->n_xo]);
-  int32_t *ids = (int32_t *)STARPU_VECTOR_GET_PTR(buffers[5 + a->n_xo]);
-  float *weights = (float *)(ids + (size_t)T * k);
+  struct st_route *routing = (struct st_route *)STARPU_VECTOR_GET_PTR(buffers[5 + a->n_xo]);
 
   for (int i = 0; i < a->n_xo; i++) {
     const float *xo = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + i]);
@@ -41,21 +40,19 @@ static void router_cpu(void *buffers[], void *cl_arg) {
     }
     for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
     /* top-k by selection: highest probability first, ties to the lower expert id */
-    int32_t *id = ids + (size_t)t * k;
-    float *w = weights + (size_t)t * k;
+    struct st_route *r = routing + (size_t)t * k;
     double wsum = 0.0;
     for (int j = 0; j < k; j++) {
       int best = -1;
       for (int e = 0; e < E; e++) {
         int taken = 0;
-        for (int i = 0; i < j; i++) taken |= id[i] == e;
+        for (int i = 0; i < j; i++) taken |= r[i].expert == e;
         if (!taken && (best < 0 || l[e] > l[best])) best = e;
       }
-      id[j] = best;
-      w[j] = l[best];
+      r[j] = (struct st_route){best, l[best]};
       wsum += l[best];
     }
-    for (int j = 0; j < k; j++) w[j] = (float)(w[j] / wsum);
+    for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
   }
   free(logits);
 }

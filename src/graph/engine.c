@@ -36,10 +36,13 @@ static struct st_wdesc wdesc(const struct st_weight *w) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
+/* Task names of one layer: router, combine, one per attention group, one per attn_output slice. */
+static int names_per_layer(const struct st_engine *e) { return 2 + (int)e->hp.n_head_kv + e->n_slices_o; }
+
 /* Every task name the graph uses, made once (StarPU keeps the pointer, not a copy). */
 static int make_names(struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
-  const int per_layer = 3 + (int)hp->n_head_kv + e->n_slices_o;
+  const int per_layer = names_per_layer(e);
   const size_t n_names = (size_t)hp->n_layer * hp->n_expert + (size_t)hp->n_layer * per_layer + e->n_slices_head;
   e->names = malloc(n_names * 40);
   e->expert_names = malloc(sizeof(char *) * (size_t)hp->n_layer * hp->n_expert);
@@ -61,9 +64,8 @@ static int make_names(struct st_engine *e) {
     const char **ln = e->layer_names + (size_t)l * per_layer;
     NAME(ln[0], "router L%u", l);
     NAME(ln[1], "combine L%u", l);
-    NAME(ln[2], "unused L%u", l);
-    for (uint32_t g = 0; g < hp->n_head_kv; g++) NAME(ln[3 + g], "attention L%u G%u", l, g);
-    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[3 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
+    for (uint32_t g = 0; g < hp->n_head_kv; g++) NAME(ln[2 + g], "attention L%u G%u", l, g);
+    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[2 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
   }
   for (int s = 0; s < e->n_slices_head; s++) NAME(e->head_names[s], "output_head S%d", s);
 #undef NAME
@@ -103,7 +105,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->attn = malloc(sizeof(float) * T * qw);
     e->expert_out = malloc(sizeof(float) * T * k * d);
     e->logits = malloc(sizeof(float) * T * hp->n_vocab);
-    e->routing = malloc(sizeof(int32_t) * T * k * 2);
+    e->routing = malloc(sizeof(struct st_route) * T * k);
     e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
     e->h_expert = calloc((size_t)hp->n_layer * hp->n_expert * 3, sizeof(starpu_data_handle_t));
     e->h_kv = calloc((size_t)hp->n_layer * hp->n_head_kv * 2, sizeof(starpu_data_handle_t));
@@ -221,10 +223,10 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   int rc = 0;
 
   starpu_data_acquire(b->routing, STARPU_R);
-  const int32_t *ids = e->routing;
-  const float *wts = (const float *)(e->routing + (size_t)T * k);
+  const struct st_route *route = e->routing;
   if (e->routing_trace)
-    memcpy(e->routing_trace + ((size_t)l * e->n_ctx + e->n_past) * k, ids, sizeof(int32_t) * (size_t)T * k);
+    for (int i = 0; i < T * k; i++)
+      e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + i] = route[i].expert;
 
   /* rows of each expert, in token order: counting sort by expert */
   int *count = calloc((size_t)E + 1, sizeof(int));
@@ -238,14 +240,14 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     goto done;
   }
   for (int i = 0; i < T * k; i++) {
-    if (ids[i] < 0 || ids[i] >= E) ST_ASSERT(!"router produced an expert id out of range");
-    count[ids[i] + 1]++;
+    ST_ASSERT(route[i].expert >= 0 && route[i].expert < E);
+    count[route[i].expert + 1]++;
   }
   for (int x = 0; x < E; x++) count[x + 1] += count[x];
   {
     int *fill = malloc(sizeof(int) * (size_t)E);
     memcpy(fill, count, sizeof(int) * (size_t)E);
-    for (int i = 0; i < T * k; i++) order[fill[ids[i]]++] = i;
+    for (int i = 0; i < T * k; i++) order[fill[route[i].expert]++] = i;
     free(fill);
   }
 
@@ -260,7 +262,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
                                          .up = wdesc(&L->up_exps), .down = wdesc(&L->down_exps)};
       for (int r = 0; r < n; r++) {
         const int i = order[s + r];
-        ea->rows[r] = (struct st_expert_row){.token = i / k, .weight = wts[i]};
+        ea->rows[r] = (struct st_expert_row){.token = i / k, .weight = route[i].weight};
         ca->src[i] = (struct st_combine_src){.buf = n_out, .row = r};
       }
       outs[1 + n_out] = reg(e->expert_out + (size_t)s * d, (uint64_t)n * d, 4);
@@ -279,8 +281,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     ca->n_out = n_out;
     outs[0] = b->h;
     outs[1 + n_out] = b->x;
-    const int per_layer = 3 + (int)hp->n_head_kv + e->n_slices_o;
-    rc = st_submit_combine(ca, outs, n_out + 2, e->layer_names[(size_t)l * per_layer + 1]);
+    rc = st_submit_combine(ca, outs, n_out + 2, e->layer_names[(size_t)l * names_per_layer(e) + 1]);
     e->stats.tasks++;
   }
   for (int i = 0; i < n_out; i++) starpu_data_unregister_submit(outs[1 + i]);
@@ -297,8 +298,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_hparams *hp = &e->hp;
   const struct st_layer *L = &e->model->layers[l];
   starpu_data_handle_t *hw = e->h_layer + (size_t)l * W_COUNT;
-  const int per_layer = 3 + (int)hp->n_head_kv + e->n_slices_o;
-  const char **names = e->layer_names + (size_t)l * per_layer;
+  const char **names = e->layer_names + (size_t)l * names_per_layer(e);
   const int G = (int)hp->n_head_kv, nq = (int)(hp->n_head / hp->n_head_kv);
   int rc = 0;
   for (int g = 0; g < G && !rc; g++) {
@@ -311,7 +311,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     starpu_data_handle_t bufs[10] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V],
                                      hw[W_Q_NORM], hw[W_K_NORM], e->h_kv[ikv], e->h_kv[ikv + 1],
                                      b->attn[g]};
-    rc = st_submit_attention(&a, bufs, names[3 + g]);
+    rc = st_submit_attention(&a, bufs, names[2 + g]);
     e->stats.tasks++;
   }
   const int so = (int)hp->n_embd / e->n_slices_o;
@@ -322,7 +322,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     bufs[0] = hw[W_O];
     for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
     bufs[1 + G] = b->xo[s];
-    rc = st_submit_linear(&a, bufs, 2 + G, names[3 + G + s]);
+    rc = st_submit_linear(&a, bufs, 2 + G, names[2 + G + s]);
     e->stats.tasks++;
   }
   if (rc) return rc;
@@ -397,7 +397,7 @@ static int eval_chunk(struct st_engine *e, const int32_t *ids, int T, int want_l
   b.x = reg(e->x, (uint64_t)T * d, 4);
   b.h = reg(e->h, (uint64_t)T * d, 4);
   b.ffn_in = reg(e->ffn_in, (uint64_t)T * d, 4);
-  b.routing = reg(e->routing, (uint64_t)T * k * 2, 4);
+  b.routing = reg(e->routing, (uint64_t)T * k, sizeof(struct st_route));
   for (uint32_t g = 0; g < hp->n_head_kv; g++) attn[g] = reg(e->attn + (size_t)g * T * qg, (uint64_t)T * qg, 4);
   const size_t so = d / (size_t)e->n_slices_o;
   for (int s = 0; s < e->n_slices_o; s++) xo[s] = reg(e->xo + (size_t)s * T * so, (uint64_t)T * so, 4);

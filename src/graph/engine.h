@@ -7,6 +7,7 @@
 #include <starpu.h>
 #include <stdint.h>
 
+#include "codelets/codelets.h"
 #include "io/model.h"
 #include "tiers/placement.h"
 
@@ -39,7 +40,7 @@ struct st_engine {
 
   /* batch buffers, sized for `prefill` tokens; registered per batch */
   float *x, *h, *ffn_in, *attn, *xo, *expert_out, *logits;
-  int32_t *routing;
+  struct st_route *routing; /* [prefill][k] */
 
   char *names;                 /* task-name arena */
   const char **expert_names;   /* [n_layer][n_expert] "expert_rows L12 E87 CPU" */
