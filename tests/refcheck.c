@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *slurp(const char *path, long *len) {
+char *ref_slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   fseek(f, 0, SEEK_END);
@@ -20,7 +20,7 @@ static char *slurp(const char *path, long *len) {
   }
   fclose(f);
   if (buf) buf[n] = 0;
-  if (len) *len = n;
+  if (len) *len = (size_t)n;
   return buf;
 }
 
@@ -33,7 +33,7 @@ int ref_load(const char *dir, const char *json_name, struct ref_file *r) {
   memset(r, 0, sizeof *r);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, json_name);
-  char *text = slurp(path, NULL);
+  char *text = ref_slurp(path, NULL);
   if (!text) {
     fprintf(stderr, "cannot read %s\n", path);
     return -1;
@@ -98,9 +98,9 @@ int ref_load(const char *dir, const char *json_name, struct ref_file *r) {
       }
     }
     snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetStringValue(cJSON_GetObjectItem(pj, "last_logits_file")));
-    long len = 0;
-    char *raw = slurp(path, &len);
-    if (raw && len == (long)sizeof(float) * r->n_vocab) {
+    size_t len = 0;
+    char *raw = ref_slurp(path, &len);
+    if (raw && len == sizeof(float) * (size_t)r->n_vocab) {
       p->last_logits = malloc((size_t)len);
       memcpy(p->last_logits, raw, (size_t)len);
     }

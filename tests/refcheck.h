@@ -4,6 +4,7 @@
 #ifndef ST_REFCHECK_H
 #define ST_REFCHECK_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct ref_prompt {
@@ -30,6 +31,10 @@ struct ref_file {
 /* Loads dir/json_name and the logits files it names. 0 or -1 with a message on stderr. */
 int ref_load(const char *dir, const char *json_name, struct ref_file *r);
 void ref_free(struct ref_file *r);
+
+/* The whole file as a malloc'd, NUL-terminated buffer (caller frees); *len = its bytes.
+ * NULL when it cannot be read. */
+char *ref_slurp(const char *path, size_t *len);
 
 /* σ of a logits vector (population standard deviation). */
 double ref_sigma(const float *v, int n);

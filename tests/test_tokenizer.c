@@ -7,6 +7,7 @@
 #include "common.h"
 #include "io/gguf.h"
 #include "io/tokenizer.h"
+#include "refcheck.h"
 
 #include <cjson/cJSON.h>
 #include <string.h>
@@ -20,25 +21,8 @@ static void result(int ok) {
   if (!ok) n_checks_failed++;
 }
 
-static char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  if (len) *len = (size_t)n;
-  return buf;
-}
-
 static cJSON *load_json(const char *path) {
-  char *s = read_all(path, NULL);
+  char *s = ref_slurp(path, NULL);
   if (!s) {
     fprintf(stderr, "test_tokenizer: cannot read %s\n", path);
     return NULL;
