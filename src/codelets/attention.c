@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "codelets/codelets.h"
+#include "config.h"
+#ifdef ST_HAVE_CUDA
+#include "codelets/cuda/cuda_codelets.h"
+#endif
 #include "codelets/dot.h"
 #include "codelets/quant.h"
 
@@ -100,15 +104,19 @@ static struct starpu_perfmodel attention_model = {
 static struct starpu_codelet attention_cl = {
     .cpu_funcs = {attention_cpu},
     .cpu_funcs_name = {"attention_cpu"},
+#ifdef ST_HAVE_CUDA
+    .cuda_funcs = {st_attention_cuda},
+    .cuda_flags = {STARPU_CUDA_ASYNC},
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
     .model = &attention_model,
     .name = "attention",
 };
 
 int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t bufs[10],
-                        const char *name) {
+                        struct st_target tgt, const char *name) {
   static const enum starpu_data_access_mode modes[10] = {
       STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_R,
       STARPU_RW, STARPU_RW, STARPU_W};
-  return st_submit_task(&attention_cl, bufs, modes, 10, a, sizeof *a, -1, name);
+  return st_submit_task(&attention_cl, bufs, modes, 10, a, sizeof *a, tgt, name);
 }

@@ -3,12 +3,27 @@
  * combine.c; CUDA variants live in cuda/. Every buffer is a StarPU vector handle: activations
  * are float32 row-major [rows][width]; weights are the raw bytes of a GGUF tensor (or of one
  * expert's slice of it), read-only. Codelets know nothing of caches or tiers: the caller passes
- * the worker a task must run on (-1 = any worker that has an implementation). */
+ * a target (a fixed worker, or the kinds of worker allowed), which the tiers decide. Every
+ * codelet has a CPU and a CUDA variant (in cuda/) computing the same float32 result; the two
+ * differ only in summation order. */
 #ifndef ST_CODELETS_H
 #define ST_CODELETS_H
 
 #include <starpu.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+#define ST_ALIGNAS8 alignas(8)
+#else
+#define ST_ALIGNAS8 _Alignas(8)
+#endif
+
+/* Where a task may run: on `worker` when >= 0, else on any worker of the kinds in `where`
+ * (STARPU_CPU, STARPU_CUDA or both). */
+struct st_target {
+  int32_t where;
+  int worker;
+};
 
 /* How a weight buffer is laid out: rows of `n` elements of `type`, `row_bytes` apart. */
 struct st_wdesc {
@@ -29,7 +44,7 @@ struct st_attention_args {
   struct st_wdesc wq, wk, wv;
 };
 int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t bufs[10],
-                        const char *name);
+                        struct st_target tgt, const char *name);
 
 /* ---- linear.c: y = W[r0..r1) · concat(inputs), optionally RMS-normed first ------------------
  * Buffers: W R, [norm f32 R when has_norm], n_in inputs [T_in][n / n_in] R, out [T][r1 - r0] W.
@@ -43,7 +58,7 @@ struct st_linear_args {
   struct st_wdesc w;
 };
 int st_submit_linear(const struct st_linear_args *a, starpu_data_handle_t *bufs, int nbufs,
-                     const char *name);
+                     struct st_target tgt, const char *name);
 
 /* ---- router.c: residual, ffn_norm, routing -------------------------------------------------
  * Buffers: x [T][n_embd] R, n_xo attention-output slices [T][n_embd / n_xo] R, ffn_norm f32 R,
@@ -61,24 +76,41 @@ struct st_router_args {
   struct st_wdesc w;
 };
 int st_submit_router(const struct st_router_args *a, starpu_data_handle_t *bufs, int nbufs,
-                     const char *name);
+                     struct st_target tgt, const char *name);
 
-/* ---- expert_rows.c: the rows of one expert pair ----------------------------------------------
- * Buffers: ffn_in [T][n_embd] R, gate [n_ff][n_embd] R, up [n_ff][n_embd] R,
- * down [n_embd][n_ff] R, out [n_rows][n_embd] W.
- * out[i] = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows. */
+/* ---- expert_rows.c: the rows of a group of expert pairs of one layer -------------------------
+ * Buffers: ffn_in [T][n_embd] R; for each of the n_experts experts: gate [n_ff][n_embd] R,
+ * up [n_ff][n_embd] R, down [n_embd][n_ff] R; out [n_rows][n_embd] W.
+ * out[i] = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows; expert g
+ * owns rows [group[g].row0, group[g].row0 + group[g].n_rows). The CPU pool submits one expert (or
+ * a slice of its rows) per task; a GPU cache submits every cached expert of a layer in one task
+ * (a grouped kernel per matrix: a kernel per expert would be far too small for a task). */
 struct st_expert_row {
   int32_t token;
   float weight;
 };
-struct st_expert_rows_args {
-  int32_t n_rows, n_embd, n_ff, layer, expert;
-  struct st_wdesc gate, up, down;
-  struct st_expert_row rows[]; /* n_rows entries */
+struct st_expert_group {
+  int32_t expert, row0, n_rows;
 };
-/* `a` is copied; `worker` = -1 lets the scheduler pick among the workers that can run it. */
-int st_submit_expert_rows(const struct st_expert_rows_args *a, starpu_data_handle_t bufs[5],
-                          int worker, const char *name);
+struct st_expert_rows_args {
+  int32_t n_experts, n_rows, n_embd, n_ff, layer;
+  struct st_wdesc gate, up, down;
+  /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row */
+  ST_ALIGNAS8 unsigned char tail[];
+};
+static inline size_t st_expert_rows_args_size(int n_experts, int n_rows) {
+  return sizeof(struct st_expert_rows_args) + sizeof(struct st_expert_group) * (size_t)n_experts +
+         sizeof(struct st_expert_row) * (size_t)n_rows;
+}
+static inline struct st_expert_group *st_expert_groups(const struct st_expert_rows_args *a) {
+  return (struct st_expert_group *)(void *)a->tail;
+}
+static inline struct st_expert_row *st_expert_rows(const struct st_expert_rows_args *a) {
+  return (struct st_expert_row *)(void *)(a->tail + sizeof(struct st_expert_group) * (size_t)a->n_experts);
+}
+/* `bufs` has 2 + 3 * n_experts handles in the order above; `a` is copied. */
+int st_submit_expert_rows(const struct st_expert_rows_args *a, starpu_data_handle_t *bufs,
+                          struct st_target tgt, const char *name);
 
 /* ---- combine.c: fixed-order sum of the experts' weighted outputs, then the residual ---------
  * Buffers: h [T][n_embd] R, n_out expert outputs R, x [T][n_embd] W.
@@ -91,13 +123,13 @@ struct st_combine_args {
   struct st_combine_src src[]; /* T * k entries */
 };
 int st_submit_combine(const struct st_combine_args *a, starpu_data_handle_t *bufs, int nbufs,
-                      const char *name);
+                      struct st_target tgt, const char *name);
 
 /* Shared by the wrappers: creates and submits a task with `nbufs` handles and modes, a copy of
- * `args` (args_size bytes) as cl_arg, `name` (not copied: must outlive the task) and an
- * optional fixed worker. Returns 0 or ST_ERUNTIME. */
+ * `args` (args_size bytes) as cl_arg, `name` (not copied: must outlive the task) and its
+ * target. Returns 0 or ST_ERUNTIME. */
 int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
                    const enum starpu_data_access_mode *modes, int nbufs, const void *args,
-                   size_t args_size, int worker, const char *name);
+                   size_t args_size, struct st_target tgt, const char *name);
 
 #endif

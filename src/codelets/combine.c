@@ -7,7 +7,7 @@
 
 #include "codelets/codelets.h"
 #ifdef ST_HAVE_CUDA
-#include "codelets/cuda/combine.h"
+#include "codelets/cuda/cuda_codelets.h"
 #endif
 
 static void combine_cpu(void *buffers[], void *cl_arg) {
@@ -45,10 +45,10 @@ static struct starpu_codelet combine_cl = {
 };
 
 int st_submit_combine(const struct st_combine_args *a, starpu_data_handle_t *bufs, int nbufs,
-                      const char *name) {
+                      struct st_target tgt, const char *name) {
   enum starpu_data_access_mode modes[nbufs];
   for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
   modes[nbufs - 1] = STARPU_W;
   return st_submit_task(&combine_cl, bufs, modes, nbufs, a,
-                        sizeof *a + sizeof a->src[0] * (size_t)a->T * a->k, -1, name);
+                        sizeof *a + sizeof a->src[0] * (size_t)a->T * a->k, tgt, name);
 }

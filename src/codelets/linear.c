@@ -4,6 +4,10 @@
 #include <string.h>
 
 #include "codelets/codelets.h"
+#include "config.h"
+#ifdef ST_HAVE_CUDA
+#include "codelets/cuda/cuda_codelets.h"
+#endif
 #include "codelets/dot.h"
 
 static void linear_cpu(void *buffers[], void *cl_arg) {
@@ -34,15 +38,19 @@ static struct starpu_perfmodel linear_model = {
 static struct starpu_codelet linear_cl = {
     .cpu_funcs = {linear_cpu},
     .cpu_funcs_name = {"linear_cpu"},
+#ifdef ST_HAVE_CUDA
+    .cuda_funcs = {st_linear_cuda},
+    .cuda_flags = {STARPU_CUDA_ASYNC},
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
     .model = &linear_model,
     .name = "linear",
 };
 
 int st_submit_linear(const struct st_linear_args *a, starpu_data_handle_t *bufs, int nbufs,
-                     const char *name) {
+                     struct st_target tgt, const char *name) {
   enum starpu_data_access_mode modes[nbufs];
   for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
   modes[nbufs - 1] = STARPU_W;
-  return st_submit_task(&linear_cl, bufs, modes, nbufs, a, sizeof *a, -1, name);
+  return st_submit_task(&linear_cl, bufs, modes, nbufs, a, sizeof *a, tgt, name);
 }

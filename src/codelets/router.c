@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "codelets/codelets.h"
+#include "config.h"
+#ifdef ST_HAVE_CUDA
+#include "codelets/cuda/cuda_codelets.h"
+#endif
 #include "codelets/dot.h"
 
 static void router_cpu(void *buffers[], void *cl_arg) {
@@ -65,14 +69,18 @@ static struct starpu_perfmodel router_model = {
 static struct starpu_codelet router_cl = {
     .cpu_funcs = {router_cpu},
     .cpu_funcs_name = {"router_cpu"},
+#ifdef ST_HAVE_CUDA
+    .cuda_funcs = {st_router_cuda},
+    .cuda_flags = {STARPU_CUDA_ASYNC},
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
     .model = &router_model,
     .name = "router",
 };
 
 int st_submit_router(const struct st_router_args *a, starpu_data_handle_t *bufs, int nbufs,
-                     const char *name) {
+                     struct st_target tgt, const char *name) {
   enum starpu_data_access_mode modes[nbufs];
   for (int i = 0; i < nbufs; i++) modes[i] = i < nbufs - 3 ? STARPU_R : STARPU_W;
-  return st_submit_task(&router_cl, bufs, modes, nbufs, a, sizeof *a, -1, name);
+  return st_submit_task(&router_cl, bufs, modes, nbufs, a, sizeof *a, tgt, name);
 }

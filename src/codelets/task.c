@@ -8,7 +8,7 @@
 
 int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
                    const enum starpu_data_access_mode *modes, int nbufs, const void *args,
-                   size_t args_size, int worker, const char *name) {
+                   size_t args_size, struct st_target tgt, const char *name) {
   struct starpu_task *task = starpu_task_create();
   task->cl = cl;
   task->name = name;
@@ -31,9 +31,11 @@ int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
   memcpy(task->cl_arg, args, args_size);
   task->cl_arg_size = args_size;
   task->cl_arg_free = 1;
-  if (worker >= 0) {
+  if (tgt.worker >= 0) {
     task->execute_on_a_specific_worker = 1;
-    task->workerid = (unsigned)worker;
+    task->workerid = (unsigned)tgt.worker;
+  } else {
+    task->where = tgt.where;
   }
   int rc = starpu_task_submit(task);
   if (rc) return st_set_error(ST_ERUNTIME, "starpu_task_submit(%s) failed: %d", name, rc);

@@ -13,6 +13,7 @@
 #include "codelets/codelets.h"
 #include "codelets/quant.h"
 #include "common.h"
+#include "io/profile.h"
 
 enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
 
@@ -36,8 +37,9 @@ static struct st_wdesc wdesc(const struct st_weight *w) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
-/* Task names of one layer: router, combine, one per attention group, one per attn_output slice. */
-static int names_per_layer(const struct st_engine *e) { return 2 + (int)e->hp.n_head_kv + e->n_slices_o; }
+/* Task names of one layer: router, combine, the primary cache's expert group, one per attention
+ * group, one per attn_output slice. */
+static int names_per_layer(const struct st_engine *e) { return 3 + (int)e->hp.n_head_kv + e->n_slices_o; }
 
 /* Every task name the graph uses, made once (StarPU keeps the pointer, not a copy). */
 static int make_names(struct st_engine *e) {
@@ -59,13 +61,13 @@ static int make_names(struct st_engine *e) {
   } while (0)
   for (uint32_t l = 0; l < hp->n_layer; l++) {
     for (uint32_t x = 0; x < hp->n_expert; x++)
-      NAME(e->expert_names[l * hp->n_expert + x], "expert_rows L%u E%u %s", l, x,
-           st_tier_name(st_placement_tier(&e->placement, l, x)));
+      NAME(e->expert_names[l * hp->n_expert + x], "expert_rows L%u E%u CPU", l, x);
     const char **ln = e->layer_names + (size_t)l * per_layer;
     NAME(ln[0], "router L%u", l);
     NAME(ln[1], "combine L%u", l);
-    for (uint32_t g = 0; g < hp->n_head_kv; g++) NAME(ln[2 + g], "attention L%u G%u", l, g);
-    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[2 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
+    NAME(ln[2], "expert_rows L%u CUDA0", l);
+    for (uint32_t g = 0; g < hp->n_head_kv; g++) NAME(ln[3 + g], "attention L%u G%u", l, g);
+    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[3 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
   }
   for (int s = 0; s < e->n_slices_head; s++) NAME(e->head_names[s], "output_head S%d", s);
 #undef NAME
@@ -74,6 +76,59 @@ static int make_names(struct st_engine *e) {
 
 int st_engine_ctx_size(const struct st_hparams *hp, int requested) {
   return requested > 0 ? requested : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+}
+
+static uint64_t weight_bytes(const struct st_weight *w) { return w->row_bytes * w->ne[1] * w->ne[2]; }
+
+/* Loads the profile and fills the primary cache (--expert-profile, --expert-cache). */
+static int setup_cache(struct st_engine *e, const struct st_engine_opts *o) {
+  const struct st_hparams *hp = &e->hp;
+  e->adapt_swaps = o->adapt_swaps;
+  e->adapt_interval = o->adapt_interval > 0 ? o->adapt_interval : 32;
+  if (o->expert_cache == 0) return 0;
+  if (!o->expert_profile)
+    return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
+  if (e->placement.cuda0_worker < 0)
+    return st_set_error(ST_EINVAL, "--expert-cache needs a CUDA device, and StarPU found none (check STARPU_NCUDA and the driver)");
+  struct st_profile prof;
+  int rc = st_profile_load(o->expert_profile, hp->n_layer, hp->n_expert, &prof);
+  if (rc) return rc;
+  const uint64_t slot_bytes = st_pair_bytes(e->model);
+  int slots = o->expert_cache;
+  if (slots == ST_CACHE_AUTO) {
+    /* what fits after the dense weights, the KV cache, the prompt-path buffers and a reserve */
+    uint64_t dense = weight_bytes(&e->model->output) + weight_bytes(&e->model->output_norm);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+      const struct st_layer *L = &e->model->layers[l];
+      const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                             &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
+      for (int i = 0; i < W_COUNT; i++) dense += weight_bytes(ws[i]);
+    }
+    const uint64_t kv = (uint64_t)hp->n_layer * hp->n_head_kv * 2 * (uint64_t)e->n_ctx * hp->head_dim * 4;
+    const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
+                             (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
+                              (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
+    const uint64_t reserve = (uint64_t)((o->reserve_mib > 0 ? o->reserve_mib : 1024) * 1048576.0);
+    const int64_t avail = (int64_t)starpu_memory_get_available(e->placement.cuda0_node);
+    const int64_t left = avail - (int64_t)(dense + kv + buffers + reserve);
+    slots = left > 0 ? (int)(left / (int64_t)slot_bytes) : 0;
+    fprintf(stderr,
+            "strata: --expert-cache auto: CUDA0 has %.2f GiB available; dense weights %.2f GiB, KV cache %.2f GiB, "
+            "prompt buffers %.2f GiB, reserve %.2f GiB leave %d slots of %.2f MiB\n",
+            avail / 1073741824.0, dense / 1073741824.0, kv / 1073741824.0, buffers / 1073741824.0,
+            reserve / 1073741824.0, slots, slot_bytes / 1048576.0);
+  }
+  rc = st_primary_cache_fill(&e->placement, e->model, &prof, slots);
+  if (!rc) {
+    uint64_t held = 0;
+    for (int i = 0; i < e->placement.cache.n_slots; i++) held += prof.pairs[i].count;
+    e->cache_mass_share = prof.total ? (double)held / (double)prof.total : 0.0;
+    fprintf(stderr, "strata: primary cache: %d of %u expert pairs on CUDA0 (%.2f GiB), %.1f%% of the profile's routed mass\n",
+            e->placement.cache.n_slots, hp->n_layer * hp->n_expert,
+            (double)e->placement.cache.n_slots * slot_bytes / 1073741824.0, 100.0 * e->cache_mass_share);
+  }
+  st_profile_free(&prof);
+  return rc;
 }
 
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
@@ -91,8 +146,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
   e->n_slices_head = div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
 
-  int rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert);
-  if (!rc) rc = make_names(e);
+  int rc = 0;
   const size_t T = (size_t)e->prefill, d = hp->n_embd, k = hp->n_expert_used;
   const size_t qw = (size_t)hp->n_head * hp->head_dim;
   const size_t kv_floats = (size_t)hp->n_layer * hp->n_head_kv * 2 * (size_t)e->n_ctx * hp->head_dim;
@@ -109,8 +163,11 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
     e->h_expert = calloc((size_t)hp->n_layer * hp->n_expert * 3, sizeof(starpu_data_handle_t));
     e->h_kv = calloc((size_t)hp->n_layer * hp->n_head_kv * 2, sizeof(starpu_data_handle_t));
+    e->route_counts = calloc((size_t)hp->n_layer * hp->n_expert, sizeof(uint64_t));
+    e->live_counts = calloc((size_t)hp->n_layer * hp->n_expert, sizeof(uint64_t));
     if (!e->kv || !e->x || !e->h || !e->ffn_in || !e->xo || !e->attn || !e->expert_out ||
-        !e->logits || !e->routing || !e->h_layer || !e->h_expert || !e->h_kv)
+        !e->logits || !e->routing || !e->h_layer || !e->h_expert || !e->h_kv || !e->route_counts ||
+        !e->live_counts)
       rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens) and batch buffers",
                         kv_floats * 4.0 / (1 << 20), e->n_ctx);
   }
@@ -127,10 +184,18 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     return st_set_error(ST_ERUNTIME, "StarPU failed to start (starpu_init returned %d)", sret);
   }
   starpu_profiling_status_set(STARPU_PROFILING_ENABLE); /* per-worker task counts for reports */
+  e->started = 1;
   if (starpu_cpu_worker_get_count() == 0) {
-    starpu_shutdown();
     st_engine_destroy(e);
     return st_set_error(ST_ERUNTIME, "StarPU started with no CPU worker (check STARPU_NCPU)");
+  }
+  rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert);
+  if (!rc) rc = make_names(e);
+  if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
+    rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
+  if (rc) {
+    st_engine_destroy(e);
+    return rc;
   }
   e->h_output_norm = reg_weight(&m->output_norm);
   e->h_output = reg_weight(&m->output);
@@ -151,20 +216,29 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
         e->h_kv[i] = reg(e->kv + i * (size_t)e->n_ctx * hp->head_dim, (uint64_t)e->n_ctx * hp->head_dim, 4);
       }
   }
+  if (!rc) rc = setup_cache(e, o);
+  if (rc) {
+    st_engine_destroy(e);
+    return rc;
+  }
   *out = e;
   return 0;
 }
 
 void st_engine_destroy(struct st_engine *e) {
   if (!e) return;
-  if (e->h_output) {
+  if (e->started) {
     const struct st_hparams *hp = &e->hp;
     starpu_task_wait_for_all();
-    starpu_data_unregister(e->h_output_norm);
-    starpu_data_unregister(e->h_output);
-    for (size_t i = 0; i < (size_t)hp->n_layer * W_COUNT; i++) starpu_data_unregister(e->h_layer[i]);
-    for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert * 3; i++) starpu_data_unregister(e->h_expert[i]);
-    for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_head_kv * 2; i++) starpu_data_unregister(e->h_kv[i]);
+    if (e->h_output_norm) starpu_data_unregister(e->h_output_norm);
+    if (e->h_output) starpu_data_unregister(e->h_output);
+    for (size_t i = 0; i < (size_t)hp->n_layer * W_COUNT; i++)
+      if (e->h_layer[i]) starpu_data_unregister(e->h_layer[i]);
+    for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert * 3; i++)
+      if (e->h_expert[i]) starpu_data_unregister(e->h_expert[i]);
+    for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_head_kv * 2; i++)
+      if (e->h_kv[i]) starpu_data_unregister(e->h_kv[i]);
+    st_placement_free(&e->placement);
     starpu_shutdown();
   }
   free(e->kv);
@@ -183,7 +257,8 @@ void st_engine_destroy(struct st_engine *e) {
   free(e->expert_names);
   free(e->layer_names);
   free(e->head_names);
-  st_placement_free(&e->placement);
+  free(e->route_counts);
+  free(e->live_counts);
   free(e);
 }
 
@@ -214,11 +289,15 @@ struct batch {
   starpu_data_handle_t *xo;   /* [n_slices_o] */
 };
 
-/* The experts of one layer: submits expert-row tasks and the combine. Reads the routing table
- * (the host waits for the router here), so it is called after the layer's router is submitted. */
+/* The experts of one layer: submits the expert-row tasks and the combine. Reads the routing
+ * table (the host waits for the router here), so it is called after the layer's router is
+ * submitted. The primary cache's experts go to CUDA0 in one grouped task; each CPU-pool expert
+ * gets its own task (sliced into ROWS_PER_EXPERT_TASK rows). Output rows are laid out task after
+ * task in expert_out; the combine finds each (token, slot) through its source table. */
 static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_hparams *hp = &e->hp;
   const struct st_layer *L = &e->model->layers[l];
+  const struct st_placement *pl = &e->placement;
   const int T = b->T, k = (int)hp->n_expert_used, d = (int)hp->n_embd, E = (int)hp->n_expert;
   int rc = 0;
 
@@ -230,11 +309,13 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
 
   /* rows of each expert, in token order: counting sort by expert */
   int *count = calloc((size_t)E + 1, sizeof(int));
+  int *fill = malloc(sizeof(int) * (size_t)E);
   int *order = malloc(sizeof(int) * (size_t)T * k); /* (t*k+j) sorted by expert */
   struct st_combine_args *ca = malloc(sizeof *ca + sizeof ca->src[0] * (size_t)T * k);
-  struct st_expert_rows_args *ea = malloc(sizeof *ea + sizeof ea->rows[0] * ROWS_PER_EXPERT_TASK);
+  struct st_expert_rows_args *ea = malloc(st_expert_rows_args_size(E, T * k));
   starpu_data_handle_t *outs = malloc(sizeof(starpu_data_handle_t) * ((size_t)T * k + 2));
-  if (!count || !order || !ca || !ea || !outs) {
+  starpu_data_handle_t *bufs = malloc(sizeof(starpu_data_handle_t) * (2 + 3 * (size_t)E));
+  if (!count || !fill || !order || !ca || !ea || !outs || !bufs) {
     rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
     starpu_data_release(b->routing);
     goto done;
@@ -242,55 +323,97 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   for (int i = 0; i < T * k; i++) {
     ST_ASSERT(route[i].expert >= 0 && route[i].expert < E);
     count[route[i].expert + 1]++;
+    e->route_counts[(size_t)l * E + route[i].expert]++;
+    e->live_counts[(size_t)l * E + route[i].expert]++;
   }
   for (int x = 0; x < E; x++) count[x + 1] += count[x];
-  {
-    int *fill = malloc(sizeof(int) * (size_t)E);
-    memcpy(fill, count, sizeof(int) * (size_t)E);
-    for (int i = 0; i < T * k; i++) order[fill[route[i].expert]++] = i;
-    free(fill);
-  }
+  memcpy(fill, count, sizeof(int) * (size_t)E);
+  for (int i = 0; i < T * k; i++) order[fill[route[i].expert]++] = i;
 
   *ca = (struct st_combine_args){.T = T, .k = k, .n_embd = d};
-  int n_out = 0;
-  for (int x = 0; x < E && !rc; x++) {
-    const enum st_tier tier = st_placement_tier(&e->placement, l, (uint32_t)x);
-    for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
-      const int n = count[x + 1] - s < ROWS_PER_EXPERT_TASK ? count[x + 1] - s : ROWS_PER_EXPERT_TASK;
-      *ea = (struct st_expert_rows_args){.n_rows = n, .n_embd = d, .n_ff = (int)hp->n_ff_exp,
-                                         .layer = (int)l, .expert = x, .gate = wdesc(&L->gate_exps),
-                                         .up = wdesc(&L->up_exps), .down = wdesc(&L->down_exps)};
-      for (int r = 0; r < n; r++) {
-        const int i = order[s + r];
-        ea->rows[r] = (struct st_expert_row){.token = i / k, .weight = route[i].weight};
-        ca->src[i] = (struct st_combine_src){.buf = n_out, .row = r};
+  const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
+                                           .gate = wdesc(&L->gate_exps), .up = wdesc(&L->up_exps),
+                                           .down = wdesc(&L->down_exps)};
+  int n_out = 0, row_cursor = 0;
+  /* Adds rows [s, s + n) of expert x's sorted entries to the task being built in `ea`. */
+#define ADD_EXPERT(x, s, n)                                                                    \
+  do {                                                                                         \
+    struct st_expert_group *grp = st_expert_groups(ea) + ea->n_experts;                       \
+    *grp = (struct st_expert_group){(x), ea->n_rows, (n)};                                     \
+    for (int r = 0; r < (n); r++) {                                                            \
+      const int i = order[(s) + r];                                                            \
+      rows_tmp[ea->n_rows + r] = (struct st_expert_row){.token = i / k, .weight = route[i].weight}; \
+      ca->src[i] = (struct st_combine_src){.buf = n_out, .row = ea->n_rows + r};               \
+    }                                                                                          \
+    ea->n_rows += (n);                                                                         \
+    ea->n_experts++;                                                                           \
+  } while (0)
+  struct st_expert_row *rows_tmp = malloc(sizeof *rows_tmp * (size_t)T * k);
+  if (!rows_tmp) rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
+
+  /* 1. the primary cache: every cached expert routed in this layer, one task on CUDA0 */
+  if (!rc && pl->cache.n_slots > 0) {
+    *ea = base;
+    for (int x = 0; x < E; x++)
+      if (count[x + 1] > count[x] && st_placement_tier(pl, l, (uint32_t)x) == ST_TIER_PRIMARY) {
+        const starpu_data_handle_t *hc = st_primary_cache_handles(pl, pl->slot[(size_t)l * E + x]);
+        for (int m = 0; m < 3; m++) bufs[1 + 3 * ea->n_experts + m] = hc[m];
+        ADD_EXPERT(x, count[x], count[x + 1] - count[x]);
       }
-      outs[1 + n_out] = reg(e->expert_out + (size_t)s * d, (uint64_t)n * d, 4);
-      starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
-      starpu_data_handle_t bufs[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
-      rc = st_submit_expert_rows(ea, bufs, st_placement_worker(&e->placement, tier),
-                                 e->expert_names[(size_t)l * E + x]);
-      e->stats.expert_tasks[tier]++;
-      e->stats.expert_entries[tier] += (uint64_t)n;
+    if (ea->n_experts > 0) {
+      memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)ea->n_rows);
+      bufs[0] = b->ffn_in;
+      outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)ea->n_rows * d, 4);
+      bufs[1 + 3 * ea->n_experts] = outs[1 + n_out];
+      rc = st_submit_expert_rows(ea, bufs, st_placement_expert_target(pl, ST_TIER_PRIMARY),
+                                 e->layer_names[(size_t)l * names_per_layer(e) + 2]);
+      e->stats.expert_tasks[ST_TIER_PRIMARY]++;
+      e->stats.expert_entries[ST_TIER_PRIMARY] += (uint64_t)ea->n_rows;
       e->stats.tasks++;
+      row_cursor += ea->n_rows;
       n_out++;
     }
   }
+  /* 2. the CPU pool: one task per expert, or per slice of its rows */
+  for (int x = 0; x < E && !rc; x++) {
+    if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL) continue;
+    for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
+      const int n = count[x + 1] - s < ROWS_PER_EXPERT_TASK ? count[x + 1] - s : ROWS_PER_EXPERT_TASK;
+      *ea = base;
+      ADD_EXPERT(x, s, n);
+      memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n);
+      const starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
+      outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
+      starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
+      rc = st_submit_expert_rows(ea, tb, st_placement_expert_target(pl, ST_TIER_CPU_POOL),
+                                 e->expert_names[(size_t)l * E + x]);
+      e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
+      e->stats.expert_entries[ST_TIER_CPU_POOL] += (uint64_t)n;
+      e->stats.tasks++;
+      row_cursor += n;
+      n_out++;
+    }
+  }
+#undef ADD_EXPERT
+  free(rows_tmp);
   starpu_data_release(b->routing);
   if (!rc) {
     ca->n_out = n_out;
     outs[0] = b->h;
     outs[1 + n_out] = b->x;
-    rc = st_submit_combine(ca, outs, n_out + 2, e->layer_names[(size_t)l * names_per_layer(e) + 1]);
+    rc = st_submit_combine(ca, outs, n_out + 2, st_placement_dense_target(pl),
+                           e->layer_names[(size_t)l * names_per_layer(e) + 1]);
     e->stats.tasks++;
   }
   for (int i = 0; i < n_out; i++) starpu_data_unregister_submit(outs[1 + i]);
 done:
   free(count);
+  free(fill);
   free(order);
   free(ca);
   free(ea);
   free(outs);
+  free(bufs);
   return rc;
 }
 
@@ -300,6 +423,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   starpu_data_handle_t *hw = e->h_layer + (size_t)l * W_COUNT;
   const char **names = e->layer_names + (size_t)l * names_per_layer(e);
   const int G = (int)hp->n_head_kv, nq = (int)(hp->n_head / hp->n_head_kv);
+  const struct st_target dense = st_placement_dense_target(&e->placement);
   int rc = 0;
   for (int g = 0; g < G && !rc; g++) {
     struct st_attention_args a = {.T = b->T, .pos0 = e->n_past, .n_ctx = e->n_ctx,
@@ -311,7 +435,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     starpu_data_handle_t bufs[10] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V],
                                      hw[W_Q_NORM], hw[W_K_NORM], e->h_kv[ikv], e->h_kv[ikv + 1],
                                      b->attn[g]};
-    rc = st_submit_attention(&a, bufs, names[2 + g]);
+    rc = st_submit_attention(&a, bufs, dense, names[3 + g]);
     e->stats.tasks++;
   }
   const int so = (int)hp->n_embd / e->n_slices_o;
@@ -322,7 +446,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     bufs[0] = hw[W_O];
     for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
     bufs[1 + G] = b->xo[s];
-    rc = st_submit_linear(&a, bufs, 2 + G, names[2 + G + s]);
+    rc = st_submit_linear(&a, bufs, 2 + G, dense, names[3 + G + s]);
     e->stats.tasks++;
   }
   if (rc) return rc;
@@ -339,7 +463,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     bufs[3 + e->n_slices_o] = b->h;
     bufs[4 + e->n_slices_o] = b->ffn_in;
     bufs[5 + e->n_slices_o] = b->routing;
-    rc = st_submit_router(&a, bufs, nb, names[0]);
+    rc = st_submit_router(&a, bufs, nb, dense, names[0]);
     e->stats.tasks++;
   }
   return rc ? rc : submit_moe(e, b, l);
@@ -364,7 +488,7 @@ static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out
                                .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output)};
     out[s] = reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
     starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
-    rc = st_submit_linear(&a, bufs, 4, e->head_names[s]);
+    rc = st_submit_linear(&a, bufs, 4, st_placement_dense_target(&e->placement), e->head_names[s]);
     e->stats.tasks++;
     submitted++;
   }
@@ -415,6 +539,66 @@ static int eval_chunk(struct st_engine *e, const int32_t *ids, int T, int want_l
   return rc;
 }
 
+/* Adds StarPU's main-RAM -> CUDA transfer counters to the stats (reading them resets them). */
+static void collect_bus(struct st_engine *e) {
+  for (int b = 0; b < starpu_bus_get_count(); b++) {
+    struct starpu_profiling_bus_info info;
+    if (starpu_bus_get_profiling_info(b, &info) == 0 && starpu_bus_get_src(b) == STARPU_MAIN_RAM &&
+        starpu_node_get_kind((unsigned)starpu_bus_get_dst(b)) == STARPU_CUDA_RAM)
+      e->stats.h2d_bytes += (uint64_t)info.transferred_bytes;
+  }
+}
+
+struct pair_count {
+  uint64_t count;
+  int32_t pair;
+};
+
+static int by_count_asc(const void *a, const void *b) {
+  const struct pair_count *x = a, *y = b;
+  if (x->count != y->count) return x->count < y->count ? -1 : 1;
+  return x->pair - y->pair;
+}
+
+int st_engine_adapt(struct st_engine *e) {
+  struct st_placement *pl = &e->placement;
+  const int n_slots = pl->cache.n_slots, n_pairs = (int)(pl->n_layer * pl->n_expert);
+  e->tokens_since_adapt = 0;
+  if (e->adapt_swaps <= 0 || n_slots == 0 || n_slots == n_pairs) return 0;
+  struct pair_count *cold = malloc(sizeof *cold * (size_t)n_slots);
+  struct pair_count *hot = malloc(sizeof *hot * (size_t)(n_pairs - n_slots));
+  if (!cold || !hot) {
+    free(cold);
+    free(hot);
+    return st_set_error(ST_ENOMEM, "out of memory for an adaptive round");
+  }
+  int nc = 0, nh = 0;
+  for (int i = 0; i < n_pairs; i++) {
+    const struct pair_count pc = {e->live_counts[i], i};
+    if (pl->tier[i] == ST_TIER_PRIMARY) cold[nc++] = pc;
+    else hot[nh++] = pc;
+  }
+  qsort(cold, (size_t)nc, sizeof *cold, by_count_asc); /* coldest first */
+  qsort(hot, (size_t)nh, sizeof *hot, by_count_asc);   /* hottest last */
+  starpu_task_wait_for_all();
+  int swaps = 0, rc = 0;
+  for (; swaps < e->adapt_swaps && swaps < nc && swaps < nh && !rc; swaps++) {
+    const struct pair_count c = cold[swaps], h = hot[nh - 1 - swaps];
+    if (h.count <= c.count) break;
+    const uint32_t E = pl->n_expert;
+    rc = st_primary_cache_swap(pl, e->model, pl->slot[c.pair], (uint32_t)h.pair / E, (uint32_t)h.pair % E);
+    fprintf(stderr, "strata: adapt: CUDA0 slot %d: (L%u, E%u, %llu routed) -> (L%u, E%u, %llu routed)\n",
+            pl->slot[h.pair], (uint32_t)c.pair / E, (uint32_t)c.pair % E, (unsigned long long)c.count,
+            (uint32_t)h.pair / E, (uint32_t)h.pair % E, (unsigned long long)h.count);
+  }
+  e->stats.swaps += (uint64_t)swaps;
+  /* halve the live counts: recent routing weighs most, older rounds fade */
+  for (int i = 0; i < n_pairs; i++) e->live_counts[i] /= 2;
+  free(cold);
+  free(hot);
+  return rc ? rc : swaps;
+}
+
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
   if (n <= 0) return st_set_error(ST_EINVAL, "nothing to evaluate (0 tokens)");
   if (e->n_past + n > e->n_ctx)
@@ -435,6 +619,12 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
       memcpy(logits, e->logits, sizeof(float) * V);
     e->n_past += T;
     done += T;
+    e->tokens_since_adapt += T;
+  }
+  collect_bus(e);
+  if (e->adapt_swaps > 0 && e->tokens_since_adapt >= e->adapt_interval) {
+    int rc = st_engine_adapt(e);
+    if (rc < 0) return rc;
   }
   return 0;
 }

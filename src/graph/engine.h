@@ -12,14 +12,22 @@
 #include "tiers/placement.h"
 
 struct st_engine_opts {
-  int n_ctx;   /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
-  int prefill; /* prompt chunk in tokens; 0 = 512 */
+  int n_ctx;                  /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
+  int prefill;                /* prompt chunk in tokens; 0 = 512 */
+  const char *expert_profile; /* ranked expert pairs (io/profile.h) for the caches, or NULL */
+  int expert_cache;           /* primary-cache slots on CUDA0; 0 = none, ST_CACHE_AUTO = what fits */
+  int adapt_swaps;            /* adaptive cache: swaps per round (0 = static cache) */
+  int adapt_interval;         /* tokens between adaptive rounds; 0 = 32 */
+  double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
 };
+#define ST_CACHE_AUTO (-1)
 
 struct st_engine_stats {
   uint64_t expert_tasks[ST_TIER_COUNT];   /* expert-row tasks submitted per tier */
   uint64_t expert_entries[ST_TIER_COUNT]; /* (token, expert) rows computed per tier */
   uint64_t tasks;                         /* all tasks submitted */
+  uint64_t h2d_bytes;                     /* bytes StarPU moved from main RAM to CUDA devices */
+  uint64_t swaps;                         /* adaptive-cache swaps so far */
 };
 
 struct st_engine {
@@ -27,6 +35,7 @@ struct st_engine {
   struct st_hparams hp;
   int n_ctx, prefill, n_past;
   int prefill_cap; /* batch buffers hold this many tokens */
+  int started;     /* StarPU is initialised (and must be shut down) */
   int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
   struct st_placement placement;
   struct st_engine_stats stats;
@@ -48,6 +57,10 @@ struct st_engine {
   const char **head_names;     /* [n_slices_head] */
 
   int32_t *routing_trace; /* optional, [n_layer][n_ctx][k] expert ids, set by the caller */
+  uint64_t *route_counts;  /* [n_layer][n_expert] routed entries since start (profiles) */
+  uint64_t *live_counts;   /* [n_layer][n_expert] routed entries since the last adaptive round */
+  int adapt_swaps, adapt_interval, tokens_since_adapt;
+  double cache_mass_share; /* share of the profile's routed mass the primary cache holds at start */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
@@ -71,6 +84,12 @@ void st_engine_reset(struct st_engine *e);
  * token to `logits` ([n][n_vocab]) when all_logits != 0. Errors: ST_EINVAL when the tokens
  * would run past the context (nothing is computed then), or an id is out of range. */
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* One adaptive round (--adapt-swaps): swaps up to adapt_swaps cold cached pairs for the pairs
+ * routed most often to the CPU pool since the last round, when they were routed more often,
+ * and logs each swap on stderr. Runs by itself every adapt_interval tokens; callers may also
+ * run it between requests. Returns the number of swaps or a negative ST_E*. */
+int st_engine_adapt(struct st_engine *e);
 
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "codelets/codelets.h"
-#include "codelets/cuda/combine.h"
+#include "codelets/cuda/cuda_codelets.h"
 
 __global__ static void combine_kernel(const float *h, const float *const *outs,
                                       const st_combine_src *src, int k, int d, float *x) {

@@ -1,0 +1,21 @@
+/* C interface of the CUDA variants of the codelets (one .cu file per kernel family). Each has
+ * the buffers and arguments of its CPU variant (codelets.h) and queues its work on the worker's
+ * local stream; the codelets are flagged STARPU_CUDA_ASYNC. */
+#ifndef ST_CUDA_CODELETS_H
+#define ST_CUDA_CODELETS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void st_attention_cuda(void *buffers[], void *cl_arg);
+void st_linear_cuda(void *buffers[], void *cl_arg);
+void st_router_cuda(void *buffers[], void *cl_arg);
+void st_expert_rows_cuda(void *buffers[], void *cl_arg);
+void st_combine_cuda(void *buffers[], void *cl_arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

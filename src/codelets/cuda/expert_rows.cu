@@ -1,0 +1,55 @@
+// CUDA variant of the expert-row codelet (codelets.h): every expert of the task in one grouped
+// launch per matrix (gate, up, then down), the rows of all experts gathered into one activation
+// block; SwiGLU between; the routing weight applied as the down product is written.
+#include "codelets/cuda/common.cuh"
+#include "codelets/cuda/cuda_codelets.h"
+
+__global__ static void gather_rows(const float *src, const st_expert_row *rows, int n_rows, int d, float *dst, float *weights) {
+  const int i = blockIdx.x;
+  if (i >= n_rows) return;
+  const st_expert_row r = rows[i];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dst[(int64_t)i * d + j] = src[(int64_t)r.token * d + j];
+  if (threadIdx.x == 0) weights[i] = r.weight;
+}
+
+__global__ static void swiglu(float *g, const float *u, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+extern "C" void st_expert_rows_cuda(void *buffers[], void *cl_arg) {
+  const st_expert_rows_args *a = (const st_expert_rows_args *)cl_arg;
+  cudaStream_t st = starpu_cuda_get_local_stream();
+  const st_expert_group *groups = st_expert_groups(a);
+  const int G = a->n_experts, R = a->n_rows, d = a->n_embd, ff = a->n_ff;
+  const float *ffn_in = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+  float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * G]);
+
+  // One scratch block: three descriptor tables, the rows and weights, X [R][d], gate and up [R][ff].
+  const size_t desc_bytes = sizeof(st_cuda_group) * (size_t)G * 3, rows_bytes = sizeof(st_expert_row) * (size_t)R;
+  const size_t head = (desc_bytes + rows_bytes + 255) & ~(size_t)255;
+  uint8_t *scratch = (uint8_t *)st_cuda_alloc(head + sizeof(float) * ((size_t)R + (size_t)R * d + 2 * (size_t)R * ff), st);
+  st_cuda_group *desc_dev = (st_cuda_group *)scratch;
+  st_expert_row *rows_dev = (st_expert_row *)(scratch + desc_bytes);
+  float *wts = (float *)(scratch + head), *x = wts + R, *g = x + (size_t)R * d, *u = g + (size_t)R * ff;
+
+  st_cuda_group *desc = (st_cuda_group *)malloc(desc_bytes);
+  int max_rows = 0;
+  for (int i = 0; i < G; i++) {
+    for (int m = 0; m < 3; m++)
+      desc[m * G + i] = st_cuda_group{(const uint8_t *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * i + m]), groups[i].row0, groups[i].n_rows};
+    max_rows = groups[i].n_rows > max_rows ? groups[i].n_rows : max_rows;
+  }
+  ST_CUDA_CHECK(cudaMemcpyAsync(desc_dev, desc, desc_bytes, cudaMemcpyHostToDevice, st));
+  ST_CUDA_CHECK(cudaMemcpyAsync(rows_dev, st_expert_rows(a), rows_bytes, cudaMemcpyHostToDevice, st));
+  ST_CUDA_CHECK(cudaStreamSynchronize(st)); // desc is pageable host memory, freed next
+  free(desc);
+
+  gather_rows<<<R, 128, 0, st>>>(ffn_in, rows_dev, R, d, x, wts);
+  st_cuda_grouped_matmul(a->gate.type, a->gate.row_bytes, desc_dev, G, max_rows, ff, x, d, NULL, g, st);
+  st_cuda_grouped_matmul(a->up.type, a->up.row_bytes, desc_dev + G, G, max_rows, ff, x, d, NULL, u, st);
+  swiglu<<<(unsigned)(((int64_t)R * ff + 255) / 256), 256, 0, st>>>(g, u, (int64_t)R * ff);
+  st_cuda_grouped_matmul(a->down.type, a->down.row_bytes, desc_dev + 2 * G, G, max_rows, d, g, ff, wts, out, st);
+  ST_CUDA_CHECK(cudaGetLastError());
+  st_cuda_free(scratch, st);
+}

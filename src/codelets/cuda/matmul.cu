@@ -1,0 +1,115 @@
+// Float32 matrix products over dequantised weights (common.cuh): a warp per output row, each
+// lane striding over the row, TT activation rows per warp so a weight row is read once per TT
+// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run.
+#include "codelets/cuda/common.cuh"
+
+#define TT 8
+
+template <uint32_t TYPE>
+__device__ __forceinline__ float weight_at(const uint8_t *row, int64_t i) {
+  if (TYPE == ST_TYPE_F32) return ((const float *)row)[i];
+  if (TYPE == ST_TYPE_F16) return st_dev_half(((const uint16_t *)row)[i]);
+  if (TYPE == ST_TYPE_BF16) return st_dev_bf16(((const uint16_t *)row)[i]);
+  const uint8_t *b = row + (i >> 5) * 34;
+  return st_dev_half((uint16_t)(b[0] | (b[1] << 8))) * (float)(int8_t)b[2 + (i & 31)];
+}
+
+// A warp computes one output row for up to TT activation rows.
+template <uint32_t TYPE>
+__device__ __forceinline__ void row_dot(const uint8_t *row, const float *x, int64_t ldx, int nt, int64_t n,
+                                        float *acc) {
+#pragma unroll
+  for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += 32) {
+    const float w = weight_at<TYPE>(row, i);
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+      if (t < nt) acc[t] = fmaf(w, x[t * ldx + i], acc[t]);
+  }
+#pragma unroll
+  for (int t = 0; t < TT; t++) acc[t] = st_warp_sum(acc[t]);
+}
+
+template <uint32_t TYPE>
+__global__ void matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
+                              const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
+  const int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  if (r >= nrows) return;
+  const int64_t t0 = (int64_t)blockIdx.y * TT;
+  const int nt = (int)min((int64_t)TT, T - t0);
+  float acc[TT];
+  row_dot<TYPE>(W + (uint64_t)(r0 + r) * row_bytes, x + t0 * ldx, ldx, nt, n, acc);
+  if (threadIdx.x == 0)
+    for (int t = 0; t < nt; t++) out[(t0 + t) * ldo + r] = acc[t];
+}
+
+template <uint32_t TYPE>
+__global__ void grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out,
+                               const float *x, int64_t n, const float *scale, float *out) {
+  const st_cuda_group g = groups[blockIdx.z];
+  const int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const int64_t t0 = (int64_t)blockIdx.y * TT;
+  if (r >= n_out || t0 >= g.n_rows) return;
+  const int nt = (int)min((int64_t)TT, (int64_t)g.n_rows - t0);
+  const int64_t row0 = g.row0 + t0;
+  float acc[TT];
+  row_dot<TYPE>(g.W + (uint64_t)r * row_bytes, x + row0 * n, n, nt, n, acc);
+  if (threadIdx.x == 0)
+    for (int t = 0; t < nt; t++) out[(row0 + t) * n_out + r] = scale ? acc[t] * scale[row0 + t] : acc[t];
+}
+
+void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
+                    const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
+                    cudaStream_t stream) {
+  const int64_t nrows = r1 - r0;
+  if (nrows <= 0 || T <= 0) return;
+  const dim3 block(32, 8), grid((unsigned)((nrows + 7) / 8), (unsigned)((T + TT - 1) / TT));
+  const uint8_t *w = (const uint8_t *)W;
+  switch (type) {
+  case ST_TYPE_F32: matmul_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
+  case ST_TYPE_F16: matmul_kernel<ST_TYPE_F16><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
+  case ST_TYPE_BF16: matmul_kernel<ST_TYPE_BF16><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
+  default: matmul_kernel<ST_TYPE_Q8_0><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
+  }
+  ST_CUDA_CHECK(cudaGetLastError());
+}
+
+void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev,
+                            int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
+                            const float *scale, float *out, cudaStream_t stream) {
+  if (n_groups <= 0 || max_rows <= 0) return;
+  const dim3 block(32, 8), grid((unsigned)((n_out + 7) / 8), (unsigned)((max_rows + TT - 1) / TT), (unsigned)n_groups);
+  switch (type) {
+  case ST_TYPE_F32: grouped_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
+  case ST_TYPE_F16: grouped_kernel<ST_TYPE_F16><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
+  case ST_TYPE_BF16: grouped_kernel<ST_TYPE_BF16><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
+  default: grouped_kernel<ST_TYPE_Q8_0><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
+  }
+  ST_CUDA_CHECK(cudaGetLastError());
+}
+
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int n, float eps) {
+  __shared__ float red[32];
+  const float *xr = x + (int64_t)blockIdx.x * n;
+  float *yr = y + (int64_t)blockIdx.x * n;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = st_block_sum(ss, red);
+  const float scale = rsqrtf(ss / (float)n + eps);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * (w ? w[i] : 1.0f);
+}
+
+void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, float eps, cudaStream_t stream) {
+  if (T <= 0) return;
+  rmsnorm_kernel<<<T, 256, 0, stream>>>(x, w, y, n, eps);
+  ST_CUDA_CHECK(cudaGetLastError());
+}
+
+void *st_cuda_alloc(size_t bytes, cudaStream_t stream) {
+  void *p = NULL;
+  ST_CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, stream));
+  return p;
+}
+
+void st_cuda_free(void *p, cudaStream_t stream) { ST_CUDA_CHECK(cudaFreeAsync(p, stream)); }

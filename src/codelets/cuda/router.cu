@@ -1,0 +1,67 @@
+// CUDA variant of the router codelet (codelets.h): residual, ffn_norm, router logits, softmax,
+// top-k (ties to the lower expert id) and renormalised weights, one thread per token for the
+// selection (k and the expert count are small).
+#include <math.h>
+
+#include "codelets/cuda/common.cuh"
+#include "codelets/cuda/cuda_codelets.h"
+
+// h[t][s * piece + j] = x[t][s * piece + j] + xo_s[t][j]
+__global__ static void residual_piece(const float *x, const float *xo, int64_t d, int64_t piece, int s, int T, float *h) {
+  const int64_t n = (int64_t)T * piece;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / piece, j = i % piece, at = t * d + s * piece + j;
+    h[at] = x[at] + xo[i];
+  }
+}
+
+__global__ static void softmax_topk(float *logits, int T, int E, int k, st_route *routing) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  float *l = logits + (int64_t)t * E;
+  float mx = -INFINITY;
+  for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+  double sum = 0.0;
+  for (int e = 0; e < E; e++) {
+    l[e] = expf(l[e] - mx);
+    sum += l[e];
+  }
+  for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
+  st_route *r = routing + (int64_t)t * k;
+  double wsum = 0.0;
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      bool taken = false;
+      for (int i = 0; i < j; i++) taken |= r[i].expert == e;
+      if (!taken && (best < 0 || l[e] > l[best])) best = e;
+    }
+    r[j].expert = best;
+    r[j].weight = l[best];
+    wsum += l[best];
+  }
+  for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
+}
+
+extern "C" void st_router_cuda(void *buffers[], void *cl_arg) {
+  const st_router_args *a = (const st_router_args *)cl_arg;
+  cudaStream_t st = starpu_cuda_get_local_stream();
+  const int T = a->T, d = a->n_embd, E = a->n_expert, piece = d / a->n_xo;
+  const float *x = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+  const float *ffn_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + a->n_xo]);
+  const void *rw = (const void *)STARPU_VECTOR_GET_PTR(buffers[2 + a->n_xo]);
+  float *h = (float *)STARPU_VECTOR_GET_PTR(buffers[3 + a->n_xo]);
+  float *ffn_in = (float *)STARPU_VECTOR_GET_PTR(buffers[4 + a->n_xo]);
+  st_route *routing = (st_route *)STARPU_VECTOR_GET_PTR(buffers[5 + a->n_xo]);
+  for (int s = 0; s < a->n_xo; s++) {
+    const float *xo = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + s]);
+    const int64_t n = (int64_t)T * piece;
+    residual_piece<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(x, xo, d, piece, s, T, h);
+  }
+  st_cuda_rmsnorm(h, ffn_norm, ffn_in, T, d, a->eps, st);
+  float *logits = (float *)st_cuda_alloc(sizeof(float) * (size_t)T * E, st);
+  st_cuda_matmul(a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d, logits, E, st);
+  softmax_topk<<<(T + 63) / 64, 64, 0, st>>>(logits, T, E, a->k, routing);
+  ST_CUDA_CHECK(cudaGetLastError());
+  st_cuda_free(logits, st);
+}
