@@ -8,12 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codelets/dot.h"
 #include "common.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
 #include "io/model.h"
+#include "io/profile.h"
 #include "refcheck.h"
 
 static int n_pass, n_fail, n_skip;
@@ -167,21 +169,44 @@ int main(void) {
       ref_free(&r);
       continue;
     }
-    struct st_engine *e = NULL;
-    struct st_engine_opts eo = {.n_ctx = 1024, .prefill = 512};
-    if (st_engine_create(m, &eo, &e)) {
-      check(0, "%s: engine: %s", tag, st_last_error());
-      st_model_free(m);
-      ref_free(&r);
-      continue;
+    /* Pass 1: the default placement (dense work on CUDA0 when StarPU has a CUDA worker, every
+     * expert on the CPU pool). On a GPU machine, passes 2 and 3 cache half and then all of the
+     * expert pairs on CUDA0, ranked by the routing pass 1 measured. */
+    const int n_pairs = (int)(m->hp.n_layer * m->hp.n_expert);
+    char profile[] = "/tmp/strata-test-profile-XXXXXX";
+    int have_profile = 0;
+    const int caches[3] = {0, n_pairs / 2, n_pairs};
+    for (int pass = 0; pass < 3; pass++) {
+      struct st_engine *e = NULL;
+      struct st_engine_opts eo = {.n_ctx = 1024, .prefill = 512, .expert_cache = caches[pass],
+                                  .expert_profile = have_profile ? profile : NULL};
+      if (pass > 0 && !have_profile) break;
+      if (st_engine_create(m, &eo, &e)) {
+        check(0, "%s: engine: %s", tag, st_last_error());
+        break;
+      }
+      char ptag[192];
+      snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag,
+               e->placement.cuda0_worker >= 0 ? "CUDA0 float32 kernels" : "CPU", e->placement.cache.n_slots, n_pairs);
+      printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s\n", ptag, path, r.n_prompts,
+             st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa());
+      int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
+      for (int j = 0; j < r.n_prompts; j++) run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL);
+      run_chunking(e, &r, ptag);
+      if (pass == 0 && e->placement.cuda0_worker >= 0) {
+        int fd = mkstemp(profile);
+        if (fd >= 0) {
+          close(fd);
+          have_profile = st_profile_write(profile, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used,
+                                          1, e->route_counts) == 0;
+        }
+      }
+      if (pass == 0 && e->placement.cuda0_worker < 0)
+        printf("SKIP %s cache passes: StarPU found no CUDA device\n", tag), n_skip++;
+      free(trace);
+      st_engine_destroy(e);
     }
-    printf("%s: %s, %d prompts, %d CPU workers, %s kernels\n", tag, path, r.n_prompts,
-           st_engine_n_cpu_workers(e), st_dot_isa());
-    int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
-    for (int j = 0; j < r.n_prompts; j++) run_prompt(e, &r, &r.p[j], tag, j == 0 ? trace : NULL);
-    run_chunking(e, &r, tag);
-    free(trace);
-    st_engine_destroy(e);
+    if (have_profile) unlink(profile);
     st_model_free(m);
     ref_free(&r);
   }

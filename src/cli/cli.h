@@ -11,6 +11,7 @@ int st_cmd_generate(int argc, char **argv);
 int st_cmd_eval(int argc, char **argv);
 int st_cmd_tokenize(int argc, char **argv);
 int st_cmd_mkmodel(int argc, char **argv);
+int st_cmd_profile(int argc, char **argv);
 
 /* Parses "1,2,3" or "[1, 2, 3]" into a malloc'd array (caller frees). 0 or ST_EINVAL. */
 int st_parse_ids(const char *s, int32_t **ids, size_t *n);

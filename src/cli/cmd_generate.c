@@ -13,14 +13,17 @@
 #include "io/tokenizer.h"
 
 struct run_opts {
-  const char *model, *prompt, *prompt_ids, *logits_out;
+  const char *model, *prompt, *prompt_ids, *logits_out, *expert_profile;
+  long expert_cache, adapt_swaps, adapt_interval;
+  double reserve_mib;
   long n_predict, seed, top_k, prefill, n_ctx;
   double temp, top_p;
   int chat, print_ids, ignore_eos, all_logits;
 };
 
 enum { OPT_PROMPT_IDS = 256, OPT_PRINT_IDS, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_SEED, OPT_PREFILL,
-       OPT_CHAT, OPT_LOGITS_OUT, OPT_IGNORE_EOS, OPT_ALL_LOGITS };
+       OPT_CHAT, OPT_LOGITS_OUT, OPT_IGNORE_EOS, OPT_ALL_LOGITS, OPT_PROFILE, OPT_CACHE, OPT_ADAPT,
+       OPT_ADAPT_INTERVAL, OPT_RESERVE };
 
 static void generate_help(FILE *f, const char *cmd) {
   const int gen = !strcmp(cmd, "generate");
@@ -30,7 +33,14 @@ static void generate_help(FILE *f, const char *cmd) {
           "  -p, --prompt TEXT      prompt text; special tokens such as <|im_start|> are parsed\n"
           "      --prompt-ids IDS   prompt as token ids, e.g. 1,2,3 or [1,2,3] (instead of -p)\n"
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
-          "      --prefill N        prompt chunk in tokens (default 512)\n");
+          "      --prefill N        prompt chunk in tokens (default 512)\n"
+          "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take\n"
+          "      --expert-cache N|auto  primary-cache slots (expert pairs) on CUDA0; auto = what fits after\n"
+          "                         the dense weights, KV cache, prompt buffers and --cache-reserve (default 0 = off)\n"
+          "      --cache-reserve MIB  CUDA0 memory --expert-cache auto leaves free, MiB (default 1024)\n"
+          "      --adapt-swaps N    adaptive cache: swap up to N cold cached pairs for hot CPU-pool pairs per\n"
+          "                         round (default 0 = static cache)\n"
+          "      --adapt-interval N tokens between adaptive rounds (default 32)\n");
   if (gen)
     fprintf(f,
             "  -n, --n-predict N      tokens to generate (default 128; 0 = prompt only)\n"
@@ -65,6 +75,11 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
       {"logits-out", required_argument, 0, OPT_LOGITS_OUT},
       {"all-logits", no_argument, 0, OPT_ALL_LOGITS},
       {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+      {"expert-profile", required_argument, 0, OPT_PROFILE},
+      {"expert-cache", required_argument, 0, OPT_CACHE},
+      {"adapt-swaps", required_argument, 0, OPT_ADAPT},
+      {"adapt-interval", required_argument, 0, OPT_ADAPT_INTERVAL},
+      {"cache-reserve", required_argument, 0, OPT_RESERVE},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const int gen = !strcmp(argv[0], "generate");
   opterr = 0;
@@ -87,6 +102,14 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
     case OPT_LOGITS_OUT: o->logits_out = optarg; break;
     case OPT_ALL_LOGITS: o->all_logits = 1; break;
     case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
+    case OPT_PROFILE: o->expert_profile = optarg; break;
+    case OPT_CACHE:
+      if (!strcmp(optarg, "auto")) o->expert_cache = ST_CACHE_AUTO;
+      else rc = st_parse_int("--expert-cache", optarg, 0, 1 << 30, &o->expert_cache);
+      break;
+    case OPT_ADAPT: rc = st_parse_int("--adapt-swaps", optarg, 0, 1 << 20, &o->adapt_swaps); break;
+    case OPT_ADAPT_INTERVAL: rc = st_parse_int("--adapt-interval", optarg, 1, 1 << 24, &o->adapt_interval); break;
+    case OPT_RESERVE: rc = st_parse_float("--cache-reserve", optarg, 0.0, 1e7, &o->reserve_mib); break;
     case 'h': generate_help(stdout, argv[0]); return 1;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
     default:
@@ -100,6 +123,9 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
   if (!o->prompt == !o->prompt_ids) return st_set_error(ST_EINVAL, "give exactly one of -p TEXT and --prompt-ids IDS");
   if (o->prompt && !*o->prompt) return st_set_error(ST_EINVAL, "the prompt is empty");
   if (o->chat && o->prompt_ids) return st_set_error(ST_EINVAL, "--chat applies to -p TEXT, not to --prompt-ids");
+  if (o->expert_cache && !o->expert_profile)
+    return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
+  if (o->adapt_swaps && !o->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
   return 0;
 }
 
@@ -147,7 +173,9 @@ static int session_open(const struct run_opts *o, struct session *s) {
   for (size_t i = 0; i < s->n_ids; i++)
     if (s->ids[i] < 0 || (uint32_t)s->ids[i] >= hp->n_vocab)
       return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", s->ids[i], hp->n_vocab);
-  struct st_engine_opts eo = {.n_ctx = n_ctx, .prefill = (int)o->prefill};
+  struct st_engine_opts eo = {.n_ctx = n_ctx, .prefill = (int)o->prefill, .expert_profile = o->expert_profile,
+                              .expert_cache = (int)o->expert_cache, .adapt_swaps = (int)o->adapt_swaps,
+                              .adapt_interval = (int)o->adapt_interval, .reserve_mib = o->reserve_mib};
   if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
   fprintf(stderr,
           "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
@@ -171,6 +199,11 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
       fprintf(stderr, "%s %s %llu tasks / %llu expert entries", t ? ";" : "", st_tier_name((enum st_tier)t),
               (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t]);
   fputc('\n', stderr);
+  const uint64_t all = st->expert_entries[ST_TIER_CPU_POOL] + st->expert_entries[ST_TIER_PRIMARY];
+  fprintf(stderr, "routed entries served by the CUDA0 cache: %.1f%% (%llu of %llu); host->device %.1f MiB; adaptive swaps %llu\n",
+          all ? 100.0 * st->expert_entries[ST_TIER_PRIMARY] / all : 0.0,
+          (unsigned long long)st->expert_entries[ST_TIER_PRIMARY], (unsigned long long)all,
+          st->h2d_bytes / 1048576.0, (unsigned long long)st->swaps);
   fprintf(stderr, "tasks submitted: %llu; executed per worker:", (unsigned long long)st->tasks);
   for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
     struct starpu_profiling_worker_info info;
