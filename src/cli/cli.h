@@ -7,11 +7,14 @@
 #include <stdio.h>
 #include <stdint.h>
 
+#include "graph/engine.h"
+
 int st_cmd_generate(int argc, char **argv);
 int st_cmd_eval(int argc, char **argv);
 int st_cmd_tokenize(int argc, char **argv);
 int st_cmd_mkmodel(int argc, char **argv);
 int st_cmd_profile(int argc, char **argv);
+int st_cmd_bench(int argc, char **argv);
 
 /* Parses "1,2,3" or "[1, 2, 3]" into a malloc'd array (caller frees). 0 or ST_EINVAL. */
 int st_parse_ids(const char *s, int32_t **ids, size_t *n);
@@ -19,6 +22,19 @@ int st_parse_ids(const char *s, int32_t **ids, size_t *n);
 /* Parses a whole decimal number in [lo, hi]; 0 or ST_EINVAL naming `flag`. */
 int st_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int st_parse_float(const char *flag, const char *s, double lo, double hi, double *out);
+
+/* Engine flags shared by the model-running commands (engine_opts.c). Long-option codes from
+ * ST_ENGINE_OPT_BASE on belong to them; -c is --ctx-size. */
+#define ST_ENGINE_OPT_BASE 1000
+struct option;
+/* `own` followed by the engine flags, terminated; malloc'd (caller frees), NULL when out of memory. */
+struct option *st_engine_longopts_with(const struct option *own);
+/* 1 when `c` is an engine flag (stored in eo), 0 when it is not, a negative ST_E* on a bad value. */
+int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo);
+/* Refuses impossible combinations (a cache without a profile, swaps without a cache). */
+int st_engine_opts_check(const struct st_engine_opts *eo);
+/* The engine flags' lines for --help. */
+void st_engine_opts_help(FILE *f);
 
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);

@@ -13,17 +13,15 @@
 #include "io/tokenizer.h"
 
 struct run_opts {
-  const char *model, *prompt, *prompt_ids, *logits_out, *expert_profile;
-  long expert_cache, adapt_swaps, adapt_interval;
-  double reserve_mib;
-  long n_predict, seed, top_k, prefill, n_ctx;
+  const char *model, *prompt, *prompt_ids, *logits_out;
+  struct st_engine_opts eo;
+  long n_predict, seed, top_k;
   double temp, top_p;
   int chat, print_ids, ignore_eos, all_logits;
 };
 
-enum { OPT_PROMPT_IDS = 256, OPT_PRINT_IDS, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_SEED, OPT_PREFILL,
-       OPT_CHAT, OPT_LOGITS_OUT, OPT_IGNORE_EOS, OPT_ALL_LOGITS, OPT_PROFILE, OPT_CACHE, OPT_ADAPT,
-       OPT_ADAPT_INTERVAL, OPT_RESERVE };
+enum { OPT_PROMPT_IDS = 256, OPT_PRINT_IDS, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_SEED,
+       OPT_CHAT, OPT_LOGITS_OUT, OPT_IGNORE_EOS, OPT_ALL_LOGITS };
 
 static void generate_help(FILE *f, const char *cmd) {
   const int gen = !strcmp(cmd, "generate");
@@ -31,16 +29,8 @@ static void generate_help(FILE *f, const char *cmd) {
   fprintf(f,
           "  -m, --model FILE       qwen3moe GGUF file (F32, F16, BF16 and Q8_0 tensors)\n"
           "  -p, --prompt TEXT      prompt text; special tokens such as <|im_start|> are parsed\n"
-          "      --prompt-ids IDS   prompt as token ids, e.g. 1,2,3 or [1,2,3] (instead of -p)\n"
-          "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
-          "      --prefill N        prompt chunk in tokens (default 512)\n"
-          "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take\n"
-          "      --expert-cache N|auto  primary-cache slots (expert pairs) on CUDA0; auto = what fits after\n"
-          "                         the dense weights, KV cache, prompt buffers and --cache-reserve (default 0 = off)\n"
-          "      --cache-reserve MIB  CUDA0 memory --expert-cache auto leaves free, MiB (default 1024)\n"
-          "      --adapt-swaps N    adaptive cache: swap up to N cold cached pairs for hot CPU-pool pairs per\n"
-          "                         round (default 0 = static cache)\n"
-          "      --adapt-interval N tokens between adaptive rounds (default 32)\n");
+          "      --prompt-ids IDS   prompt as token ids, e.g. 1,2,3 or [1,2,3] (instead of -p)\n");
+  st_engine_opts_help(f);
   if (gen)
     fprintf(f,
             "  -n, --n-predict N      tokens to generate (default 128; 0 = prompt only)\n"
@@ -63,59 +53,54 @@ static void generate_help(FILE *f, const char *cmd) {
 
 static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
   *o = (struct run_opts){.n_predict = 128, .seed = 42, .top_k = 40, .temp = 0.8, .top_p = 0.95};
-  static const struct option longopts[] = {
+  static const struct option own[] = {
       {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
-      {"n-predict", required_argument, 0, 'n'},   {"ctx-size", required_argument, 0, 'c'},
+      {"n-predict", required_argument, 0, 'n'},
       {"prompt-ids", required_argument, 0, OPT_PROMPT_IDS},
       {"print-ids", no_argument, 0, OPT_PRINT_IDS},
       {"temp", required_argument, 0, OPT_TEMP},   {"top-k", required_argument, 0, OPT_TOP_K},
       {"top-p", required_argument, 0, OPT_TOP_P}, {"seed", required_argument, 0, OPT_SEED},
-      {"prefill", required_argument, 0, OPT_PREFILL},
       {"chat", no_argument, 0, OPT_CHAT},
       {"logits-out", required_argument, 0, OPT_LOGITS_OUT},
       {"all-logits", no_argument, 0, OPT_ALL_LOGITS},
       {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-      {"expert-profile", required_argument, 0, OPT_PROFILE},
-      {"expert-cache", required_argument, 0, OPT_CACHE},
-      {"adapt-swaps", required_argument, 0, OPT_ADAPT},
-      {"adapt-interval", required_argument, 0, OPT_ADAPT_INTERVAL},
-      {"cache-reserve", required_argument, 0, OPT_RESERVE},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const int gen = !strcmp(argv[0], "generate");
+  struct option *longopts = st_engine_longopts_with(own);
+  if (!longopts) return st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;
   optind = 1;
   int c, rc = 0;
   while (!rc && (c = getopt_long(argc, argv, gen ? ":m:p:n:c:h" : ":m:p:c:h", longopts, NULL)) != -1) {
+    const int handled = st_engine_opt(c, optarg, &o->eo);
+    if (handled) {
+      rc = handled < 0 ? handled : 0;
+      continue;
+    }
     switch (c) {
     case 'm': o->model = optarg; break;
     case 'p': o->prompt = optarg; break;
     case 'n': rc = st_parse_int("-n", optarg, 0, 1 << 20, &o->n_predict); break;
-    case 'c': rc = st_parse_int("-c", optarg, 1, 1 << 24, &o->n_ctx); break;
     case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
     case OPT_PRINT_IDS: o->print_ids = 1; break;
     case OPT_TEMP: rc = st_parse_float("--temp", optarg, 0.0, 100.0, &o->temp); break;
     case OPT_TOP_K: rc = st_parse_int("--top-k", optarg, 0, 1 << 24, &o->top_k); break;
     case OPT_TOP_P: rc = st_parse_float("--top-p", optarg, 0.0, 1.0, &o->top_p); break;
     case OPT_SEED: rc = st_parse_int("--seed", optarg, 0, 0x7fffffffL, &o->seed); break;
-    case OPT_PREFILL: rc = st_parse_int("--prefill", optarg, 1, 1 << 16, &o->prefill); break;
     case OPT_CHAT: o->chat = 1; break;
     case OPT_LOGITS_OUT: o->logits_out = optarg; break;
     case OPT_ALL_LOGITS: o->all_logits = 1; break;
     case OPT_IGNORE_EOS: o->ignore_eos = 1; break;
-    case OPT_PROFILE: o->expert_profile = optarg; break;
-    case OPT_CACHE:
-      if (!strcmp(optarg, "auto")) o->expert_cache = ST_CACHE_AUTO;
-      else rc = st_parse_int("--expert-cache", optarg, 0, 1 << 30, &o->expert_cache);
-      break;
-    case OPT_ADAPT: rc = st_parse_int("--adapt-swaps", optarg, 0, 1 << 20, &o->adapt_swaps); break;
-    case OPT_ADAPT_INTERVAL: rc = st_parse_int("--adapt-interval", optarg, 1, 1 << 24, &o->adapt_interval); break;
-    case OPT_RESERVE: rc = st_parse_float("--cache-reserve", optarg, 0.0, 1e7, &o->reserve_mib); break;
-    case 'h': generate_help(stdout, argv[0]); return 1;
+    case 'h':
+      generate_help(stdout, argv[0]);
+      free(longopts);
+      return 1;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
     default:
       rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata %s --help)", argv[optind - 1], argv[0]);
     }
   }
+  free(longopts);
   if (rc) return rc;
   if (optind < argc)
     return st_set_error(ST_EINVAL, "unexpected argument '%s' (see strata %s --help)", argv[optind], argv[0]);
@@ -123,10 +108,7 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
   if (!o->prompt == !o->prompt_ids) return st_set_error(ST_EINVAL, "give exactly one of -p TEXT and --prompt-ids IDS");
   if (o->prompt && !*o->prompt) return st_set_error(ST_EINVAL, "the prompt is empty");
   if (o->chat && o->prompt_ids) return st_set_error(ST_EINVAL, "--chat applies to -p TEXT, not to --prompt-ids");
-  if (o->expert_cache && !o->expert_profile)
-    return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
-  if (o->adapt_swaps && !o->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
-  return 0;
+  return st_engine_opts_check(&o->eo);
 }
 
 /* Model, tokenizer, engine and the prompt's ids, set up from the options. */
@@ -166,16 +148,15 @@ static int session_open(const struct run_opts *o, struct session *s) {
     if (rc) return rc;
     if (s->n_ids == 0) return st_set_error(ST_EINVAL, "the prompt has no tokens");
   }
-  const int n_ctx = st_engine_ctx_size(hp, (int)o->n_ctx);
+  const int n_ctx = st_engine_ctx_size(hp, o->eo.n_ctx);
   if ((int64_t)s->n_ids > n_ctx)
     return st_set_error(ST_EINVAL, "the prompt has %zu tokens, more than the context of %d tokens (raise -c)",
                         s->n_ids, n_ctx);
   for (size_t i = 0; i < s->n_ids; i++)
     if (s->ids[i] < 0 || (uint32_t)s->ids[i] >= hp->n_vocab)
       return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", s->ids[i], hp->n_vocab);
-  struct st_engine_opts eo = {.n_ctx = n_ctx, .prefill = (int)o->prefill, .expert_profile = o->expert_profile,
-                              .expert_cache = (int)o->expert_cache, .adapt_swaps = (int)o->adapt_swaps,
-                              .adapt_interval = (int)o->adapt_interval, .reserve_mib = o->reserve_mib};
+  struct st_engine_opts eo = o->eo;
+  eo.n_ctx = n_ctx;
   if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
   fprintf(stderr,
           "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "

@@ -20,6 +20,7 @@ static void usage(FILE *f) {
           "  tokenize   print the token ids of a text as a JSON array\n"
           "  mkmodel    write a random-weight qwen3moe GGUF for demos and benchmarks\n"
           "  profile    rank the expert pairs by routed count over a text (for --expert-profile)\n"
+          "  bench      prompt and decode speed table (tok/s per prompt size and context depth)\n"
           "\n"
           "`strata <command> --help` lists each command's options. StarPU reads its own environment\n"
           "variables (STARPU_SCHED, STARPU_NCPU, ...): see doc/tuning.md.\n");
@@ -46,7 +47,8 @@ int main(int argc, char **argv) {
               {"eval", st_cmd_eval},
               {"tokenize", st_cmd_tokenize},
               {"mkmodel", st_cmd_mkmodel},
-              {"profile", st_cmd_profile}};
+              {"profile", st_cmd_profile},
+              {"bench", st_cmd_bench}};
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "strata: unknown command '%s' (see strata --help)\n", cmd);

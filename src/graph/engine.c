@@ -13,6 +13,10 @@
 #include "codelets/codelets.h"
 #include "codelets/quant.h"
 #include "common.h"
+#include "config.h"
+#ifdef ST_HAVE_CUDA
+#include "codelets/cuda/cuda_codelets.h"
+#endif
 #include "io/profile.h"
 
 enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
@@ -189,6 +193,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     st_engine_destroy(e);
     return st_set_error(ST_ERUNTIME, "StarPU started with no CPU worker (check STARPU_NCPU)");
   }
+#ifdef ST_HAVE_CUDA
+  if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_worker_init, NULL, STARPU_CUDA);
+#endif
   rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert);
   if (!rc) rc = make_names(e);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
@@ -301,7 +308,9 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const int T = b->T, k = (int)hp->n_expert_used, d = (int)hp->n_embd, E = (int)hp->n_expert;
   int rc = 0;
 
+  const double t_wait = st_now();
   starpu_data_acquire(b->routing, STARPU_R);
+  e->stats.wait_routing_s += st_now() - t_wait;
   const struct st_route *route = e->routing;
   if (e->routing_trace)
     for (int i = 0; i < T * k; i++)
@@ -529,6 +538,7 @@ static int eval_chunk(struct st_engine *e, const int32_t *ids, int T, int want_l
   int rc = 0;
   for (uint32_t l = 0; l < hp->n_layer && !rc; l++) rc = submit_layer(e, &b, l);
   if (!rc && want_logits) rc = all_logits ? submit_head(e, &b, 0, T) : submit_head(e, &b, T - 1, 1);
+  const double t_wait = st_now();
   starpu_task_wait_for_all();
   starpu_data_unregister(b.x);
   starpu_data_unregister(b.h);
@@ -536,6 +546,7 @@ static int eval_chunk(struct st_engine *e, const int32_t *ids, int T, int want_l
   starpu_data_unregister(b.routing);
   for (uint32_t g = 0; g < hp->n_head_kv; g++) starpu_data_unregister(attn[g]);
   for (int s = 0; s < e->n_slices_o; s++) starpu_data_unregister(xo[s]);
+  e->stats.wait_end_s += st_now() - t_wait;
   return rc;
 }
 

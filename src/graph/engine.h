@@ -28,6 +28,8 @@ struct st_engine_stats {
   uint64_t tasks;                         /* all tasks submitted */
   uint64_t h2d_bytes;                     /* bytes StarPU moved from main RAM to CUDA devices */
   uint64_t swaps;                         /* adaptive-cache swaps so far */
+  double wait_routing_s;                  /* host time blocked reading routing tables, s */
+  double wait_end_s;                      /* host time waiting for a batch's last tasks, s */
 };
 
 struct st_engine {

@@ -109,7 +109,8 @@ int st_trace_critical_path(const struct st_trace *tr, const struct st_trace_step
 void st_trace_write_summary(const struct st_trace *tr, FILE *f);
 
 /* Runs starpu_fxt_tool (from $PATH, else /opt/strata-deps/bin) on DIR/prof_file_* to write
- * OUTDIR/paje.trace; the tool's other outputs and its log (fxt_tool.log) go to OUTDIR too.
+ * OUTDIR/paje.trace; the tool's other outputs (dag.dot, tasks.rec, ...) and its log fxt_tool.log go
+ * to OUTDIR/fxt/.
  * Returns 1 when it wrote paje.trace, 0 when there was nothing to convert (no prof files),
  * a negative ST_E* code when the tool is missing or failed; `msg` always says what happened. */
 int st_trace_run_fxt_tool(const char *dir, const char *outdir, char *msg, size_t msg_size);

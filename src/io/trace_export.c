@@ -504,7 +504,7 @@ int st_trace_write_svg(const struct st_trace *tr, const char *path) {
 
   size_t n_dec = 0, n_pro = 0;
   for (size_t i = 0; i < tr->n_steps; i++) tr->steps[i].is_decode ? n_dec++ : n_pro++;
-  snprintf(buf, sizeof buf, "strata trace%s%s: %zu tasks on %zu workers, %zu prompt chunks, %zu decode steps, %.3f ms",
+  snprintf(buf, sizeof buf, "strata trace%s%s: %zu tasks on %zu workers, %zu prompt chunk(s), %zu decode step(s), %.3f ms",
            tr->model ? " of " : "", tr->model ? tr->model : "", tr->n_tasks, tr->n_workers, n_pro, n_dec,
            span_us / 1000);
   CK(svg_text(w, 10, 20, NULL, 14, "#000000", buf));
@@ -554,6 +554,10 @@ int st_trace_write_svg(const struct st_trace *tr, const char *path) {
     if (t->kind == ST_TRACE_EXPERT_ROWS) snprintf(cls, sizeof cls, "task expert_rows tier-%s", t->tier);
     else snprintf(cls, sizeof cls, "task %s", kind_names[t->kind]);
     CK(svg_rect(w, cls, x, y, wd < 0.5 ? 0.5 : wd, LANE_H - 4, task_colour(t, tiers, n_tiers), 0));
+    /* A faint outline tells apart back-to-back tasks of one colour. */
+    CK(xmlTextWriterWriteAttribute(w, BAD_CAST "stroke", BAD_CAST "#000000"));
+    CK(xmlTextWriterWriteAttribute(w, BAD_CAST "stroke-opacity", BAD_CAST "0.35"));
+    CK(xmlTextWriterWriteAttribute(w, BAD_CAST "stroke-width", BAD_CAST "0.3"));
     snprintf(buf, sizeof buf, "%s: %.1f µs (worker %s, layer %d, expert %d, tier %s, %llu bytes, %.3f–%.3f ms)",
              t->name, t->end_us - t->start_us, tr->workers[t->worker].name, t->layer, t->expert, t->tier,
              (unsigned long long)t->bytes, t->start_us / 1000, t->end_us / 1000);
@@ -760,7 +764,7 @@ void st_trace_write_summary(const struct st_trace *tr, FILE *f) {
   size_t n_dec = 0, n_pro = 0;
   for (size_t i = 0; i < tr->n_steps; i++) tr->steps[i].is_decode ? n_dec++ : n_pro++;
   fprintf(f, "strata trace summary%s%s\n", tr->model ? " of " : "", tr->model ? tr->model : "");
-  fprintf(f, "span: %.3f ms (engine time %.3f to %.3f ms); %zu tasks on %zu workers; %zu prompt chunks, %zu decode steps\n",
+  fprintf(f, "span: %.3f ms (engine time %.3f to %.3f ms); %zu tasks on %zu workers; %zu prompt chunk(s), %zu decode step(s)\n",
           span / 1000, tr->t0_us / 1000, tr->t1_us / 1000, tr->n_tasks, tr->n_workers, n_pro, n_dec);
 
   /* Busy time per worker: the union of its tasks' intervals, so overlapping records (an
@@ -920,10 +924,13 @@ int st_trace_run_fxt_tool(const char *dir, const char *outdir, char *msg, size_t
     argv[a++] = "-i";
     argv[a++] = abs_in[i];
   }
-  argv[a++] = "-o";
-  argv[a++] = paje;
+  /* No -o: starpu_fxt_tool 1.3.10 frees a string literal when given -o (abort in parse_args),
+   * so it writes its default ./paje.trace in OUTDIR/fxt and we move that up. */
   argv[a] = NULL;
+  char made[PATH_MAX + 32];
+  snprintf(made, sizeof made, "%s/paje.trace", side);
   unlink(paje);
+  unlink(made);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -942,7 +949,8 @@ int st_trace_run_fxt_tool(const char *dir, const char *outdir, char *msg, size_t
   if (err) {
     snprintf(msg, msg_size, "paje.trace: not written, cannot run %s: %s", tool, strerror(err));
     rc = ST_ERUNTIME;
-  } else if (!WIFEXITED(status) || WEXITSTATUS(status) || stat(paje, &sb) || sb.st_size == 0) {
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) || stat(made, &sb) || sb.st_size == 0 ||
+             rename(made, paje)) {
     /* The tool's last line says why. */
     char last[256] = "", line[256];
     FILE *lf = fopen(log, "r");

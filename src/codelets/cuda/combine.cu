@@ -38,8 +38,7 @@ extern "C" void st_combine_cuda(void *buffers[], void *cl_arg) {
   if (err != cudaSuccess) STARPU_CUDA_REPORT_ERROR(err);
   cudaMemcpyAsync(dev, host_ptrs, ptr_bytes, cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(dev + ptr_bytes, a->src, src_bytes, cudaMemcpyHostToDevice, stream);
-  cudaStreamSynchronize(stream); // host_ptrs is pageable and freed just below
-  free(host_ptrs);
+  free(host_ptrs); // a copy from pageable memory is staged before cudaMemcpyAsync returns
   combine_kernel<<<a->T, 256, 0, stream>>>((const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
                                            (const float *const *)dev,
                                            (const st_combine_src *)(dev + ptr_bytes), a->k,

@@ -83,6 +83,10 @@ void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_gro
 // y[t] = RMSNorm(x[t]) * w for T rows of n (w may be NULL); y may alias x.
 void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, float eps, cudaStream_t stream);
 
+// Once per CUDA worker (engine start): keeps freed stream-ordered memory in the device's pool
+// instead of returning it at every synchronisation, so per-task scratch costs no cudaMalloc.
+extern "C" void st_cuda_worker_init(void *unused);
+
 // Stream-ordered device scratch (cudaMallocAsync); freed with st_cuda_free on the same stream.
 void *st_cuda_alloc(size_t bytes, cudaStream_t stream);
 void st_cuda_free(void *p, cudaStream_t stream);

@@ -14,6 +14,9 @@ void st_router_cuda(void *buffers[], void *cl_arg);
 void st_expert_rows_cuda(void *buffers[], void *cl_arg);
 void st_combine_cuda(void *buffers[], void *cl_arg);
 
+/* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
+void st_cuda_worker_init(void *unused);
+
 #ifdef __cplusplus
 }
 #endif

@@ -42,8 +42,7 @@ extern "C" void st_expert_rows_cuda(void *buffers[], void *cl_arg) {
   }
   ST_CUDA_CHECK(cudaMemcpyAsync(desc_dev, desc, desc_bytes, cudaMemcpyHostToDevice, st));
   ST_CUDA_CHECK(cudaMemcpyAsync(rows_dev, st_expert_rows(a), rows_bytes, cudaMemcpyHostToDevice, st));
-  ST_CUDA_CHECK(cudaStreamSynchronize(st)); // desc is pageable host memory, freed next
-  free(desc);
+  free(desc); // a copy from pageable memory is staged before cudaMemcpyAsync returns
 
   gather_rows<<<R, 128, 0, st>>>(ffn_in, rows_dev, R, d, x, wts);
   st_cuda_grouped_matmul(a->gate.type, a->gate.row_bytes, desc_dev, G, max_rows, ff, x, d, NULL, g, st);

@@ -106,6 +106,16 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
   ST_CUDA_CHECK(cudaGetLastError());
 }
 
+extern "C" void st_cuda_worker_init(void *unused) {
+  (void)unused;
+  int dev = 0;
+  cudaMemPool_t pool;
+  ST_CUDA_CHECK(cudaGetDevice(&dev));
+  ST_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t keep = UINT64_MAX;
+  ST_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+}
+
 void *st_cuda_alloc(size_t bytes, cudaStream_t stream) {
   void *p = NULL;
   ST_CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, stream));

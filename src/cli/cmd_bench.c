@@ -1,0 +1,173 @@
+/* `strata bench`: flashbench-style speed table. Prompt tok/s for each prompt size (one prompt
+ * from an empty context), decode tok/s at each context depth (the context filled to the depth,
+ * untimed, then greedy decode steps timed), each with the tier counters of that measurement.
+ * A table on stdout, or JSON with --json. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common.h"
+#include "graph/engine.h"
+#include "graph/sampler.h"
+#include "io/model.h"
+
+#define MAX_SIZES 16
+
+static int parse_list(const char *flag, const char *s, long *v, int *n) {
+  *n = 0;
+  char *copy = strdup(s), *save = NULL;
+  int rc = copy ? 0 : st_set_error(ST_ENOMEM, "out of memory");
+  for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+    if (*n == MAX_SIZES) rc = st_set_error(ST_EINVAL, "%s takes at most %d sizes", flag, MAX_SIZES);
+    else rc = st_parse_int(flag, tok, 0, 1 << 24, &v[(*n)++]);
+  }
+  free(copy);
+  if (!rc && *n == 0) rc = st_set_error(ST_EINVAL, "%s: no sizes in '%s'", flag, s);
+  return rc;
+}
+
+struct result {
+  const char *test;
+  long tokens, depth;
+  double seconds;
+  struct st_engine_stats delta;
+};
+
+static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const struct st_engine_stats *b) {
+  struct st_engine_stats d = *b;
+  for (int t = 0; t < ST_TIER_COUNT; t++) {
+    d.expert_tasks[t] -= a->expert_tasks[t];
+    d.expert_entries[t] -= a->expert_entries[t];
+  }
+  d.tasks -= a->tasks;
+  d.h2d_bytes -= a->h2d_bytes;
+  d.swaps -= a->swaps;
+  d.wait_routing_s -= a->wait_routing_s;
+  d.wait_end_s -= a->wait_end_s;
+  return d;
+}
+
+/* Synthetic prompt ids: ordinary word pieces cycled (the speed does not depend on the text). */
+static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
+  for (long i = 0; i < n; i++) ids[i] = (int32_t)((1000 + (i * 37) % 5000) % vocab);
+}
+
+int st_cmd_bench(int argc, char **argv) {
+  static const struct option own[] = {{"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
+                                      {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
+                                      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+                                      {0, 0, 0, 0}};
+  const char *model = NULL;
+  long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
+  int n_prompts = 1, n_depths = 1, json = 0, c, rc = 0;
+  struct st_engine_opts eo = {0};
+  struct option *longopts = st_engine_longopts_with(own);
+  if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
+  opterr = 0;
+  optind = 1;
+  while (!rc && (c = getopt_long(argc, argv, ":m:c:h", longopts, NULL)) != -1) {
+    const int handled = st_engine_opt(c, optarg, &eo);
+    if (handled) {
+      rc = handled < 0 ? handled : 0;
+      continue;
+    }
+    switch (c) {
+    case 'm': model = optarg; break;
+    case 'P': rc = parse_list("--prompt", optarg, prompts, &n_prompts); break;
+    case 'd': rc = parse_list("--depth", optarg, depths, &n_depths); break;
+    case 'D': rc = st_parse_int("--decode", optarg, 0, 1 << 20, &n_decode); break;
+    case 'j': json = 1; break;
+    case 'h':
+      printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [--json] [engine flags]\n\n"
+             "  -m, --model FILE       qwen3moe GGUF\n"
+             "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
+             "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
+             "      --depth LIST       context depths in tokens before decoding (default 0)\n"
+             "      --json             print JSON instead of the table\n");
+      st_engine_opts_help(stdout);
+      free(longopts);
+      return 0;
+    case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
+    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata bench --help)", argv[optind - 1]);
+    }
+  }
+  free(longopts);
+  if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
+  if (!rc && !model) rc = st_set_error(ST_EINVAL, "no model given (-m FILE)");
+  if (!rc) rc = st_engine_opts_check(&eo);
+  long need = n_decode > 0 ? 1 : 0;
+  for (int i = 0; i < n_prompts; i++) need = prompts[i] > need ? prompts[i] : need;
+  for (int i = 0; i < n_depths && n_decode > 0; i++) need = depths[i] + n_decode > need ? depths[i] + n_decode : need;
+  if (!rc && eo.n_ctx && need > eo.n_ctx)
+    rc = st_set_error(ST_EINVAL, "the largest test needs %ld tokens of context, -c gives %d", need, eo.n_ctx);
+  if (!eo.n_ctx) eo.n_ctx = (int)need;
+
+  struct st_model *m = NULL;
+  struct st_engine *e = NULL;
+  if (!rc) rc = st_model_load(model, &m);
+  if (!rc) rc = st_engine_create(m, &eo, &e);
+  int32_t *ids = rc ? NULL : malloc(sizeof(int32_t) * (size_t)need);
+  float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);
+  struct result res[2 * MAX_SIZES];
+  int n_res = 0;
+  if (!rc && (!ids || !logits)) rc = st_set_error(ST_ENOMEM, "out of memory");
+  if (!rc) fill_ids(ids, need, m->hp.n_vocab);
+  /* warm-up, untimed: first touches of the mapped weights, CUDA contexts, performance models */
+  if (!rc) rc = st_engine_eval(e, ids, (int)(need < 32 ? need : 32), logits, 0);
+  for (int i = 0; i < n_prompts && !rc; i++) {
+    if (prompts[i] == 0) continue;
+    st_engine_reset(e);
+    const struct st_engine_stats before = e->stats;
+    const double t0 = st_now();
+    rc = st_engine_eval(e, ids, (int)prompts[i], logits, 0);
+    res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats)};
+  }
+  for (int i = 0; i < n_depths && n_decode > 0 && !rc; i++) {
+    st_engine_reset(e);
+    int32_t id = ids[0];
+    if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+    const struct st_engine_stats before = e->stats;
+    const double t0 = st_now();
+    for (long s = 0; s < n_decode && !rc; s++) {
+      rc = st_engine_eval(e, &id, 1, logits, 0);
+      id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+    }
+    res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats)};
+  }
+  if (!rc && json) {
+    printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, \"results\": [",
+           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache.n_slots, e->cache_mass_share);
+    for (int i = 0; i < n_res; i++) {
+      const struct result *r = &res[i];
+      printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
+             "\"entries_cpu\": %llu, \"entries_cuda0\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
+             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f}",
+             i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
+             (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
+             (unsigned long long)r->delta.expert_entries[ST_TIER_PRIMARY], r->delta.h2d_bytes / 1048576.0,
+             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s);
+    }
+    printf("\n]}\n");
+  } else if (!rc) {
+    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots (%.1f%% of the profile's routed mass)\n",
+           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache.n_slots,
+           100.0 * e->cache_mass_share);
+    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
+           "CUDA0 entries", "CPU entries", "cache %", "H2D MiB", "routing s");
+    for (int i = 0; i < n_res; i++) {
+      const struct result *r = &res[i];
+      const uint64_t g = r->delta.expert_entries[ST_TIER_PRIMARY], cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
+      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f\n", r->test, r->tokens, r->depth,
+             r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
+             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s);
+    }
+  }
+  if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
+  free(ids);
+  free(logits);
+  st_engine_destroy(e);
+  st_model_free(m);
+  return rc ? 1 : 0;
+}
