@@ -21,6 +21,8 @@ static void usage(FILE *f) {
           "  mkmodel    write a random-weight qwen3moe GGUF for demos and benchmarks\n"
           "  profile    rank the expert pairs by routed count over a text (for --expert-profile)\n"
           "  bench      prompt and decode speed table (tok/s per prompt size and context depth)\n"
+          "  trace      turn a run recorded with --trace DIR into timeline.svg, trace.json, a summary, paje.trace\n"
+          "  tune       run a short benchmark under each StarPU scheduler and recommend one\n"
           "\n"
           "`strata <command> --help` lists each command's options. StarPU reads its own environment\n"
           "variables (STARPU_SCHED, STARPU_NCPU, ...): see doc/tuning.md.\n");
@@ -48,7 +50,9 @@ int main(int argc, char **argv) {
               {"tokenize", st_cmd_tokenize},
               {"mkmodel", st_cmd_mkmodel},
               {"profile", st_cmd_profile},
-              {"bench", st_cmd_bench}};
+              {"bench", st_cmd_bench},
+              {"trace", st_cmd_trace},
+              {"tune", st_cmd_tune}};
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "strata: unknown command '%s' (see strata --help)\n", cmd);

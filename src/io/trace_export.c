@@ -794,19 +794,19 @@ void st_trace_write_summary(const struct st_trace *tr, FILE *f) {
   size_t n_tiers = expert_tiers(tr, tiers);
   for (int k = 0; k < ST_TRACE_NKINDS; k++) {
     for (size_t j = 0; j <= (k == ST_TRACE_EXPERT_ROWS && n_tiers > 1 ? n_tiers : 0); j++) {
-      const char *tier = j ? tiers[j - 1] : NULL;
+      const char *tier = j ? tiers[j - 1] : "";
       size_t n = 0;
       double tot = 0, bytes = 0;
       for (size_t i = 0; i < tr->n_tasks; i++) {
         const struct st_trace_task *t = &tr->tasks[i];
-        if (t->kind != k || (tier && strcmp(t->tier, tier))) continue;
+        if (t->kind != k || (j && strcmp(t->tier, tier))) continue;
         n++;
         tot += t->end_us - t->start_us;
         bytes += (double)t->bytes;
       }
       if (!n && j) continue;
       char label[64];
-      snprintf(label, sizeof label, "%s%s%s", tier ? "  " : "", tier ? "tier " : kind_names[k], tier ? tier : "");
+      snprintf(label, sizeof label, "%s%s%s", j ? "  " : "", j ? "tier " : kind_names[k], tier);
       fprintf(f, "  %-24s %8zu %10.3f %10.1f %10.2f\n", label, n, tot / 1000, n ? tot / (double)n : 0.0,
               bytes / 1048576.0);
     }
