@@ -1,4 +1,4 @@
-/* Attention of one GQA group (one KV head and its query heads) for a batch of T tokens: the
+/* Attention of GQA groups (each one KV head and its query heads) for a batch of T tokens: the
  * codelet, its CPU variant and the submit wrapper (see codelets.h). RoPE is the NEOX variant
  * (rotate the two halves of each head), as llama.cpp uses for qwen3moe; q/k RMSNorm per head
  * before RoPE as in Qwen3. */
@@ -35,61 +35,65 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   const void *wv = (const void *)STARPU_VECTOR_GET_PTR(buffers[4]);
   const float *q_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[5]);
   const float *k_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[6]);
-  float *kc = (float *)STARPU_VECTOR_GET_PTR(buffers[7]);
-  float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8]);
-  float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[9]);
   const int T = a->T, d = a->n_embd, hd = a->head_dim, nq = a->n_q, qw = nq * hd;
   const int n_kv_total = a->pos0 + T;
 
   float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_kv_total));
   float *q = xn + (size_t)T * d, *score = q + (size_t)T * qw;
-  for (int t = 0; t < T; t++) st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
+  for (int t = 0; t < T; t++)
+    st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
-  /* Projections: this group's query rows, and its K and V rows written straight into the cache. */
-  st_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)a->group * qw, (int64_t)(a->group + 1) * qw,
-            xn, d, T, d, q, qw);
-  float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
-  st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)a->group * hd, (int64_t)(a->group + 1) * hd,
-            xn, d, T, d, kdst, hd);
-  st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)a->group * hd, (int64_t)(a->group + 1) * hd,
-            xn, d, T, d, vdst, hd);
-  for (int t = 0; t < T; t++) {
-    const int pos = a->pos0 + t;
-    for (int h = 0; h < nq; h++) {
-      float *qh = q + (size_t)t * qw + (size_t)h * hd;
-      st_rmsnorm(qh, q_norm, qh, hd, a->eps);
-      rope_neox(qh, hd, pos, a->rope_theta);
+  for (int i = 0; i < a->n_groups; i++) {
+    const int group = a->group0 + i;
+    float *kc = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
+    float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
+    float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
+    /* Projections: this group's query rows, and its K and V rows written straight into the cache. */
+    st_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T, d, q,
+              qw);
+    float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
+    st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
+              kdst, hd);
+    st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
+              vdst, hd);
+    for (int t = 0; t < T; t++) {
+      const int pos = a->pos0 + t;
+      for (int h = 0; h < nq; h++) {
+        float *qh = q + (size_t)t * qw + (size_t)h * hd;
+        st_rmsnorm(qh, q_norm, qh, hd, a->eps);
+        rope_neox(qh, hd, pos, a->rope_theta);
+      }
+      float *kt = kdst + (size_t)t * hd;
+      st_rmsnorm(kt, k_norm, kt, hd, a->eps);
+      rope_neox(kt, hd, pos, a->rope_theta);
     }
-    float *kt = kdst + (size_t)t * hd;
-    st_rmsnorm(kt, k_norm, kt, hd, a->eps);
-    rope_neox(kt, hd, pos, a->rope_theta);
-  }
 
-  /* Causal softmax attention: token t sees cache positions 0..pos0+t. */
-  const float scale = 1.0f / sqrtf((float)hd);
-  for (int t = 0; t < T; t++) {
-    const int n_keys = a->pos0 + t + 1;
-    for (int h = 0; h < nq; h++) {
-      const float *qh = q + (size_t)t * qw + (size_t)h * hd;
-      st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, n_keys, qh, hd, 1, hd,
-                score, n_keys);
-      float mx = -INFINITY;
-      for (int j = 0; j < n_keys; j++) {
-        score[j] *= scale;
-        mx = fmaxf(mx, score[j]);
-      }
-      double sum = 0.0;
-      for (int j = 0; j < n_keys; j++) {
-        score[j] = expf(score[j] - mx);
-        sum += score[j];
-      }
-      const float inv = (float)(1.0 / sum);
-      float *o = out + (size_t)t * qw + (size_t)h * hd;
-      memset(o, 0, sizeof(float) * (size_t)hd);
-      for (int j = 0; j < n_keys; j++) {
-        const float p = score[j] * inv;
-        const float *vj = vc + (size_t)j * hd;
-        for (int i = 0; i < hd; i++) o[i] += p * vj[i];
+    /* Causal softmax attention: token t sees cache positions 0..pos0+t. */
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int t = 0; t < T; t++) {
+      const int n_keys = a->pos0 + t + 1;
+      for (int h = 0; h < nq; h++) {
+        const float *qh = q + (size_t)t * qw + (size_t)h * hd;
+        st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, n_keys, qh, hd, 1, hd, score, n_keys);
+        float mx = -INFINITY;
+        for (int j = 0; j < n_keys; j++) {
+          score[j] *= scale;
+          mx = fmaxf(mx, score[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j < n_keys; j++) {
+          score[j] = expf(score[j] - mx);
+          sum += score[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        float *o = out + (size_t)t * qw + (size_t)h * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int j = 0; j < n_keys; j++) {
+          const float p = score[j] * inv;
+          const float *vj = vc + (size_t)j * hd;
+          for (int c = 0; c < hd; c++)
+            o[c] += p * vj[c];
+        }
       }
     }
   }
@@ -113,10 +117,11 @@ static struct starpu_codelet attention_cl = {
     .name = "attention",
 };
 
-int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t bufs[10],
-                        struct st_target tgt, const char *name) {
-  static const enum starpu_data_access_mode modes[10] = {
-      STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_R,
-      STARPU_RW, STARPU_RW, STARPU_W};
-  return st_submit_task(&attention_cl, bufs, modes, 10, a, sizeof *a, tgt, name);
+int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t *bufs, struct st_target tgt,
+                        const char *name) {
+  const int nbufs = 7 + 3 * a->n_groups;
+  enum starpu_data_access_mode modes[nbufs];
+  for (int i = 0; i < nbufs; i++)
+    modes[i] = i < 7 ? STARPU_R : i < 7 + 2 * a->n_groups ? STARPU_RW : STARPU_W;
+  return st_submit_task(&attention_cl, bufs, modes, nbufs, a, sizeof *a, tgt, name);
 }

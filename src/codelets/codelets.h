@@ -32,18 +32,19 @@ struct st_wdesc {
   int64_t n;
 };
 
-/* ---- attention.c: one task per KV head (GQA group) ------------------------------------------
- * Buffers: x [T][n_embd] R, attn_norm f32 R, wq R, wk R, wv R, q_norm f32 R, k_norm f32 R,
- * k_cache [n_ctx][head_dim] RW, v_cache [n_ctx][head_dim] RW, out [T][n_q * head_dim] W.
- * Computes, for the n_q query heads of `group` and its KV head: RMSNorm, Q/K/V projections,
+/* ---- attention.c: KV heads (GQA groups) group0 .. group0 + n_groups - 1 ----------------------
+ * Buffers: x [T][n_embd] R, attn_norm f32 R, wq R, wk R, wv R, q_norm f32 R, k_norm f32 R, then
+ * per group k_cache [n_ctx][head_dim] RW and v_cache [n_ctx][head_dim] RW, then per group
+ * out [T][n_q * head_dim] W. The CPU pool takes one group per task (parallelism); a GPU takes
+ * them all in one task. Computes, for each group's n_q query heads and its KV head: RMSNorm, Q/K/V projections,
  * q/k RMSNorm, NEOX RoPE at positions pos0..pos0+T-1, the KV-cache write and causal softmax
  * attention over positions 0..pos. */
 struct st_attention_args {
-  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group;
+  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups;
   float eps, rope_theta;
   struct st_wdesc wq, wk, wv;
 };
-int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t bufs[10],
+int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t *bufs,
                         struct st_target tgt, const char *name);
 
 /* ---- linear.c: y = W[r0..r1) · concat(inputs), optionally RMS-normed first ------------------

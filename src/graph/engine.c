@@ -70,7 +70,9 @@ static int make_names(struct st_engine *e) {
     NAME(ln[0], "router L%u", l);
     NAME(ln[1], "combine L%u", l);
     NAME(ln[2], "expert_rows L%u CUDA0", l);
-    for (uint32_t g = 0; g < hp->n_head_kv; g++) NAME(ln[3 + g], "attention L%u G%u", l, g);
+    for (uint32_t g = 0; g < hp->n_head_kv; g += (uint32_t)e->attn_groups_per_task)
+      if (e->attn_groups_per_task == 1) NAME(ln[3 + g], "attention L%u G%u", l, g);
+      else NAME(ln[3 + g / e->attn_groups_per_task], "attention L%u", l);
     for (int s = 0; s < e->n_slices_o; s++) NAME(ln[3 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
   }
   for (int s = 0; s < e->n_slices_head; s++) NAME(e->head_names[s], "output_head S%d", s);
@@ -146,9 +148,6 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->prefill = o->prefill > 0 ? o->prefill : 512;
   if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
   e->prefill_cap = e->prefill;
-  e->n_slices_o = div_up((int)hp->n_embd, O_SLICE_ROWS);
-  while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
-  e->n_slices_head = div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
 
   int rc = 0;
   const size_t T = (size_t)e->prefill, d = hp->n_embd, k = hp->n_expert_used;
@@ -197,6 +196,18 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_worker_init, NULL, STARPU_CUDA);
 #endif
   rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert);
+  /* Dense work on the CPU is sliced so that every CPU worker gets a share; a GPU takes it whole
+   * (a slice there would only add task overhead). The slicing depends on the device kind only. */
+  if (e->placement.cuda0_worker >= 0) {
+    e->attn_groups_per_task = (int)hp->n_head_kv;
+    e->n_slices_o = 1;
+    e->n_slices_head = 1;
+  } else {
+    e->attn_groups_per_task = 1;
+    e->n_slices_o = div_up((int)hp->n_embd, O_SLICE_ROWS);
+    while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
+    e->n_slices_head = div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
+  }
   if (!rc) rc = make_names(e);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
@@ -434,17 +445,23 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   const int G = (int)hp->n_head_kv, nq = (int)(hp->n_head / hp->n_head_kv);
   const struct st_target dense = st_placement_dense_target(&e->placement);
   int rc = 0;
-  for (int g = 0; g < G && !rc; g++) {
+  const int per_task = e->attn_groups_per_task;
+  for (int g = 0; g < G && !rc; g += per_task) {
     struct st_attention_args a = {.T = b->T, .pos0 = e->n_past, .n_ctx = e->n_ctx,
                                   .n_embd = (int)hp->n_embd, .head_dim = (int)hp->head_dim,
-                                  .n_q = nq, .group = g, .eps = hp->rms_eps,
+                                  .n_q = nq, .group0 = g, .n_groups = per_task, .eps = hp->rms_eps,
                                   .rope_theta = hp->rope_theta, .wq = wdesc(&L->wq),
                                   .wk = wdesc(&L->wk), .wv = wdesc(&L->wv)};
-    const size_t ikv = ((size_t)l * G + g) * 2;
-    starpu_data_handle_t bufs[10] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V],
-                                     hw[W_Q_NORM], hw[W_K_NORM], e->h_kv[ikv], e->h_kv[ikv + 1],
-                                     b->attn[g]};
-    rc = st_submit_attention(&a, bufs, dense, names[3 + g]);
+    starpu_data_handle_t bufs[7 + 3 * per_task];
+    const starpu_data_handle_t fixed[7] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V], hw[W_Q_NORM], hw[W_K_NORM]};
+    memcpy(bufs, fixed, sizeof fixed);
+    for (int i = 0; i < per_task; i++) {
+      const size_t ikv = ((size_t)l * G + g + i) * 2;
+      bufs[7 + 2 * i] = e->h_kv[ikv];
+      bufs[8 + 2 * i] = e->h_kv[ikv + 1];
+      bufs[7 + 2 * per_task + i] = b->attn[g + i];
+    }
+    rc = st_submit_attention(&a, bufs, dense, names[3 + g / per_task]);
     e->stats.tasks++;
   }
   const int so = (int)hp->n_embd / e->n_slices_o;

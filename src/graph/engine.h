@@ -39,6 +39,7 @@ struct st_engine {
   int prefill_cap; /* batch buffers hold this many tokens */
   int started;     /* StarPU is initialised (and must be shut down) */
   int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
+  int attn_groups_per_task;      /* GQA groups per attention task */
   struct st_placement placement;
   struct st_engine_stats stats;
 
