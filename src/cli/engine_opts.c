@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "common.h"
 
-enum { OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL };
+enum { OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE };
 
 static const struct option engine_longopts[] = {
     {"ctx-size", required_argument, 0, 'c'},
@@ -17,6 +17,7 @@ static const struct option engine_longopts[] = {
     {"cache-reserve", required_argument, 0, OPT_RESERVE},
     {"adapt-swaps", required_argument, 0, OPT_ADAPT},
     {"adapt-interval", required_argument, 0, OPT_ADAPT_INTERVAL},
+    {"trace", required_argument, 0, OPT_TRACE},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -63,6 +64,7 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     if ((rc = st_parse_int("--adapt-interval", arg, 1, 1 << 24, &v))) return rc;
     eo->adapt_interval = (int)v;
     return 1;
+  case OPT_TRACE: eo->trace_dir = arg; return 1;
   default: return 0;
   }
 }
@@ -84,5 +86,6 @@ void st_engine_opts_help(FILE *f) {
           "      --cache-reserve MIB  CUDA0 memory --expert-cache auto leaves free, MiB (default 1024)\n"
           "      --adapt-swaps N    adaptive cache: swap up to N cold cached pairs for hot CPU-pool pairs per\n"
           "                         round (default 0 = static cache)\n"
-          "      --adapt-interval N tokens between adaptive rounds (default 32)\n");
+          "      --adapt-interval N tokens between adaptive rounds (default 32)\n"
+          "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n");
 }

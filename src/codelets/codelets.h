@@ -19,10 +19,13 @@
 #endif
 
 /* Where a task may run: on `worker` when >= 0, else on any worker of the kinds in `where`
- * (STARPU_CPU, STARPU_CUDA or both). */
+ * (STARPU_CPU, STARPU_CUDA or both); `done(done_arg)`, when set, runs as the task's StarPU
+ * callback (the run recorder uses it). */
 struct st_target {
   int32_t where;
   int worker;
+  void (*done)(void *arg);
+  void *done_arg;
 };
 
 /* How a weight buffer is laid out: rows of `n` elements of `type`, `row_bytes` apart. */

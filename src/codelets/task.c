@@ -31,6 +31,8 @@ int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
   memcpy(task->cl_arg, args, args_size);
   task->cl_arg_size = args_size;
   task->cl_arg_free = 1;
+  task->callback_func = tgt.done;
+  task->callback_arg = tgt.done_arg;
   if (tgt.worker >= 0) {
     task->execute_on_a_specific_worker = 1;
     task->workerid = (unsigned)tgt.worker;

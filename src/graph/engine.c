@@ -9,10 +9,13 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codelets/codelets.h"
 #include "codelets/quant.h"
 #include "common.h"
+#include "graph/recorder.h"
+#include "io/gguf.h"
 #include "config.h"
 #ifdef ST_HAVE_CUDA
 #include "codelets/cuda/cuda_codelets.h"
@@ -82,6 +85,15 @@ static int make_names(struct st_engine *e) {
 
 int st_engine_ctx_size(const struct st_hparams *hp, int requested) {
   return requested > 0 ? requested : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+}
+
+/* A tier's target, with the recorder's callback when the run is traced. */
+static struct st_target traced(const struct st_engine *e, struct st_target t) {
+  if (e->rec) {
+    t.done = st_recorder_task_done;
+    t.done_arg = e->rec;
+  }
+  return t;
 }
 
 static uint64_t weight_bytes(const struct st_weight *w) { return w->row_bytes * w->ne[1] * w->ne[2]; }
@@ -179,8 +191,21 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     return rc;
   }
 
+  /* StarPU's FxT trace only when recording (a FxT build writes one by default, at a cost);
+   * a user's own STARPU_FXT_TRACE wins. */
+  if (o->trace_dir) {
+    char prefix[4200];
+    snprintf(prefix, sizeof prefix, "%s/", o->trace_dir);
+    setenv("STARPU_FXT_PREFIX", prefix, 1);
+    setenv("STARPU_FXT_TRACE", "1", 1);
+  } else {
+    setenv("STARPU_FXT_TRACE", "0", 0);
+  }
   struct starpu_conf conf;
   starpu_conf_init(&conf);
+  /* On a bigger machine keep one core for the thread that submits the graph and reads each
+   * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
+  if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
   int sret = starpu_init(&conf);
   if (sret) {
     st_engine_destroy(e);
@@ -235,6 +260,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       }
   }
   if (!rc) rc = setup_cache(e, o);
+  if (!rc && o->trace_dir) rc = st_recorder_open(o->trace_dir, &e->rec);
   if (rc) {
     st_engine_destroy(e);
     return rc;
@@ -248,6 +274,8 @@ void st_engine_destroy(struct st_engine *e) {
   if (e->started) {
     const struct st_hparams *hp = &e->hp;
     starpu_task_wait_for_all();
+    if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
+      fprintf(stderr, "strata: %s\n", st_last_error());
     if (e->h_output_norm) starpu_data_unregister(e->h_output_norm);
     if (e->h_output) starpu_data_unregister(e->h_output);
     for (size_t i = 0; i < (size_t)hp->n_layer * W_COUNT; i++)
@@ -385,7 +413,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       bufs[0] = b->ffn_in;
       outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)ea->n_rows * d, 4);
       bufs[1 + 3 * ea->n_experts] = outs[1 + n_out];
-      rc = st_submit_expert_rows(ea, bufs, st_placement_expert_target(pl, ST_TIER_PRIMARY),
+      rc = st_submit_expert_rows(ea, bufs, traced(e, st_placement_expert_target(pl, ST_TIER_PRIMARY)),
                                  e->layer_names[(size_t)l * names_per_layer(e) + 2]);
       e->stats.expert_tasks[ST_TIER_PRIMARY]++;
       e->stats.expert_entries[ST_TIER_PRIMARY] += (uint64_t)ea->n_rows;
@@ -405,7 +433,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       const starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
       outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
       starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
-      rc = st_submit_expert_rows(ea, tb, st_placement_expert_target(pl, ST_TIER_CPU_POOL),
+      rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_CPU_POOL)),
                                  e->expert_names[(size_t)l * E + x]);
       e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
       e->stats.expert_entries[ST_TIER_CPU_POOL] += (uint64_t)n;
@@ -421,7 +449,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     ca->n_out = n_out;
     outs[0] = b->h;
     outs[1 + n_out] = b->x;
-    rc = st_submit_combine(ca, outs, n_out + 2, st_placement_dense_target(pl),
+    rc = st_submit_combine(ca, outs, n_out + 2, traced(e, st_placement_dense_target(pl)),
                            e->layer_names[(size_t)l * names_per_layer(e) + 1]);
     e->stats.tasks++;
   }
@@ -443,7 +471,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   starpu_data_handle_t *hw = e->h_layer + (size_t)l * W_COUNT;
   const char **names = e->layer_names + (size_t)l * names_per_layer(e);
   const int G = (int)hp->n_head_kv, nq = (int)(hp->n_head / hp->n_head_kv);
-  const struct st_target dense = st_placement_dense_target(&e->placement);
+  const struct st_target dense = traced(e, st_placement_dense_target(&e->placement));
   int rc = 0;
   const int per_task = e->attn_groups_per_task;
   for (int g = 0; g < G && !rc; g += per_task) {
@@ -514,7 +542,7 @@ static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out
                                .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output)};
     out[s] = reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
     starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
-    rc = st_submit_linear(&a, bufs, 4, st_placement_dense_target(&e->placement), e->head_names[s]);
+    rc = st_submit_linear(&a, bufs, 4, traced(e, st_placement_dense_target(&e->placement)), e->head_names[s]);
     e->stats.tasks++;
     submitted++;
   }
@@ -639,7 +667,9 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
   for (int done = 0; done < n;) {
     const int T = n - done < e->prefill ? n - done : e->prefill;
     const int last = done + T == n;
+    const double t_start = starpu_timing_now();
     int rc = eval_chunk(e, ids + done, T, all_logits || last, all_logits);
+    if (e->rec) st_recorder_step(e->rec, n == 1, t_start, starpu_timing_now());
     if (rc) return rc;
     if (all_logits)
       memcpy(logits + (size_t)done * V, e->logits, sizeof(float) * V * (size_t)T);

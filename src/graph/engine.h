@@ -11,6 +11,8 @@
 #include "io/model.h"
 #include "tiers/placement.h"
 
+struct st_recorder;
+
 struct st_engine_opts {
   int n_ctx;                  /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
   int prefill;                /* prompt chunk in tokens; 0 = 512 */
@@ -19,6 +21,7 @@ struct st_engine_opts {
   int adapt_swaps;            /* adaptive cache: swaps per round (0 = static cache) */
   int adapt_interval;         /* tokens between adaptive rounds; 0 = 32 */
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
+  const char *trace_dir;      /* record the run there (events.tsv + StarPU's FxT files), or NULL */
 };
 #define ST_CACHE_AUTO (-1)
 
@@ -64,6 +67,7 @@ struct st_engine {
   uint64_t *live_counts;   /* [n_layer][n_expert] routed entries since the last adaptive round */
   int adapt_swaps, adapt_interval, tokens_since_adapt;
   double cache_mass_share; /* share of the profile's routed mass the primary cache holds at start */
+  struct st_recorder *rec; /* --trace, or NULL */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */

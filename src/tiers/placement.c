@@ -44,13 +44,13 @@ void st_placement_free(struct st_placement *p) {
 }
 
 struct st_target st_placement_dense_target(const struct st_placement *p) {
-  if (p->cuda0_worker >= 0) return (struct st_target){STARPU_CUDA, p->cuda0_worker};
-  return (struct st_target){STARPU_CPU, -1};
+  if (p->cuda0_worker >= 0) return (struct st_target){STARPU_CUDA, p->cuda0_worker, NULL, NULL};
+  return (struct st_target){STARPU_CPU, -1, NULL, NULL};
 }
 
 struct st_target st_placement_expert_target(const struct st_placement *p, enum st_tier t) {
-  if (t == ST_TIER_PRIMARY) return (struct st_target){STARPU_CUDA, p->cuda0_worker};
-  return (struct st_target){STARPU_CPU, -1};
+  if (t == ST_TIER_PRIMARY) return (struct st_target){STARPU_CUDA, p->cuda0_worker, NULL, NULL};
+  return (struct st_target){STARPU_CPU, -1, NULL, NULL};
 }
 
 uint64_t st_pair_bytes(const struct st_model *m) {
