@@ -31,3 +31,7 @@ run "cache off (dense on CUDA0, experts on 15 CPU workers)" --prompt 128 --decod
 run "24 GB budget: 4000 of 6144 pairs cached" --prompt 512 --decode 64 --depth 0,1024 --expert-profile /tmp/q30b.profile --expert-cache 4000
 run "all 6144 pairs cached" --prompt 512 --decode 64 --depth 0,1024 --expert-profile /tmp/q30b.profile --expert-cache 6144
 STARPU_NCUDA=0 run "CPU only (16 CPU workers)" --prompt 64 --decode 16 --depth 0
+echo "== traced: 24 GB budget, 8-token prompt, 4 decode steps (events.tsv to \$OUT/trace)"
+"$S" generate -m $model --prompt-ids 1000,1037,1074,1111,1148,1185,1222,1259 -n 4 --temp 0 --ignore-eos --print-ids \
+  --expert-profile /tmp/q30b.profile --expert-cache 4000 --trace /tmp/q30b-trace 2>&1 | tail -n 5
+mkdir -p "$out/trace" && cp /tmp/q30b-trace/events.tsv "$out/trace/" && ls -la /tmp/q30b-trace
