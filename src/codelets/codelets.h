@@ -85,7 +85,9 @@ int st_submit_router(const struct st_router_args *a, starpu_data_handle_t *bufs,
 /* ---- expert_rows.c: the rows of a group of expert pairs of one layer -------------------------
  * Buffers: ffn_in [T][n_embd] R; for each of the n_experts experts: gate [n_ff][n_embd] R,
  * up [n_ff][n_embd] R, down [n_embd][n_ff] R; out [n_rows][n_embd] W.
- * out[i] = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows; expert g
+ * out[i] = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows, over the
+ * FFN slice [ff0, ff1) of each expert (a partial sum when the slice is not the whole FFN: the
+ * CPU pool splits a big expert this way so several workers share one token's expert); expert g
  * owns rows [group[g].row0, group[g].row0 + group[g].n_rows). The CPU pool submits one expert (or
  * a slice of its rows) per task; a GPU cache submits every cached expert of a layer in one task
  * (a grouped kernel per matrix: a kernel per expert would be far too small for a task). */
@@ -98,6 +100,7 @@ struct st_expert_group {
 };
 struct st_expert_rows_args {
   int32_t n_experts, n_rows, n_embd, n_ff, layer;
+  int32_t ff0, ff1; /* the FFN slice this task computes, 0 <= ff0 < ff1 <= n_ff */
   struct st_wdesc gate, up, down;
   /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row */
   ST_ALIGNAS8 unsigned char tail[];
@@ -118,9 +121,10 @@ int st_submit_expert_rows(const struct st_expert_rows_args *a, starpu_data_handl
 
 /* ---- combine.c: fixed-order sum of the experts' weighted outputs, then the residual ---------
  * Buffers: h [T][n_embd] R, n_out expert outputs R, x [T][n_embd] W.
- * x[t] = h[t] + sum over slots j = 0..k-1, in that order, of out[src[t][j].buf][src[t][j].row]. */
+ * x[t] = h[t] + sum over slots j = 0..k-1, in that order, of the sum over its parts p (FFN
+ * slices, in order) of out[src[t][j].buf + p][src[t][j].row]. */
 struct st_combine_src {
-  int32_t buf, row;
+  int32_t buf, row, parts;
 };
 struct st_combine_args {
   int32_t T, k, n_embd, n_out;

@@ -20,8 +20,10 @@ static void combine_cpu(void *buffers[], void *cl_arg) {
     memset(xt, 0, sizeof(float) * (size_t)d);
     for (int j = 0; j < a->k; j++) {
       const struct st_combine_src s = a->src[t * a->k + j];
-      const float *y = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + s.buf]) + (size_t)s.row * d;
-      for (int i = 0; i < d; i++) xt[i] += y[i];
+      for (int p = 0; p < s.parts; p++) {
+        const float *y = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + s.buf + p]) + (size_t)s.row * d;
+        for (int i = 0; i < d; i++) xt[i] += y[i];
+      }
     }
     for (int i = 0; i < d; i++) xt[i] += h[(size_t)t * d + i];
   }

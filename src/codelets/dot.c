@@ -53,7 +53,7 @@ static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) 
         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
   default: {
     const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
-    const __m256 d = _mm256_set1_ps(st_fp16_to_f32(b->d));
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
   }
@@ -106,7 +106,7 @@ static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_
         16));
   default: {
     const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
-    const __m512 d = _mm512_set1_ps(st_fp16_to_f32(b->d));
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
   }

@@ -7,6 +7,7 @@
 
 #include "codelets/codelets.h"
 #include "codelets/dot.h"
+#include "codelets/quant.h"
 #include "config.h"
 #ifdef ST_HAVE_CUDA
 #include "codelets/cuda/cuda_codelets.h"
@@ -18,7 +19,7 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
   const struct st_expert_row *rows = st_expert_rows(a);
   const float *ffn_in = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
   float *out_all = (float *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * a->n_experts]);
-  const int d = a->n_embd, ff = a->n_ff;
+  const int d = a->n_embd, ff = a->ff1 - a->ff0;
   int max_rows = 0;
   for (int g = 0; g < a->n_experts; g++) max_rows = groups[g].n_rows > max_rows ? groups[g].n_rows : max_rows;
 
@@ -33,10 +34,12 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
     float *out = out_all + (size_t)groups[g].row0 * d;
     for (int i = 0; i < R; i++)
       memcpy(x + (size_t)i * d, ffn_in + (size_t)gr[i].token * d, sizeof(float) * (size_t)d);
-    st_matmul(a->gate.type, gate, a->gate.row_bytes, 0, ff, x, d, R, d, gt, ff);
-    st_matmul(a->up.type, up, a->up.row_bytes, 0, ff, x, d, R, d, u, ff);
+    st_matmul(a->gate.type, gate, a->gate.row_bytes, a->ff0, a->ff1, x, d, R, d, gt, ff);
+    st_matmul(a->up.type, up, a->up.row_bytes, a->ff0, a->ff1, x, d, R, d, u, ff);
     for (size_t i = 0; i < (size_t)R * ff; i++) gt[i] = gt[i] / (1.0f + expf(-gt[i])) * u[i];
-    st_matmul(a->down.type, down, a->down.row_bytes, 0, d, gt, ff, R, ff, out, d);
+    /* columns [ff0, ff1) of down's rows: ff0 is a multiple of the block size */
+    const uint8_t *down_cols = (const uint8_t *)down + st_row_bytes(a->down.type, (uint64_t)a->ff0);
+    st_matmul(a->down.type, down_cols, a->down.row_bytes, 0, d, gt, ff, R, ff, out, d);
     for (int i = 0; i < R; i++)
       for (int j = 0; j < d; j++) out[(size_t)i * d + j] *= gr[i].weight;
   }

@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ggml_type numbers as stored in GGUF tensor infos. */
 enum st_type {
   ST_TYPE_F32 = 0,
@@ -138,5 +142,9 @@ void st_quantize_row_q8_0(const float *x, st_block_q8_0 *y, int64_t n);
 
 /* Dequantises one row of `n` elements of `type` (F32, F16, BF16 or Q8_0) into `out`. */
 void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -25,6 +25,17 @@
 enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
 
 #define ROWS_PER_EXPERT_TASK 64 /* an expert with more rows in a batch is split into tasks */
+#define FF_SLICE 256            /* a CPU-pool expert's FFN is split into slices of this many rows */
+
+/* FFN slices per CPU-pool expert task (STRATA_FF_SLICE rows each, default FF_SLICE; 0 = no
+ * split): a fixed function of the model and that setting, never of the workers, so the
+ * summation order (and the logits) stay the same under any scheduler. */
+static int ff_parts_for(const struct st_hparams *hp) {
+  const char *env = getenv("STRATA_FF_SLICE");
+  const long slice = env ? strtol(env, NULL, 10) : FF_SLICE;
+  if (slice <= 0 || slice % 32 || hp->n_ff_exp < 2 * slice || hp->n_ff_exp % slice) return 1;
+  return (int)(hp->n_ff_exp / slice);
+}
 #define HEAD_SLICE_ROWS 4096    /* output-head rows per task */
 #define O_SLICE_ROWS 512        /* attention-output rows per task */
 
@@ -172,7 +183,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->ffn_in = malloc(sizeof(float) * T * d);
     e->xo = malloc(sizeof(float) * T * d);
     e->attn = malloc(sizeof(float) * T * qw);
-    e->expert_out = malloc(sizeof(float) * T * k * d);
+    e->ff_parts = ff_parts_for(hp);
+    e->expert_out = malloc(sizeof(float) * T * k * d * (size_t)e->ff_parts);
     e->logits = malloc(sizeof(float) * T * hp->n_vocab);
     e->routing = malloc(sizeof(struct st_route) * T * k);
     e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
@@ -361,7 +373,8 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   int *order = malloc(sizeof(int) * (size_t)T * k); /* (t*k+j) sorted by expert */
   struct st_combine_args *ca = malloc(sizeof *ca + sizeof ca->src[0] * (size_t)T * k);
   struct st_expert_rows_args *ea = malloc(st_expert_rows_args_size(E, T * k));
-  starpu_data_handle_t *outs = malloc(sizeof(starpu_data_handle_t) * ((size_t)T * k + 2));
+  const int parts = e->ff_parts;
+  starpu_data_handle_t *outs = malloc(sizeof(starpu_data_handle_t) * ((size_t)T * k * parts + 2));
   starpu_data_handle_t *bufs = malloc(sizeof(starpu_data_handle_t) * (2 + 3 * (size_t)E));
   if (!count || !fill || !order || !ca || !ea || !outs || !bufs) {
     rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
@@ -380,6 +393,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
 
   *ca = (struct st_combine_args){.T = T, .k = k, .n_embd = d};
   const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
+                                           .ff0 = 0, .ff1 = (int)hp->n_ff_exp,
                                            .gate = wdesc(&L->gate_exps), .up = wdesc(&L->up_exps),
                                            .down = wdesc(&L->down_exps)};
   int n_out = 0, row_cursor = 0;
@@ -391,7 +405,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     for (int r = 0; r < (n); r++) {                                                            \
       const int i = order[(s) + r];                                                            \
       rows_tmp[ea->n_rows + r] = (struct st_expert_row){.token = i / k, .weight = route[i].weight}; \
-      ca->src[i] = (struct st_combine_src){.buf = n_out, .row = ea->n_rows + r};               \
+      ca->src[i] = (struct st_combine_src){.buf = n_out, .row = ea->n_rows + r, .parts = 1};   \
     }                                                                                          \
     ea->n_rows += (n);                                                                         \
     ea->n_experts++;                                                                           \
@@ -422,24 +436,29 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       n_out++;
     }
   }
-  /* 2. the CPU pool: one task per expert, or per slice of its rows */
+  /* 2. the CPU pool: per expert (or slice of its rows), one task per FFN slice */
   for (int x = 0; x < E && !rc; x++) {
     if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL) continue;
     for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
       const int n = count[x + 1] - s < ROWS_PER_EXPERT_TASK ? count[x + 1] - s : ROWS_PER_EXPERT_TASK;
       *ea = base;
       ADD_EXPERT(x, s, n);
+      for (int r = 0; r < n; r++) ca->src[order[s + r]].parts = parts;
       memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n);
       const starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
-      outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
-      starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
-      rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_CPU_POOL)),
-                                 e->expert_names[(size_t)l * E + x]);
-      e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
+      for (int p = 0; p < parts && !rc; p++) {
+        ea->ff0 = p * (int)hp->n_ff_exp / parts;
+        ea->ff1 = (p + 1) * (int)hp->n_ff_exp / parts;
+        outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
+        starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
+        rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_CPU_POOL)),
+                                   e->expert_names[(size_t)l * E + x]);
+        e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
+        e->stats.tasks++;
+        row_cursor += n;
+        n_out++;
+      }
       e->stats.expert_entries[ST_TIER_CPU_POOL] += (uint64_t)n;
-      e->stats.tasks++;
-      row_cursor += n;
-      n_out++;
     }
   }
 #undef ADD_EXPERT

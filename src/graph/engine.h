@@ -43,6 +43,7 @@ struct st_engine {
   int started;     /* StarPU is initialised (and must be shut down) */
   int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
   int attn_groups_per_task;      /* GQA groups per attention task */
+  int ff_parts;                  /* FFN slices per CPU-pool expert (STRATA_FF_SLICE) */
   struct st_placement placement;
   struct st_engine_stats stats;
 

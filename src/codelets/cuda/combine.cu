@@ -18,7 +18,7 @@ __global__ static void combine_kernel(const float *h, const float *const *outs,
     float acc = 0.0f;
     for (int j = 0; j < k; j++) {
       const st_combine_src s = src[t * k + j];
-      acc = __fadd_rn(acc, outs[s.buf][(size_t)s.row * d + i]);
+      for (int p = 0; p < s.parts; p++) acc = __fadd_rn(acc, outs[s.buf + p][(size_t)s.row * d + i]);
     }
     x[(size_t)t * d + i] = __fadd_rn(acc, h[(size_t)t * d + i]);
   }

@@ -21,7 +21,7 @@ extern "C" void st_expert_rows_cuda(void *buffers[], void *cl_arg) {
   const st_expert_rows_args *a = (const st_expert_rows_args *)cl_arg;
   cudaStream_t st = starpu_cuda_get_local_stream();
   const st_expert_group *groups = st_expert_groups(a);
-  const int G = a->n_experts, R = a->n_rows, d = a->n_embd, ff = a->n_ff;
+  const int G = a->n_experts, R = a->n_rows, d = a->n_embd, ff = a->ff1 - a->ff0;
   const float *ffn_in = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
   float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * G]);
 
@@ -36,8 +36,12 @@ extern "C" void st_expert_rows_cuda(void *buffers[], void *cl_arg) {
   st_cuda_group *desc = (st_cuda_group *)malloc(desc_bytes);
   int max_rows = 0;
   for (int i = 0; i < G; i++) {
+    // gate and up: rows [ff0, ff1); down: columns [ff0, ff1) of every row
+    const uint64_t off[3] = {a->gate.row_bytes * (uint64_t)a->ff0, a->up.row_bytes * (uint64_t)a->ff0,
+                             st_row_bytes(a->down.type, (uint64_t)a->ff0)};
     for (int m = 0; m < 3; m++)
-      desc[m * G + i] = st_cuda_group{(const uint8_t *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * i + m]), groups[i].row0, groups[i].n_rows};
+      desc[m * G + i] = st_cuda_group{(const uint8_t *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * i + m]) + off[m],
+                                      groups[i].row0, groups[i].n_rows};
     max_rows = groups[i].n_rows > max_rows ? groups[i].n_rows : max_rows;
   }
   ST_CUDA_CHECK(cudaMemcpyAsync(desc_dev, desc, desc_bytes, cudaMemcpyHostToDevice, st));
