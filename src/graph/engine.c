@@ -248,6 +248,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc) rc = make_names(e);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
+  if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
+    rc = st_set_error(ST_EUNSUP, "%u experts: the CUDA router handles at most 1024", hp->n_expert);
   if (rc) {
     st_engine_destroy(e);
     return rc;

@@ -14,17 +14,48 @@ __device__ __forceinline__ float weight_at(const uint8_t *row, int64_t i) {
   return st_dev_half((uint16_t)(b[0] | (b[1] << 8))) * (float)(int8_t)b[2 + (i & 31)];
 }
 
-// A warp computes one output row for up to TT activation rows.
+// Four consecutive weights starting at i (a multiple of 4).
+template <uint32_t TYPE>
+__device__ __forceinline__ float4 weight4_at(const uint8_t *row, int64_t i) {
+  if (TYPE == ST_TYPE_F32) return *(const float4 *)(row + 4 * i);
+  if (TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16) {
+    const uint2 u = *(const uint2 *)(row + 2 * i);
+    const uint16_t h[4] = {(uint16_t)(u.x & 0xffff), (uint16_t)(u.x >> 16), (uint16_t)(u.y & 0xffff), (uint16_t)(u.y >> 16)};
+    if (TYPE == ST_TYPE_F16) return make_float4(st_dev_half(h[0]), st_dev_half(h[1]), st_dev_half(h[2]), st_dev_half(h[3]));
+    return make_float4(st_dev_bf16(h[0]), st_dev_bf16(h[1]), st_dev_bf16(h[2]), st_dev_bf16(h[3]));
+  }
+  const uint8_t *b = row + (i >> 5) * 34;
+  const uint16_t *q2 = (const uint16_t *)(b + 2 + (i & 31)); // 2-byte aligned
+  const float d = st_dev_half(*(const uint16_t *)b);
+  const uint16_t lo = q2[0], hi = q2[1];
+  return make_float4(d * (float)(int8_t)(lo & 0xff), d * (float)(int8_t)(lo >> 8), d * (float)(int8_t)(hi & 0xff),
+                     d * (float)(int8_t)(hi >> 8));
+}
+
+// A warp computes one output row for up to TT activation rows. With n a multiple of 4 and
+// 16-byte aligned activation rows, each lane takes four consecutive elements per step.
 template <uint32_t TYPE>
 __device__ __forceinline__ void row_dot(const uint8_t *row, const float *x, int64_t ldx, int nt, int64_t n,
                                         float *acc) {
 #pragma unroll
   for (int t = 0; t < TT; t++) acc[t] = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += 32) {
-    const float w = weight_at<TYPE>(row, i);
+  if ((n & 3) == 0 && (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0) {
+    for (int64_t i = 4 * threadIdx.x; i < n; i += 128) {
+      const float4 w = weight4_at<TYPE>(row, i);
 #pragma unroll
-    for (int t = 0; t < TT; t++)
-      if (t < nt) acc[t] = fmaf(w, x[t * ldx + i], acc[t]);
+      for (int t = 0; t < TT; t++)
+        if (t < nt) {
+          const float4 v = *(const float4 *)(x + t * ldx + i);
+          acc[t] = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, acc[t]))));
+        }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += 32) {
+      const float w = weight_at<TYPE>(row, i);
+#pragma unroll
+      for (int t = 0; t < TT; t++)
+        if (t < nt) acc[t] = fmaf(w, x[t * ldx + i], acc[t]);
+    }
   }
 #pragma unroll
   for (int t = 0; t < TT; t++) acc[t] = st_warp_sum(acc[t]);

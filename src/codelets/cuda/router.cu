@@ -15,32 +15,39 @@ __global__ static void residual_piece(const float *x, const float *xo, int64_t d
   }
 }
 
-__global__ static void softmax_topk(float *logits, int T, int E, int k, st_route *routing) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+// One warp per token: softmax over the E logits (sum in double, as the CPU variant), then k
+// rounds of a warp-wide argmax (ties to the lower expert id) over the experts not yet taken.
+// Each lane owns experts lane, lane + 32, ... (at most 32 of them: E <= 1024).
+__global__ static void softmax_topk(const float *logits, int T, int E, int k, st_route *routing) {
+  const int lane = threadIdx.x & 31, t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
-  float *l = logits + (int64_t)t * E;
+  const float *l = logits + (int64_t)t * E;
   float mx = -INFINITY;
-  for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   double sum = 0.0;
-  for (int e = 0; e < E; e++) {
-    l[e] = expf(l[e] - mx);
-    sum += l[e];
-  }
-  for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
+  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  uint32_t taken = 0;
   st_route *r = routing + (int64_t)t * k;
   double wsum = 0.0;
   for (int j = 0; j < k; j++) {
-    int best = -1;
-    for (int e = 0; e < E; e++) {
-      bool taken = false;
-      for (int i = 0; i < j; i++) taken |= r[i].expert == e;
-      if (!taken && (best < 0 || l[e] > l[best])) best = e;
+    float best = -INFINITY;
+    int best_e = -1;
+    for (int e = lane, m = 0; e < E; e += 32, m++)
+      if (!(taken >> m & 1u) && (best_e < 0 || l[e] > best)) best = l[e], best_e = e;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e))) best = ob, best_e = oe;
     }
-    r[j].expert = best;
-    r[j].weight = l[best];
-    wsum += l[best];
+    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    const float p = (float)(expf(best - mx) / sum);
+    if (lane == 0) r[j] = st_route{best_e, p};
+    wsum += p;
   }
-  for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
+  __syncwarp();
+  if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
 }
 
 extern "C" void st_router_cuda(void *buffers[], void *cl_arg) {
@@ -61,7 +68,7 @@ extern "C" void st_router_cuda(void *buffers[], void *cl_arg) {
   st_cuda_rmsnorm(h, ffn_norm, ffn_in, T, d, a->eps, st);
   float *logits = (float *)st_cuda_alloc(sizeof(float) * (size_t)T * E, st);
   st_cuda_matmul(a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d, logits, E, st);
-  softmax_topk<<<(T + 63) / 64, 64, 0, st>>>(logits, T, E, a->k, routing);
+  softmax_topk<<<(T + 3) / 4, 128, 0, st>>>(logits, T, E, a->k, routing);
   ST_CUDA_CHECK(cudaGetLastError());
   st_cuda_free(logits, st);
 }
