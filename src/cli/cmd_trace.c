@@ -29,6 +29,7 @@ static void usage(FILE *f) {
           "\n"
           "  -o, --output OUTDIR   where to write the files (default: DIR; created if missing)\n"
           "      --no-paje         do not run starpu_fxt_tool\n"
+          "      --step KIND:N     keep one step only (decode:2, prompt:0): a close-up of that step\n"
           "  -q, --quiet           do not print the summary (still written to summary.txt)\n"
           "  -h, --help            this help\n");
 }
@@ -39,13 +40,14 @@ static int fail(const char *msg) {
 }
 
 int st_cmd_trace(int argc, char **argv) {
-  enum { OPT_NO_PAJE = 256 };
+  enum { OPT_NO_PAJE = 256, OPT_STEP };
   static const struct option longopts[] = {{"output", required_argument, 0, 'o'},
                                            {"no-paje", no_argument, 0, OPT_NO_PAJE},
+                                           {"step", required_argument, 0, OPT_STEP},
                                            {"quiet", no_argument, 0, 'q'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
-  const char *outdir = NULL;
+  const char *outdir = NULL, *step = NULL;
   int no_paje = 0, quiet = 0, c;
   char msg[PATH_MAX + 512];
   optind = 1;
@@ -54,6 +56,7 @@ int st_cmd_trace(int argc, char **argv) {
     switch (c) {
     case 'o': outdir = optarg; break;
     case OPT_NO_PAJE: no_paje = 1; break;
+    case OPT_STEP: step = optarg; break;
     case 'q': quiet = 1; break;
     case 'h': usage(stdout); return 0;
     case ':':
@@ -93,6 +96,18 @@ int st_cmd_trace(int argc, char **argv) {
   if (st_trace_load(events, &tr)) {
     st_trace_free(&tr);
     return fail(st_last_error());
+  }
+  if (step) {
+    char kind[16] = "";
+    int index = -1;
+    if (sscanf(step, "%15[a-z]:%d", kind, &index) != 2 || index < 0 || (strcmp(kind, "decode") && strcmp(kind, "prompt"))) {
+      st_trace_free(&tr);
+      return fail("--step expects decode:N or prompt:N");
+    }
+    if (st_trace_keep_step(&tr, !strcmp(kind, "decode"), index)) {
+      st_trace_free(&tr);
+      return fail(st_last_error());
+    }
   }
   char svg[PATH_MAX + 32], json[PATH_MAX + 32], sum[PATH_MAX + 32];
   snprintf(svg, sizeof svg, "%s/timeline.svg", outdir);

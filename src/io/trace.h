@@ -73,6 +73,11 @@ struct st_trace {
 int st_trace_load(const char *path, struct st_trace *tr);
 void st_trace_free(struct st_trace *tr);
 
+/* Keeps one step (a prompt chunk when is_decode is 0, else a decode step; `index` counts from 0)
+ * and the tasks that start within it, for a close-up. ST_EINVAL when there is no such step or
+ * it has no task. */
+int st_trace_keep_step(struct st_trace *tr, int is_decode, int index);
+
 /* timeline.svg, written with libxml2's xmlTextWriter: one lane per worker (a rect of class
  * "lane" each), one rect of class "task <kind>" per task (expert_rows also carry a class
  * naming the tier) with a <title> tooltip, step and layer boundaries as vertical lines, a

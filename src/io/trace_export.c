@@ -226,6 +226,8 @@ static int parse_record(struct st_trace *tr, const struct lineinfo *li, char **f
   return bad(li, "unknown record '%.40s' (expected model, worker, step or task)", f[0]);
 }
 
+static void set_span(struct st_trace *tr);
+
 int st_trace_load(const char *path, struct st_trace *tr) {
   memset(tr, 0, sizeof *tr);
   FILE *fp = fopen(path, "rb");
@@ -282,6 +284,39 @@ int st_trace_load(const char *path, struct st_trace *tr) {
   free(line);
   fclose(fp);
   if (rc) return rc;
+  set_span(tr);
+  return 0;
+}
+
+int st_trace_keep_step(struct st_trace *tr, int is_decode, int index) {
+  const struct st_trace_step *step = NULL;
+  for (size_t i = 0; i < tr->n_steps; i++)
+    if (tr->steps[i].is_decode == is_decode && tr->steps[i].index == index) step = &tr->steps[i];
+  if (!step)
+    return st_set_error(ST_EINVAL, "the trace has no %s step %d (%zu steps recorded)", is_decode ? "decode" : "prompt",
+                        index, tr->n_steps);
+  const struct st_trace_step keep = *step;
+  size_t n = 0;
+  for (size_t i = 0; i < tr->n_tasks; i++) {
+    if (tr->tasks[i].start_us >= keep.start_us && tr->tasks[i].start_us <= keep.end_us) {
+      const struct st_trace_task t = tr->tasks[i];
+      tr->tasks[i] = tr->tasks[n];
+      tr->tasks[n++] = t;
+    }
+  }
+  for (size_t i = n; i < tr->n_tasks; i++) {
+    free(tr->tasks[i].name);
+    tr->tasks[i].name = NULL;
+  }
+  tr->n_tasks = n;
+  tr->steps[0] = keep;
+  tr->n_steps = 1;
+  if (n == 0) return st_set_error(ST_EINVAL, "%s step %d has no task", is_decode ? "decode" : "prompt", index);
+  set_span(tr);
+  return 0;
+}
+
+static void set_span(struct st_trace *tr) {
   tr->t0_us = INFINITY;
   tr->t1_us = 0;
   for (size_t i = 0; i < tr->n_tasks; i++) {
@@ -292,7 +327,6 @@ int st_trace_load(const char *path, struct st_trace *tr) {
     tr->t0_us = fmin(tr->t0_us, tr->steps[i].start_us);
     tr->t1_us = fmax(tr->t1_us, tr->steps[i].end_us);
   }
-  return 0;
 }
 
 void st_trace_free(struct st_trace *tr) {
@@ -519,7 +553,11 @@ int st_trace_write_svg(const struct st_trace *tr, const char *path) {
              tr->workers[i].name);
     CK(xmlTextWriterWriteElement(w, BAD_CAST "title", BAD_CAST buf));
     CK(xmlTextWriterEndElement(w));
-    CK(svg_text(w, LABEL_W - 8, y + LANE_H / 2.0 + 4, "end", 12, "#000000", tr->workers[i].name));
+    /* the lane label: StarPU's name without its parenthesised details ("CUDA 0.0 (NVIDIA ...)");
+     * the full name is in the lane's tooltip */
+    char label[40];
+    snprintf(label, sizeof label, "%.*s", (int)strcspn(tr->workers[i].name, "("), tr->workers[i].name);
+    CK(svg_text(w, LABEL_W - 8, y + LANE_H / 2.0 + 4, "end", 12, "#000000", label));
   }
   CK(xmlTextWriterEndElement(w));
 
