@@ -38,6 +38,13 @@ int st_engine_opts_check(const struct st_engine_opts *eo);
 /* The engine flags' lines for --help. */
 void st_engine_opts_help(FILE *f);
 
+/* Host read bandwidth with `threads` threads over a `bytes` buffer, bytes/s (best of 3; 0 when
+ * the buffer cannot be allocated). membw.c */
+double st_host_read_bandwidth(int threads, size_t bytes);
+/* Device-to-device copy bandwidth of the current CUDA device, bytes read + written per second
+ * (best of 3 after a warm-up); 0 without CUDA or memory. */
+double st_cuda_copy_bandwidth(size_t bytes);
+
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);
 

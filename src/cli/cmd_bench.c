@@ -50,6 +50,12 @@ static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const
 }
 
 /* Synthetic prompt ids: ordinary word pieces cycled (the speed does not depend on the text). */
+/* Share of routed entries the CUDA0 cache served in a measurement. */
+static double share(const struct result *r) {
+  const double g = (double)r->delta.expert_entries[ST_TIER_PRIMARY], c = (double)r->delta.expert_entries[ST_TIER_CPU_POOL];
+  return g + c > 0 ? g / (g + c) : 0.0;
+}
+
 static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
   for (long i = 0; i < n; i++) ids[i] = (int32_t)((1000 + (i * 37) % 5000) % vocab);
 }
@@ -58,10 +64,11 @@ int st_cmd_bench(int argc, char **argv) {
   static const struct option own[] = {{"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
                                       {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
                                       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+                                      {"roofline", no_argument, 0, 'R'},
                                       {0, 0, 0, 0}};
   const char *model = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
-  int n_prompts = 1, n_depths = 1, json = 0, c, rc = 0;
+  int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, c, rc = 0;
   struct st_engine_opts eo = {0};
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
@@ -79,13 +86,16 @@ int st_cmd_bench(int argc, char **argv) {
     case 'd': rc = parse_list("--depth", optarg, depths, &n_depths); break;
     case 'D': rc = st_parse_int("--decode", optarg, 0, 1 << 20, &n_decode); break;
     case 'j': json = 1; break;
+    case 'R': roofline = 1; break;
     case 'h':
       printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [--json] [engine flags]\n\n"
              "  -m, --model FILE       qwen3moe GGUF\n"
              "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
              "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
              "      --depth LIST       context depths in tokens before decoding (default 0)\n"
-             "      --json             print JSON instead of the table\n");
+             "      --json             print JSON instead of the table\n"
+             "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
+             "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n");
       st_engine_opts_help(stdout);
       free(longopts);
       return 0;
@@ -136,6 +146,17 @@ int st_cmd_bench(int argc, char **argv) {
     }
     res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats)};
   }
+  /* Roofline: B = expert bytes read per decode token (layers x top-k x one pair's bytes), f = the
+   * share of routed entries the GPU cache served in that row, bandwidths measured now. */
+  double bw_host = 0, bw_gpu = 0, pair_b = 0;
+  if (!rc && roofline) {
+    bw_host = st_host_read_bandwidth(st_engine_n_cpu_workers(e), (size_t)1 << 30);
+    if (st_engine_n_cuda_workers(e) > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
+    pair_b = (double)st_pair_bytes(m) * m->hp.n_layer * m->hp.n_expert_used;
+  }
+#define ROOFLINE(r)                                                                                    \
+  (strcmp((r)->test, "decode") || !roofline || bw_host <= 0 ? 0.0 : 1.0 / ((1.0 - share(r)) * pair_b / bw_host + \
+                                                                          (bw_gpu > 0 ? share(r) * pair_b / bw_gpu : 0.0)))
   if (!rc && json) {
     printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, \"results\": [",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache.n_slots, e->cache_mass_share);
@@ -143,27 +164,32 @@ int st_cmd_bench(int argc, char **argv) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
              "\"entries_cpu\": %llu, \"entries_cuda0\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
-             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f}",
+             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f}",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)r->delta.expert_entries[ST_TIER_PRIMARY], r->delta.h2d_bytes / 1048576.0,
-             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s);
+             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, ROOFLINE(r));
     }
-    printf("\n]}\n");
+    printf("\n], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f}\n", bw_host / 1e9,
+           bw_gpu / 1e9, pair_b);
   } else if (!rc) {
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots (%.1f%% of the profile's routed mass)\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache.n_slots,
            100.0 * e->cache_mass_share);
-    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
-           "CUDA0 entries", "CPU entries", "cache %", "H2D MiB", "routing s");
+    if (roofline)
+      printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
+             bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
+    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
+           "CUDA0 entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline");
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       const uint64_t g = r->delta.expert_entries[ST_TIER_PRIMARY], cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
-      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f\n", r->test, r->tokens, r->depth,
+      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f\n", r->test, r->tokens, r->depth,
              r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
-             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s);
+             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r));
     }
   }
+#undef ROOFLINE
   if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
   free(ids);
   free(logits);

@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "common.h"
 
-enum { OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE };
+enum { OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE, OPT_STREAM };
 
 static const struct option engine_longopts[] = {
     {"ctx-size", required_argument, 0, 'c'},
@@ -18,6 +18,7 @@ static const struct option engine_longopts[] = {
     {"adapt-swaps", required_argument, 0, OPT_ADAPT},
     {"adapt-interval", required_argument, 0, OPT_ADAPT_INTERVAL},
     {"trace", required_argument, 0, OPT_TRACE},
+    {"prompt-stream", required_argument, 0, OPT_STREAM},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -65,6 +66,11 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     eo->adapt_interval = (int)v;
     return 1;
   case OPT_TRACE: eo->trace_dir = arg; return 1;
+  case OPT_STREAM:
+    if (strcmp(arg, "auto") && strcmp(arg, "off"))
+      return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
+    eo->prompt_stream_off = !strcmp(arg, "off");
+    return 1;
   default: return 0;
   }
 }
@@ -87,5 +93,7 @@ void st_engine_opts_help(FILE *f) {
           "      --adapt-swaps N    adaptive cache: swap up to N cold cached pairs for hot CPU-pool pairs per\n"
           "                         round (default 0 = static cache)\n"
           "      --adapt-interval N tokens between adaptive rounds (default 32)\n"
-          "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n");
+          "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n"
+          "      --prompt-stream auto|off  prompt path: let a model-based scheduler (STARPU_SCHED=dmda, dmdas,\n"
+          "                         heteroprio) run an uncached expert on CUDA0, streaming its weights (default auto)\n");
 }

@@ -245,6 +245,15 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
     e->n_slices_head = div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
   }
+  /* --prompt-stream auto: on the prompt path an uncached expert may run on CUDA0, its weights
+   * streamed there by StarPU, when the scheduler's performance models say it is faster. Only the
+   * model-based schedulers (dm*, heteroprio) decide that way; under the others it stays off. */
+  {
+    struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0);
+    const char *name = pol && pol->policy_name ? pol->policy_name : "";
+    e->prompt_stream = !o->prompt_stream_off && e->placement.cuda0_worker >= 0 &&
+                       (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
+  }
   if (!rc) rc = make_names(e);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
@@ -453,8 +462,9 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
         ea->ff1 = (p + 1) * (int)hp->n_ff_exp / parts;
         outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
         starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
-        rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_CPU_POOL)),
-                                   e->expert_names[(size_t)l * E + x]);
+        struct st_target tgt = st_placement_expert_target(pl, ST_TIER_CPU_POOL);
+        if (e->prompt_stream && T > 1) tgt.where |= STARPU_CUDA;
+        rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->expert_names[(size_t)l * E + x]);
         e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
         e->stats.tasks++;
         row_cursor += n;

@@ -22,6 +22,7 @@ struct st_engine_opts {
   int adapt_interval;         /* tokens between adaptive rounds; 0 = 32 */
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
   const char *trace_dir;      /* record the run there (events.tsv + StarPU's FxT files), or NULL */
+  int prompt_stream_off;      /* --prompt-stream off: uncached experts never stream to CUDA0 */
 };
 #define ST_CACHE_AUTO (-1)
 
@@ -69,6 +70,7 @@ struct st_engine {
   int adapt_swaps, adapt_interval, tokens_since_adapt;
   double cache_mass_share; /* share of the profile's routed mass the primary cache holds at start */
   struct st_recorder *rec; /* --trace, or NULL */
+  int prompt_stream;       /* uncached experts of prompt chunks may run on CUDA0 (see engine.c) */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
