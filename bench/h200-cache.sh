@@ -12,12 +12,8 @@ model=/tmp/q30b.gguf
 tiny=$C/fixtures/models/tiny-qwen3moe-q8_0.gguf
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > /tmp/calib.txt
 "$S" profile -m "$tiny" -f /tmp/calib.txt -o /tmp/tiny.profile 2>/dev/null
-for n in 15 4; do
-  echo "== tiny q8_0, all 64 experts cached, STARPU_NCPU=$n"
-  STARPU_NCPU=$n STARPU_SCHED=eager "$S" bench -m "$tiny" --prompt 64 --decode 64 --expert-profile /tmp/tiny.profile --expert-cache 64 2>&1 | tail -n 3
-done
-echo "== tiny q8_0, CPU only"
-STARPU_NCUDA=0 "$S" bench -m "$tiny" --prompt 64 --decode 64 2>&1 | tail -n 3
+echo "== tiny q8_0, all 64 experts cached"
+STARPU_SCHED=eager "$S" bench -m "$tiny" --prompt 64 --decode 64 --expert-profile /tmp/tiny.profile --expert-cache 64 2>&1 | tail -n 3
 t0=$SECONDS
 STRATA_TOKENIZER_JSON=$C/tokenizer.json "$S" mkmodel -q -o $model --preset qwen3-30b-a3b --layers "$LAYERS" --type q8_0
 echo "mkmodel: $((SECONDS - t0)) s"; ls -la $model
@@ -28,10 +24,11 @@ t0=$SECONDS
 echo "profile: $((SECONDS - t0)) s"
 run() { local name=$1; shift; echo "== $name"; t0=$SECONDS; timeout 240 "$S" bench -m $model "$@" 2>&1 | grep -v '^\s*$' | tail -n 6; echo "($((SECONDS - t0)) s)"; }
 run "cache off (dense on CUDA0, experts on 15 CPU workers)" --prompt 128 --decode 32 --depth 0
-run "24 GB budget: 4000 of 6144 pairs cached" --prompt 512 --decode 64 --depth 0,1024 --expert-profile /tmp/q30b.profile --expert-cache 4000
-run "all 6144 pairs cached" --prompt 512 --decode 64 --depth 0,1024 --expert-profile /tmp/q30b.profile --expert-cache 6144
-STARPU_NCUDA=0 run "CPU only (16 CPU workers)" --prompt 64 --decode 16 --depth 0
-echo "== traced: 24 GB budget, 8-token prompt, 4 decode steps (events.tsv to \$OUT/trace)"
-"$S" generate -m $model --prompt-ids 1000,1037,1074,1111,1148,1185,1222,1259 -n 4 --temp 0 --ignore-eos --print-ids \
-  --expert-profile /tmp/q30b.profile --expert-cache 4000 --trace /tmp/q30b-trace 2>&1 | tail -n 5
-mkdir -p "$out/trace" && cp /tmp/q30b-trace/events.tsv "$out/trace/" && ls -la /tmp/q30b-trace
+run "24 GB budget: 4000 of 6144 pairs cached" --prompt 512,4096 --decode 64 --depth 0,1024 --roofline \
+  --expert-profile /tmp/q30b.profile --expert-cache 4000
+run "all 6144 pairs cached" --prompt 512,4096 --decode 64 --depth 0,1024 --roofline --expert-profile /tmp/q30b.profile --expert-cache 6144
+for ps in off auto; do
+  STARPU_SCHED=dmda run "prompt path, 24 GB budget, STARPU_SCHED=dmda --prompt-stream $ps" --prompt 64,512,2048 --decode 0 \
+    --expert-profile /tmp/q30b.profile --expert-cache 4000 --prompt-stream $ps
+done
+STARPU_NCUDA=0 run "CPU only (16 CPU workers)" --prompt 64 --decode 16 --depth 0 --roofline
