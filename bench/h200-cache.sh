@@ -22,7 +22,7 @@ python3 -c "print(' '.join(['The history of mixture of experts models and their 
 t0=$SECONDS
 "$S" profile -m $model -f /tmp/calib30.txt -o /tmp/q30b.profile 2>&1 | tail -n 1
 echo "profile: $((SECONDS - t0)) s"
-run() { local name=$1; shift; echo "== $name"; t0=$SECONDS; timeout 240 "$S" bench -m $model "$@" 2>&1 | grep -v '^\s*$' | tail -n 6; echo "($((SECONDS - t0)) s)"; }
+run() { local name=$1; shift; echo "== $name"; t0=$SECONDS; timeout 240 "$S" bench -m $model "$@" 2>&1 | grep -v "^\s*$" | tail -n 9; echo "($((SECONDS - t0)) s)"; }
 run "cache off (dense on CUDA0, experts on 15 CPU workers)" --prompt 128 --decode 32 --depth 0
 run "24 GB budget: 4000 of 6144 pairs cached" --prompt 512,4096 --decode 64 --depth 0,1024 --roofline \
   --expert-profile /tmp/q30b.profile --expert-cache 4000
