@@ -1,13 +1,11 @@
 // CUDA variant of the attention codelet (codelets.h): RMSNorm, the group's Q/K/V projections
 // (K and V written straight into the KV cache kept on the device), q/k RMSNorm and NEOX RoPE per
-// head, then causal attention with an online softmax (one pass over the keys in tiles, the
-// flash-attention recurrence), one block per (token, query head).
+// head, then causal attention split over the keys (see attend_partial).
 #include <math.h>
 
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 
-#define KEY_TILE 256
 
 // q/k RMSNorm over head_dim and NEOX RoPE at position pos0 + t; one block per (t, head).
 __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w, float eps, int pos0,
@@ -31,46 +29,88 @@ __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w
   }
 }
 
-// Causal attention of token t (position pos0 + t) and query head h over keys 0..pos0+t.
-__global__ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, int pos0,
-                              float scale, float *out, int64_t ldo) {
-  __shared__ float red[32];
-  __shared__ float qs[256];
-  __shared__ float p[KEY_TILE];
-  const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  const float *qh = q + (int64_t)t * ldq + (int64_t)h * hd;
-  for (int i = tid; i < hd; i += blockDim.x)
-    qs[i] = qh[i];
-  __syncthreads();
-  const int n_keys = pos0 + t + 1;
-  float m = -INFINITY, l = 0.0f, acc = 0.0f; // acc: output element `tid` (tid < hd)
-  for (int base = 0; base < n_keys; base += KEY_TILE) {
-    const int j = base + tid;
-    float s = -INFINITY;
-    if (j < n_keys) {
-      const float *k = kc + (int64_t)j * hd;
-      float d = 0.0f;
-      for (int i = 0; i < hd; i++)
-        d = fmaf(qs[i], k[i], d);
-      s = d * scale;
-    }
-    const float m_new = fmaxf(m, st_block_max(s, red));
-    const float pj = j < n_keys ? expf(s - m_new) : 0.0f;
-    const float corr = expf(m - m_new);
-    l = l * corr + st_block_sum(pj, red);
-    p[tid] = pj;
-    __syncthreads();
-    if (tid < hd) {
-      float a = 0.0f;
-      const int lim = min(KEY_TILE, n_keys - base);
-      for (int jj = 0; jj < lim; jj++)
-        a = fmaf(p[jj], vc[(int64_t)(base + jj) * hd + tid], a);
-      acc = acc * corr + a;
-    }
-    m = m_new;
-    __syncthreads();
+// Causal attention, split over the keys (split-K): block (t, h, c) handles token t's query head h
+// over keys [c * KEY_CHUNK, (c + 1) * KEY_CHUNK) ∩ [0, pos0 + t]. Each warp takes every 8th key of
+// the chunk, its lanes sharing the head's dimensions (a coalesced read of each key and value
+// row), with an online softmax (the flash-attention recurrence); the warps then merge, and the
+// block writes its partial (max, sum, weighted values). attend_combine merges the chunks. Long
+// contexts thus spread over many blocks even at decode (T = 1).
+#define KEY_CHUNK 256
+#define WARPS 8
+#define MAX_DIMS_PER_LANE 8 /* head_dim <= 256 */
+
+__global__ static void attend_partial(const float *q, int64_t ldq, const float *kc, const float *vc, int hd,
+                                      int pos0, float scale, int n_chunks, float *part) {
+  __shared__ float wm[WARPS], wl[WARPS], wacc[WARPS][256];
+  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n_keys = pos0 + t + 1, start = c * KEY_CHUNK, end = min(start + KEY_CHUNK, n_keys);
+  float *out = part + (((int64_t)t * gridDim.y + h) * n_chunks + c) * (hd + 2);
+  if (start >= n_keys) {
+    if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
+    return;
   }
-  if (tid < hd) out[(int64_t)t * ldo + (int64_t)h * hd + tid] = acc / l;
+  const int nd = (hd + 31) / 32;
+  const float *qh = q + (int64_t)t * ldq + (int64_t)h * hd;
+  float qd[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
+#pragma unroll
+  for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
+    const int dd = lane + 32 * i;
+    qd[i] = i < nd && dd < hd ? qh[dd] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int j = start + warp; j < end; j += WARPS) {
+    const float *k = kc + (int64_t)j * hd, *v = vc + (int64_t)j * hd;
+    float sdot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
+      if (i < nd && lane + 32 * i < hd) sdot = fmaf(qd[i], k[lane + 32 * i], sdot);
+    const float s = st_warp_sum(sdot) * scale;
+    const float m_new = fmaxf(m, s), corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
+      if (i < nd && lane + 32 * i < hd) acc[i] = acc[i] * corr + p * v[lane + 32 * i];
+    m = m_new;
+  }
+  if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+  for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
+    if (i < nd && lane + 32 * i < hd) wacc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < WARPS; w++) M = fmaxf(M, wm[w]);
+  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+    float a = 0.0f;
+    for (int w = 0; w < WARPS; w++)
+      if (wl[w] > 0.0f) a += wacc[w][dd] * expf(wm[w] - M);
+    out[2 + dd] = a;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.0f;
+    for (int w = 0; w < WARPS; w++)
+      if (wl[w] > 0.0f) L += wl[w] * expf(wm[w] - M);
+    out[0] = M;
+    out[1] = L;
+  }
+}
+
+// Merges the chunks of (t, h) in chunk order: out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M).
+__global__ static void attend_combine(const float *part, int n_chunks, int hd, int pos0, float *out, int64_t ldo) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int used = (pos0 + t + 1 + KEY_CHUNK - 1) / KEY_CHUNK;
+  const float *p = part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2);
+  float M = -INFINITY;
+  for (int c = 0; c < used; c++) M = fmaxf(M, p[(int64_t)c * (hd + 2)]);
+  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+    float a = 0.0f, L = 0.0f;
+    for (int c = 0; c < used; c++) {
+      const float *pc = p + (int64_t)c * (hd + 2), f = expf(pc[0] - M);
+      a += pc[2 + dd] * f;
+      L += pc[1] * f;
+    }
+    out[(int64_t)t * ldo + (int64_t)h * hd + dd] = a / L;
+  }
 }
 
 extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
@@ -85,8 +125,10 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
   const float *k_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[6]);
   const int T = a->T, d = a->n_embd, hd = a->head_dim, nq = a->n_q, qw = nq * hd;
 
-  float *xn = (float *)st_cuda_alloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw), st);
-  float *q = xn + (size_t)T * d;
+  const int n_chunks = (a->pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
+  const size_t part_floats = (size_t)T * nq * n_chunks * (hd + 2);
+  float *xn = (float *)st_cuda_alloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + part_floats), st);
+  float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
@@ -102,7 +144,9 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
                    d, vdst, hd, st);
     qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
-    attend<<<dim3(T, nq), KEY_TILE, 0, st>>>(q, qw, kc, vc, hd, a->pos0, 1.0f / sqrtf((float)hd), out, qw);
+    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, qw, kc, vc, hd, a->pos0, 1.0f / sqrtf((float)hd),
+                                                              n_chunks, part);
+  attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, hd, a->pos0, out, qw);
   }
   ST_CUDA_CHECK(cudaGetLastError());
   st_cuda_free(xn, st);
