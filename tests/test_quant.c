@@ -9,6 +9,7 @@
 
 #include "codelets/dot.h"
 #include "codelets/quant.h"
+#include "testutil.h"
 
 static int n_pass, n_fail;
 
@@ -73,7 +74,8 @@ static void *make_weights(uint32_t type, int rows, int n, float *deq) {
     case ST_TYPE_F32: memcpy(row, tmp, sizeof(float) * (size_t)n); break;
     case ST_TYPE_F16: for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = st_f32_to_fp16(tmp[i]); break;
     case ST_TYPE_BF16: for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = st_f32_to_bf16(tmp[i]); break;
-    default: st_quantize_row_q8_0(tmp, (st_block_q8_0 *)row, n);
+    case ST_TYPE_Q8_0: st_quantize_row_q8_0(tmp, (st_block_q8_0 *)row, n); break;
+    default: tu_random_row(type, row, n, &rng); /* no quantiser yet: random blocks, finite scales */
     }
     st_dequantize_row(type, row, deq + (size_t)r * n, n);
   }
@@ -138,6 +140,9 @@ int main(void) {
     test_matmul(types[i], 96);
   }
   test_matmul(ST_TYPE_F32, 40);
+  const uint32_t blocks[] = {ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K,
+                             ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K};
+  for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) test_matmul(blocks[i], 512);
   test_matmul(ST_TYPE_BF16, 16);
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);

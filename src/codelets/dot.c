@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "codelets/quant.h"
 #include "common.h"
@@ -174,6 +175,22 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
   static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
   const row_tile_fn fn = fns[level()];
+  if (type != ST_TYPE_F32 && type != ST_TYPE_F16 && type != ST_TYPE_BF16 && type != ST_TYPE_Q8_0) {
+    /* Other block formats: each weight row is dequantised to float32 once per call, then the
+     * float32 kernel runs over all tokens (the same products as a float32 forward of the
+     * dequantised weights). */
+    float *row = malloc(sizeof(float) * (size_t)n);
+    ST_ASSERT(row != NULL);
+    for (int64_t r = r0; r < r1; r++) {
+      st_dequantize_row(type, (const uint8_t *)W + (uint64_t)r * row_bytes, row, n);
+      for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
+        const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
+        fn(ST_TYPE_F32, row, x + t0 * ldx, ldx, nt, n, out + t0 * ldo + (r - r0), ldo);
+      }
+    }
+    free(row);
+    return;
+  }
   /* Blocks of 64 weight rows stay in L2 while every token tile passes over them. */
   for (int64_t rb = r0; rb < r1; rb += 64) {
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;

@@ -58,6 +58,66 @@ typedef struct {
 } st_block_q8_0;
 static_assert(sizeof(st_block_q8_0) == 2 + ST_QK8_0, "block_q8_0 size");
 
+/* Legacy 32-weight blocks (ggml-common.h block_q4_0 ... block_q5_1). */
+typedef struct {
+  uint16_t d;
+  uint8_t qs[16]; /* low nibbles: weights 0..15, high nibbles: 16..31; value - 8 */
+} st_block_q4_0;
+static_assert(sizeof(st_block_q4_0) == 18, "block_q4_0 size");
+typedef struct {
+  uint16_t d, m;
+  uint8_t qs[16];
+} st_block_q4_1;
+static_assert(sizeof(st_block_q4_1) == 20, "block_q4_1 size");
+typedef struct {
+  uint16_t d;
+  uint8_t qh[4]; /* the fifth bit of each weight */
+  uint8_t qs[16];
+} st_block_q5_0;
+static_assert(sizeof(st_block_q5_0) == 22, "block_q5_0 size");
+typedef struct {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+} st_block_q5_1;
+static_assert(sizeof(st_block_q5_1) == 24, "block_q5_1 size");
+
+/* K-quant super-blocks of 256 weights (ggml-common.h block_q2_K ... block_q6_K). */
+#define ST_QK_K 256
+typedef struct {
+  uint8_t scales[16]; /* 4-bit scale (low) and min (high) per 16 weights */
+  uint8_t qs[64];     /* 2-bit quants */
+  uint16_t d, dmin;
+} st_block_q2_K;
+static_assert(sizeof(st_block_q2_K) == 84, "block_q2_K size");
+typedef struct {
+  uint8_t hmask[32];  /* high bit of each 3-bit quant */
+  uint8_t qs[64];     /* low 2 bits */
+  uint8_t scales[12]; /* 16 6-bit scales, packed */
+  uint16_t d;
+} st_block_q3_K;
+static_assert(sizeof(st_block_q3_K) == 110, "block_q3_K size");
+typedef struct {
+  uint16_t d, dmin;
+  uint8_t scales[12]; /* 8 6-bit scales and 8 6-bit mins, packed */
+  uint8_t qs[128];    /* 4-bit quants */
+} st_block_q4_K;
+static_assert(sizeof(st_block_q4_K) == 144, "block_q4_K size");
+typedef struct {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[32]; /* fifth bits */
+  uint8_t qs[128];
+} st_block_q5_K;
+static_assert(sizeof(st_block_q5_K) == 176, "block_q5_K size");
+typedef struct {
+  uint8_t ql[128];   /* low 4 bits */
+  uint8_t qh[64];    /* high 2 bits */
+  int8_t scales[16]; /* 8-bit scale per 16 weights */
+  uint16_t d;
+} st_block_q6_K;
+static_assert(sizeof(st_block_q6_K) == 210, "block_q6_K size");
+
 /* Per-type geometry: elements per block and bytes per block (0 bytes = unknown type).
  * Source: ggml.c type_traits (blck_size, type_size). */
 struct st_type_info {
@@ -140,7 +200,9 @@ void st_quantize_row_q8_0(const float *x, st_block_q8_0 *y, int64_t n);
 
 #define ST_QUANT_UNREACHABLE(t) do { fprintf(stderr, "strata: internal invariant broken: dequantize type %u\n", (unsigned)(t)); abort(); } while (0)
 
-/* Dequantises one row of `n` elements of `type` (F32, F16, BF16 or Q8_0) into `out`. */
+/* Dequantises one row of `n` elements of `type` into `out`: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (the types st_type_info marks computed), as ggml's
+ * dequantize_row_* define them. */
 void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);
 
 #ifdef __cplusplus

@@ -21,16 +21,79 @@
 __device__ __forceinline__ float st_dev_half(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float st_dev_bf16(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
-// Element i of a weight row of `type`.
+__device__ __forceinline__ uint32_t st_dev_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+__device__ __forceinline__ float st_dev_f16at(const uint8_t *p) { return st_dev_half((uint16_t)(p[0] | (p[1] << 8))); }
+
+// Element i of a weight row of `type` (the block layouts of quant.h, as ggml's dequantize_row_*
+// define them; one element at a time, for the kernels that are not specialised on the type).
 __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row, int64_t i) {
   switch (type) {
   case ST_TYPE_F32: return ((const float *)row)[i];
   case ST_TYPE_F16: return st_dev_half(((const uint16_t *)row)[i]);
   case ST_TYPE_BF16: return st_dev_bf16(((const uint16_t *)row)[i]);
-  default: {
+  case ST_TYPE_Q8_0: {
     const uint8_t *b = row + (i / 32) * 34;
-    const uint16_t d = (uint16_t)(b[0] | (b[1] << 8));
-    return st_dev_half(d) * (float)(int8_t)b[2 + i % 32];
+    return st_dev_f16at(b) * (float)(int8_t)b[2 + i % 32];
+  }
+  case ST_TYPE_Q4_0:
+  case ST_TYPE_Q4_1: {
+    const int j = (int)(i % 32), size = type == ST_TYPE_Q4_0 ? 18 : 20, qoff = type == ST_TYPE_Q4_0 ? 2 : 4;
+    const uint8_t *b = row + (i / 32) * size;
+    const int q = j < 16 ? b[qoff + j] & 0xF : b[qoff + j - 16] >> 4;
+    return type == ST_TYPE_Q4_0 ? (float)(q - 8) * st_dev_f16at(b) : (float)q * st_dev_f16at(b) + st_dev_f16at(b + 2);
+  }
+  case ST_TYPE_Q5_0:
+  case ST_TYPE_Q5_1: {
+    const int j = (int)(i % 32), size = type == ST_TYPE_Q5_0 ? 22 : 24, hoff = type == ST_TYPE_Q5_0 ? 2 : 4;
+    const uint8_t *b = row + (i / 32) * size;
+    const uint32_t qh = st_dev_u32(b + hoff);
+    const int lo = j < 16 ? b[hoff + 4 + j] & 0xF : b[hoff + 4 + j - 16] >> 4;
+    const int hi = j < 16 ? (int)(((qh >> j) << 4) & 0x10) : (int)((qh >> (j - 4)) & 0x10);
+    return type == ST_TYPE_Q5_0 ? (float)((lo | hi) - 16) * st_dev_f16at(b)
+                                : (float)(lo | hi) * st_dev_f16at(b) + st_dev_f16at(b + 2);
+  }
+  case ST_TYPE_Q2_K:
+  case ST_TYPE_Q3_K: {
+    const int r = (int)(i % 256), n = r / 128, s = (r % 128) / 32, half = (r % 32) / 16, l = r % 16;
+    const int is = n * 8 + s * 2 + half, qi = n * 32 + l + 16 * half;
+    if (type == ST_TYPE_Q2_K) {
+      const uint8_t *b = row + (i / 256) * 84;
+      const uint8_t sc = b[is];
+      const int q = (b[16 + qi] >> (2 * s)) & 3;
+      return st_dev_f16at(b + 80) * (float)(sc & 0xF) * (float)q - st_dev_f16at(b + 82) * (float)(sc >> 4);
+    }
+    const uint8_t *b = row + (i / 256) * 110, *sc = b + 96;
+    const int g = is / 4, bb = is % 4;
+    const int scale = (((sc[(g & 1) * 4 + bb] >> (4 * (g >> 1))) & 0xF) | (((sc[8 + bb] >> (2 * g)) & 3) << 4)) - 32;
+    const int q = ((b[32 + qi] >> (2 * s)) & 3) - ((b[l + 16 * half] & (1 << (n * 4 + s))) ? 0 : 4);
+    return st_dev_f16at(b + 108) * (float)scale * (float)q;
+  }
+  case ST_TYPE_Q4_K:
+  case ST_TYPE_Q5_K: {
+    const int r = (int)(i % 256), j64 = r / 64, sub = (r % 64) / 32, l = r % 32, is = 2 * j64 + sub;
+    const uint8_t *b = row + (i / 256) * (type == ST_TYPE_Q4_K ? 144 : 176), *scales = b + 4;
+    const uint8_t *qs = b + (type == ST_TYPE_Q4_K ? 16 : 48);
+    int sc, m;
+    if (is < 4) {
+      sc = scales[is] & 63;
+      m = scales[is + 4] & 63;
+    } else {
+      sc = (scales[is + 4] & 0xF) | ((scales[is - 4] >> 6) << 4);
+      m = (scales[is + 4] >> 4) | ((scales[is] >> 6) << 4);
+    }
+    int q = sub ? qs[j64 * 32 + l] >> 4 : qs[j64 * 32 + l] & 0xF;
+    if (type == ST_TYPE_Q5_K && (b[16 + l] & (1 << is))) q += 16;
+    return st_dev_f16at(b) * (float)sc * (float)q - st_dev_f16at(b + 2) * (float)m;
+  }
+  default: { // Q6_K
+    const int r = (int)(i % 256), n = r / 128, quarter = (r % 128) / 32, l = r % 32;
+    const uint8_t *b = row + (i / 256) * 210, *ql = b + n * 64, *qh = b + 128 + n * 32;
+    const int8_t *sc = (const int8_t *)(b + 192) + n * 8;
+    const uint8_t lo = quarter & 1 ? ql[l + 32] : ql[l];
+    const int q = ((quarter < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+    return st_dev_f16at(b + 208) * (float)sc[l / 16 + 2 * quarter] * (float)q;
   }
   }
 }

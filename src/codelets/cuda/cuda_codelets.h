@@ -4,6 +4,8 @@
 #ifndef ST_CUDA_CODELETS_H
 #define ST_CUDA_CODELETS_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -13,6 +15,10 @@ void st_linear_cuda(void *buffers[], void *cl_arg);
 void st_router_cuda(void *buffers[], void *cl_arg);
 void st_expert_rows_cuda(void *buffers[], void *cl_arg);
 void st_combine_cuda(void *buffers[], void *cl_arg);
+
+/* Dequantises one row (`bytes` bytes, n elements of `type`) on the current CUDA device with the
+ * kernels' own element decoder, into host memory `out` (for tests). 0, or -1 on a CUDA error. */
+int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float *out, int64_t n);
 
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
 void st_cuda_worker_init(void *unused);

@@ -4,9 +4,11 @@
 #include "codelets/cuda/common.cuh"
 
 #define TT 8
+#define GENERIC 1000u /* any other block format: st_dev_weight's runtime switch */
 
 template <uint32_t TYPE>
-__device__ __forceinline__ float weight_at(const uint8_t *row, int64_t i) {
+__device__ __forceinline__ float weight_at(const uint8_t *row, int64_t i, uint32_t rtype) {
+  if (TYPE == GENERIC) return st_dev_weight(rtype, row, i);
   if (TYPE == ST_TYPE_F32) return ((const float *)row)[i];
   if (TYPE == ST_TYPE_F16) return st_dev_half(((const uint16_t *)row)[i]);
   if (TYPE == ST_TYPE_BF16) return st_dev_bf16(((const uint16_t *)row)[i]);
@@ -16,7 +18,10 @@ __device__ __forceinline__ float weight_at(const uint8_t *row, int64_t i) {
 
 // Four consecutive weights starting at i (a multiple of 4).
 template <uint32_t TYPE>
-__device__ __forceinline__ float4 weight4_at(const uint8_t *row, int64_t i) {
+__device__ __forceinline__ float4 weight4_at(const uint8_t *row, int64_t i, uint32_t rtype) {
+  if (TYPE == GENERIC)
+    return make_float4(st_dev_weight(rtype, row, i), st_dev_weight(rtype, row, i + 1), st_dev_weight(rtype, row, i + 2),
+                       st_dev_weight(rtype, row, i + 3));
   if (TYPE == ST_TYPE_F32) return *(const float4 *)(row + 4 * i);
   if (TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16) {
     const uint2 u = *(const uint2 *)(row + 2 * i);
@@ -36,12 +41,12 @@ __device__ __forceinline__ float4 weight4_at(const uint8_t *row, int64_t i) {
 // 16-byte aligned activation rows, each lane takes four consecutive elements per step.
 template <uint32_t TYPE>
 __device__ __forceinline__ void row_dot(const uint8_t *row, const float *x, int64_t ldx, int nt, int64_t n,
-                                        float *acc) {
+                                        float *acc, uint32_t rtype) {
 #pragma unroll
   for (int t = 0; t < TT; t++) acc[t] = 0.0f;
   if ((n & 3) == 0 && (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0) {
     for (int64_t i = 4 * threadIdx.x; i < n; i += 128) {
-      const float4 w = weight4_at<TYPE>(row, i);
+      const float4 w = weight4_at<TYPE>(row, i, rtype);
 #pragma unroll
       for (int t = 0; t < TT; t++)
         if (t < nt) {
@@ -51,7 +56,7 @@ __device__ __forceinline__ void row_dot(const uint8_t *row, const float *x, int6
     }
   } else {
     for (int64_t i = threadIdx.x; i < n; i += 32) {
-      const float w = weight_at<TYPE>(row, i);
+      const float w = weight_at<TYPE>(row, i, rtype);
 #pragma unroll
       for (int t = 0; t < TT; t++)
         if (t < nt) acc[t] = fmaf(w, x[t * ldx + i], acc[t]);
@@ -63,20 +68,20 @@ __device__ __forceinline__ void row_dot(const uint8_t *row, const float *x, int6
 
 template <uint32_t TYPE>
 __global__ void matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
-                              const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
+                              const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, uint32_t rtype) {
   const int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   if (r >= nrows) return;
   const int64_t t0 = (int64_t)blockIdx.y * TT;
   const int nt = (int)min((int64_t)TT, T - t0);
   float acc[TT];
-  row_dot<TYPE>(W + (uint64_t)(r0 + r) * row_bytes, x + t0 * ldx, ldx, nt, n, acc);
+  row_dot<TYPE>(W + (uint64_t)(r0 + r) * row_bytes, x + t0 * ldx, ldx, nt, n, acc, rtype);
   if (threadIdx.x == 0)
     for (int t = 0; t < nt; t++) out[(t0 + t) * ldo + r] = acc[t];
 }
 
 template <uint32_t TYPE>
 __global__ void grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out,
-                               const float *x, int64_t n, const float *scale, float *out) {
+                               const float *x, int64_t n, const float *scale, float *out, uint32_t rtype) {
   const st_cuda_group g = groups[blockIdx.z];
   const int64_t r = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   const int64_t t0 = (int64_t)blockIdx.y * TT;
@@ -84,7 +89,7 @@ __global__ void grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, 
   const int nt = (int)min((int64_t)TT, (int64_t)g.n_rows - t0);
   const int64_t row0 = g.row0 + t0;
   float acc[TT];
-  row_dot<TYPE>(g.W + (uint64_t)r * row_bytes, x + row0 * n, n, nt, n, acc);
+  row_dot<TYPE>(g.W + (uint64_t)r * row_bytes, x + row0 * n, n, nt, n, acc, rtype);
   if (threadIdx.x == 0)
     for (int t = 0; t < nt; t++) out[(row0 + t) * n_out + r] = scale ? acc[t] * scale[row0 + t] : acc[t];
 }
@@ -97,10 +102,11 @@ void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0
   const dim3 block(32, 8), grid((unsigned)((nrows + 7) / 8), (unsigned)((T + TT - 1) / TT));
   const uint8_t *w = (const uint8_t *)W;
   switch (type) {
-  case ST_TYPE_F32: matmul_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
-  case ST_TYPE_F16: matmul_kernel<ST_TYPE_F16><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
-  case ST_TYPE_BF16: matmul_kernel<ST_TYPE_BF16><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
-  default: matmul_kernel<ST_TYPE_Q8_0><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo); break;
+  case ST_TYPE_F32: matmul_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, type); break;
+  case ST_TYPE_F16: matmul_kernel<ST_TYPE_F16><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, type); break;
+  case ST_TYPE_BF16: matmul_kernel<ST_TYPE_BF16><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, type); break;
+  case ST_TYPE_Q8_0: matmul_kernel<ST_TYPE_Q8_0><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, type); break;
+  default: matmul_kernel<GENERIC><<<grid, block, 0, stream>>>(w, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, type); break;
   }
   ST_CUDA_CHECK(cudaGetLastError());
 }
@@ -111,10 +117,11 @@ void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_gro
   if (n_groups <= 0 || max_rows <= 0) return;
   const dim3 block(32, 8), grid((unsigned)((n_out + 7) / 8), (unsigned)((max_rows + TT - 1) / TT), (unsigned)n_groups);
   switch (type) {
-  case ST_TYPE_F32: grouped_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
-  case ST_TYPE_F16: grouped_kernel<ST_TYPE_F16><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
-  case ST_TYPE_BF16: grouped_kernel<ST_TYPE_BF16><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
-  default: grouped_kernel<ST_TYPE_Q8_0><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); break;
+  case ST_TYPE_F32: grouped_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
+  case ST_TYPE_F16: grouped_kernel<ST_TYPE_F16><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
+  case ST_TYPE_BF16: grouped_kernel<ST_TYPE_BF16><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
+  case ST_TYPE_Q8_0: grouped_kernel<ST_TYPE_Q8_0><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
+  default: grouped_kernel<GENERIC><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
   }
   ST_CUDA_CHECK(cudaGetLastError());
 }
@@ -154,3 +161,23 @@ void *st_cuda_alloc(size_t bytes, cudaStream_t stream) {
 }
 
 void st_cuda_free(void *p, cudaStream_t stream) { ST_CUDA_CHECK(cudaFreeAsync(p, stream)); }
+
+__global__ static void dequantize_kernel(uint32_t type, const uint8_t *row, float *out, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = st_dev_weight(type, row, i);
+}
+
+extern "C" int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float *out, int64_t n) {
+  uint8_t *drow = NULL;
+  float *dout = NULL;
+  if (cudaMalloc(&drow, bytes) != cudaSuccess || cudaMalloc(&dout, sizeof(float) * (size_t)n) != cudaSuccess) {
+    cudaFree(drow);
+    return -1;
+  }
+  cudaMemcpy(drow, row, bytes, cudaMemcpyHostToDevice);
+  dequantize_kernel<<<(unsigned)((n + 255) / 256), 256>>>(type, drow, dout, n);
+  const cudaError_t err = cudaMemcpy(out, dout, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost);
+  cudaFree(drow);
+  cudaFree(dout);
+  return err == cudaSuccess ? 0 : -1;
+}
