@@ -13,9 +13,12 @@ out=${OUT:-/tmp}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 rows=()
 FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
-rows+=("fixture comparisons on CUDA0 (cache off/half/full): $(tail -n 1 "$out/forward_ref.log") (exit $?)")
+rows+=("fixture comparisons (tiny BF16, tiny Q8_0, small Q4_K_M) on CUDA0, cache off/half/full: $(tail -n 1 "$out/forward_ref.log") (exit $?)")
 grep -E "^(FAIL|SKIP)" "$out/forward_ref.log" | head -n 20
 
+"$C/tests/test_cuda_kernels" > "$out/cuda_kernels.log" 2>&1
+rows+=("CUDA weight decoder vs CPU dequantisation: $(tail -n 1 "$out/cuda_kernels.log")")
+grep FAIL "$out/cuda_kernels.log"
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
 "$S" profile -m "$M/tiny-qwen3moe-q8_0.gguf" -f "$out/calib.txt" -o "$out/tiny.profile" 2>&1 | tail -n 1
 gen() { "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos \
