@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codelets/dot.h"
 #include "codelets/quant.h"
 #include "config.h"
 #include "testutil.h"
@@ -50,6 +51,23 @@ int main(void) {
     printf("%s %s: %d weights, CUDA decoder vs CPU dequantisation, max relative difference %.2e (≤ 1e-6)\n",
            ok ? "PASS" : "FAIL", ti->name, N, worst);
     ok ? pass++ : fail++;
+    /* the matrix-product kernel on the same weights as 4 rows of 256, for 1 and 5 tokens */
+    for (int T = 1; T <= 5; T += 4) {
+      enum { R = N / 256, K = 256 };
+      float x[5 * K], got[5 * R], want[5 * R];
+      for (int i = 0; i < T * K; i++) x[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+      st_matmul(t, row, st_row_bytes(t, K), 0, R, x, K, T, K, want, R);
+      int ok2 = st_cuda_matmul_rows(t, row, st_row_bytes(t, K), R, x, T, K, got) == 0;
+      double w2 = 0;
+      for (int i = 0; ok2 && i < T * R; i++) {
+        const double err = fabs((double)got[i] - want[i]) / (fabs(want[i]) + 1e-3);
+        w2 = fmax(w2, err);
+        ok2 &= isfinite(got[i]) && err <= 1e-4;
+      }
+      printf("%s %s: CUDA matrix product vs CPU, %d rows x %d tokens of %d, max relative difference %.2e (≤ 1e-4)\n",
+             ok2 ? "PASS" : "FAIL", ti->name, R, T, K, w2);
+      ok2 ? pass++ : fail++;
+    }
     free(row);
     free(cpu);
     free(gpu);

@@ -392,8 +392,15 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     starpu_data_release(b->routing);
     goto done;
   }
+  for (int i = 0; i < T * k && !rc; i++)
+    if (route[i].expert < 0 || route[i].expert >= E || !(route[i].weight == route[i].weight))
+      rc = st_set_error(ST_ERUNTIME, "the router of layer %u chose expert %d (weight %g) for token %d: its input is not finite",
+                        l, route[i].expert, route[i].weight, e->n_past + i / k);
+  if (rc) {
+    starpu_data_release(b->routing);
+    goto done;
+  }
   for (int i = 0; i < T * k; i++) {
-    ST_ASSERT(route[i].expert >= 0 && route[i].expert < E);
     count[route[i].expert + 1]++;
     e->route_counts[(size_t)l * E + route[i].expert]++;
     e->live_counts[(size_t)l * E + route[i].expert]++;

@@ -20,6 +20,11 @@ void st_combine_cuda(void *buffers[], void *cl_arg);
  * kernels' own element decoder, into host memory `out` (for tests). 0, or -1 on a CUDA error. */
 int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float *out, int64_t n);
 
+/* out[t][r] = dot(W[r], x[t]) for `rows` rows of n weights and T activation rows, all in host
+ * memory, with the CUDA matrix-product kernel (for tests). 0, or -1 on a CUDA error. */
+int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
+                        int64_t n, float *out);
+
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
 void st_cuda_worker_init(void *unused);
 

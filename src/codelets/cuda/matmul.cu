@@ -181,3 +181,24 @@ extern "C" int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t b
   cudaFree(dout);
   return err == cudaSuccess ? 0 : -1;
 }
+
+extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x,
+                                   int64_t T, int64_t n, float *out) {
+  uint8_t *dw = NULL;
+  float *dx = NULL, *dout = NULL;
+  const size_t wb = row_bytes * (size_t)rows;
+  if (cudaMalloc(&dw, wb) != cudaSuccess || cudaMalloc(&dx, sizeof(float) * (size_t)(T * n)) != cudaSuccess ||
+      cudaMalloc(&dout, sizeof(float) * (size_t)(T * rows)) != cudaSuccess) {
+    cudaFree(dw);
+    cudaFree(dx);
+    return -1;
+  }
+  cudaMemcpy(dw, W, wb, cudaMemcpyHostToDevice);
+  cudaMemcpy(dx, x, sizeof(float) * (size_t)(T * n), cudaMemcpyHostToDevice);
+  st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, T, n, dout, rows, 0);
+  const cudaError_t err = cudaMemcpy(out, dout, sizeof(float) * (size_t)(T * rows), cudaMemcpyDeviceToHost);
+  cudaFree(dw);
+  cudaFree(dx);
+  cudaFree(dout);
+  return err == cudaSuccess ? 0 : -1;
+}
