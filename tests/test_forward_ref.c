@@ -141,12 +141,16 @@ static void run_chunking(struct st_engine *e, const struct ref_file *r, const ch
   free(l);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/models", fx);
   static const char *refs[] = {"tiny-bf16-reference.json", "tiny-q8_0-reference.json", "small-q4_k_m-reference.json"};
   for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++) {
+    /* optional arguments: run only the references whose name starts with one of them */
+    int wanted = argc < 2;
+    for (int a = 1; a < argc; a++) wanted |= strncmp(refs[i], argv[a], strlen(argv[a])) == 0;
+    if (!wanted) continue;
     struct ref_file r;
     if (ref_load(dir, refs[i], &r)) {
       check(0, "load reference %s/%s", dir, refs[i]);

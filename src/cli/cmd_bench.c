@@ -146,13 +146,13 @@ int st_cmd_bench(int argc, char **argv) {
     }
     res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats)};
   }
-  /* Roofline: B = expert bytes read per decode token (layers x top-k x one pair's bytes), f = the
+  /* Roofline: B = expert bytes read per decode token (top-k pairs of every layer), f = the
    * share of routed entries the GPU cache served in that row, bandwidths measured now. */
   double bw_host = 0, bw_gpu = 0, pair_b = 0;
   if (!rc && roofline) {
     bw_host = st_host_read_bandwidth(st_engine_n_cpu_workers(e), (size_t)1 << 30);
     if (st_engine_n_cuda_workers(e) > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
-    pair_b = (double)st_pair_bytes(m) * m->hp.n_layer * m->hp.n_expert_used;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) pair_b += (double)st_pair_bytes_layer(m, l) * m->hp.n_expert_used;
   }
 #define ROOFLINE(r)                                                                                    \
   (strcmp((r)->test, "decode") || !roofline || bw_host <= 0 ? 0.0 : 1.0 / ((1.0 - share(r)) * pair_b / bw_host + \

@@ -53,9 +53,18 @@ struct st_target st_placement_expert_target(const struct st_placement *p, enum s
   return (struct st_target){STARPU_CPU, -1, NULL, NULL};
 }
 
-uint64_t st_pair_bytes(const struct st_model *m) {
-  const struct st_layer *L = &m->layers[0];
+uint64_t st_pair_bytes_layer(const struct st_model *m, uint32_t layer) {
+  const struct st_layer *L = &m->layers[layer];
   return st_expert_bytes(&L->gate_exps) + st_expert_bytes(&L->up_exps) + st_expert_bytes(&L->down_exps);
+}
+
+uint64_t st_pair_bytes(const struct st_model *m) {
+  uint64_t most = 0;
+  for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+    const uint64_t b = st_pair_bytes_layer(m, l);
+    most = b > most ? b : most;
+  }
+  return most;
 }
 
 /* Copies (layer, expert)'s weights into `slot` and registers its three handles there. */

@@ -59,7 +59,9 @@ struct st_target st_placement_dense_target(const struct st_placement *p);
  * workers for the pool. */
 struct st_target st_placement_expert_target(const struct st_placement *p, enum st_tier t);
 
-/* Bytes of one expert pair's three matrices in the model. */
+/* Bytes of one expert pair's three matrices in `layer`; and the most of any layer (the size of a
+ * cache slot: layers may mix types, as Q4_K_M files do for ffn_down). */
+uint64_t st_pair_bytes_layer(const struct st_model *m, uint32_t layer);
 uint64_t st_pair_bytes(const struct st_model *m);
 
 /* Fills the primary cache with the first `n_slots` pairs of the profile's ranking (fewer when
