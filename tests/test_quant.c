@@ -118,6 +118,30 @@ static void test_matmul(uint32_t type, int n) {
   free(x);
 }
 
+/* Quantise Gaussian data to each format and decode it back: the RMS error relative to the data's
+ * RMS must stay under the format's bound (bits per weight). Checks that every quantiser packs
+ * its blocks the way the decoder reads them. */
+static void test_roundtrip(uint32_t type, double bound) {
+  enum { N = 4096 };
+  float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+  uint8_t *q = malloc(st_row_bytes(type, N));
+  for (int i = 0; i < N; i += 2) { /* Box-Muller */
+    const double u1 = (urand() + 1.0) / 2.0 + 1e-12, u2 = (urand() + 1.0) / 2.0;
+    x[i] = (float)(sqrt(-2 * log(u1)) * cos(2 * M_PI * u2));
+    x[i + 1] = (float)(sqrt(-2 * log(u1)) * sin(2 * M_PI * u2));
+  }
+  int rc = st_quantize_row(type, x, q, N);
+  st_dequantize_row(type, q, y, N);
+  double se = 0, ss = 0;
+  for (int i = 0; i < N; i++) se += (double)(x[i] - y[i]) * (x[i] - y[i]), ss += (double)x[i] * x[i];
+  const double rel = sqrt(se / ss);
+  CHECK(rc == 0 && rel <= bound, "quantise/decode %s: %d Gaussian weights, RMS error %.4f of the RMS (≤ %.3f)",
+        st_type_info(type)->name, N, rel, bound);
+  free(x);
+  free(y);
+  free(q);
+}
+
 static void test_rmsnorm(void) {
   enum { N = 100 };
   float x[N], w[N], y[N];
@@ -144,6 +168,13 @@ int main(void) {
                              ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K};
   for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) test_matmul(blocks[i], 512);
   test_matmul(ST_TYPE_BF16, 16);
+  const struct {
+    uint32_t type;
+    double bound;
+  } rt[] = {{ST_TYPE_Q8_0, 0.01}, {ST_TYPE_Q4_0, 0.15}, {ST_TYPE_Q4_1, 0.15}, {ST_TYPE_Q5_0, 0.075},
+            {ST_TYPE_Q5_1, 0.075}, {ST_TYPE_Q2_K, 0.60}, {ST_TYPE_Q3_K, 0.30}, {ST_TYPE_Q4_K, 0.15},
+            {ST_TYPE_Q5_K, 0.075}, {ST_TYPE_Q6_K, 0.04}};
+  for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -37,7 +38,10 @@ static void usage(FILE *f) {
           "      --head-dim N       elements per head (default: preset)\n"
           "      --context N        context length, tokens (default: preset)\n"
           "      --rope-theta X     RoPE base frequency (default: 1000000)\n"
-          "      --type T           weight type of the matrices: f32 | bf16 | q8_0 (default: q8_0);\n"
+          "      --type T           weight type of the matrices (default: q8_0): f32 | f16 | bf16 | q8_0 |\n"
+          "                         q4_0 | q4_1 | q5_0 | q5_1 (llama.cpp's reference quantisers) |\n"
+          "                         q2_k | q3_k | q4_k | q5_k | q6_k (a simpler quantiser than llama.cpp's;\n"
+          "                         rows not a multiple of 256 fall back to q8_0, as llama.cpp's do);\n"
           "                         norms and the router (ffn_gate_inp) are always f32\n"
           "      --seed N           random seed (default: 1)\n"
           "      --skew S           routing skew, 0 = uniform routing (default: 1.5)\n"
@@ -165,10 +169,18 @@ int st_cmd_mkmodel(int argc, char **argv) {
     cfg.n_threads = (int)n;
   }
   if (type) {
-    if (!strcmp(type, "f32")) cfg.type = ST_TYPE_F32;
-    else if (!strcmp(type, "bf16")) cfg.type = ST_TYPE_BF16;
-    else if (!strcmp(type, "q8_0")) cfg.type = ST_TYPE_Q8_0;
-    else return fail("--type must be f32, bf16 or q8_0, got '%s'", type);
+    static const struct {
+      const char *name;
+      uint32_t type;
+    } types[] = {{"f32", ST_TYPE_F32},   {"f16", ST_TYPE_F16},   {"bf16", ST_TYPE_BF16}, {"q8_0", ST_TYPE_Q8_0},
+                 {"q4_0", ST_TYPE_Q4_0}, {"q4_1", ST_TYPE_Q4_1}, {"q5_0", ST_TYPE_Q5_0}, {"q5_1", ST_TYPE_Q5_1},
+                 {"q2_k", ST_TYPE_Q2_K}, {"q3_k", ST_TYPE_Q3_K}, {"q4_k", ST_TYPE_Q4_K}, {"q5_k", ST_TYPE_Q5_K},
+                 {"q6_k", ST_TYPE_Q6_K}};
+    size_t i = 0;
+    while (i < sizeof types / sizeof types[0] && strcasecmp(types[i].name, type)) i++;
+    if (i == sizeof types / sizeof types[0])
+      return fail("--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k; got '%s'", type);
+    cfg.type = types[i].type;
   }
   cfg.progress = !quiet;
   if (st_mkmodel_check(&cfg)) return fail("%s", st_last_error());

@@ -200,6 +200,13 @@ void st_quantize_row_q8_0(const float *x, st_block_q8_0 *y, int64_t n);
 
 #define ST_QUANT_UNREACHABLE(t) do { fprintf(stderr, "strata: internal invariant broken: dequantize type %u\n", (unsigned)(t)); abort(); } while (0)
 
+/* Quantises one row of `n` floats (n a multiple of the block size) to `type`: F32, F16, BF16,
+ * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 as ggml's quantize_row_*_ref do (same rounding), and Q2_K..Q6_K
+ * with a simpler rule than ggml's iterative search (per sub-block range, scales rounded to
+ * their bit widths): valid blocks that any GGUF reader decodes, with a somewhat larger error
+ * than llama.cpp's quantiser. Returns 0, or ST_EUNSUP for a type it cannot write. */
+int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n);
+
 /* Dequantises one row of `n` elements of `type` into `out`: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
  * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (the types st_type_info marks computed), as ggml's
  * dequantize_row_* define them. */

@@ -65,14 +65,17 @@ int st_mkmodel_check(const struct st_mkmodel_config *c) {
     return st_set_error(ST_EINVAL, "--top-k %u exceeds --experts %u", c->n_expert_used, c->n_expert);
   if (c->n_head % c->n_head_kv)
     return st_set_error(ST_EINVAL, "--heads %u is not a multiple of --kv-heads %u", c->n_head, c->n_head_kv);
-  if (c->type != ST_TYPE_F32 && c->type != ST_TYPE_BF16 && c->type != ST_TYPE_Q8_0)
-    return st_set_error(ST_EINVAL, "weight type must be f32, bf16 or q8_0");
-  if (c->type == ST_TYPE_Q8_0) {
-    if (c->n_embd % ST_QK8_0) return st_set_error(ST_EINVAL, "--hidden %u must be a multiple of 32 for q8_0", c->n_embd);
-    if (c->n_ff_exp % ST_QK8_0)
-      return st_set_error(ST_EINVAL, "--expert-ffn %u must be a multiple of 32 for q8_0", c->n_ff_exp);
-    if ((uint64_t)c->n_head * c->head_dim % ST_QK8_0)
-      return st_set_error(ST_EINVAL, "--heads x --head-dim must be a multiple of 32 for q8_0");
+  const struct st_type_info *ti = st_type_info(c->type);
+  if (st_mkmodel_file_type(c->type) < 0)
+    return st_set_error(ST_EINVAL, "weight type %s cannot be written (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                                   "q2_k, q3_k, q4_k, q5_k, q6_k)", ti->name);
+  if (ti->blck_size > 1) {
+    const unsigned bs = 32; /* K-quant rows that are not a multiple of 256 fall back to q8_0 */
+    if (c->n_embd % bs) return st_set_error(ST_EINVAL, "--hidden %u must be a multiple of %u for %s", c->n_embd, bs, ti->name);
+    if (c->n_ff_exp % bs)
+      return st_set_error(ST_EINVAL, "--expert-ffn %u must be a multiple of %u for %s", c->n_ff_exp, bs, ti->name);
+    if ((uint64_t)c->n_head * c->head_dim % bs)
+      return st_set_error(ST_EINVAL, "--heads x --head-dim must be a multiple of %u for %s", bs, ti->name);
   }
   if (!(c->skew >= 0) || !isfinite(c->skew)) return st_set_error(ST_EINVAL, "--skew must be >= 0");
   if (!(c->rope_theta > 0)) return st_set_error(ST_EINVAL, "--rope-theta must be positive");
@@ -451,7 +454,28 @@ static void encode_row(uint32_t type, const float *x, uint64_t n, uint8_t *dst) 
       memcpy(dst + 2 * i, &h, 2);
     }
   } else {
-    st_quantize_row_q8_0(x, (st_block_q8_0 *)(void *)dst, (int64_t)n);
+    int rc = st_quantize_row(type, x, dst, (int64_t)n);
+    ST_ASSERT(rc == 0); /* st_mkmodel_check admitted only types with a quantiser */
+  }
+}
+
+int st_mkmodel_file_type(uint32_t type) {
+  /* llama.cpp's llama_ftype for a file whose matrices are all of one type */
+  switch (type) {
+  case ST_TYPE_F32: return 0;
+  case ST_TYPE_F16: return 1;
+  case ST_TYPE_Q4_0: return 2;
+  case ST_TYPE_Q4_1: return 3;
+  case ST_TYPE_Q8_0: return 7;
+  case ST_TYPE_Q5_0: return 8;
+  case ST_TYPE_Q5_1: return 9;
+  case ST_TYPE_Q2_K: return 10;
+  case ST_TYPE_Q3_K: return 11;
+  case ST_TYPE_Q4_K: return 14;
+  case ST_TYPE_Q5_K: return 16;
+  case ST_TYPE_Q6_K: return 18;
+  case ST_TYPE_BF16: return 32;
+  default: return -1;
   }
 }
 
@@ -460,6 +484,9 @@ static int add_desc(struct tdesc *t, uint32_t *n, const char *name, enum tkind k
   struct tdesc *d = &t[(*n)++];
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "%s", name);
+  /* as llama.cpp's quantiser does: a row the type's blocks do not divide (a 256-weight K-quant
+   * block on a 64-wide row) is written in a fallback type */
+  if (ne0 % st_type_info(type)->blck_size) type = ne0 % ST_QK8_0 ? ST_TYPE_F32 : ST_TYPE_Q8_0;
   d->kind = kind, d->type = type, d->layer = layer, d->n_dims = n_dims, d->std = std;
   d->ne[0] = ne0, d->ne[1] = ne1, d->ne[2] = ne2, d->ne[3] = 1;
   d->rows = ne1 * ne2;
@@ -601,7 +628,7 @@ static void *worker(void *arg) {
 static int write_metadata(struct st_gguf_writer *w, const struct st_mkmodel_config *c,
                           const struct st_mkmodel_vocab *v) {
   int rc = 0;
-  uint32_t ftype = c->type == ST_TYPE_F32 ? 0 : c->type == ST_TYPE_BF16 ? 32 : 7;
+  uint32_t ftype = (uint32_t)st_mkmodel_file_type(c->type);
   rc = rc ? rc : st_gguf_writer_add_str(w, "general.architecture", "qwen3moe");
   rc = rc ? rc : st_gguf_writer_add_str(w, "general.name", c->name);
   rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.context_length", c->n_ctx);
