@@ -45,6 +45,10 @@ double st_host_read_bandwidth(int threads, size_t bytes);
  * (best of 3 after a warm-up); 0 without CUDA or memory. */
 double st_cuda_copy_bandwidth(size_t bytes);
 
+/* strata bench --kernels (kernel_bench.c): a table (or JSON) of mat-vec GB/s per weight format on
+ * `threads` CPU threads and, when there is a GPU, on CUDA, against bandwidths measured in the run. */
+int st_kernel_bench(int threads, int json);
+
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);
 

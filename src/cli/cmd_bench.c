@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "common.h"
@@ -64,11 +65,13 @@ int st_cmd_bench(int argc, char **argv) {
   static const struct option own[] = {{"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
                                       {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
                                       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-                                      {"roofline", no_argument, 0, 'R'},
+                                      {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
+                                      {"threads", required_argument, 0, 'T'},
                                       {0, 0, 0, 0}};
   const char *model = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
-  int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, c, rc = 0;
+  int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, c, rc = 0;
+  long threads = 0;
   struct st_engine_opts eo = {0};
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
@@ -87,6 +90,8 @@ int st_cmd_bench(int argc, char **argv) {
     case 'D': rc = st_parse_int("--decode", optarg, 0, 1 << 20, &n_decode); break;
     case 'j': json = 1; break;
     case 'R': roofline = 1; break;
+    case 'K': kernels = 1; break;
+    case 'T': rc = st_parse_int("--threads", optarg, 1, 256, &threads); break;
     case 'h':
       printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [--json] [engine flags]\n\n"
              "  -m, --model FILE       qwen3moe GGUF\n"
@@ -95,7 +100,10 @@ int st_cmd_bench(int argc, char **argv) {
              "      --depth LIST       context depths in tokens before decoding (default 0)\n"
              "      --json             print JSON instead of the table\n"
              "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
-             "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n");
+             "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
+             "      --kernels          no model: mat-vec GB/s per weight format on the CPU (and CUDA), against\n"
+             "                         the memory bandwidths measured in the same run\n"
+             "      --threads N        CPU threads for --kernels (default: online CPUs)\n");
       st_engine_opts_help(stdout);
       free(longopts);
       return 0;
@@ -105,6 +113,11 @@ int st_cmd_bench(int argc, char **argv) {
   }
   free(longopts);
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
+  if (!rc && kernels) {
+    rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json);
+    if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
+    return rc ? 1 : 0;
+  }
   if (!rc && !model) rc = st_set_error(ST_EINVAL, "no model given (-m FILE)");
   if (!rc) rc = st_engine_opts_check(&eo);
   long need = n_decode > 0 ? 1 : 0;

@@ -25,6 +25,10 @@ int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float
 int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
                         int64_t n, float *out);
 
+/* Seconds per mat-vec (one token) over `rows` rows of n weights of `type` on the current device,
+ * averaged over `reps` launches after a warm-up (for strata bench --kernels); < 0 on a CUDA error. */
+double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps);
+
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
 void st_cuda_worker_init(void *unused);
 

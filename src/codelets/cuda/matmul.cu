@@ -202,3 +202,32 @@ extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_by
   cudaFree(dout);
   return err == cudaSuccess ? 0 : -1;
 }
+
+extern "C" double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps) {
+  uint8_t *dw = NULL;
+  float *dx = NULL, *dout = NULL;
+  if (cudaMalloc(&dw, row_bytes * (size_t)rows) != cudaSuccess || cudaMalloc(&dx, sizeof(float) * (size_t)n) != cudaSuccess ||
+      cudaMalloc(&dout, sizeof(float) * (size_t)rows) != cudaSuccess) {
+    cudaFree(dw);
+    cudaFree(dx);
+    return -1.0;
+  }
+  cudaMemset(dw, 0x11, row_bytes * (size_t)rows);
+  cudaMemset(dx, 0, sizeof(float) * (size_t)n);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, 1, n, dout, rows, 0); // warm-up
+  cudaEventRecord(e0, 0);
+  for (int r = 0; r < reps; r++) st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, 1, n, dout, rows, 0);
+  cudaEventRecord(e1, 0);
+  cudaEventSynchronize(e1);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(dw);
+  cudaFree(dx);
+  cudaFree(dout);
+  return ms * 1e-3 / reps;
+}

@@ -1,0 +1,119 @@
+/* `strata bench --kernels`: the expert-row kernels alone. For each weight format, a mat-vec (one
+ * token, as at decode) over a weight matrix much larger than the caches, split by rows over N
+ * threads like the CPU pool's tasks: GB/s of weights read, against the host read bandwidth
+ * measured in the same run; and on a GPU the CUDA mat-vec against its copy bandwidth. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "codelets/dot.h"
+#include "codelets/quant.h"
+#include "common.h"
+#include "config.h"
+#ifdef ST_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "codelets/cuda/cuda_codelets.h"
+#endif
+
+struct part {
+  uint32_t type;
+  const uint8_t *w;
+  uint64_t row_bytes;
+  int64_t r0, r1, n;
+  const float *x;
+  float *out;
+};
+
+static void *run_part(void *arg) {
+  const struct part *p = arg;
+  st_matmul(p->type, p->w, p->row_bytes, p->r0, p->r1, p->x, p->n, 1, p->n, p->out + p->r0, 0);
+  return NULL;
+}
+
+/* Seconds for one mat-vec of `rows` rows with `threads` threads (best of reps). */
+static double cpu_matvec(uint32_t type, const uint8_t *w, uint64_t row_bytes, int64_t rows, int64_t n, const float *x,
+                         float *out, int threads, int reps) {
+  double best = 1e30;
+  struct part parts[256];
+  pthread_t tid[256];
+  for (int r = 0; r < reps; r++) {
+    const double t0 = st_now();
+    for (int i = 0; i < threads; i++) {
+      parts[i] = (struct part){type, w, row_bytes, rows * i / threads, rows * (i + 1) / threads, n, x, out};
+      pthread_create(&tid[i], NULL, run_part, &parts[i]);
+    }
+    for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
+    const double dt = st_now() - t0;
+    best = dt < best ? dt : best;
+  }
+  return best;
+}
+
+int st_kernel_bench(int threads, int json) {
+  static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
+                                   ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
+                                   ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K};
+  const int64_t n = 4096;
+  const uint64_t target = (uint64_t)256 << 20; /* bytes of weights per format */
+  if (threads < 1) threads = 1;
+  if (threads > 256) threads = 256;
+  const double bw_host = st_host_read_bandwidth(threads, (size_t)1 << 30);
+  double bw_gpu = 0.0;
+#ifdef ST_HAVE_CUDA
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
+#endif
+  float *x = malloc(sizeof(float) * (size_t)n);
+  float *out = malloc(sizeof(float) * (size_t)(target / 64)); /* enough rows for the smallest format */
+  if (!x || !out) {
+    free(x);
+    free(out);
+    return st_set_error(ST_ENOMEM, "out of memory");
+  }
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 17) / 17.0f;
+  if (json) printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, \"formats\": [",
+                   threads, st_dot_isa(), bw_host / 1e9, bw_gpu / 1e9);
+  else {
+    printf("strata bench --kernels: mat-vec (1 token) over %llu MiB of weights per format, rows of %lld\n",
+           (unsigned long long)(target >> 20), (long long)n);
+    printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
+    if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
+    printf("\n%-7s %10s %10s %9s %10s %9s\n", "format", "bits/w", "CPU GB/s", "of host", "GPU GB/s", "of GPU");
+  }
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+    const uint32_t t = types[k];
+    const uint64_t rb = st_row_bytes(t, (uint64_t)n);
+    const int64_t rows = (int64_t)(target / rb);
+    uint8_t *w = malloc(rb * (uint64_t)rows);
+    if (!w) continue;
+    float *row = malloc(sizeof(float) * (size_t)n); /* every row a quantised copy of one row */
+    for (int64_t i = 0; i < n; i++) row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+    st_quantize_row(t, row, w, n);
+    for (int64_t r = 1; r < rows; r++) memcpy(w + (uint64_t)r * rb, w, rb);
+    free(row);
+    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 3);
+    const double gbs = (double)rb * (double)rows / sec / 1e9;
+    double gpu_gbs = 0.0;
+#ifdef ST_HAVE_CUDA
+    if (bw_gpu > 0) {
+      const double gs = st_cuda_matvec_seconds(t, rb, rows, n, 20);
+      if (gs > 0) gpu_gbs = (double)rb * (double)rows / gs / 1e9;
+    }
+#endif
+    const double bits = 8.0 * (double)rb / (double)n;
+    if (json)
+      printf("%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"cpu_gbs\": %.2f, \"cpu_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": %.3f}",
+             k ? "," : "", st_type_info(t)->name, bits, gbs, gbs * 1e9 / bw_host, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
+    else
+      printf("%-7s %10.3f %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, gbs, 100.0 * gbs * 1e9 / bw_host,
+             gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+    free(w);
+  }
+  if (json) printf("\n]}\n");
+  free(x);
+  free(out);
+  return 0;
+}
