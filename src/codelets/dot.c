@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "codelets/quant.h"
 #include "common.h"
@@ -39,9 +40,98 @@ static void row_tile_scalar(uint32_t type, const void *w, const float *x, int64_
   }
 }
 
+
+/* ---- block formats decoded in registers (Q4_0, Q4_K, Q5_K, Q6_K) -------------------------
+ * A vector of 8 or 16 consecutive weights never crosses a 32-weight sub-block (Q4_0, Q4_K, Q5_K)
+ * or a 16-weight scale group (Q6_K), so one scale (and min) covers the whole vector. */
+
+/* The sub-block (of 32) scale d*sc and offset dmin*m for weight r of a Q4_K/Q5_K block. */
+__attribute__((target("f16c"))) static inline void k45_scale(const uint8_t *scales, uint16_t dh, uint16_t mh, int is, float *dl, float *ml) {
+  int sc, m;
+  if (is < 4) {
+    sc = scales[is] & 63;
+    m = scales[is + 4] & 63;
+  } else {
+    sc = (scales[is + 4] & 0xF) | ((scales[is - 4] >> 6) << 4);
+    m = (scales[is + 4] >> 4) | ((scales[is] >> 6) << 4);
+  }
+  *dl = _cvtsh_ss(dh) * (float)sc;
+  *ml = _cvtsh_ss(mh) * (float)m;
+}
+
+/* Where the quants of weight i live, and their shared scale: w = dl * q - ml, with q assembled as
+ * (lo_byte >> lo_shift) & lo_mask | ((hi_byte >> hi_shift) & hi_mask) << 4 (hi absent: hi = NULL). */
+struct qloc {
+  const uint8_t *lo, *hi;
+  int lo_shift, lo_mask, hi_shift, hi_mask;
+  float dl, ml;
+};
+
+__attribute__((target("f16c"))) static inline struct qloc locate(uint32_t type, const void *row, int64_t i) {
+  struct qloc q = {0};
+  switch (type) {
+  case ST_TYPE_Q4_0: {
+    const st_block_q4_0 *b = (const st_block_q4_0 *)row + i / 32;
+    const int j = (int)(i % 32);
+    q.lo = b->qs + (j % 16);
+    q.lo_shift = j < 16 ? 0 : 4;
+    q.lo_mask = 0xF;
+    q.dl = _cvtsh_ss(b->d);
+    q.ml = 8.0f * q.dl;
+    break;
+  }
+  case ST_TYPE_Q4_K:
+  case ST_TYPE_Q5_K: {
+    const int r = (int)(i % 256), j64 = r / 64, sub = (r % 64) / 32, l = r % 32;
+    const uint8_t *b = (const uint8_t *)row + (i / 256) * (type == ST_TYPE_Q4_K ? 144 : 176);
+    q.lo = b + (type == ST_TYPE_Q4_K ? 16 : 48) + j64 * 32 + l;
+    q.lo_shift = 4 * sub;
+    q.lo_mask = 0xF;
+    if (type == ST_TYPE_Q5_K) {
+      q.hi = b + 16 + l;
+      q.hi_shift = 2 * j64 + sub;
+      q.hi_mask = 1;
+    }
+    uint16_t dh, mh;
+    memcpy(&dh, b, 2);
+    memcpy(&mh, b + 2, 2);
+    k45_scale(b + 4, dh, mh, 2 * j64 + sub, &q.dl, &q.ml);
+    break;
+  }
+  default: { /* Q6_K */
+    const st_block_q6_K *b = (const st_block_q6_K *)row + i / 256;
+    const int r = (int)(i % 256), n = r / 128, quarter = (r % 128) / 32, l = r % 32;
+    q.lo = b->ql + 64 * n + (quarter & 1 ? 32 : 0) + l;
+    q.lo_shift = quarter < 2 ? 0 : 4;
+    q.lo_mask = 0xF;
+    q.hi = b->qh + 32 * n + l;
+    q.hi_shift = 2 * quarter;
+    q.hi_mask = 3;
+    q.dl = _cvtsh_ss(b->d) * (float)b->scales[8 * n + l / 16 + 2 * quarter];
+    q.ml = 32.0f * q.dl;
+    break;
+  }
+  }
+  return q;
+}
+
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+static inline AVX2 __m256i quants8_avx2(uint32_t type, const void *row, int64_t i, float *dl, float *ml) {
+  const struct qloc q = locate(type, row, i);
+  __m256i v = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q.lo)), q.lo_shift),
+                               _mm256_set1_epi32(q.lo_mask));
+  if (q.hi) {
+    const __m256i h = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q.hi)), q.hi_shift),
+                                       _mm256_set1_epi32(q.hi_mask));
+    v = _mm256_or_si256(v, _mm256_slli_epi32(h, 4));
+  }
+  *dl = q.dl;
+  *ml = q.ml;
+  return v;
+}
 
 static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) {
   switch (type) {
@@ -52,11 +142,16 @@ static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) 
   case ST_TYPE_BF16:
     return _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
-  default: {
+  case ST_TYPE_Q8_0: {
     const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  }
+  default: {
+    float dl, ml;
+    const __m256i q = quants8_avx2(type, row, i, &dl, &ml);
+    return _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl), _mm256_cvtepi32_ps(q)), _mm256_set1_ps(ml));
   }
   }
 }
@@ -95,6 +190,20 @@ static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
+static inline AVX512 __m512i quants16_avx512(uint32_t type, const void *row, int64_t i, float *dl, float *ml) {
+  const struct qloc q = locate(type, row, i);
+  __m512i v = _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q.lo)), q.lo_shift),
+                               _mm512_set1_epi32(q.lo_mask));
+  if (q.hi) {
+    const __m512i h = _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q.hi)), q.hi_shift),
+                                       _mm512_set1_epi32(q.hi_mask));
+    v = _mm512_or_si512(v, _mm512_slli_epi32(h, 4));
+  }
+  *dl = q.dl;
+  *ml = q.ml;
+  return v;
+}
+
 static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_t i) {
   switch (type) {
   case ST_TYPE_F32:
@@ -105,11 +214,16 @@ static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))),
         16));
-  default: {
+  case ST_TYPE_Q8_0: {
     const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
     const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+  }
+  default: {
+    float dl, ml;
+    const __m512i q = quants16_avx512(type, row, i, &dl, &ml);
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)), _mm512_set1_ps(ml));
   }
   }
 }
@@ -175,7 +289,10 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
   static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
   const row_tile_fn fn = fns[level()];
-  if (type != ST_TYPE_F32 && type != ST_TYPE_F16 && type != ST_TYPE_BF16 && type != ST_TYPE_Q8_0) {
+  const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
+                           (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
+                                            type == ST_TYPE_Q6_K));
+  if (!in_registers) {
     /* Other block formats: each weight row is dequantised to float32 once per call, then the
      * float32 kernel runs over all tokens (the same products as a float32 forward of the
      * dequantised weights). */
