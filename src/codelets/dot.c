@@ -163,7 +163,7 @@ static inline AVX2 float hsum8_avx2(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt,
+static inline __attribute__((always_inline)) AVX2 void row_tile_avx2_impl(uint32_t type, const void *w, const float *x, int64_t ldx, int nt,
                                int64_t n, float *out, int64_t ldo) {
   __m256 a0[ST_TILE], a1[ST_TILE];
   for (int t = 0; t < nt; t++) a0[t] = a1[t] = _mm256_setzero_ps();
@@ -183,6 +183,17 @@ static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int
     float s = hsum8_avx2(_mm256_add_ps(a0[t], a1[t]));
     for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j) * x[t * ldx + j];
     out[t * ldo] = s;
+  }
+}
+
+static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt,
+                               int64_t n, float *out, int64_t ldo) {
+  /* a constant token count keeps the accumulators in registers */
+  switch (nt) {
+  case 1: row_tile_avx2_impl(type, w, x, ldx, 1, n, out, ldo); break;
+  case 2: row_tile_avx2_impl(type, w, x, ldx, 2, n, out, ldo); break;
+  case 3: row_tile_avx2_impl(type, w, x, ldx, 3, n, out, ldo); break;
+  default: row_tile_avx2_impl(type, w, x, ldx, 4, n, out, ldo); break;
   }
 }
 
@@ -228,7 +239,7 @@ static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_
   }
 }
 
-static AVX512 void row_tile_avx512(uint32_t type, const void *w, const float *x, int64_t ldx,
+static inline __attribute__((always_inline)) AVX512 void row_tile_avx512_impl(uint32_t type, const void *w, const float *x, int64_t ldx,
                                    int nt, int64_t n, float *out, int64_t ldo) {
   __m512 a0[ST_TILE], a1[ST_TILE];
   for (int t = 0; t < nt; t++) a0[t] = a1[t] = _mm512_setzero_ps();
@@ -248,6 +259,84 @@ static AVX512 void row_tile_avx512(uint32_t type, const void *w, const float *x,
     float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
     for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j) * x[t * ldx + j];
     out[t * ldo] = s;
+  }
+}
+
+static AVX512 void row_tile_avx512(uint32_t type, const void *w, const float *x, int64_t ldx,
+                                   int nt, int64_t n, float *out, int64_t ldo) {
+  /* a constant token count keeps the accumulators in registers */
+  switch (nt) {
+  case 1: row_tile_avx512_impl(type, w, x, ldx, 1, n, out, ldo); break;
+  case 2: row_tile_avx512_impl(type, w, x, ldx, 2, n, out, ldo); break;
+  case 3: row_tile_avx512_impl(type, w, x, ldx, 3, n, out, ldo); break;
+  default: row_tile_avx512_impl(type, w, x, ldx, 4, n, out, ldo); break;
+  }
+}
+
+
+/* Q4_K and Q6_K rows a super-block at a time: scales decoded once per 32 weights, nibbles
+ * unpacked 32 at a time, each weight formed as the CPU dequantisation forms it (dl * q - ml). */
+static inline __attribute__((always_inline)) AVX512 void fma_tokens512(__m512 w, const float *x, int64_t ldx, int nt, int64_t at, __m512 *acc) {
+  for (int t = 0; t < nt; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * ldx + at), acc[t]);
+}
+
+static inline AVX512 __m512 u8x16_ps512(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+
+static inline __attribute__((always_inline)) AVX512 void row_tile_k_avx512_impl(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
+                                     float *out, int64_t ldo) {
+  __m512 acc[ST_TILE];
+  for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  for (int64_t blk = 0; blk < n / 256; blk++) {
+    const int64_t base = blk * 256;
+    if (type == ST_TYPE_Q4_K) {
+      const st_block_q4_K *b = (const st_block_q4_K *)w + blk;
+      for (int j64 = 0; j64 < 4; j64++) {
+        float d1, m1, d2, m2f;
+        k45_scale(b->scales, b->d, b->dmin, 2 * j64, &d1, &m1);
+        k45_scale(b->scales, b->d, b->dmin, 2 * j64 + 1, &d2, &m2f);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j64));
+        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m512 vd1 = _mm512_set1_ps(d1), vm1 = _mm512_set1_ps(m1), vd2 = _mm512_set1_ps(d2), vm2 = _mm512_set1_ps(m2f);
+        const int64_t at = base + 64 * j64;
+        fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd1, u8x16_ps512(_mm256_castsi256_si128(lo))), vm1), x, ldx, nt, at, acc);
+        fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd1, u8x16_ps512(_mm256_extracti128_si256(lo, 1))), vm1), x, ldx, nt, at + 16, acc);
+        fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd2, u8x16_ps512(_mm256_castsi256_si128(hi))), vm2), x, ldx, nt, at + 32, acc);
+        fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd2, u8x16_ps512(_mm256_extracti128_si256(hi, 1))), vm2), x, ldx, nt, at + 48, acc);
+      }
+    } else { /* Q6_K */
+      const st_block_q6_K *b = (const st_block_q6_K *)w + blk;
+      const float d = _cvtsh_ss(b->d);
+      const __m512i k32 = _mm512_set1_epi32(32);
+      for (int h = 0; h < 2; h++) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        for (int qq = 0; qq < 4; qq++) {
+          const __m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + (qq & 1) * 32));
+          const __m256i lo = qq < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * qq), m2);
+          const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* 0..63 per byte */
+          const int64_t at = base + 128 * h + 32 * qq;
+          for (int half = 0; half < 2; half++) {
+            const __m128i qb = half ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+            const __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(qb), k32));
+            const float dl = d * (float)b->scales[8 * h + 2 * qq + half];
+            fma_tokens512(_mm512_mul_ps(_mm512_set1_ps(dl), qf), x, ldx, nt, at + 16 * half, acc);
+          }
+        }
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static AVX512 void row_tile_k_avx512(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
+                                     float *out, int64_t ldo) {
+  /* a constant token count keeps the accumulators in registers */
+  switch (nt) {
+  case 1: row_tile_k_avx512_impl(type, w, x, ldx, 1, n, out, ldo); break;
+  case 2: row_tile_k_avx512_impl(type, w, x, ldx, 2, n, out, ldo); break;
+  case 3: row_tile_k_avx512_impl(type, w, x, ldx, 3, n, out, ldo); break;
+  default: row_tile_k_avx512_impl(type, w, x, ldx, 4, n, out, ldo); break;
   }
 }
 
@@ -289,6 +378,8 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
   static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
   const row_tile_fn fn = fns[level()];
+  row_tile_fn tile = fn;
+  if (level() == 2 && (type == ST_TYPE_Q4_K || type == ST_TYPE_Q6_K)) tile = row_tile_k_avx512;
   const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
                            (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
                                             type == ST_TYPE_Q6_K));
@@ -314,7 +405,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
     for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
       const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
       for (int64_t r = rb; r < re; r++)
-        fn(type, (const uint8_t *)W + (uint64_t)r * row_bytes, x + t0 * ldx, ldx, nt, n,
+        tile(type, (const uint8_t *)W + (uint64_t)r * row_bytes, x + t0 * ldx, ldx, nt, n,
            out + t0 * ldo + (r - r0), ldo);
     }
   }
