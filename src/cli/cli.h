@@ -17,6 +17,7 @@ int st_cmd_profile(int argc, char **argv);
 int st_cmd_bench(int argc, char **argv);
 int st_cmd_trace(int argc, char **argv); /* strata trace DIR: timeline.svg, trace.json, summary, paje.trace */
 int st_cmd_tune(int argc, char **argv);  /* strata tune -m FILE: rank StarPU schedulers by tok/s */
+int st_cmd_serve(int argc, char **argv); /* strata serve: OpenAI-compatible HTTP server (cmd_serve.c) */
 
 /* Parses "1,2,3" or "[1, 2, 3]" into a malloc'd array (caller frees). 0 or ST_EINVAL. */
 int st_parse_ids(const char *s, int32_t **ids, size_t *n);

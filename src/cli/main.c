@@ -23,6 +23,7 @@ static void usage(FILE *f) {
           "  bench      prompt and decode speed table (tok/s per prompt size and context depth)\n"
           "  trace      turn a run recorded with --trace DIR into timeline.svg, trace.json, a summary, paje.trace\n"
           "  tune       run a short benchmark under each StarPU scheduler and recommend one\n"
+          "  serve      an OpenAI-compatible HTTP server for one model (chat/completions, streaming, metrics)\n"
           "\n"
           "`strata <command> --help` lists each command's options. StarPU reads its own environment\n"
           "variables (STARPU_SCHED, STARPU_NCPU, ...): see doc/tuning.md.\n");
@@ -52,7 +53,8 @@ int main(int argc, char **argv) {
               {"profile", st_cmd_profile},
               {"bench", st_cmd_bench},
               {"trace", st_cmd_trace},
-              {"tune", st_cmd_tune}};
+              {"tune", st_cmd_tune},
+              {"serve", st_cmd_serve}};
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "strata: unknown command '%s' (see strata --help)\n", cmd);

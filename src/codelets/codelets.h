@@ -19,13 +19,21 @@
 #endif
 
 /* Where a task may run: on `worker` when >= 0, else on any worker of the kinds in `where`
- * (STARPU_CPU, STARPU_CUDA or both); `done(done_arg)`, when set, runs as the task's StarPU
- * callback (the run recorder uses it). */
+ * (STARPU_CPU, STARPU_CUDA or both); `done`, when set, runs as the task's StarPU callback with a
+ * struct st_task_done (the run recorder uses it). */
 struct st_target {
   int32_t where;
   int worker;
   void (*done)(void *arg);
   void *done_arg;
+};
+
+/* What a task's completion callback receives: the target's done_arg and the bytes of the
+ * task's buffers, counted at submission (a callback must not touch the handles: StarPU has
+ * released them, and an asynchronous unregistration may have freed them). Freed by StarPU. */
+struct st_task_done {
+  void *arg;
+  uint64_t bytes;
 };
 
 /* How a weight buffer is laid out: rows of `n` elements of `type`, `row_bytes` apart. */

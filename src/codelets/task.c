@@ -31,8 +31,16 @@ int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
   memcpy(task->cl_arg, args, args_size);
   task->cl_arg_size = args_size;
   task->cl_arg_free = 1;
-  task->callback_func = tgt.done;
-  task->callback_arg = tgt.done_arg;
+  if (tgt.done) {
+    struct st_task_done *d = malloc(sizeof *d);
+    if (d) {
+      *d = (struct st_task_done){tgt.done_arg, 0};
+      for (int i = 0; i < nbufs; i++) d->bytes += starpu_data_get_size(bufs[i]);
+      task->callback_func = tgt.done;
+      task->callback_arg = d;
+      task->callback_arg_free = 1;
+    }
+  }
   if (tgt.worker >= 0) {
     task->execute_on_a_specific_worker = 1;
     task->workerid = (unsigned)tgt.worker;

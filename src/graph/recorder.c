@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "codelets/codelets.h"
 #include "common.h"
 
 struct rec_task {
@@ -61,13 +62,13 @@ int st_recorder_open(const char *dir, struct st_recorder **out) {
 }
 
 void st_recorder_task_done(void *arg) {
-  struct st_recorder *r = arg;
+  const struct st_task_done *done = arg;
+  struct st_recorder *r = done->arg;
   struct starpu_task *task = starpu_task_get_current();
   const struct starpu_profiling_task_info *info = task ? task->profiling_info : NULL;
   if (!info) return;
   struct rec_task t = {task->name, info->workerid, starpu_timing_timespec_to_us((struct timespec *)&info->start_time) - r->t0_us,
-                       starpu_timing_timespec_to_us((struct timespec *)&info->end_time) - r->t0_us, 0};
-  for (unsigned i = 0; i < STARPU_TASK_GET_NBUFFERS(task); i++) t.bytes += starpu_data_get_size(STARPU_TASK_GET_HANDLE(task, i));
+                       starpu_timing_timespec_to_us((struct timespec *)&info->end_time) - r->t0_us, done->bytes};
   pthread_mutex_lock(&r->lock);
   if (r->n_tasks == r->cap_tasks) {
     size_t cap = r->cap_tasks ? 2 * r->cap_tasks : 4096;

@@ -11,7 +11,8 @@ struct st_recorder;
  * starpu_timing_now, so StarPU must be initialised). *out is owned: st_recorder_close(). */
 int st_recorder_open(const char *dir, struct st_recorder **out);
 
-/* The task-completion callback (struct st_target.done); arg is the recorder. Thread-safe. */
+/* The task-completion callback (struct st_target.done); arg is a struct st_task_done whose arg is
+ * the recorder. Thread-safe. */
 void st_recorder_task_done(void *arg);
 
 /* A prompt chunk (is_decode 0) or decode step (1), with starpu_timing_now() times in µs. */

@@ -1,0 +1,190 @@
+#!/bin/sh
+# `strata serve` as an OpenAI client sees it, on loopback with the tiny Q8_0 model: health,
+# models, chat and text completions streamed and not, metrics; 16 concurrent clients for
+# TEST_SERVE_SECONDS (default 30) where every response is complete and carries its own request's
+# token count; malformed requests each get their status and an OpenAI-style error; clients that
+# disconnect mid-request free the engine; config files refused with the key or mode named.
+set -u
+: "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}" "${TEST_SERVE_SECONDS:=30}"
+export STARPU_SILENT=1
+tmp=$(mktemp -d)
+pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+pass=0; fail=0
+ok()  { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+model=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
+
+# 1. start on 127.0.0.1, any free port (--port 0; the log names it), wait for /health
+"$STRATA" serve -m "$model" --port 0 -c 2048 >"$tmp/srv.out" 2>"$tmp/srv.err" &
+pid=$!
+port=""
+i=0
+while [ $i -lt 100 ] && [ -z "$port" ]; do
+  port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/srv.err")
+  [ -z "$port" ] && sleep 0.1
+  i=$((i + 1))
+done
+if [ -z "$port" ] || ! curl -sf "http://127.0.0.1:$port/health" >"$tmp/h"; then
+  bad "server did not start: $(cat "$tmp/srv.err")"
+  echo "test_serve: $pass passed, $((fail)) failed"
+  exit 1
+fi
+u=http://127.0.0.1:$port
+grep -q '"status":"ok"' "$tmp/h" && ok "health on 127.0.0.1:$port: $(cat "$tmp/h")" || bad "health: $(cat "$tmp/h")"
+
+# post PATH JSON: the body in $tmp/r, the status in $code
+post() { code=$(curl -s -o "$tmp/r" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$u$1"); }
+has() { grep -q -- "$1" "$tmp/r"; }
+
+# 2. models
+code=$(curl -s -o "$tmp/r" -w '%{http_code}' "$u/v1/models")
+[ "$code" = 200 ] && has '"object":"list"' && has '"id":"tiny-qwen3moe-q8_0"' \
+  && ok "GET /v1/models: $(cat "$tmp/r")" || bad "GET /v1/models: $code $(cat "$tmp/r")"
+
+# 3. chat completion, not streamed
+post /v1/chat/completions '{"model":"tiny-qwen3moe-q8_0","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}],"max_tokens":12,"temperature":0,"ignore_eos":true}'
+[ "$code" = 200 ] && has '"object":"chat.completion"' && has '"id":"chatcmpl-' && has '"role":"assistant"' \
+  && has '"finish_reason":"length"' && has '"completion_tokens":12' && has '"total_tokens":' \
+  && ok "chat completion: $(head -c 300 "$tmp/r")" || bad "chat completion: $code $(cat "$tmp/r")"
+
+# 4. chat completion, streamed: role first, deltas, finish_reason, usage, [DONE] last
+curl -sN -o "$tmp/s" -H 'Content-Type: application/json' "$u/v1/chat/completions" \
+  -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":6,"stream":true,"stream_options":{"include_usage":true},"ignore_eos":true,"seed":7}'
+n_data=$(grep -c '^data: ' "$tmp/s")
+if head -n 1 "$tmp/s" | grep -q '"delta":{"role":"assistant"' && grep -q '"object":"chat.completion.chunk"' "$tmp/s" \
+   && grep -q '"finish_reason":"length"' "$tmp/s" && grep -q '"completion_tokens":6' "$tmp/s" \
+   && [ "$(grep '^data: ' "$tmp/s" | tail -n 1)" = "data: [DONE]" ]; then
+  ok "chat stream: $n_data events, last 'data: [DONE]'"
+else
+  bad "chat stream: $(cat "$tmp/s")"
+fi
+
+# 5. text completion, streamed and not; a stop string ends the text
+post /v1/completions '{"prompt":"Once upon a time","max_tokens":8,"temperature":0,"ignore_eos":true}'
+[ "$code" = 200 ] && has '"object":"text_completion"' && has '"text":' && has '"completion_tokens":8' \
+  && ok "completion: $(head -c 200 "$tmp/r")" || bad "completion: $code $(cat "$tmp/r")"
+curl -sN -o "$tmp/s" "$u/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0,"stream":true,"ignore_eos":true}'
+grep -q '"object":"text_completion"' "$tmp/s" && [ "$(tail -n 2 "$tmp/s" | head -n 1)" = "data: [DONE]" ] \
+  && ok "completion stream: $(grep -c '^data: ' "$tmp/s") events" || bad "completion stream: $(cat "$tmp/s")"
+post /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"ignore_eos":true,"stop":["e"]}'
+[ "$code" = 200 ] && has '"finish_reason":"stop"' && ! sed 's/.*"text":"\([^"]*\)".*/\1/' "$tmp/r" | grep -q e \
+  && ok "stop string: $(head -c 200 "$tmp/r")" || bad "stop string: $code $(cat "$tmp/r")"
+
+# 6. malformed requests: status and an OpenAI-style error
+expect() {
+  name=$1; want=$2; shift 2
+  code=$(curl -s -o "$tmp/r" -w '%{http_code}' "$@")
+  if [ "$code" = "$want" ] && has '"error":{"message":' && has '"type":'; then
+    ok "$name: $code $(head -c 160 "$tmp/r")"
+  else
+    bad "$name: got $code want $want: $(cat "$tmp/r")"
+  fi
+}
+expect "bad JSON" 400 -d '{"messages": [' "$u/v1/chat/completions"
+expect "missing messages" 400 -d '{"max_tokens": 4}' "$u/v1/chat/completions"
+expect "missing prompt" 400 -d '{"max_tokens": 4}' "$u/v1/completions"
+expect "wrong type" 400 -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":"many"}' "$u/v1/chat/completions"
+expect "unknown model" 404 -d '{"model":"gpt-4","messages":[{"role":"user","content":"hi"}]}' "$u/v1/chat/completions"
+expect "unknown path" 404 -d '{}' "$u/v1/engines"
+expect "GET on a POST route" 405 "$u/v1/chat/completions"
+expect "prompt + max_tokens over the context" 400 -d '{"prompt":"hi","max_tokens":5000}' "$u/v1/completions"
+words=$(i=0; while [ $i -lt 2100 ]; do printf 'word '; i=$((i + 1)); done)
+expect "prompt over the context" 400 -d "{\"prompt\":\"$words\"}" "$u/v1/completions"
+grep -q 'context_length_exceeded' "$tmp/r" || bad "over-long prompt code: $(cat "$tmp/r")"
+
+# 7. clients that leave mid-request: streaming and not; the engine stops, the server answers
+curl -sN --max-time 0.5 -o "$tmp/cut1" "$u/v1/completions" -d '{"prompt":"x","max_tokens":2000,"ignore_eos":true,"stream":true}'
+curl -s --max-time 0.5 -o "$tmp/cut2" "$u/v1/completions" -d '{"prompt":"y","max_tokens":2000,"ignore_eos":true}'
+sleep 0.5
+post /v1/completions '{"prompt":"after","max_tokens":3,"ignore_eos":true}'
+n_cut=$(grep -c 'client disconnected' "$tmp/srv.err")
+[ "$code" = 200 ] && has '"completion_tokens":3' && [ "$n_cut" -ge 2 ] \
+  && ok "disconnects: $n_cut requests stopped early ($(grep 'client disconnected' "$tmp/srv.err" | sed 's/.*generated \([0-9]*\) tokens.*/\1/' | tr '\n' ' ')tokens of 2000), then answered" \
+  || bad "disconnects: $code, $n_cut stopped: $(grep 'request' "$tmp/srv.err" | tail -n 3)"
+
+# 8. 16 concurrent clients: every response complete and carrying its own request's token count
+#    (client k asks for k tokens with ignore_eos; odd clients stream)
+end=$(($(date +%s) + TEST_SERVE_SECONDS))
+k=1
+clients=""
+while [ $k -le 16 ]; do
+  (
+    n=0
+    while [ "$(date +%s)" -lt "$end" ]; do
+      n=$((n + 1)); f="$tmp/c$k-$n"
+      if [ $((k % 2)) = 1 ]; then
+        curl -sN --max-time 60 -o "$f" "$u/v1/chat/completions" \
+          -d "{\"messages\":[{\"role\":\"user\",\"content\":\"client $k request $n\"}],\"max_tokens\":$k,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"user\":\"c$k-$n\"}"
+      else
+        curl -s --max-time 60 -o "$f" "$u/v1/chat/completions" \
+          -d "{\"messages\":[{\"role\":\"user\",\"content\":\"client $k request $n\"}],\"max_tokens\":$k,\"ignore_eos\":true,\"user\":\"c$k-$n\"}"
+      fi
+    done
+  ) &
+  clients="$clients $!"
+  k=$((k + 1))
+done
+# each client finishes its last request (curl's --max-time bounds it)
+for c in $clients; do wait "$c"; done
+total=0; good=0; badlist=""
+for f in "$tmp"/c*-*; do
+  [ -f "$f" ] || continue
+  total=$((total + 1))
+  k=$(basename "$f" | sed 's/^c\([0-9]*\)-.*/\1/')
+  if [ $((k % 2)) = 1 ]; then
+    last=$(grep '^data: ' "$f" | tail -n 1)
+    fin=$(grep -c '"finish_reason":"length"' "$f")
+    if [ "$last" = "data: [DONE]" ] && [ "$fin" = 1 ] && grep -q "\"completion_tokens\":$k," "$f"; then good=$((good + 1)); else badlist="$badlist $(basename "$f")"; fi
+  else
+    if head -c 30 "$f" | grep -q '^{"id":"chatcmpl-' && [ "$(tail -c 2 "$f")" = "}}" ] \
+       && grep -q "\"completion_tokens\":$k," "$f" && grep -q '"finish_reason":"length"' "$f"; then
+      good=$((good + 1)); else badlist="$badlist $(basename "$f")"; fi
+  fi
+done
+ids=$(cat "$tmp"/c*-* 2>/dev/null | grep -o '"id":"chatcmpl-[^"]*"' | sort -u | wc -l)
+if [ "$total" -ge 16 ] && [ "$good" = "$total" ] && [ "$ids" = "$total" ]; then
+  ok "16 clients for ${TEST_SERVE_SECONDS} s: $good of $total responses complete, each with its own token count, $ids distinct ids"
+else
+  bad "16 clients: $good of $total good, $ids distinct ids; bad:$(echo "$badlist" | cut -c 1-300)"
+  for f in $(echo "$badlist" | cut -d' ' -f2); do echo "  $f: $(head -c 300 "$tmp/$f")"; done
+fi
+
+# 9. metrics after all that
+code=$(curl -s -o "$tmp/r" -w '%{http_code}' "$u/metrics")
+req=$(sed -n 's/^strata_requests_total \([0-9]*\)$/\1/p' "$tmp/r")
+[ "$code" = 200 ] && has '^strata_prompt_tokens_total [0-9]' && has '^strata_generated_tokens_total [0-9]' \
+  && has '^strata_last_request_tokens_per_second ' && has '^strata_expert_entries_total{tier="CPU"} [1-9]' \
+  && has '^strata_expert_entries_total{tier="CUDA0"} ' && has '^strata_cache_routed_share ' \
+  && has '^strata_queue_length 0' && [ "${req:-0}" -ge "$total" ] \
+  && ok "metrics: $req requests, $(grep -E '^strata_(generated_tokens_total|last_request)' "$tmp/r" | tr '\n' ' ')" \
+  || bad "metrics: $code $(cat "$tmp/r")"
+
+# 10. the per-request log line, then SIGTERM stops it cleanly
+line=$(grep 'strata serve: request' "$tmp/srv.err" | tail -n 1)
+echo "$line" | grep -q 'prompt [0-9]* tokens.*generated [0-9]* tokens.*tok/s.*expert entries CPU [0-9]*, CUDA0 [0-9]*; host->device [0-9.]* MiB' \
+  && ok "request log: $line" || bad "request log: $line"
+kill -TERM "$pid"
+i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 "$pid" 2>/dev/null; then bad "SIGTERM: still running after 10 s"; else
+  wait "$pid"; st=$?; pid=""
+  [ "$st" = 0 ] && grep -q 'SIGTERM: stopping' "$tmp/srv.err" && ok "SIGTERM: exit 0" || bad "SIGTERM: exit $st: $(tail -n 2 "$tmp/srv.err")"
+fi
+
+# 11. config files: unknown key, wrong type, several GPUs (layer split / peer tier) refused, one line each
+cfg() {
+  name=$1; pat=$2; echo "$3" >"$tmp/cfg.json"
+  "$STRATA" serve --config "$tmp/cfg.json" >"$tmp/out" 2>"$tmp/err"; st=$?
+  if [ "$st" = 1 ] && grep -q -- "$pat" "$tmp/err"; then ok "config $name: $(tail -n 1 "$tmp/err")"; else bad "config $name: exit $st: $(cat "$tmp/err")"; fi
+}
+cfg "unknown key" 'unknown key "gpus"' "{\"model\":\"$model\",\"gpus\":[0]}"
+cfg "wrong type" '"port" must be a whole number' "{\"model\":\"$model\",\"port\":\"8080\"}"
+cfg "missing model" 'missing key "model"' '{"port":8080}'
+cfg "two GPUs: layer split" 'layer split' "{\"model\":\"$model\",\"gpu\":[0,1]}"
+cfg "two GPUs + --peer-device: peer tier" "peer tier on nvidia-smi's card 0" "{\"model\":\"$model\",\"gpu\":[2,0],\"args\":[\"--peer-device\",\"1\"]}"
+cfg "bad engine flag in args" '"args": unknown engine flag' "{\"model\":\"$model\",\"args\":[\"--bogus\"]}"
+
+echo "test_serve: $pass passed, $fail failed"
+[ "$fail" = 0 ]
