@@ -20,30 +20,6 @@ const char *st_chat_strip_think(const char *content) {
   return p;
 }
 
-struct buf {
-  char *s;
-  size_t n, cap;
-  int oom;
-};
-
-static void put(struct buf *b, const char *s) {
-  size_t l = strlen(s);
-  if (b->oom) return;
-  if (b->n + l + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (b->n + l + 1 > cap) cap *= 2;
-    char *ns = realloc(b->s, cap);
-    if (!ns) {
-      b->oom = 1;
-      return;
-    }
-    b->s = ns;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->n, s, l + 1);
-  b->n += l;
-}
-
 int st_chat_render(const struct st_chat_msg *msgs, size_t n, int add_generation_prompt, int enable_thinking,
                    char **out) {
   *out = NULL;
@@ -54,34 +30,37 @@ int st_chat_render(const struct st_chat_msg *msgs, size_t n, int add_generation_
       return st_set_error(ST_EINVAL, "message %zu: unknown role '%s' (system, user, assistant or tool)", i, r);
     if (!strcmp(r, "user")) last_user = i;
   }
-  struct buf b = {0};
-  put(&b, "");
+  /* the rendering grows in a memory stream (POSIX open_memstream) */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *b = open_memstream(&text, &len);
+  if (!b) return st_set_error(ST_ENOMEM, "out of memory rendering the chat");
   for (size_t i = 0; i < n; i++) {
     const char *r = msgs[i].role, *c = msgs[i].content ? msgs[i].content : "";
     if (!strcmp(r, "tool")) {
       /* consecutive tool results share one user turn */
-      if (i == 0 || strcmp(msgs[i - 1].role, "tool")) put(&b, "<|im_start|>user");
-      put(&b, "\n<tool_response>\n");
-      put(&b, c);
-      put(&b, "\n</tool_response>");
-      if (i + 1 == n || strcmp(msgs[i + 1].role, "tool")) put(&b, "<|im_end|>\n");
+      if (i == 0 || strcmp(msgs[i - 1].role, "tool")) fputs("<|im_start|>user", b);
+      fputs("\n<tool_response>\n", b);
+      fputs(c, b);
+      fputs("\n</tool_response>", b);
+      if (i + 1 == n || strcmp(msgs[i + 1].role, "tool")) fputs("<|im_end|>\n", b);
       continue;
     }
     if (!strcmp(r, "assistant") && (last_user == (size_t)-1 || i < last_user)) c = st_chat_strip_think(c);
-    put(&b, "<|im_start|>");
-    put(&b, r);
-    put(&b, "\n");
-    put(&b, c);
-    put(&b, "<|im_end|>\n");
+    fputs("<|im_start|>", b);
+    fputs(r, b);
+    fputs("\n", b);
+    fputs(c, b);
+    fputs("<|im_end|>\n", b);
   }
   if (add_generation_prompt) {
-    put(&b, "<|im_start|>assistant\n");
-    if (!enable_thinking) put(&b, "<think>\n\n</think>\n\n");
+    fputs("<|im_start|>assistant\n", b);
+    if (!enable_thinking) fputs("<think>\n\n</think>\n\n", b);
   }
-  if (b.oom) {
-    free(b.s);
+  if (ferror(b) | fclose(b)) {
+    free(text);
     return st_set_error(ST_ENOMEM, "out of memory rendering the chat");
   }
-  *out = b.s;
+  *out = text;
   return 0;
 }
