@@ -340,6 +340,80 @@ static AVX512 void row_tile_k_avx512(uint32_t type, const void *w, const float *
   }
 }
 
+
+/* The AVX2 counterpart of row_tile_k_avx512: eight weights per vector. */
+static inline __attribute__((always_inline)) AVX2 void fma_tokens256(__m256 w, const float *x, int64_t ldx, int nt, int64_t at,
+                                                                     __m256 *acc) {
+  for (int t = 0; t < nt; t++) acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + t * ldx + at), acc[t]);
+}
+
+/* 32 quants (bytes) times a scale, minus an offset, fed to the tokens 8 at a time. */
+static inline __attribute__((always_inline)) AVX2 void fma32_avx2(__m256i q, __m256i sub, float dl, float ml, const float *x,
+                                                                  int64_t ldx, int nt, int64_t at, __m256 *acc) {
+  const __m256 vd = _mm256_set1_ps(dl), vm = _mm256_set1_ps(ml);
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; k++) {
+    const __m256 qf = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[k]), sub));
+    fma_tokens256(_mm256_sub_ps(_mm256_mul_ps(vd, qf), vm), x, ldx, nt, at + 8 * k, acc);
+  }
+}
+
+static inline __attribute__((always_inline)) AVX2 void row_tile_k_avx2_impl(uint32_t type, const void *w, const float *x,
+                                                                            int64_t ldx, int nt, int64_t n, float *out,
+                                                                            int64_t ldo) {
+  __m256 acc[ST_TILE];
+  for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), zero = _mm256_setzero_si256();
+  for (int64_t blk = 0; blk < n / 256; blk++) {
+    const int64_t base = blk * 256;
+    if (type == ST_TYPE_Q4_K) {
+      const st_block_q4_K *b = (const st_block_q4_K *)w + blk;
+      for (int j64 = 0; j64 < 4; j64++) {
+        float d1, m1, d2, m2f;
+        k45_scale(b->scales, b->d, b->dmin, 2 * j64, &d1, &m1);
+        k45_scale(b->scales, b->d, b->dmin, 2 * j64 + 1, &d2, &m2f);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j64));
+        fma32_avx2(_mm256_and_si256(q, m4), zero, d1, m1, x, ldx, nt, base + 64 * j64, acc);
+        fma32_avx2(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), zero, d2, m2f, x, ldx, nt, base + 64 * j64 + 32, acc);
+      }
+    } else { /* Q6_K: two scales per 32 weights, so 16 at a time */
+      const st_block_q6_K *b = (const st_block_q6_K *)w + blk;
+      const float d = _cvtsh_ss(b->d);
+      const __m256i k32 = _mm256_set1_epi32(32);
+      for (int h = 0; h < 2; h++) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        for (int qq = 0; qq < 4; qq++) {
+          const __m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + (qq & 1) * 32));
+          const __m256i lo = qq < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+          const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * qq), m2), 4));
+          const int64_t at = base + 128 * h + 32 * qq;
+          const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+          for (int half = 0; half < 2; half++) {
+            const __m256 vd = _mm256_set1_ps(d * (float)b->scales[8 * h + 2 * qq + half]);
+            for (int k = 0; k < 2; k++) {
+              const __m128i part = k ? _mm_srli_si128(halves[half], 8) : halves[half];
+              const __m256 qf = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(part), k32));
+              fma_tokens256(_mm256_mul_ps(vd, qf), x, ldx, nt, at + 16 * half + 8 * k, acc);
+            }
+          }
+        }
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(acc[t]);
+}
+
+static AVX2 void row_tile_k_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n, float *out,
+                                 int64_t ldo) {
+  switch (nt) {
+  case 1: row_tile_k_avx2_impl(type, w, x, ldx, 1, n, out, ldo); break;
+  case 2: row_tile_k_avx2_impl(type, w, x, ldx, 2, n, out, ldo); break;
+  case 3: row_tile_k_avx2_impl(type, w, x, ldx, 3, n, out, ldo); break;
+  default: row_tile_k_avx2_impl(type, w, x, ldx, 4, n, out, ldo); break;
+  }
+}
+
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
@@ -380,6 +454,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
   const row_tile_fn fn = fns[level()];
   row_tile_fn tile = fn;
   if (level() == 2 && (type == ST_TYPE_Q4_K || type == ST_TYPE_Q6_K)) tile = row_tile_k_avx512;
+  if (level() == 1 && (type == ST_TYPE_Q4_K || type == ST_TYPE_Q6_K)) tile = row_tile_k_avx2;
   const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
                            (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
                                             type == ST_TYPE_Q6_K));
