@@ -359,7 +359,10 @@ static void *worker_main(void *arg) {
   struct server *s = arg;
   pthread_mutex_lock(&s->mu);
   for (;;) {
+    /* an idle server pauses StarPU's workers, which otherwise poll for tasks on every core */
+    if (!s->stopping && !s->head) st_engine_pause(s->engine, 1);
     while (!s->stopping && !s->head) pthread_cond_wait(&s->work_cv, &s->mu);
+    st_engine_pause(s->engine, 0);
     if (s->stopping) break;
     struct job *j = s->head;
     s->head = j->next;

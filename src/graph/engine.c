@@ -296,6 +296,7 @@ void st_engine_destroy(struct st_engine *e) {
   if (!e) return;
   if (e->started) {
     const struct st_hparams *hp = &e->hp;
+    st_engine_pause(e, 0);
     starpu_task_wait_for_all();
     if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
       fprintf(stderr, "strata: %s\n", st_last_error());
@@ -332,6 +333,13 @@ void st_engine_destroy(struct st_engine *e) {
 }
 
 void st_engine_reset(struct st_engine *e) { e->n_past = 0; }
+
+void st_engine_pause(struct st_engine *e, int paused) {
+  if (!e->started || !paused == !e->paused) return;
+  if (paused) starpu_pause();
+  else starpu_resume();
+  e->paused = paused;
+}
 
 int st_engine_set_prefill(struct st_engine *e, int prefill) {
   if (prefill < 1 || prefill > e->prefill_cap)

@@ -42,6 +42,7 @@ struct st_engine {
   int n_ctx, prefill, n_past;
   int prefill_cap; /* batch buffers hold this many tokens */
   int started;     /* StarPU is initialised (and must be shut down) */
+  int paused;      /* st_engine_pause */
   int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
   int attn_groups_per_task;      /* GQA groups per attention task */
   int ff_parts;                  /* FFN slices per CPU-pool expert (STRATA_FF_SLICE) */
@@ -100,6 +101,10 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
  * and logs each swap on stderr. Runs by itself every adapt_interval tokens; callers may also
  * run it between requests. Returns the number of swaps or a negative ST_E*. */
 int st_engine_adapt(struct st_engine *e);
+
+/* Pauses (paused != 0) or resumes StarPU's workers: paused workers sleep instead of polling for
+ * tasks, so an idle server costs no CPU. Nothing may be submitted while paused; idempotent. */
+void st_engine_pause(struct st_engine *e, int paused);
 
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);
