@@ -274,7 +274,7 @@ static AVX512 void row_tile_avx512(uint32_t type, const void *w, const float *x,
 }
 
 
-/* Q4_K and Q6_K rows a super-block at a time: scales decoded once per 32 weights, nibbles
+/* Q4_K, Q5_K and Q6_K rows a super-block at a time: scales decoded once per 32 weights, nibbles
  * unpacked 32 at a time, each weight formed as the CPU dequantisation forms it (dl * q - ml). */
 static inline __attribute__((always_inline)) AVX512 void fma_tokens512(__m512 w, const float *x, int64_t ldx, int nt, int64_t at, __m512 *acc) {
   for (int t = 0; t < nt; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * ldx + at), acc[t]);
@@ -289,14 +289,26 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_k_avx512_impl(
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   for (int64_t blk = 0; blk < n / 256; blk++) {
     const int64_t base = blk * 256;
-    if (type == ST_TYPE_Q4_K) {
-      const st_block_q4_K *b = (const st_block_q4_K *)w + blk;
+    if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+      /* Q4_K and Q5_K share the scale layout; Q5_K adds a fifth bit per weight from qh */
+      const int k5 = type == ST_TYPE_Q5_K;
+      const uint8_t *bb = (const uint8_t *)w + blk * (k5 ? sizeof(st_block_q5_K) : sizeof(st_block_q4_K));
+      uint16_t dh, mh;
+      memcpy(&dh, bb, 2);
+      memcpy(&mh, bb + 2, 2);
+      const uint8_t *scales = bb + 4, *qs = bb + (k5 ? 48 : 16);
+      const __m256i qh = k5 ? _mm256_loadu_si256((const __m256i *)(bb + 16)) : _mm256_setzero_si256();
+      const __m256i one = _mm256_set1_epi8(1);
       for (int j64 = 0; j64 < 4; j64++) {
         float d1, m1, d2, m2f;
-        k45_scale(b->scales, b->d, b->dmin, 2 * j64, &d1, &m1);
-        k45_scale(b->scales, b->d, b->dmin, 2 * j64 + 1, &d2, &m2f);
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j64));
-        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        k45_scale(scales, dh, mh, 2 * j64, &d1, &m1);
+        k45_scale(scales, dh, mh, 2 * j64 + 1, &d2, &m2f);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j64));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (k5) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j64), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j64 + 1), one), 4));
+        }
         const __m512 vd1 = _mm512_set1_ps(d1), vm1 = _mm512_set1_ps(m1), vd2 = _mm512_set1_ps(d2), vm2 = _mm512_set1_ps(m2f);
         const int64_t at = base + 64 * j64;
         fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd1, u8x16_ps512(_mm256_castsi256_si128(lo))), vm1), x, ldx, nt, at, acc);
@@ -367,15 +379,27 @@ static inline __attribute__((always_inline)) AVX2 void row_tile_k_avx2_impl(uint
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), zero = _mm256_setzero_si256();
   for (int64_t blk = 0; blk < n / 256; blk++) {
     const int64_t base = blk * 256;
-    if (type == ST_TYPE_Q4_K) {
-      const st_block_q4_K *b = (const st_block_q4_K *)w + blk;
+    if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+      const int k5 = type == ST_TYPE_Q5_K;
+      const uint8_t *bb = (const uint8_t *)w + blk * (k5 ? sizeof(st_block_q5_K) : sizeof(st_block_q4_K));
+      uint16_t dh, mh;
+      memcpy(&dh, bb, 2);
+      memcpy(&mh, bb + 2, 2);
+      const uint8_t *scales = bb + 4, *qs = bb + (k5 ? 48 : 16);
+      const __m256i qh = k5 ? _mm256_loadu_si256((const __m256i *)(bb + 16)) : _mm256_setzero_si256();
+      const __m256i one = _mm256_set1_epi8(1);
       for (int j64 = 0; j64 < 4; j64++) {
         float d1, m1, d2, m2f;
-        k45_scale(b->scales, b->d, b->dmin, 2 * j64, &d1, &m1);
-        k45_scale(b->scales, b->d, b->dmin, 2 * j64 + 1, &d2, &m2f);
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j64));
-        fma32_avx2(_mm256_and_si256(q, m4), zero, d1, m1, x, ldx, nt, base + 64 * j64, acc);
-        fma32_avx2(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), zero, d2, m2f, x, ldx, nt, base + 64 * j64 + 32, acc);
+        k45_scale(scales, dh, mh, 2 * j64, &d1, &m1);
+        k45_scale(scales, dh, mh, 2 * j64 + 1, &d2, &m2f);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j64));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (k5) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j64), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j64 + 1), one), 4));
+        }
+        fma32_avx2(lo, zero, d1, m1, x, ldx, nt, base + 64 * j64, acc);
+        fma32_avx2(hi, zero, d2, m2f, x, ldx, nt, base + 64 * j64 + 32, acc);
       }
     } else { /* Q6_K: two scales per 32 weights, so 16 at a time */
       const st_block_q6_K *b = (const st_block_q6_K *)w + blk;
@@ -453,8 +477,9 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
   static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
   const row_tile_fn fn = fns[level()];
   row_tile_fn tile = fn;
-  if (level() == 2 && (type == ST_TYPE_Q4_K || type == ST_TYPE_Q6_K)) tile = row_tile_k_avx512;
-  if (level() == 1 && (type == ST_TYPE_Q4_K || type == ST_TYPE_Q6_K)) tile = row_tile_k_avx2;
+  const int k_rows = type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K || type == ST_TYPE_Q6_K;
+  if (level() == 2 && k_rows) tile = row_tile_k_avx512;
+  if (level() == 1 && k_rows) tile = row_tile_k_avx2;
   const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
                            (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
                                             type == ST_TYPE_Q6_K));
