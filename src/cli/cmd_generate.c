@@ -181,7 +181,8 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
               (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t]);
   fputc('\n', stderr);
   const uint64_t all = st->expert_entries[ST_TIER_CPU_POOL] + st->expert_entries[ST_TIER_PRIMARY];
-  fprintf(stderr, "routed entries served by the CUDA0 cache: %.1f%% (%llu of %llu); host->device %.1f MiB; adaptive swaps %llu\n",
+  if (st_engine_n_cuda_workers(s->engine) > 0)
+    fprintf(stderr, "routed entries served by the CUDA0 cache: %.1f%% (%llu of %llu); host->device %.1f MiB; adaptive swaps %llu\n",
           all ? 100.0 * st->expert_entries[ST_TIER_PRIMARY] / all : 0.0,
           (unsigned long long)st->expert_entries[ST_TIER_PRIMARY], (unsigned long long)all,
           st->h2d_bytes / 1048576.0, (unsigned long long)st->swaps);
