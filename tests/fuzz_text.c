@@ -1,0 +1,53 @@
+/* libFuzzer target for strata's text parsers: the first input byte picks one (expert profile,
+ * events.tsv, serve config), the rest is written to a private temporary file and loaded; an
+ * accepted trace is also rendered (summary and critical path). Any crash, leak or out-of-bounds
+ * read under the sanitizers is a failure. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io/config.h"
+#include "io/profile.h"
+#include "io/trace.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1) return 0;
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/strata-fuzz-text-%d", (int)getpid());
+  FILE *f = fopen(path, "wb");
+  if (!f) return 0;
+  fwrite(data + 1, 1, size - 1, f);
+  fclose(f);
+  switch (data[0] % 3) {
+  case 0: {
+    struct st_profile p;
+    if (!st_profile_load(path, 2, 4, &p)) st_profile_free(&p);
+    break;
+  }
+  case 1: {
+    struct st_trace tr;
+    if (!st_trace_load(path, &tr)) {
+      FILE *null = fopen("/dev/null", "w");
+      if (null) {
+        st_trace_write_summary(&tr, null);
+        fclose(null);
+      }
+    }
+    st_trace_free(&tr);
+    break;
+  }
+  default: {
+    struct st_config c;
+    memset(&c, 0, sizeof c);
+    st_config_load(path, &c);
+    st_config_free(&c); /* also after an error (config.h) */
+    break;
+  }
+  }
+  unlink(path);
+  return 0;
+}
