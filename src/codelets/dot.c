@@ -274,7 +274,60 @@ static AVX512 void row_tile_avx512(uint32_t type, const void *w, const float *x,
 }
 
 
-/* Q4_K, Q5_K and Q6_K rows a super-block at a time: scales decoded once per 32 weights, nibbles
+
+/* The 16 signed 6-bit scales of a Q3_K block, unpacked as dequant_q3_K does. */
+static inline void q3k_scales(const uint8_t *packed, int8_t *out) {
+  uint32_t aux[4];
+  memcpy(aux, packed, 12);
+  const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f, tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
+  aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
+  aux[0] = (aux[0] & k2) | (((tmp >> 0) & k1) << 4);
+  aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
+  memcpy(out, aux, 16);
+}
+
+/* Q2_K/Q3_K: for each 128-weight half, four 2-bit planes of 32 bytes, 16 weights per scale.
+ * Calls EMIT(bytes16, dl, ml, at) for every 16 weights (bytes are the unsigned quants). */
+#define ST_K23_ROW(type, w, blk, base, EMIT)                                                              \
+  do {                                                                                                    \
+    if ((type) == ST_TYPE_Q2_K) {                                                                         \
+      const st_block_q2_K *b_ = (const st_block_q2_K *)(w) + (blk);                                       \
+      const float d_ = _cvtsh_ss(b_->d), dm_ = _cvtsh_ss(b_->dmin);                                       \
+      for (int n_ = 0; n_ < 2; n_++) {                                                                    \
+        const __m256i q_ = _mm256_loadu_si256((const __m256i *)(b_->qs + 32 * n_));                       \
+        for (int s_ = 0; s_ < 4; s_++) {                                                                  \
+          const __m256i v_ = _mm256_and_si256(_mm256_srli_epi16(q_, 2 * s_), _mm256_set1_epi8(3));         \
+          for (int h_ = 0; h_ < 2; h_++) {                                                                \
+            const uint8_t sc_ = b_->scales[8 * n_ + 2 * s_ + h_];                                         \
+            EMIT(h_ ? _mm256_extracti128_si256(v_, 1) : _mm256_castsi256_si128(v_), d_ * (float)(sc_ & 0xF), \
+                 dm_ * (float)(sc_ >> 4), (base) + 128 * n_ + 32 * s_ + 16 * h_);                          \
+          }                                                                                               \
+        }                                                                                                 \
+      }                                                                                                   \
+    } else {                                                                                              \
+      const st_block_q3_K *b_ = (const st_block_q3_K *)(w) + (blk);                                       \
+      int8_t sc_[16];                                                                                     \
+      q3k_scales(b_->scales, sc_);                                                                        \
+      const float d_ = _cvtsh_ss(b_->d);                                                                  \
+      const __m256i hm_ = _mm256_loadu_si256((const __m256i *)b_->hmask);                                 \
+      for (int n_ = 0; n_ < 2; n_++) {                                                                    \
+        const __m256i q_ = _mm256_loadu_si256((const __m256i *)(b_->qs + 32 * n_));                       \
+        for (int s_ = 0; s_ < 4; s_++) {                                                                  \
+          const __m256i lo_ = _mm256_and_si256(_mm256_srli_epi16(q_, 2 * s_), _mm256_set1_epi8(3));        \
+          const __m256i hb_ = _mm256_and_si256(_mm256_srli_epi16(hm_, 4 * n_ + s_), _mm256_set1_epi8(1));  \
+          const __m256i v_ = _mm256_or_si256(lo_, _mm256_slli_epi16(hb_, 2)); /* q + 4 when the bit is set */ \
+          for (int h_ = 0; h_ < 2; h_++) {                                                                \
+            const float dl_ = d_ * (float)(sc_[8 * n_ + 2 * s_ + h_] - 32);                               \
+            EMIT(h_ ? _mm256_extracti128_si256(v_, 1) : _mm256_castsi256_si128(v_), dl_, 4.0f * dl_,        \
+                 (base) + 128 * n_ + 32 * s_ + 16 * h_);                                                  \
+          }                                                                                               \
+        }                                                                                                 \
+      }                                                                                                   \
+    }                                                                                                     \
+  } while (0)
+
+/* Q2_K..Q6_K rows a super-block at a time: scales decoded once per 32 weights, nibbles
  * unpacked 32 at a time, each weight formed as the CPU dequantisation forms it (dl * q - ml). */
 static inline __attribute__((always_inline)) AVX512 void fma_tokens512(__m512 w, const float *x, int64_t ldx, int nt, int64_t at, __m512 *acc) {
   for (int t = 0; t < nt; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * ldx + at), acc[t]);
@@ -316,6 +369,12 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_k_avx512_impl(
         fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd2, u8x16_ps512(_mm256_castsi256_si128(hi))), vm2), x, ldx, nt, at + 32, acc);
         fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd2, u8x16_ps512(_mm256_extracti128_si256(hi, 1))), vm2), x, ldx, nt, at + 48, acc);
       }
+    } else if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
+#define EMIT512(bytes, dl, ml, at)                                                                      \
+  fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl), u8x16_ps512(bytes)), _mm512_set1_ps(ml)), x, ldx, nt, \
+                (at), acc)
+      ST_K23_ROW(type, w, blk, base, EMIT512);
+#undef EMIT512
     } else { /* Q6_K */
       const st_block_q6_K *b = (const st_block_q6_K *)w + blk;
       const float d = _cvtsh_ss(b->d);
@@ -401,6 +460,19 @@ static inline __attribute__((always_inline)) AVX2 void row_tile_k_avx2_impl(uint
         fma32_avx2(lo, zero, d1, m1, x, ldx, nt, base + 64 * j64, acc);
         fma32_avx2(hi, zero, d2, m2f, x, ldx, nt, base + 64 * j64 + 32, acc);
       }
+    } else if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
+#define EMIT256(bytes, dl, ml, at)                                                                          \
+  do {                                                                                                      \
+    const __m256 vd_ = _mm256_set1_ps(dl), vm_ = _mm256_set1_ps(ml);                                       \
+    const __m128i b16_ = (bytes);                                                                           \
+    fma_tokens256(_mm256_sub_ps(_mm256_mul_ps(vd_, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b16_))), vm_), x, ldx, nt, \
+                  (at), acc);                                                                               \
+    fma_tokens256(_mm256_sub_ps(_mm256_mul_ps(vd_, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b16_, 8)))), \
+                                vm_),                                                                       \
+                  x, ldx, nt, (at) + 8, acc);                                                               \
+  } while (0)
+      ST_K23_ROW(type, w, blk, base, EMIT256);
+#undef EMIT256
     } else { /* Q6_K: two scales per 32 weights, so 16 at a time */
       const st_block_q6_K *b = (const st_block_q6_K *)w + blk;
       const float d = _cvtsh_ss(b->d);
@@ -477,12 +549,12 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
   static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
   const row_tile_fn fn = fns[level()];
   row_tile_fn tile = fn;
-  const int k_rows = type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K || type == ST_TYPE_Q6_K;
+  const int k_rows = type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
+                     type == ST_TYPE_Q6_K;
   if (level() == 2 && k_rows) tile = row_tile_k_avx512;
   if (level() == 1 && k_rows) tile = row_tile_k_avx2;
   const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
-                           (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
-                                            type == ST_TYPE_Q6_K));
+                           (level() > 0 && (type == ST_TYPE_Q4_0 || k_rows));
   if (!in_registers) {
     /* Other block formats: each weight row is dequantised to float32 once per call, then the
      * float32 kernel runs over all tokens (the same products as a float32 forward of the
