@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +60,9 @@ static char *default_name(const char *path) {
 
 static int whole_number(const cJSON *v, long lo, long hi, long *out) {
   if (!cJSON_IsNumber(v)) return 0;
-  double d = v->valuedouble;
-  if (d != (double)(long)d || d < lo || d > hi) return 0;
+  const double d = v->valuedouble;
+  /* range first: converting a double outside long's range is undefined */
+  if (!(d >= (double)lo && d <= (double)hi) || d != floor(d)) return 0;
   *out = (long)d;
   return 1;
 }
