@@ -15,6 +15,7 @@
 #include "io/mkmodel.h"
 #include "io/model.h"
 #include "io/profile.h"
+#include "tiers/plan.h"
 
 static int n_pass, n_fail;
 #define CHECK(ok, ...)                     \
@@ -109,9 +110,48 @@ static void test_profile(void) {
   unlink(path);
 }
 
+/* The tiers' fill plan on a 2-layer x 4-expert profile (plan.h, the seeds' rules). Pairs are
+ * named L.E; routed ranking: 0.1 (9), 1.2 (8), 0.0 (5), 1.0 (4), 0.3 (2), 1.1 (1); never routed:
+ * 0.2 and 1.3, appended in expert-then-layer order (0.2, 1.3). */
+static void test_plan(void) {
+  char path[] = "/tmp/strata-test-plan-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return;
+  close(fd);
+  const uint64_t counts[8] = {5, 9, 0, 2, 4, 1, 8, 0};
+  struct st_profile p;
+  if (st_profile_write(path, 2, 4, 2, 10, counts) || st_profile_load(path, 2, 4, &p)) {
+    CHECK(0, "plan: profile: %s", st_last_error());
+    unlink(path);
+    return;
+  }
+  unlink(path);
+  uint8_t o[8];
+  char got[32];
+#define SHOW(o) (snprintf(got, sizeof got, "%d%d%d%d %d%d%d%d", o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]), got)
+  /* owners: 0 CPU, 1 CUDA0, 2 CUDA1, 3 CUDA2 */
+  /* candidate order: 0.1, 1.2, 0.0, 1.0, 0.3, 1.1, 0.2, 1.3 (owners printed for 0.0..0.3 1.0..1.3) */
+  st_plan_tiers(&p, 2, 4, 2, (int[]){3}, 1, ST_PLACE_STRIPE, o);
+  CHECK(!strcmp(SHOW(o), "2102 2010"), "plan, CUDA0 2 slots + one helper of 3: 0.1 and 1.2 on CUDA0, then 0.0, 1.0, 0.3 on CUDA1, the rest on the CPU pool: %s", got);
+  st_plan_tiers(&p, 2, 4, 1, (int[]){2, 2}, 2, ST_PLACE_STRIPE, o);
+  CHECK(!strcmp(SHOW(o), "3103 2020"), "plan, CUDA0 1 slot, stripe over two helpers of 2: 1.2 CUDA1, 0.0 CUDA2, 1.0 CUDA1, 0.3 CUDA2, the rest on the CPU pool: %s", got);
+  st_plan_tiers(&p, 2, 4, 0, (int[]){1, 3}, 2, ST_PLACE_STRIPE, o);
+  {
+    /* CUDA1 (1 slot) gets candidates 0, 2, 4, ...: only 0.1; CUDA2 (3 slots) gets 1, 3, 5: 1.2, 1.0, 1.1 */
+    CHECK(!strcmp(SHOW(o), "0200 3330"), "plan, stripe with CUDA1 of 1 slot and CUDA2 of 3: CUDA1 keeps only 0.1, its other candidates (0.0, 0.3, 0.2) stay on the CPU pool: %s", got);
+  }
+  st_plan_tiers(&p, 2, 4, 0, (int[]){2, 3}, 2, ST_PLACE_LAYER, o);
+  CHECK(!strcmp(SHOW(o), "2200 3330"), "plan, layer placement: layer 0 on CUDA1 (most routed first: 0.1, 0.0), layer 1 on CUDA2 (1.2, 1.0, 1.1): %s", got);
+  st_plan_tiers(&p, 2, 4, 8, NULL, 0, ST_PLACE_STRIPE, o);
+  CHECK(!strcmp(SHOW(o), "1111 1111"), "plan, every pair on CUDA0 when it has 8 slots: %s", got);
+#undef SHOW
+  st_profile_free(&p);
+}
+
 int main(void) {
   const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
   test_profile();
+  test_plan();
   test_ff_split(fx);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
