@@ -4,6 +4,7 @@
 #include "tiers/placement.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,9 +110,18 @@ int st_primary_cache_fill(struct st_placement *p, const struct st_model *m,
   c->slot_pair = malloc(sizeof(int32_t) * (size_t)n_slots);
   c->h = calloc((size_t)n_slots * 3, sizeof(starpu_data_handle_t));
   if (!c->slot_pair || !c->h) return st_set_error(ST_ENOMEM, "out of memory for the cache table");
+  const double t0 = st_now();
+  double shown = t0;
   for (int s = 0; s < n_slots; s++) {
     int rc = load_slot(p, m, s, prof->pairs[s].layer, prof->pairs[s].expert);
     if (rc) return rc;
+    const double now = st_now();
+    if (now - shown > 0.5 || (s + 1 == n_slots && now - t0 > 0.5)) { /* a progress line on long fills */
+      fprintf(stderr, "\rstrata: filling the primary cache: %d / %d expert pairs (%.2f GiB, %.0f MiB/s)", s + 1, n_slots,
+              (double)(s + 1) * c->slot_bytes / 1073741824.0, (double)(s + 1) * c->slot_bytes / 1048576.0 / (now - t0));
+      shown = now;
+      if (s + 1 == n_slots) fputc('\n', stderr);
+    }
   }
   return 0;
 }
