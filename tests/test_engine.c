@@ -93,7 +93,7 @@ static void test_profile(void) {
   if (fd < 0) return;
   close(fd);
   uint64_t counts[3 * 4] = {5, 0, 9, 1, 7, 7, 2, 0, 3, 3, 3, 8};
-  struct st_profile p;
+  struct st_profile p = {0};
   int rc = st_profile_write(path, 3, 4, 2, 20, counts);
   if (!rc) rc = st_profile_load(path, 3, 4, &p);
   const int ok = !rc && p.pairs[0].layer == 0 && p.pairs[0].expert == 2 && p.pairs[0].count == 9 &&

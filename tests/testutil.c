@@ -12,11 +12,17 @@ void tu_random_row(uint32_t t, uint8_t *row, int64_t n, uint64_t *rng) {
     row[i] = (uint8_t)*rng;
   }
   if (t == ST_TYPE_F32)
-    for (int64_t i = 0; i < n; i++) ((float *)row)[i] = (float)((int)(row[4 * i] % 200) - 100) / 37.0f;
+    for (int64_t i = 0; i < n; i++) {
+      const float v = (float)((int)(row[4 * i] % 200) - 100) / 37.0f;
+      memcpy(row + 4 * i, &v, 4);
+    }
   if (t == ST_TYPE_F16 || t == ST_TYPE_BF16)
     for (int64_t i = 0; i < n; i++)
-      ((uint16_t *)row)[i] = t == ST_TYPE_F16 ? st_f32_to_fp16((float)(row[2 * i] % 200) / 50.0f - 2.0f)
-                                              : st_f32_to_bf16((float)(row[2 * i] % 200) / 50.0f - 2.0f);
+    {
+      const float v = (float)(row[2 * i] % 200) / 50.0f - 2.0f;
+      const uint16_t h = t == ST_TYPE_F16 ? st_f32_to_fp16(v) : st_f32_to_bf16(v);
+      memcpy(row + 2 * i, &h, 2);
+    }
   const struct st_type_info *ti = st_type_info(t);
   for (uint64_t b = 0; ti->blck_size > 1 && b < (uint64_t)n / ti->blck_size; b++) {
     uint8_t *blk = row + b * ti->type_size;
