@@ -7,22 +7,9 @@ set -u
 : "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
 export STARPU_SILENT=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-pass=0; fail=0
-ok()  { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+. "$(dirname "$0")/lib.sh"
 tiny=$FIXTURES/models/tiny-qwen3moe-bf16.gguf
 
-# expect_error NAME PATTERN CMD...: exit status 1 (not a crash), one stderr line matching PATTERN
-expect_error() {
-  name=$1; pat=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"; st=$?
-  lines=$(grep -c . "$tmp/err")
-  if [ "$st" = 1 ] && [ "$lines" = 1 ] && grep -q -- "$pat" "$tmp/err"; then
-    ok "$name: exit 1, '$(cat "$tmp/err")'"
-  else
-    bad "$name: exit $st, $lines stderr lines, want /$pat/: $(head -c 400 "$tmp/err")"
-  fi
-}
 
 # 1. greedy generation of the reference's 'short' prompt (ids and continuation from the JSON)
 ids="785, 3974, 293, 4830, 282, 5131, 7784, 82, 916, 279, 1187, 4246, 5562, 13"

@@ -12,9 +12,7 @@ pid=""
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-pass=0; fail=0
-ok()  { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+. "$(dirname "$0")/lib.sh"
 model=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
 
 # 1. start on 127.0.0.1, any free port (--port 0; the log names it), wait for /health

@@ -10,9 +10,7 @@ set -u
 export STARPU_SILENT=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export STARPU_HOME="$tmp" # performance models calibrated by the runs stay out of $HOME
-pass=0; fail=0
-ok()  { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+. "$(dirname "$0")/lib.sh"
 tiny=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
 have() { command -v "$1" >/dev/null 2>&1; }
 
@@ -87,8 +85,8 @@ mkdir -p "$tmp/syn"
 synth 2 1 3 4 6 > "$tmp/syn/events.tsv"
 check_trace "synthetic (2 workers, 4 layers, 1+3 steps)" "$tmp/syn"
 
-# 2. a real traced run, once generate records traces
-if "$STRATA" generate --help 2>&1 | grep -q -- '--trace'; then
+# 2. a real traced run
+{
   ids="785, 3974, 293, 4830, 282, 5131, 7784, 82, 916, 279, 1187, 4246, 5562, 13"
   if "$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 --ignore-eos --print-ids --trace "$tmp/real" \
        >/dev/null 2>"$tmp/err" && [ -s "$tmp/real/events.tsv" ]; then
@@ -97,21 +95,9 @@ if "$STRATA" generate --help 2>&1 | grep -q -- '--trace'; then
   else
     bad "generate --trace: $(tail -n 3 "$tmp/err")"
   fi
-else
-  echo "SKIP real traced run: strata generate has no --trace yet"
-fi
+}
 
 # 3. malformed logs: exit 1 and one line naming the file and the line
-expect_error() {
-  name=$1; pat=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"; st=$?
-  lines=$(grep -c . "$tmp/err")
-  if [ "$st" = 1 ] && [ "$lines" = 1 ] && grep -q -- "$pat" "$tmp/err"; then
-    ok "$name: exit 1, '$(cat "$tmp/err")'"
-  else
-    bad "$name: exit $st, $lines stderr lines, want /$pat/: $(head -c 400 "$tmp/err")"
-  fi
-}
 mal() { mkdir -p "$tmp/$1"; cat > "$tmp/$1/events.tsv"; }
 sed '7s/^task	expert_rows	[0-9]*	/task	expert_rows	x	/' "$tmp/syn/events.tsv" | mal bad-layer
 expect_error "non-numeric layer" "events.tsv:7: layer" "$STRATA" trace "$tmp/bad-layer"
