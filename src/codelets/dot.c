@@ -41,9 +41,9 @@ static void row_tile_scalar(uint32_t type, const void *w, const float *x, int64_
 }
 
 
-/* ---- block formats decoded in registers (Q4_0, Q4_K, Q5_K, Q6_K) -------------------------
- * A vector of 8 or 16 consecutive weights never crosses a 32-weight sub-block (Q4_0, Q4_K, Q5_K)
- * or a 16-weight scale group (Q6_K), so one scale (and min) covers the whole vector. */
+/* ---- block formats decoded in registers --------------------------------------------------
+ * Q4_0 per vector of 8 or 16 weights (never crossing a block half); Q2_K..Q6_K a super-block at a
+ * time in the row_tile_k_* functions below. */
 
 /* The sub-block (of 32) scale d*sc and offset dmin*m for weight r of a Q4_K/Q5_K block. */
 __attribute__((target("f16c"))) static inline void k45_scale(const uint8_t *scales, uint16_t dh, uint16_t mh, int is, float *dl, float *ml) {
@@ -59,78 +59,27 @@ __attribute__((target("f16c"))) static inline void k45_scale(const uint8_t *scal
   *ml = _cvtsh_ss(mh) * (float)m;
 }
 
-/* Where the quants of weight i live, and their shared scale: w = dl * q - ml, with q assembled as
- * (lo_byte >> lo_shift) & lo_mask | ((hi_byte >> hi_shift) & hi_mask) << 4 (hi absent: hi = NULL). */
-struct qloc {
-  const uint8_t *lo, *hi;
-  int lo_shift, lo_mask, hi_shift, hi_mask;
-  float dl, ml;
-};
-
-__attribute__((target("f16c"))) static inline struct qloc locate(uint32_t type, const void *row, int64_t i) {
-  struct qloc q = {0};
-  switch (type) {
-  case ST_TYPE_Q4_0: {
-    const st_block_q4_0 *b = (const st_block_q4_0 *)row + i / 32;
-    const int j = (int)(i % 32);
-    q.lo = b->qs + (j % 16);
-    q.lo_shift = j < 16 ? 0 : 4;
-    q.lo_mask = 0xF;
-    q.dl = _cvtsh_ss(b->d);
-    q.ml = 8.0f * q.dl;
-    break;
-  }
-  case ST_TYPE_Q4_K:
-  case ST_TYPE_Q5_K: {
-    const int r = (int)(i % 256), j64 = r / 64, sub = (r % 64) / 32, l = r % 32;
-    const uint8_t *b = (const uint8_t *)row + (i / 256) * (type == ST_TYPE_Q4_K ? 144 : 176);
-    q.lo = b + (type == ST_TYPE_Q4_K ? 16 : 48) + j64 * 32 + l;
-    q.lo_shift = 4 * sub;
-    q.lo_mask = 0xF;
-    if (type == ST_TYPE_Q5_K) {
-      q.hi = b + 16 + l;
-      q.hi_shift = 2 * j64 + sub;
-      q.hi_mask = 1;
-    }
-    uint16_t dh, mh;
-    memcpy(&dh, b, 2);
-    memcpy(&mh, b + 2, 2);
-    k45_scale(b + 4, dh, mh, 2 * j64 + sub, &q.dl, &q.ml);
-    break;
-  }
-  default: { /* Q6_K */
-    const st_block_q6_K *b = (const st_block_q6_K *)row + i / 256;
-    const int r = (int)(i % 256), n = r / 128, quarter = (r % 128) / 32, l = r % 32;
-    q.lo = b->ql + 64 * n + (quarter & 1 ? 32 : 0) + l;
-    q.lo_shift = quarter < 2 ? 0 : 4;
-    q.lo_mask = 0xF;
-    q.hi = b->qh + 32 * n + l;
-    q.hi_shift = 2 * quarter;
-    q.hi_mask = 3;
-    q.dl = _cvtsh_ss(b->d) * (float)b->scales[8 * n + l / 16 + 2 * quarter];
-    q.ml = 32.0f * q.dl;
-    break;
-  }
-  }
-  return q;
+/* Q4_0 in registers: the 8 or 16 weights from i share one block half (low or high nibbles of
+ * the block's 16 bytes), w = d * q - 8d. */
+__attribute__((target("f16c"))) static inline const uint8_t *q4_0_at(const void *row, int64_t i, int *shift, float *dl,
+                                                                     float *ml) {
+  const st_block_q4_0 *b = (const st_block_q4_0 *)row + i / 32;
+  const int j = (int)(i % 32);
+  *shift = j < 16 ? 0 : 4;
+  *dl = _cvtsh_ss(b->d);
+  *ml = 8.0f * *dl;
+  return b->qs + (j % 16);
 }
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-static inline AVX2 __m256i quants8_avx2(uint32_t type, const void *row, int64_t i, float *dl, float *ml) {
-  const struct qloc q = locate(type, row, i);
-  __m256i v = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q.lo)), q.lo_shift),
-                               _mm256_set1_epi32(q.lo_mask));
-  if (q.hi) {
-    const __m256i h = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q.hi)), q.hi_shift),
-                                       _mm256_set1_epi32(q.hi_mask));
-    v = _mm256_or_si256(v, _mm256_slli_epi32(h, 4));
-  }
-  *dl = q.dl;
-  *ml = q.ml;
-  return v;
+static inline AVX2 __m256i quants8_avx2(const void *row, int64_t i, float *dl, float *ml) {
+  int shift;
+  const uint8_t *q = q4_0_at(row, i, &shift, dl, ml);
+  return _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), shift),
+                          _mm256_set1_epi32(0xF));
 }
 
 static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) {
@@ -150,7 +99,7 @@ static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) 
   }
   default: {
     float dl, ml;
-    const __m256i q = quants8_avx2(type, row, i, &dl, &ml);
+    const __m256i q = quants8_avx2(row, i, &dl, &ml); /* Q4_0: the only other type that comes here */
     return _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl), _mm256_cvtepi32_ps(q)), _mm256_set1_ps(ml));
   }
   }
@@ -201,18 +150,11 @@ static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-static inline AVX512 __m512i quants16_avx512(uint32_t type, const void *row, int64_t i, float *dl, float *ml) {
-  const struct qloc q = locate(type, row, i);
-  __m512i v = _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q.lo)), q.lo_shift),
-                               _mm512_set1_epi32(q.lo_mask));
-  if (q.hi) {
-    const __m512i h = _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q.hi)), q.hi_shift),
-                                       _mm512_set1_epi32(q.hi_mask));
-    v = _mm512_or_si512(v, _mm512_slli_epi32(h, 4));
-  }
-  *dl = q.dl;
-  *ml = q.ml;
-  return v;
+static inline AVX512 __m512i quants16_avx512(const void *row, int64_t i, float *dl, float *ml) {
+  int shift;
+  const uint8_t *q = q4_0_at(row, i, &shift, dl, ml);
+  return _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), shift),
+                          _mm512_set1_epi32(0xF));
 }
 
 static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_t i) {
@@ -233,7 +175,7 @@ static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_
   }
   default: {
     float dl, ml;
-    const __m512i q = quants16_avx512(type, row, i, &dl, &ml);
+    const __m512i q = quants16_avx512(row, i, &dl, &ml); /* Q4_0 */
     return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)), _mm512_set1_ps(ml));
   }
   }
