@@ -16,7 +16,7 @@ ids="785, 3974, 293, 4830, 282, 5131, 7784, 82, 916, 279, 1187, 4246, 5562, 13"
 want="[6841, 6004, 3427, 4124, 2332, 1561, 6252, 3073, 3427, 4124, 2332, 1561, 6252, 3073, 3427, 452]"
 got=$("$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 16 --temp 0 --print-ids --ignore-eos 2>"$tmp/err")
 if [ "$got" = "$want" ]; then ok "generate --print-ids: $got"; else bad "generate --print-ids: got '$got' want '$want' ($(tail -n 3 "$tmp/err"))"; fi
-grep -q "decode: 16 tokens" "$tmp/err" && grep -q "StarPU workers:" "$tmp/err" && grep -q "expert tasks per tier: CPU" "$tmp/err" \
+grep -q "decode: 16 tokens" "$tmp/err" && grep -q "StarPU workers:" "$tmp/err" && grep -q "^expert entries CPU [0-9]" "$tmp/err" \
   && ok "generate report: $(grep -E '^(prompt|decode):' "$tmp/err" | tr '\n' ' ')" || bad "generate report missing: $(cat "$tmp/err")"
 
 # 2. text generation streams text
@@ -56,6 +56,26 @@ at=$(grep -obUa "token_embd.weight" "$tmp/iq.gguf" | head -n 1 | cut -d: -f1)
 printf '\024\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
 expect_error "unsupported tensor type" "unsupported tensor type iq4_nl for token_embd.weight" \
   "$STRATA" generate -m "$tmp/iq.gguf" -p hi
+# the second-GPU tiers' refusals (the seeds' wording for the peer tier), before any device is touched
+expect_error "peer + layer split" "^strata generate: --peer-device cannot be combined with --layer-split (use one or the other)$" \
+  "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache 4 --peer-device 1 --layer-split auto
+expect_error "peer + helper" "^strata generate: --peer-device cannot be combined with --expert-cache-device1..3 (the peer tier already caches experts there)$" \
+  "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache 4 --peer-device 1 --expert-cache-device1 8
+expect_error "peer without a profile" "peer-device needs --expert-profile" "$STRATA" generate -m "$tiny" -p hi --peer-device 1
+expect_error "peer without a cache" "peer-device needs an enabled expert cache" \
+  "$STRATA" generate -m "$tiny" -p hi --peer-device 1 --expert-profile x
+expect_error "helper tiers out of order" "expert-cache-device2 needs --expert-cache-device1: tiers must be enabled in order" \
+  "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache-device2 auto
+expect_error "remote-expert-opt without a helper" "remote-expert-opt needs a helper cache" \
+  "$STRATA" generate -m "$tiny" -p hi --remote-expert-opt
+expect_error "peer flags without a peer" "need --peer-device N" "$STRATA" generate -m "$tiny" -p hi --peer-slots 8
+expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
+expect_error "peer device not there" "peer-device needs a CUDA device, and StarPU found none" \
+  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache 4 --peer-device 1
+expect_error "helper device not there" "expert-cache-device1 needs a CUDA device, and StarPU found none" \
+  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache-device1 auto
+expect_error "layer split without GPUs" "layer-split needs a CUDA device" \
+  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --layer-split auto
 for c in generate eval tokenize mkmodel; do
   "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"
 done

@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
       }
       char ptag[192];
       snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag,
-               e->placement.cuda0_worker >= 0 ? "CUDA0 float32 kernels" : "CPU", e->placement.cache.n_slots, n_pairs);
+               e->placement.cuda0_worker >= 0 ? "CUDA0 float32 kernels" : "CPU", e->placement.cache[0].n_slots, n_pairs);
       printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s\n", ptag, path, r.n_prompts,
              st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa());
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));

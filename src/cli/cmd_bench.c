@@ -38,9 +38,11 @@ struct result {
 
 static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const struct st_engine_stats *b) {
   struct st_engine_stats d = *b;
-  for (int t = 0; t < ST_TIER_COUNT; t++) {
+  for (int t = 0; t < ST_TIER_MAX; t++) {
     d.expert_tasks[t] -= a->expert_tasks[t];
     d.expert_entries[t] -= a->expert_entries[t];
+    d.tier_bytes[t] -= a->tier_bytes[t];
+    d.tier_bytes_unpacked[t] -= a->tier_bytes_unpacked[t];
   }
   d.tasks -= a->tasks;
   d.h2d_bytes -= a->h2d_bytes;
@@ -51,9 +53,9 @@ static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const
 }
 
 /* Synthetic prompt ids: ordinary word pieces cycled (the speed does not depend on the text). */
-/* Share of routed entries the CUDA0 cache served in a measurement. */
+/* Share of routed entries the GPU caches served in a measurement. */
 static double share(const struct result *r) {
-  const double g = (double)r->delta.expert_entries[ST_TIER_PRIMARY], c = (double)r->delta.expert_entries[ST_TIER_CPU_POOL];
+  const double g = (double)st_stats_gpu_entries(&r->delta), c = (double)r->delta.expert_entries[ST_TIER_CPU_POOL];
   return g + c > 0 ? g / (g + c) : 0.0;
 }
 
@@ -72,7 +74,8 @@ int st_cmd_bench(int argc, char **argv) {
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, c, rc = 0;
   long threads = 0;
-  struct st_engine_opts eo = {0};
+  struct st_engine_opts eo;
+  st_engine_opts_init(&eo);
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;
@@ -172,34 +175,39 @@ int st_cmd_bench(int argc, char **argv) {
                                                                           (bw_gpu > 0 ? share(r) * pair_b / bw_gpu : 0.0)))
   if (!rc && json) {
     printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, \"results\": [",
-           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache.n_slots, e->cache_mass_share);
+           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots, e->cache_mass_share);
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
-             "\"entries_cpu\": %llu, \"entries_cuda0\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
+             "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
              "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f}",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
-             (unsigned long long)r->delta.expert_entries[ST_TIER_PRIMARY], r->delta.h2d_bytes / 1048576.0,
+             (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
              (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, ROOFLINE(r));
     }
     printf("\n], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f}\n", bw_host / 1e9,
            bw_gpu / 1e9, pair_b);
   } else if (!rc) {
-    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots (%.1f%% of the profile's routed mass)\n",
-           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache.n_slots,
+    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass\n",
+           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
            100.0 * e->cache_mass_share);
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
     printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
-           "CUDA0 entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline");
+           "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline");
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
-      const uint64_t g = r->delta.expert_entries[ST_TIER_PRIMARY], cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
+      const uint64_t g = st_stats_gpu_entries(&r->delta), cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
       printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f\n", r->test, r->tokens, r->depth,
              r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
              g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r));
+    }
+    for (int i = 0; i < n_res && e->placement.n_caches > 1; i++) { /* per card, with helpers, a peer or a split */
+      char tiers[1024];
+      st_engine_tier_report(e, &res[i].delta, NULL, tiers, sizeof tiers);
+      printf("  %s %ld: %s\n", res[i].test, res[i].test[0] == 'p' ? res[i].tokens : res[i].depth, tiers);
     }
   }
 #undef ROOFLINE

@@ -53,6 +53,7 @@ static void generate_help(FILE *f, const char *cmd) {
 
 static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
   *o = (struct run_opts){.n_predict = 128, .seed = 42, .top_k = 40, .temp = 0.8, .top_p = 0.95};
+  st_engine_opts_init(&o->eo);
   static const struct option own[] = {
       {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
       {"n-predict", required_argument, 0, 'n'},
@@ -174,18 +175,14 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
   fprintf(stderr, "decode: %zu tokens in %.3f s (%.2f tok/s)\n", n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0);
   fprintf(stderr, "StarPU workers: %d CPU, %d CUDA; scheduler %s\n", st_engine_n_cpu_workers(s->engine),
           st_engine_n_cuda_workers(s->engine), pol && pol->policy_name ? pol->policy_name : "?");
-  fprintf(stderr, "expert tasks per tier:");
-  for (int t = 0; t < ST_TIER_COUNT; t++)
-    if (t == ST_TIER_CPU_POOL || st->expert_tasks[t])
-      fprintf(stderr, "%s %s %llu tasks / %llu expert entries", t ? ";" : "", st_tier_name((enum st_tier)t),
-              (unsigned long long)st->expert_tasks[t], (unsigned long long)st->expert_entries[t]);
-  fputc('\n', stderr);
-  const uint64_t all = st->expert_entries[ST_TIER_CPU_POOL] + st->expert_entries[ST_TIER_PRIMARY];
+  char tiers[1024];
+  st_engine_tier_report(s->engine, NULL, NULL, tiers, sizeof tiers);
+  fprintf(stderr, "%s\n", tiers);
+  const uint64_t gpu = st_stats_gpu_entries(st), all = gpu + st->expert_entries[ST_TIER_CPU_POOL];
   if (st_engine_n_cuda_workers(s->engine) > 0)
-    fprintf(stderr, "routed entries served by the CUDA0 cache: %.1f%% (%llu of %llu); host->device %.1f MiB; adaptive swaps %llu\n",
-          all ? 100.0 * st->expert_entries[ST_TIER_PRIMARY] / all : 0.0,
-          (unsigned long long)st->expert_entries[ST_TIER_PRIMARY], (unsigned long long)all,
-          st->h2d_bytes / 1048576.0, (unsigned long long)st->swaps);
+    fprintf(stderr, "routed entries served by the GPU caches: %.1f%% (%llu of %llu); host->device %.1f MiB; adaptive swaps %llu\n",
+            all ? 100.0 * gpu / all : 0.0, (unsigned long long)gpu, (unsigned long long)all,
+            st->h2d_bytes / 1048576.0, (unsigned long long)st->swaps);
   fprintf(stderr, "tasks submitted: %llu; executed per worker:", (unsigned long long)st->tasks);
   for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
     struct starpu_profiling_worker_info info;

@@ -335,16 +335,15 @@ static void run_job(struct server *s, struct job *j) {
   free(piece);
 
   const struct st_engine_stats *st = &e->stats;
-  const uint64_t cpu = st->expert_entries[ST_TIER_CPU_POOL] - before.expert_entries[ST_TIER_CPU_POOL];
-  const uint64_t gpu = st->expert_entries[ST_TIER_PRIMARY] - before.expert_entries[ST_TIER_PRIMARY];
+  char tiers[1024];
+  st_engine_tier_report(e, NULL, &before, tiers, sizeof tiers);
   fprintf(stderr,
           "strata serve: request %llu (%s%s): prompt %zu tokens in %.3f s, generated %d tokens in %.3f s "
-          "(%.2f tok/s), %s; expert entries %s %llu, %s %llu; host->device %.1f MiB\n",
+          "(%.2f tok/s), %s; %s; host->device %.1f MiB\n",
           (unsigned long long)j->seq, j->kind == JOB_CHAT ? "chat" : "completion", j->stream ? ", stream" : "",
           j->n_ids, t_prompt, j->n_gen, t_gen, tps,
           rc ? "failed" : cancelled ? "client disconnected, stopped" : j->finish,
-          st_tier_name(ST_TIER_CPU_POOL), (unsigned long long)cpu, st_tier_name(ST_TIER_PRIMARY),
-          (unsigned long long)gpu, (st->h2d_bytes - before.h2d_bytes) / 1048576.0);
+          tiers, (st->h2d_bytes - before.h2d_bytes) / 1048576.0);
   pthread_mutex_lock(&s->mu);
   s->requests_total++;
   s->requests_failed += rc != 0;
@@ -457,7 +456,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
   const double tps = s->last_tps;
   const int queued = s->n_queued;
   pthread_mutex_unlock(&s->mu);
-  const uint64_t routed = st.expert_entries[ST_TIER_CPU_POOL] + st.expert_entries[ST_TIER_PRIMARY];
+  const uint64_t routed = st.expert_entries[ST_TIER_CPU_POOL] + st_stats_gpu_entries(&st);
 #define METRIC(name, type, help, fmt, ...)                                                              \
   do {                                                                                                  \
     snprintf(line, sizeof line, "# HELP " name " " help "\n# TYPE " name " " type "\n" name fmt "\n", \
@@ -473,15 +472,19 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
   METRIC("strata_generated_tokens_total", "counter", "Tokens generated.", " %llu", (unsigned long long)gt);
   METRIC("strata_last_request_tokens_per_second", "gauge", "Decode speed of the last request, tokens/s.", " %.3f",
          tps);
-  snprintf(line, sizeof line,
-           "# HELP strata_expert_entries_total (token, expert) rows computed per tier.\n"
-           "# TYPE strata_expert_entries_total counter\n"
-           "strata_expert_entries_total{tier=\"%s\"} %llu\nstrata_expert_entries_total{tier=\"%s\"} %llu\n",
-           st_tier_name(ST_TIER_CPU_POOL), (unsigned long long)st.expert_entries[ST_TIER_CPU_POOL],
-           st_tier_name(ST_TIER_PRIMARY), (unsigned long long)st.expert_entries[ST_TIER_PRIMARY]);
-  buf_add(&b, line, strlen(line));
-  METRIC("strata_cache_routed_share", "gauge", "Share of routed expert entries served by the CUDA0 cache.",
-         " %.6f", routed ? (double)st.expert_entries[ST_TIER_PRIMARY] / routed : 0.0);
+  {
+    const struct st_placement *pl = &s->engine->placement;
+    const char *hdr = "# HELP strata_expert_entries_total (token, expert) rows computed per tier.\n"
+                      "# TYPE strata_expert_entries_total counter\n";
+    buf_add(&b, hdr, strlen(hdr));
+    for (int t = 0; t <= pl->n_caches; t++) {
+      snprintf(line, sizeof line, "strata_expert_entries_total{tier=\"%s\"} %llu\n", st_placement_tier_name(pl, t),
+               (unsigned long long)st.expert_entries[t]);
+      buf_add(&b, line, strlen(line));
+    }
+  }
+  METRIC("strata_cache_routed_share", "gauge", "Share of routed expert entries served by the GPU expert caches.",
+         " %.6f", routed ? (double)st_stats_gpu_entries(&st) / routed : 0.0);
   METRIC("strata_host_to_device_bytes_total", "counter", "Bytes moved from main RAM to CUDA devices.", " %llu",
          (unsigned long long)st.h2d_bytes);
   METRIC("strata_queue_length", "gauge", "Requests waiting for the engine.", " %d", queued);
@@ -1024,6 +1027,7 @@ int st_cmd_serve(int argc, char **argv) {
   struct MHD_Daemon *d = NULL;
   char *name_owned = NULL, *tmpl = NULL, where[600] = "";
   int worker_started = 0, mu_ready = 0;
+  st_engine_opts_init(&o.eo);
   int rc = parse_args(argc, argv, &o, 1, "");
   if (rc == 1) return 0;
   if (!rc && o.config && o.model) rc = st_set_error(ST_EINVAL, "give either --config FILE or -m FILE, not both");
@@ -1039,7 +1043,7 @@ int st_cmd_serve(int argc, char **argv) {
         av[0] = "serve";
         memcpy(av + 1, cfg.args, sizeof *av * (size_t)cfg.n_args);
         snprintf(where, sizeof where, "%s: \"args\"", o.config);
-        o.eo = (struct st_engine_opts){0};
+        st_engine_opts_init(&o.eo);
         rc = parse_args(cfg.n_args + 1, av, &o, 0, where);
         free(av);
       }

@@ -6,8 +6,13 @@
 
 #include "cli/cli.h"
 #include "common.h"
+#include "tiers/plan.h"
 
-enum { OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE, OPT_STREAM };
+enum {
+  OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE,
+  OPT_STREAM, OPT_HELPER1, OPT_HELPER2, OPT_HELPER3, OPT_PLACEMENT, OPT_REMOTE_PLACEMENT, OPT_REMOTE_OPT, OPT_PEER,
+  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT
+};
 
 static const struct option engine_longopts[] = {
     {"ctx-size", required_argument, 0, 'c'},
@@ -19,6 +24,18 @@ static const struct option engine_longopts[] = {
     {"adapt-interval", required_argument, 0, OPT_ADAPT_INTERVAL},
     {"trace", required_argument, 0, OPT_TRACE},
     {"prompt-stream", required_argument, 0, OPT_STREAM},
+    {"expert-cache-device1", required_argument, 0, OPT_HELPER1},
+    {"expert-cache-device2", required_argument, 0, OPT_HELPER2},
+    {"expert-cache-device3", required_argument, 0, OPT_HELPER3},
+    {"gpu-placement", required_argument, 0, OPT_PLACEMENT},
+    {"expert-cache-remote-placement", required_argument, 0, OPT_REMOTE_PLACEMENT},
+    {"remote-expert-opt", no_argument, 0, OPT_REMOTE_OPT},
+    {"peer-device", required_argument, 0, OPT_PEER},
+    {"peer-reserve-mib", required_argument, 0, OPT_PEER_RESERVE},
+    {"peer-slots", required_argument, 0, OPT_PEER_SLOTS},
+    {"peer-adapt-swaps", required_argument, 0, OPT_PEER_ADAPT},
+    {"peer-prefill-rows", required_argument, 0, OPT_PEER_PREFILL},
+    {"layer-split", required_argument, 0, OPT_LAYER_SPLIT},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -29,6 +46,19 @@ struct option *st_engine_longopts_with(const struct option *own) {
   memcpy(all, own, sizeof *all * a);
   memcpy(all + a, engine_longopts, sizeof *all * b);
   return all;
+}
+
+/* N or auto (ST_CACHE_AUTO) expert slots. */
+static int parse_slots(const char *flag, const char *arg, int *out) {
+  long v;
+  if (!strcmp(arg, "auto")) {
+    *out = ST_CACHE_AUTO;
+    return 1;
+  }
+  int rc = st_parse_int(flag, arg, 0, 1 << 30, &v);
+  if (rc) return rc;
+  *out = (int)v;
+  return 1;
 }
 
 int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
@@ -45,13 +75,45 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     eo->prefill = (int)v;
     return 1;
   case OPT_PROFILE: eo->expert_profile = arg; return 1;
-  case OPT_CACHE:
-    if (!strcmp(arg, "auto")) {
-      eo->expert_cache = ST_CACHE_AUTO;
-      return 1;
-    }
-    if ((rc = st_parse_int("--expert-cache", arg, 0, 1 << 30, &v))) return rc;
-    eo->expert_cache = (int)v;
+  case OPT_CACHE: return parse_slots("--expert-cache", arg, &eo->expert_cache);
+  case OPT_HELPER1:
+  case OPT_HELPER2:
+  case OPT_HELPER3: {
+    char flag[32];
+    snprintf(flag, sizeof flag, "--expert-cache-device%d", c - OPT_HELPER1 + 1);
+    return parse_slots(flag, arg, &eo->helper_cache[c - OPT_HELPER1]);
+  }
+  case OPT_PLACEMENT:
+  case OPT_REMOTE_PLACEMENT:
+    if (strcmp(arg, "stripe") && strcmp(arg, "layer"))
+      return st_set_error(ST_EINVAL, "%s expects stripe or layer, got '%s'",
+                          c == OPT_PLACEMENT ? "--gpu-placement" : "--expert-cache-remote-placement", arg);
+    eo->gpu_placement = !strcmp(arg, "layer") ? ST_PLACE_LAYER : ST_PLACE_STRIPE;
+    return 1;
+  case OPT_REMOTE_OPT: eo->remote_expert_opt = 1; return 1;
+  case OPT_PEER:
+    if ((rc = st_parse_int("--peer-device", arg, 1, 63, &v))) return rc;
+    eo->peer_device = (int)v;
+    return 1;
+  case OPT_PEER_RESERVE:
+    if ((rc = st_parse_float("--peer-reserve-mib", arg, 0.0, 1e7, &f))) return rc;
+    eo->peer_reserve_mib = f;
+    return 1;
+  case OPT_PEER_SLOTS:
+    if ((rc = st_parse_int("--peer-slots", arg, 0, 1 << 30, &v))) return rc;
+    eo->peer_slots = (int)v;
+    return 1;
+  case OPT_PEER_ADAPT:
+    if ((rc = st_parse_int("--peer-adapt-swaps", arg, -1, 1 << 20, &v))) return rc;
+    eo->peer_adapt_swaps = (int)v;
+    return 1;
+  case OPT_PEER_PREFILL:
+    if ((rc = st_parse_int("--peer-prefill-rows", arg, -1, 1 << 24, &v))) return rc;
+    eo->peer_prefill_rows = (int)v;
+    return 1;
+  case OPT_LAYER_SPLIT:
+    if (strcmp(arg, "auto")) return st_set_error(ST_EINVAL, "--layer-split expects auto, got '%s'", arg);
+    eo->layer_split = 1;
     return 1;
   case OPT_RESERVE:
     if ((rc = st_parse_float("--cache-reserve", arg, 0.0, 1e7, &f))) return rc;
@@ -76,6 +138,32 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
 }
 
 int st_engine_opts_check(const struct st_engine_opts *eo) {
+  const int helpers = eo->helper_cache[0] || eo->helper_cache[1] || eo->helper_cache[2];
+  /* the peer tier's refusals, word for word as the seeds give them */
+  if (eo->peer_device > 0 && eo->layer_split)
+    return st_set_error(ST_EINVAL, "--peer-device cannot be combined with --layer-split (use one or the other)");
+  if (eo->peer_device > 0 && helpers)
+    return st_set_error(ST_EINVAL, "--peer-device cannot be combined with --expert-cache-device1..3 (the peer tier already caches experts there)");
+  if (eo->peer_device > 0 && !eo->expert_profile)
+    return st_set_error(ST_EINVAL, "--peer-device needs --expert-profile FILE (`strata profile` writes one)");
+  if (eo->peer_device > 0 && !eo->expert_cache)
+    return st_set_error(ST_EINVAL, "--peer-device needs an enabled expert cache (--expert-cache N|auto)");
+  if (eo->peer_device <= 0 && (eo->peer_slots || eo->peer_reserve_mib != 600 || eo->peer_adapt_swaps != -1 ||
+                               eo->peer_prefill_rows != -1))
+    return st_set_error(ST_EINVAL, "--peer-reserve-mib, --peer-slots, --peer-adapt-swaps and --peer-prefill-rows need --peer-device N");
+  for (int h = 1; h < 3; h++)
+    if (eo->helper_cache[h] && !eo->helper_cache[h - 1])
+      return st_set_error(ST_EINVAL, "--expert-cache-device%d needs --expert-cache-device%d: tiers must be enabled in order",
+                          h + 1, h);
+  if (helpers && !eo->expert_profile)
+    return st_set_error(ST_EINVAL, "--expert-cache-device1..3 need --expert-profile FILE (`strata profile` writes one)");
+  if (helpers && eo->layer_split)
+    return st_set_error(ST_EINVAL, "--layer-split cannot be combined with --expert-cache-device1..3 (a layer split gives "
+                        "every visible GPU a stage and an expert cache of its own)");
+  if (eo->remote_expert_opt && !helpers)
+    return st_set_error(ST_EINVAL, "--remote-expert-opt needs a helper cache (--expert-cache-device1 N|auto)");
+  if (eo->gpu_placement == ST_PLACE_LAYER && !helpers)
+    return st_set_error(ST_EINVAL, "--gpu-placement layer needs a helper cache (--expert-cache-device1 N|auto)");
   if (eo->expert_cache && !eo->expert_profile)
     return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
   if (eo->adapt_swaps && !eo->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
@@ -95,5 +183,20 @@ void st_engine_opts_help(FILE *f) {
           "      --adapt-interval N tokens between adaptive rounds (default 32)\n"
           "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n"
           "      --prompt-stream auto|off  prompt path: let a model-based scheduler (STARPU_SCHED=dmda, dmdas,\n"
-          "                         heteroprio) run an uncached expert on CUDA0, streaming its weights (default auto)\n");
+          "                         heteroprio) run an uncached expert on CUDA0, streaming its weights (default auto)\n"
+          "  second-GPU tiers (doc/tiers.md):\n"
+          "      --expert-cache-device1..3 N|auto  helper caches: N expert pairs on the 1st..3rd visible GPU after\n"
+          "                         the primary (auto = what fits, keeping 512 MiB free); enable in order (default off)\n"
+          "      --gpu-placement stripe|layer  helpers: ranked pairs round robin over the cards, or each layer\n"
+          "                         on one card (layer mod cards) (default stripe; alias --expert-cache-remote-placement)\n"
+          "      --remote-expert-opt  helpers sum their experts' rows per token on their GPU and adapt within\n"
+          "                         a layer (not bitwise identical: the summation order changes) (default off)\n"
+          "      --peer-device N    peer tier: a second adaptive cache on CUDA device N >= 1, data over P2P (default off)\n"
+          "      --peer-reserve-mib M  MiB left free on the peer card (default 600)\n"
+          "      --peer-slots N     cap on the peer's expert pairs (default 0 = as many as fit)\n"
+          "      --peer-adapt-swaps N  swaps per adaptive round on the peer (default -1 = --adapt-swaps)\n"
+          "      --peer-prefill-rows N  rows of each prompt chunk the peer computes (default -1 = half of chunk x\n"
+          "                         top-k; 0 = prompt rows stay on the primary)\n"
+          "      --layer-split auto consecutive layers on consecutive GPUs, each with --expert-cache of its own\n"
+          "                         (default off)\n");
 }

@@ -92,13 +92,17 @@ int st_submit_router(const struct st_router_args *a, starpu_data_handle_t *bufs,
 
 /* ---- expert_rows.c: the rows of a group of expert pairs of one layer -------------------------
  * Buffers: ffn_in [T][n_embd] R; for each of the n_experts experts: gate [n_ff][n_embd] R,
- * up [n_ff][n_embd] R, down [n_embd][n_ff] R; out [n_rows][n_embd] W.
- * out[i] = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows, over the
+ * up [n_ff][n_embd] R, down [n_embd][n_ff] R; out W.
+ * row_i = w_i * down(silu(gate(x_ti)) * up(x_ti)) for the listed (token, weight) rows, over the
  * FFN slice [ff0, ff1) of each expert (a partial sum when the slice is not the whole FFN: the
  * CPU pool splits a big expert this way so several workers share one token's expert); expert g
  * owns rows [group[g].row0, group[g].row0 + group[g].n_rows). The CPU pool submits one expert (or
  * a slice of its rows) per task; a GPU cache submits every cached expert of a layer in one task
- * (a grouped kernel per matrix: a kernel per expert would be far too small for a task). */
+ * (a grouped kernel per matrix: a kernel per expert would be far too small for a task).
+ * out is [n_rows][n_embd] (out[i] = row_i, the packed rows) when n_out_rows == 0; otherwise it is
+ * [n_out_rows][n_embd] and out[o] is the sum, in the listed order, of the rows
+ * red_idx[red_off[o] .. red_off[o + 1]) (--remote-expert-opt: one weighted partial sum per token
+ * on the helper's own GPU, the seeds' "helper decode optimization"). */
 struct st_expert_row {
   int32_t token;
   float weight;
@@ -109,19 +113,26 @@ struct st_expert_group {
 struct st_expert_rows_args {
   int32_t n_experts, n_rows, n_embd, n_ff, layer;
   int32_t ff0, ff1; /* the FFN slice this task computes, 0 <= ff0 < ff1 <= n_ff */
+  int32_t n_out_rows; /* 0: packed rows; > 0: partial sums (see above) */
   struct st_wdesc gate, up, down;
-  /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row */
+  /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row, then, when
+   * n_out_rows > 0, red_off [n_out_rows + 1] and red_idx [n_rows] (int32) */
   ST_ALIGNAS8 unsigned char tail[];
 };
-static inline size_t st_expert_rows_args_size(int n_experts, int n_rows) {
+static inline size_t st_expert_rows_args_size(int n_experts, int n_rows, int n_out_rows) {
   return sizeof(struct st_expert_rows_args) + sizeof(struct st_expert_group) * (size_t)n_experts +
-         sizeof(struct st_expert_row) * (size_t)n_rows;
+         sizeof(struct st_expert_row) * (size_t)n_rows +
+         (n_out_rows > 0 ? sizeof(int32_t) * ((size_t)n_out_rows + 1 + (size_t)n_rows) : 0);
 }
 static inline struct st_expert_group *st_expert_groups(const struct st_expert_rows_args *a) {
   return (struct st_expert_group *)(void *)a->tail;
 }
 static inline struct st_expert_row *st_expert_rows(const struct st_expert_rows_args *a) {
   return (struct st_expert_row *)(void *)(a->tail + sizeof(struct st_expert_group) * (size_t)a->n_experts);
+}
+/* red_off [n_out_rows + 1], then red_idx [n_rows]; meaningful only when n_out_rows > 0. */
+static inline int32_t *st_expert_reduce(const struct st_expert_rows_args *a) {
+  return (int32_t *)(void *)(st_expert_rows(a) + a->n_rows);
 }
 /* `bufs` has 2 + 3 * n_experts handles in the order above; `a` is copied. */
 int st_submit_expert_rows(const struct st_expert_rows_args *a, starpu_data_handle_t *bufs,

@@ -18,8 +18,10 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
   const struct st_expert_group *groups = st_expert_groups(a);
   const struct st_expert_row *rows = st_expert_rows(a);
   const float *ffn_in = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
-  float *out_all = (float *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * a->n_experts]);
+  float *dst = (float *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * a->n_experts]);
   const int d = a->n_embd, ff = a->ff1 - a->ff0;
+  /* partial sums: the rows go to a scratch block first, then are summed in the listed order */
+  float *out_all = a->n_out_rows > 0 ? malloc(sizeof(float) * (size_t)a->n_rows * d) : dst;
   int max_rows = 0;
   for (int g = 0; g < a->n_experts; g++) max_rows = groups[g].n_rows > max_rows ? groups[g].n_rows : max_rows;
 
@@ -44,6 +46,16 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
       for (int j = 0; j < d; j++) out[(size_t)i * d + j] *= gr[i].weight;
   }
   free(x);
+  if (a->n_out_rows > 0) {
+    const int32_t *off = st_expert_reduce(a), *idx = off + a->n_out_rows + 1;
+    for (int o = 0; o < a->n_out_rows; o++) {
+      float *y = dst + (size_t)o * d;
+      memset(y, 0, sizeof(float) * (size_t)d);
+      for (int r = off[o]; r < off[o + 1]; r++)
+        for (int j = 0; j < d; j++) y[j] += out_all[(size_t)idx[r] * d + j];
+    }
+    free(out_all);
+  }
 }
 
 static struct starpu_perfmodel expert_rows_model = {
@@ -70,5 +82,5 @@ int st_submit_expert_rows(const struct st_expert_rows_args *a, starpu_data_handl
   for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
   modes[nbufs - 1] = STARPU_W;
   return st_submit_task(&expert_rows_cl, bufs, modes, nbufs, a,
-                        st_expert_rows_args_size(a->n_experts, a->n_rows), tgt, name);
+                        st_expert_rows_args_size(a->n_experts, a->n_rows, a->n_out_rows), tgt, name);
 }

@@ -21,6 +21,7 @@
 #include "codelets/cuda/cuda_codelets.h"
 #endif
 #include "io/profile.h"
+#include "tiers/plan.h"
 
 enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
 
@@ -55,9 +56,10 @@ static struct st_wdesc wdesc(const struct st_weight *w) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
-/* Task names of one layer: router, combine, the primary cache's expert group, one per attention
- * group, one per attn_output slice. */
-static int names_per_layer(const struct st_engine *e) { return 3 + (int)e->hp.n_head_kv + e->n_slices_o; }
+/* Task names of one layer: router, combine, one expert group per GPU cache (ST_MAX_CACHES), one per
+ * attention group, one per attn_output slice. */
+#define NAME_ATTN (2 + ST_MAX_CACHES)
+static int names_per_layer(const struct st_engine *e) { return NAME_ATTN + (int)e->hp.n_head_kv + e->n_slices_o; }
 
 /* Every task name the graph uses, made once (StarPU keeps the pointer, not a copy). */
 static int make_names(struct st_engine *e) {
@@ -83,11 +85,12 @@ static int make_names(struct st_engine *e) {
     const char **ln = e->layer_names + (size_t)l * per_layer;
     NAME(ln[0], "router L%u", l);
     NAME(ln[1], "combine L%u", l);
-    NAME(ln[2], "expert_rows L%u CUDA0", l);
+    for (int c = 0; c < ST_MAX_CACHES; c++)
+      NAME(ln[2 + c], "expert_rows L%u %s", l, c < e->placement.n_caches ? e->placement.cache[c].name : "CUDA?");
     for (uint32_t g = 0; g < hp->n_head_kv; g += (uint32_t)e->attn_groups_per_task)
-      if (e->attn_groups_per_task == 1) NAME(ln[3 + g], "attention L%u G%u", l, g);
-      else NAME(ln[3 + g / e->attn_groups_per_task], "attention L%u", l);
-    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[3 + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
+      if (e->attn_groups_per_task == 1) NAME(ln[NAME_ATTN + g], "attention L%u G%u", l, g);
+      else NAME(ln[NAME_ATTN + g / e->attn_groups_per_task], "attention L%u", l);
+    for (int s = 0; s < e->n_slices_o; s++) NAME(ln[NAME_ATTN + hp->n_head_kv + s], "attn_output L%u S%d", l, s);
   }
   for (int s = 0; s < e->n_slices_head; s++) NAME(e->head_names[s], "output_head S%d", s);
 #undef NAME
@@ -109,53 +112,204 @@ static struct st_target traced(const struct st_engine *e, struct st_target t) {
 
 static uint64_t weight_bytes(const struct st_weight *w) { return w->row_bytes * w->ne[1] * w->ne[2]; }
 
-/* Loads the profile and fills the primary cache (--expert-profile, --expert-cache). */
-static int setup_cache(struct st_engine *e, const struct st_engine_opts *o) {
+void st_engine_opts_init(struct st_engine_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->peer_reserve_mib = 600;
+  o->peer_adapt_swaps = -1;
+  o->peer_prefill_rows = -1;
+}
+
+/* Bytes of the dense weights of layers [l0, l1) (and of the output head when `head`). */
+static uint64_t dense_bytes(const struct st_engine *e, uint32_t l0, uint32_t l1, int head) {
+  uint64_t dense = head ? weight_bytes(&e->model->output) + weight_bytes(&e->model->output_norm) : 0;
+  for (uint32_t l = l0; l < l1; l++) {
+    const struct st_layer *L = &e->model->layers[l];
+    const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                           &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
+    for (int i = 0; i < W_COUNT; i++) dense += weight_bytes(ws[i]);
+  }
+  return dense;
+}
+
+/* --expert-cache auto on cache c running the dense work of layers [l0, l1): the slots that fit
+ * after those layers' dense weights, their KV cache, the prompt-path buffers and a reserve. */
+static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1, int head, double reserve_mib) {
   const struct st_hparams *hp = &e->hp;
+  const struct st_expert_cache *C = &e->placement.cache[c];
+  const uint64_t slot_bytes = st_pair_bytes(e->model), dense = dense_bytes(e, l0, l1, head);
+  const uint64_t kv = (uint64_t)(l1 - l0) * hp->n_head_kv * 2 * (uint64_t)e->n_ctx * hp->head_dim * 4;
+  const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
+                           (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
+                            (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
+  const uint64_t reserve = (uint64_t)((reserve_mib > 0 ? reserve_mib : 1024) * 1048576.0);
+  const int64_t avail = (int64_t)starpu_memory_get_available(C->node);
+  const int64_t left = avail - (int64_t)(dense + kv + buffers + reserve);
+  const int slots = left > 0 ? (int)(left / (int64_t)slot_bytes) : 0;
+  fprintf(stderr,
+          "strata: --expert-cache auto: %s has %.2f GiB available; dense weights %.2f GiB, KV cache %.2f GiB, "
+          "prompt buffers %.2f GiB, reserve %.2f GiB leave %d slots of %.2f MiB\n",
+          C->name, avail / 1073741824.0, dense / 1073741824.0, kv / 1073741824.0, buffers / 1073741824.0,
+          reserve / 1073741824.0, slots, slot_bytes / 1048576.0);
+  return slots;
+}
+
+#define HELPER_KEEP_FREE (512ull << 20) /* the seeds: each helper card keeps at least 512 MiB free */
+
+/* The i-th (1-based) visible CUDA device other than the primary, or -1. */
+static int nth_other_device(const struct st_placement *pl, int i) {
+  int ids[STARPU_NMAXWORKERS], n = 0;
+  const unsigned nw = starpu_worker_get_count();
+  for (unsigned w = 0; w < nw; w++)
+    if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER) {
+      const int dev = starpu_worker_get_devid((int)w);
+      int dup = dev == pl->cache[0].device;
+      for (int j = 0; j < n; j++) dup |= ids[j] == dev;
+      if (!dup) ids[n++] = dev;
+    }
+  for (int a = 1; a < n; a++) /* ascending device order */
+    for (int b = a; b > 0 && ids[b] < ids[b - 1]; b--) {
+      const int t = ids[b];
+      ids[b] = ids[b - 1];
+      ids[b - 1] = t;
+    }
+  return i >= 1 && i <= n ? ids[i - 1] : -1;
+}
+
+/* Loads the profile and fills the GPU expert caches: the primary (--expert-cache), the helpers
+ * (--expert-cache-device1..3) or the peer tier (--peer-device), or one cache per stage of a layer
+ * split (--layer-split), in the seeds' fill order (tiers/plan.h). */
+static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
+  const struct st_hparams *hp = &e->hp;
+  struct st_placement *pl = &e->placement;
+  const uint32_t E = hp->n_expert, n_pairs = hp->n_layer * hp->n_expert;
   e->adapt_swaps = o->adapt_swaps;
   e->adapt_interval = o->adapt_interval > 0 ? o->adapt_interval : 32;
-  if (o->expert_cache == 0) return 0;
-  if (!o->expert_profile)
-    return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
-  if (e->placement.cuda0_worker < 0)
-    return st_set_error(ST_EINVAL, "--expert-cache needs a CUDA device, and StarPU found none (check STARPU_NCUDA and the driver)");
-  struct st_profile prof;
-  int rc = st_profile_load(o->expert_profile, hp->n_layer, hp->n_expert, &prof);
-  if (rc) return rc;
-  const uint64_t slot_bytes = st_pair_bytes(e->model);
-  int slots = o->expert_cache;
-  if (slots == ST_CACHE_AUTO) {
-    /* what fits after the dense weights, the KV cache, the prompt-path buffers and a reserve */
-    uint64_t dense = weight_bytes(&e->model->output) + weight_bytes(&e->model->output_norm);
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-      const struct st_layer *L = &e->model->layers[l];
-      const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                             &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
-      for (int i = 0; i < W_COUNT; i++) dense += weight_bytes(ws[i]);
+  e->peer_adapt_swaps = o->peer_adapt_swaps < 0 ? o->adapt_swaps : o->peer_adapt_swaps;
+  e->peer_prefill_rows = o->peer_prefill_rows;
+  int n_helpers = 0;
+  while (n_helpers < 3 && o->helper_cache[n_helpers]) n_helpers++;
+  for (int h = n_helpers; h < 3; h++)
+    if (o->helper_cache[h])
+      return st_set_error(ST_EINVAL, "--expert-cache-device%d needs --expert-cache-device%d: tiers must be enabled in order",
+                          h + 1, h);
+  if (!o->expert_cache && !n_helpers && o->peer_device <= 0 && !o->layer_split) return 0;
+  if (pl->cuda0_worker < 0) {
+    const char *what = o->layer_split ? "--layer-split" : o->peer_device > 0 ? "--peer-device" : n_helpers ? "--expert-cache-device1" : "--expert-cache";
+    return st_set_error(ST_EINVAL, "%s needs a CUDA device, and StarPU found none (check STARPU_NCUDA and the driver)", what);
+  }
+  /* devices first: a missing card is refused before anything is copied */
+  if (o->layer_split) {
+    for (int i = 1; nth_other_device(pl, i) >= 0; i++) {
+      int rc = st_placement_add_cache(pl, ST_ROLE_STAGE, nth_other_device(pl, i));
+      if (rc) return rc;
     }
-    const uint64_t kv = (uint64_t)hp->n_layer * hp->n_head_kv * 2 * (uint64_t)e->n_ctx * hp->head_dim * 4;
-    const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
-                             (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
-                              (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
-    const uint64_t reserve = (uint64_t)((o->reserve_mib > 0 ? o->reserve_mib : 1024) * 1048576.0);
-    const int64_t avail = (int64_t)starpu_memory_get_available(e->placement.cuda0_node);
-    const int64_t left = avail - (int64_t)(dense + kv + buffers + reserve);
-    slots = left > 0 ? (int)(left / (int64_t)slot_bytes) : 0;
-    fprintf(stderr,
-            "strata: --expert-cache auto: CUDA0 has %.2f GiB available; dense weights %.2f GiB, KV cache %.2f GiB, "
-            "prompt buffers %.2f GiB, reserve %.2f GiB leave %d slots of %.2f MiB\n",
-            avail / 1073741824.0, dense / 1073741824.0, kv / 1073741824.0, buffers / 1073741824.0,
-            reserve / 1073741824.0, slots, slot_bytes / 1048576.0);
+    if (pl->n_caches < 2)
+      return st_set_error(ST_EINVAL, "--layer-split auto needs at least two visible CUDA devices, StarPU has %d",
+                          pl->n_caches);
+    pl->n_stages = pl->n_caches;
+    for (uint32_t l = 0; l < hp->n_layer; l++) pl->layer_stage[l] = (uint8_t)((uint64_t)l * pl->n_stages / hp->n_layer);
   }
-  rc = st_primary_cache_fill(&e->placement, e->model, &prof, slots);
+  for (int h = 0; h < n_helpers; h++) {
+    const int dev = nth_other_device(pl, h + 1);
+    if (dev < 0)
+      return st_set_error(ST_EINVAL, "--expert-cache-device%d: no CUDA device is visible for it (StarPU has %u CUDA "
+                          "worker%s; a helper takes a visible device other than the primary)",
+                          h + 1, starpu_cuda_worker_get_count(), starpu_cuda_worker_get_count() == 1 ? "" : "s");
+    int rc = st_placement_add_cache(pl, ST_ROLE_HELPER, dev);
+    if (rc) return rc;
+  }
+  pl->n_helpers = n_helpers;
+  if (o->peer_device > 0) {
+    if (o->peer_device == pl->cache[0].device)
+      return st_set_error(ST_EINVAL, "--peer-device %d is the primary device", o->peer_device);
+    int rc = st_placement_add_cache(pl, ST_ROLE_PEER, o->peer_device);
+    if (rc) return st_error_context(rc, "--peer-device");
+    pl->peer = pl->n_caches - 1;
+  }
+  e->remote_opt = o->remote_expert_opt && n_helpers > 0;
+  if (!o->expert_cache && !n_helpers && o->peer_device <= 0) return 0; /* a layer split of the dense work only */
+  if (!o->expert_profile)
+    return st_set_error(ST_EINVAL, "the expert caches need --expert-profile FILE (`strata profile` writes one)");
+
+  struct st_profile prof;
+  int rc = st_profile_load(o->expert_profile, hp->n_layer, E, &prof);
+  if (rc) return rc;
+  uint32_t *order = malloc(sizeof *order * n_pairs);
+  uint8_t *owner = malloc(n_pairs);
+  int32_t *list = malloc(sizeof *list * n_pairs);
+  uint64_t *layer_bytes = malloc(sizeof *layer_bytes * hp->n_layer);
+  if (!order || !owner || !list || !layer_bytes) rc = st_set_error(ST_ENOMEM, "out of memory planning the expert caches");
+  if (!rc) rc = st_plan_order(&prof, hp->n_layer, E, order);
+  for (uint32_t l = 0; !rc && l < hp->n_layer; l++) layer_bytes[l] = st_pair_bytes_aligned(e->model, l);
+  if (!rc && pl->n_stages > 1) {
+    /* each stage: the ranked pairs of its own layers, --expert-cache of them (auto: what fits) */
+    memset(owner, 0, n_pairs);
+    for (int s = 0; s < pl->n_stages && !rc; s++) {
+      uint32_t l0 = hp->n_layer, l1 = 0;
+      for (uint32_t l = 0; l < hp->n_layer; l++)
+        if (pl->layer_stage[l] == s) l0 = l < l0 ? l : l0, l1 = l + 1;
+      const int want = o->expert_cache == ST_CACHE_AUTO ? auto_slots(e, s, l0, l1, s == pl->n_stages - 1, o->reserve_mib)
+                                                        : o->expert_cache;
+      for (uint32_t i = 0, taken = 0; i < n_pairs && (int)taken < want; i++)
+        if (pl->layer_stage[order[i] / E] == s) owner[order[i]] = (uint8_t)(1 + s), taken++;
+    }
+  } else if (!rc) {
+    int primary = o->expert_cache == ST_CACHE_AUTO ? auto_slots(e, 0, 0, hp->n_layer, 1, o->reserve_mib) : o->expert_cache;
+    int cards = n_helpers, slots[3] = {0, 0, 0};
+    uint64_t budget[3] = {0, 0, 0};
+    for (int h = 0; h < n_helpers; h++) {
+      slots[h] = o->helper_cache[h] == ST_CACHE_AUTO ? -1 : o->helper_cache[h];
+      const int64_t avail = (int64_t)starpu_memory_get_available(pl->cache[1 + h].node);
+      if (avail < (int64_t)HELPER_KEEP_FREE)
+        rc = st_set_error(ST_ENOMEM, "%s has %.0f MiB available, and a helper card must keep at least 512 MiB free",
+                          pl->cache[1 + h].name, avail / 1048576.0);
+      budget[h] = avail > (int64_t)HELPER_KEEP_FREE ? (uint64_t)avail - HELPER_KEEP_FREE : 0;
+    }
+    if (pl->peer) {
+      /* the peer: the ranked pairs CUDA0 does not hold, as many as fit (or --peer-slots) */
+      cards = 1;
+      const uint64_t keep = (uint64_t)(o->peer_reserve_mib * 1048576.0);
+      const int64_t avail = (int64_t)starpu_memory_get_available(pl->cache[pl->peer].node);
+      const int fit = avail > (int64_t)keep ? (int)(((uint64_t)avail - keep) / st_pair_bytes(e->model)) : 0;
+      slots[0] = o->peer_slots > 0 && o->peer_slots < fit ? o->peer_slots : fit;
+    }
+    if (!rc)
+      rc = st_plan_tiers_budget(&prof, hp->n_layer, E, primary, slots, budget, layer_bytes, cards,
+                                o->gpu_placement == ST_PLACE_LAYER ? ST_PLACE_LAYER : ST_PLACE_STRIPE, owner);
+  }
+  /* fill each cache with its pairs in candidate order */
+  for (int c = 0; c < pl->n_caches && !rc; c++) {
+    int n = 0;
+    for (uint32_t i = 0; i < n_pairs; i++)
+      if (owner[order[i]] == 1 + c) list[n++] = (int32_t)order[i];
+    const uint64_t keep = pl->cache[c].role == ST_ROLE_HELPER ? HELPER_KEEP_FREE
+                          : pl->cache[c].role == ST_ROLE_PEER ? (uint64_t)(o->peer_reserve_mib * 1048576.0)
+                                                               : 0;
+    rc = st_expert_cache_fill(pl, c, e->model, list, n, keep);
+  }
   if (!rc) {
-    uint64_t held = 0;
-    for (int i = 0; i < e->placement.cache.n_slots; i++) held += prof.pairs[i].count;
-    e->cache_mass_share = prof.total ? (double)held / (double)prof.total : 0.0;
-    fprintf(stderr, "strata: primary cache: %d of %u expert pairs on CUDA0 (%.2f GiB), %.1f%% of the profile's routed mass\n",
-            e->placement.cache.n_slots, hp->n_layer * hp->n_expert,
-            (double)e->placement.cache.n_slots * slot_bytes / 1073741824.0, 100.0 * e->cache_mass_share);
+    static const char *roles[] = {"primary", "helper", "peer", "stage"};
+    double all = 0;
+    for (int c = 0; c < pl->n_caches; c++) {
+      uint64_t held = 0;
+      for (uint32_t i = 0; i < n_pairs; i++)
+        if (pl->tier[prof.pairs[i].layer * E + prof.pairs[i].expert] == 1 + c) held += prof.pairs[i].count;
+      e->cache_mass[c] = prof.total ? (double)held / (double)prof.total : 0.0;
+      all += e->cache_mass[c];
+      fprintf(stderr, "strata: %s expert cache: %d of %u expert pairs on %s (%.2f GiB), %.1f%% of the profile's routed mass\n",
+              roles[pl->cache[c].role], pl->cache[c].n_slots, n_pairs, pl->cache[c].name,
+              pl->cache[c].bytes / 1073741824.0, 100.0 * e->cache_mass[c]);
+    }
+    e->cache_mass_share = all;
+    if (pl->n_caches > 1)
+      fprintf(stderr, "strata: GPU expert caches hold %.1f%% of the profile's routed mass%s%s\n", 100.0 * all,
+              pl->n_helpers ? (o->gpu_placement == ST_PLACE_LAYER ? "; helper placement layer" : "; helper placement stripe") : "",
+              e->remote_opt ? "; --remote-expert-opt on" : "");
   }
+  free(order);
+  free(owner);
+  free(list);
+  free(layer_bytes);
   st_profile_free(&prof);
   return rc;
 }
@@ -213,6 +367,34 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   } else {
     setenv("STARPU_FXT_TRACE", "0", 0);
   }
+  /* the second-GPU switches, read once here (doc/tuning.md) */
+  const char *env_primary = getenv("STRATA_PRIMARY_DEVICE");
+  const int primary_device = env_primary ? atoi(env_primary) : 0;
+  if (env_primary && primary_device > 0 && o->layer_split) {
+    st_engine_destroy(e);
+    return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
+                        "later stages must be after it)");
+  }
+  if (o->peer_device > 0) {
+    const char *no_p2p = getenv("STRATA_PEER_NO_P2P");
+    if (no_p2p && atoi(no_p2p) == 1) {
+      fprintf(stderr, "strata: peer tier: STRATA_PEER_NO_P2P=1: activations and rows take the host route\n");
+      setenv("STARPU_ENABLE_CUDA_GPU_GPU_DIRECT", "0", 1);
+    }
+#ifdef ST_HAVE_CUDA
+    else if (o->peer_device < st_cuda_device_count()) {
+      char why[256];
+      if (st_cuda_p2p_check(primary_device, o->peer_device, why, sizeof why)) {
+        fprintf(stderr, "strata: peer tier: P2P between CUDA%d and CUDA%d works (a test copy each way arrived intact)\n",
+                primary_device, o->peer_device);
+      } else {
+        fprintf(stderr, "strata: peer tier: P2P between CUDA%d and CUDA%d does not work (%s): using the host route\n",
+                primary_device, o->peer_device, why);
+        setenv("STARPU_ENABLE_CUDA_GPU_GPU_DIRECT", "0", 1);
+      }
+    }
+#endif
+  }
   struct starpu_conf conf;
   starpu_conf_init(&conf);
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
@@ -232,7 +414,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
 #ifdef ST_HAVE_CUDA
   if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_worker_init, NULL, STARPU_CUDA);
 #endif
-  rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert);
+  rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert, primary_device);
   /* Dense work on the CPU is sliced so that every CPU worker gets a share; a GPU takes it whole
    * (a slice there would only add task overhead). The slicing depends on the device kind only. */
   if (e->placement.cuda0_worker >= 0) {
@@ -254,7 +436,6 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->prompt_stream = !o->prompt_stream_off && e->placement.cuda0_worker >= 0 &&
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
-  if (!rc) rc = make_names(e);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
@@ -282,7 +463,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
         e->h_kv[i] = reg(e->kv + i * (size_t)e->n_ctx * hp->head_dim, (uint64_t)e->n_ctx * hp->head_dim, 4);
       }
   }
-  if (!rc) rc = setup_cache(e, o);
+  if (!rc) rc = setup_tiers(e, o);
+  if (!rc) rc = make_names(e);
   if (!rc && o->trace_dir) rc = st_recorder_open(o->trace_dir, &e->rec);
   if (rc) {
     st_engine_destroy(e);
@@ -348,6 +530,29 @@ int st_engine_set_prefill(struct st_engine *e, int prefill) {
   return 0;
 }
 
+uint64_t st_stats_gpu_entries(const struct st_engine_stats *s) {
+  uint64_t n = 0;
+  for (int t = ST_TIER_PRIMARY; t < ST_TIER_MAX; t++) n += s->expert_entries[t];
+  return n;
+}
+
+void st_engine_tier_report(const struct st_engine *e, const struct st_engine_stats *now,
+                           const struct st_engine_stats *before, char *buf, size_t len) {
+  const struct st_engine_stats zero = {0};
+  const struct st_engine_stats *s = now ? now : &e->stats;
+  const struct st_engine_stats *b = before ? before : &zero;
+  const struct st_placement *pl = &e->placement;
+  size_t n = (size_t)snprintf(buf, len, "expert entries");
+  for (int t = 0; t <= pl->n_caches && n < len; t++)
+    n += (size_t)snprintf(buf + n, len - n, "%s %s %llu", t ? "," : "", st_placement_tier_name(pl, t),
+                          (unsigned long long)(s->expert_entries[t] - b->expert_entries[t]));
+  for (int t = 2; t <= pl->n_caches && n < len; t++)
+    n += (size_t)snprintf(buf + n, len - n, "; %s %.2f MiB transferred (unpacked rows: %.2f MiB), %llu layer launches",
+                          st_placement_tier_name(pl, t), (s->tier_bytes[t] - b->tier_bytes[t]) / 1048576.0,
+                          (s->tier_bytes_unpacked[t] - b->tier_bytes_unpacked[t]) / 1048576.0,
+                          (unsigned long long)(s->expert_tasks[t] - b->expert_tasks[t]));
+}
+
 int st_engine_n_cpu_workers(const struct st_engine *e) {
   (void)e;
   return (int)starpu_cpu_worker_get_count();
@@ -391,9 +596,9 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   int *fill = malloc(sizeof(int) * (size_t)E);
   int *order = malloc(sizeof(int) * (size_t)T * k); /* (t*k+j) sorted by expert */
   struct st_combine_args *ca = malloc(sizeof *ca + sizeof ca->src[0] * (size_t)T * k);
-  struct st_expert_rows_args *ea = malloc(st_expert_rows_args_size(E, T * k));
+  struct st_expert_rows_args *ea = malloc(st_expert_rows_args_size(E, T * k, T));
   const int parts = e->ff_parts;
-  starpu_data_handle_t *outs = malloc(sizeof(starpu_data_handle_t) * ((size_t)T * k * parts + 2));
+  starpu_data_handle_t *outs = malloc(sizeof(starpu_data_handle_t) * ((size_t)T * k * parts + 2 + ST_MAX_CACHES));
   starpu_data_handle_t *bufs = malloc(sizeof(starpu_data_handle_t) * (2 + 3 * (size_t)E));
   if (!count || !fill || !order || !ca || !ea || !outs || !bufs) {
     rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
@@ -419,7 +624,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
 
   *ca = (struct st_combine_args){.T = T, .k = k, .n_embd = d};
   const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
-                                           .ff0 = 0, .ff1 = (int)hp->n_ff_exp,
+                                           .ff0 = 0, .ff1 = (int)hp->n_ff_exp, .n_out_rows = 0,
                                            .gate = wdesc(&L->gate_exps), .up = wdesc(&L->up_exps),
                                            .down = wdesc(&L->down_exps)};
   int n_out = 0, row_cursor = 0;
@@ -439,30 +644,103 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   struct st_expert_row *rows_tmp = malloc(sizeof *rows_tmp * (size_t)T * k);
   if (!rows_tmp) rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
 
-  /* 1. the primary cache: every cached expert routed in this layer, one task on CUDA0 */
-  if (!rc && pl->cache.n_slots > 0) {
+  /* Experts a GPU cache owns but does not compute in this batch: the peer's rows of a prompt chunk
+   * beyond --peer-prefill-rows stay on the primary (its weights streamed there by StarPU). */
+  uint8_t *on_primary = calloc((size_t)E, 1);
+  if (!on_primary && !rc) rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
+
+  /* 1. the GPU caches: every cached expert routed in this layer, one task per card */
+  for (int c = 0; c < pl->n_caches && !rc; c++) {
+    const struct st_expert_cache *C = &pl->cache[c];
+    const int tier = 1 + c;
+    if (C->n_slots == 0) continue;
+    int budget = T * k;
+    if (c == pl->peer && T > 1) budget = e->peer_prefill_rows < 0 ? T * k / 2 : e->peer_prefill_rows;
     *ea = base;
     for (int x = 0; x < E; x++)
-      if (count[x + 1] > count[x] && st_placement_tier(pl, l, (uint32_t)x) == ST_TIER_PRIMARY) {
-        const starpu_data_handle_t *hc = st_primary_cache_handles(pl, pl->slot[(size_t)l * E + x]);
+      if (count[x + 1] > count[x] && (int)st_placement_tier(pl, l, (uint32_t)x) == tier) {
+        if (count[x + 1] - count[x] > budget) {
+          on_primary[x] = 1;
+          continue;
+        }
+        budget -= count[x + 1] - count[x];
+        const starpu_data_handle_t *hc = st_expert_cache_handles(pl, c, pl->slot[(size_t)l * E + x]);
         for (int m = 0; m < 3; m++) bufs[1 + 3 * ea->n_experts + m] = hc[m];
         ADD_EXPERT(x, count[x], count[x + 1] - count[x]);
       }
-    if (ea->n_experts > 0) {
-      memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)ea->n_rows);
-      bufs[0] = b->ffn_in;
-      outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)ea->n_rows * d, 4);
-      bufs[1 + 3 * ea->n_experts] = outs[1 + n_out];
-      rc = st_submit_expert_rows(ea, bufs, traced(e, st_placement_expert_target(pl, ST_TIER_PRIMARY)),
-                                 e->layer_names[(size_t)l * names_per_layer(e) + 2]);
-      e->stats.expert_tasks[ST_TIER_PRIMARY]++;
-      e->stats.expert_entries[ST_TIER_PRIMARY] += (uint64_t)ea->n_rows;
-      e->stats.tasks++;
-      row_cursor += ea->n_rows;
-      n_out++;
+    if (ea->n_experts == 0) continue;
+    memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)ea->n_rows);
+    int out_rows = ea->n_rows;
+    if (e->remote_opt && C->role == ST_ROLE_HELPER) {
+      /* --remote-expert-opt: one partial sum per token, its rows summed in top-k slot order; the
+       * combine takes it in the slot of the token's first expert on this card */
+      int32_t *off = st_expert_reduce(ea), *idx = off + T + 1;
+      int *row_of = malloc(sizeof(int) * (size_t)T * k);
+      if (!row_of) {
+        rc = st_set_error(ST_ENOMEM, "out of memory routing layer %u", l);
+        break;
+      }
+      for (int i = 0; i < T * k; i++) row_of[i] = -1;
+      for (int g = 0; g < ea->n_experts; g++) {
+        const struct st_expert_group *grp = st_expert_groups(ea) + g;
+        for (int r = 0; r < grp->n_rows; r++) row_of[order[count[grp->expert] + r]] = grp->row0 + r;
+      }
+      int o = 0, n_idx = 0;
+      for (int t = 0; t < T; t++) {
+        int first = -1;
+        for (int j = 0; j < k; j++)
+          if (row_of[t * k + j] >= 0) {
+            if (first < 0) {
+              first = j;
+              off[o] = n_idx;
+            }
+            idx[n_idx++] = row_of[t * k + j];
+            ca->src[t * k + j] = (struct st_combine_src){.buf = n_out, .row = o, .parts = j == first};
+          }
+        if (first >= 0) o++;
+      }
+      off[o] = n_idx;
+      /* the table was written for T rows: move red_idx next to the o + 1 offsets actually used */
+      memmove(off + o + 1, idx, sizeof(int32_t) * (size_t)n_idx);
+      ea->n_out_rows = o;
+      out_rows = o;
+      free(row_of);
     }
+    bufs[0] = b->ffn_in;
+    outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)out_rows * d, 4);
+    bufs[1 + 3 * ea->n_experts] = outs[1 + n_out];
+    rc = st_submit_expert_rows(ea, bufs, traced(e, st_placement_expert_target(pl, tier)),
+                               e->layer_names[(size_t)l * names_per_layer(e) + 2 + c]);
+    e->stats.expert_tasks[tier]++;
+    e->stats.expert_entries[tier] += (uint64_t)ea->n_rows;
+    if (C->worker != st_placement_dense_target(pl, l).worker) {
+      /* the layer's activations cross to this card and its rows come back */
+      e->stats.tier_bytes[tier] += 4ull * d * ((uint64_t)T + (uint64_t)out_rows);
+      e->stats.tier_bytes_unpacked[tier] += 4ull * d * ((uint64_t)T + (uint64_t)T * k);
+    }
+    e->stats.tasks++;
+    row_cursor += out_rows;
+    n_out++;
   }
-  /* 2. the CPU pool: per expert (or slice of its rows), one task per FFN slice */
+  /* 2. the peer's rows beyond its prompt share: per expert on the primary */
+  for (int x = 0; x < E && !rc; x++) {
+    if (!on_primary[x]) continue;
+    const int n = count[x + 1] - count[x];
+    *ea = base;
+    ADD_EXPERT(x, count[x], n);
+    memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n);
+    const starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
+    outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
+    starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
+    rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_PRIMARY)),
+                               e->expert_names[(size_t)l * E + x]);
+    e->stats.expert_tasks[ST_TIER_PRIMARY]++;
+    e->stats.expert_entries[ST_TIER_PRIMARY] += (uint64_t)n;
+    e->stats.tasks++;
+    row_cursor += n;
+    n_out++;
+  }
+  /* 3. the CPU pool: per expert (or slice of its rows), one task per FFN slice */
   for (int x = 0; x < E && !rc; x++) {
     if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL) continue;
     for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
@@ -488,6 +766,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       e->stats.expert_entries[ST_TIER_CPU_POOL] += (uint64_t)n;
     }
   }
+  free(on_primary);
 #undef ADD_EXPERT
   free(rows_tmp);
   starpu_data_release(b->routing);
@@ -495,7 +774,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     ca->n_out = n_out;
     outs[0] = b->h;
     outs[1 + n_out] = b->x;
-    rc = st_submit_combine(ca, outs, n_out + 2, traced(e, st_placement_dense_target(pl)),
+    rc = st_submit_combine(ca, outs, n_out + 2, traced(e, st_placement_dense_target(pl, l)),
                            e->layer_names[(size_t)l * names_per_layer(e) + 1]);
     e->stats.tasks++;
   }
@@ -517,7 +796,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   starpu_data_handle_t *hw = e->h_layer + (size_t)l * W_COUNT;
   const char **names = e->layer_names + (size_t)l * names_per_layer(e);
   const int G = (int)hp->n_head_kv, nq = (int)(hp->n_head / hp->n_head_kv);
-  const struct st_target dense = traced(e, st_placement_dense_target(&e->placement));
+  const struct st_target dense = traced(e, st_placement_dense_target(&e->placement, l));
   int rc = 0;
   const int per_task = e->attn_groups_per_task;
   for (int g = 0; g < G && !rc; g += per_task) {
@@ -535,7 +814,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
       bufs[8 + 2 * i] = e->h_kv[ikv + 1];
       bufs[7 + 2 * per_task + i] = b->attn[g + i];
     }
-    rc = st_submit_attention(&a, bufs, dense, names[3 + g / per_task]);
+    rc = st_submit_attention(&a, bufs, dense, names[NAME_ATTN + g / per_task]);
     e->stats.tasks++;
   }
   const int so = (int)hp->n_embd / e->n_slices_o;
@@ -546,7 +825,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     bufs[0] = hw[W_O];
     for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
     bufs[1 + G] = b->xo[s];
-    rc = st_submit_linear(&a, bufs, 2 + G, dense, names[3 + G + s]);
+    rc = st_submit_linear(&a, bufs, 2 + G, dense, names[NAME_ATTN + G + s]);
     e->stats.tasks++;
   }
   if (rc) return rc;
@@ -588,7 +867,7 @@ static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out
                                .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output)};
     out[s] = reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
     starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
-    rc = st_submit_linear(&a, bufs, 4, traced(e, st_placement_dense_target(&e->placement)), e->head_names[s]);
+    rc = st_submit_linear(&a, bufs, 4, traced(e, st_placement_dense_target(&e->placement, e->hp.n_layer)), e->head_names[s]);
     e->stats.tasks++;
     submitted++;
   }
@@ -662,43 +941,81 @@ static int by_count_asc(const void *a, const void *b) {
   return x->pair - y->pair;
 }
 
+/* One adaptive round of cache c: up to `swaps` of its coldest pairs give their slots to the
+ * hottest CPU-pool pairs that were routed more often since the last round. A stage cache only
+ * takes pairs of its own layers; a helper (--remote-expert-opt) only swaps within a layer, in the
+ * slots it already has. */
+static int adapt_cache(struct st_engine *e, int c, int swaps, struct pair_count *cold, struct pair_count *hot) {
+  struct st_placement *pl = &e->placement;
+  const int n_pairs = (int)(pl->n_layer * pl->n_expert);
+  const uint32_t E = pl->n_expert;
+  const struct st_expert_cache *C = &pl->cache[c];
+  const int same_layer = C->role == ST_ROLE_HELPER;
+  int nc = 0, nh = 0;
+  for (int i = 0; i < n_pairs; i++) {
+    const struct pair_count pc = {e->live_counts[i], i};
+    if (pl->tier[i] == 1 + c) cold[nc++] = pc;
+    else if (pl->tier[i] == ST_TIER_CPU_POOL && (pl->n_stages <= 1 || pl->layer_stage[i / (int)E] == c)) hot[nh++] = pc;
+  }
+  qsort(cold, (size_t)nc, sizeof *cold, by_count_asc); /* coldest first */
+  qsort(hot, (size_t)nh, sizeof *hot, by_count_asc);   /* hottest last */
+  int done = 0, rc = 0;
+  for (int hi = nh - 1; hi >= 0 && done < swaps && !rc; hi--) {
+    const struct pair_count h = hot[hi];
+    int ci = -1;
+    for (int j = 0; j < nc && ci < 0; j++)
+      if (cold[j].pair >= 0 && (!same_layer || (uint32_t)cold[j].pair / E == (uint32_t)h.pair / E)) ci = j;
+    if (ci < 0) {
+      if (!same_layer) break;
+      continue;
+    }
+    const struct pair_count cp = cold[ci];
+    if (h.count <= cp.count) {
+      if (!same_layer) break;
+      continue;
+    }
+    const int slot = pl->slot[cp.pair];
+    rc = st_expert_cache_swap(pl, c, e->model, slot, h.pair);
+    fprintf(stderr, "strata: adapt: %s slot %d: (L%u, E%u, %llu routed) -> (L%u, E%u, %llu routed)\n", C->name, slot,
+            (uint32_t)cp.pair / E, (uint32_t)cp.pair % E, (unsigned long long)cp.count, (uint32_t)h.pair / E,
+            (uint32_t)h.pair % E, (unsigned long long)h.count);
+    cold[ci].pair = -1;
+    done++;
+  }
+  return rc ? rc : done;
+}
+
 int st_engine_adapt(struct st_engine *e) {
   struct st_placement *pl = &e->placement;
-  const int n_slots = pl->cache.n_slots, n_pairs = (int)(pl->n_layer * pl->n_expert);
+  const int n_pairs = (int)(pl->n_layer * pl->n_expert);
   e->tokens_since_adapt = 0;
-  if (e->adapt_swaps <= 0 || n_slots == 0 || n_slots == n_pairs) return 0;
-  struct pair_count *cold = malloc(sizeof *cold * (size_t)n_slots);
-  struct pair_count *hot = malloc(sizeof *hot * (size_t)(n_pairs - n_slots));
+  int any = 0;
+  for (int c = 0; c < pl->n_caches; c++) any |= pl->cache[c].n_slots > 0;
+  if (!any) return 0;
+  struct pair_count *cold = malloc(sizeof *cold * (size_t)n_pairs);
+  struct pair_count *hot = malloc(sizeof *hot * (size_t)n_pairs);
   if (!cold || !hot) {
     free(cold);
     free(hot);
     return st_set_error(ST_ENOMEM, "out of memory for an adaptive round");
   }
-  int nc = 0, nh = 0;
-  for (int i = 0; i < n_pairs; i++) {
-    const struct pair_count pc = {e->live_counts[i], i};
-    if (pl->tier[i] == ST_TIER_PRIMARY) cold[nc++] = pc;
-    else hot[nh++] = pc;
-  }
-  qsort(cold, (size_t)nc, sizeof *cold, by_count_asc); /* coldest first */
-  qsort(hot, (size_t)nh, sizeof *hot, by_count_asc);   /* hottest last */
   starpu_task_wait_for_all();
-  int swaps = 0, rc = 0;
-  for (; swaps < e->adapt_swaps && swaps < nc && swaps < nh && !rc; swaps++) {
-    const struct pair_count c = cold[swaps], h = hot[nh - 1 - swaps];
-    if (h.count <= c.count) break;
-    const uint32_t E = pl->n_expert;
-    rc = st_primary_cache_swap(pl, e->model, pl->slot[c.pair], (uint32_t)h.pair / E, (uint32_t)h.pair % E);
-    fprintf(stderr, "strata: adapt: CUDA0 slot %d: (L%u, E%u, %llu routed) -> (L%u, E%u, %llu routed)\n",
-            pl->slot[h.pair], (uint32_t)c.pair / E, (uint32_t)c.pair % E, (unsigned long long)c.count,
-            (uint32_t)h.pair / E, (uint32_t)h.pair % E, (unsigned long long)h.count);
+  int total = 0, rc = 0;
+  for (int c = 0; c < pl->n_caches && rc >= 0; c++) {
+    const enum st_cache_role role = pl->cache[c].role;
+    const int swaps = role == ST_ROLE_PEER ? e->peer_adapt_swaps
+                      : role == ST_ROLE_HELPER ? (e->remote_opt ? e->adapt_swaps : 0)
+                                               : e->adapt_swaps;
+    if (swaps <= 0 || pl->cache[c].n_slots == 0) continue;
+    rc = adapt_cache(e, c, swaps, cold, hot);
+    if (rc > 0) total += rc;
   }
-  e->stats.swaps += (uint64_t)swaps;
+  e->stats.swaps += (uint64_t)total;
   /* halve the live counts: recent routing weighs most, older rounds fade */
   for (int i = 0; i < n_pairs; i++) e->live_counts[i] /= 2;
   free(cold);
   free(hot);
-  return rc ? rc : swaps;
+  return rc < 0 ? rc : total;
 }
 
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
@@ -726,7 +1043,7 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     e->tokens_since_adapt += T;
   }
   collect_bus(e);
-  if (e->adapt_swaps > 0 && e->tokens_since_adapt >= e->adapt_interval) {
+  if ((e->adapt_swaps > 0 || e->peer_adapt_swaps > 0) && e->tokens_since_adapt >= e->adapt_interval) {
     int rc = st_engine_adapt(e);
     if (rc < 0) return rc;
   }

@@ -23,12 +23,31 @@ struct st_engine_opts {
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
   const char *trace_dir;      /* record the run there (events.tsv + StarPU's FxT files), or NULL */
   int prompt_stream_off;      /* --prompt-stream off: uncached experts never stream to CUDA0 */
+  /* the second-GPU tiers (the seeds' SECOND_GPU.md; placement.h) */
+  int helper_cache[3];        /* --expert-cache-device1..3: slots on the 1st..3rd visible device after
+                                 the primary, ST_CACHE_AUTO, or 0 = off */
+  int gpu_placement;          /* ST_PLACE_STRIPE (default) or ST_PLACE_LAYER (tiers/plan.h) */
+  int remote_expert_opt;      /* --remote-expert-opt: helpers return one partial sum per token */
+  int peer_device;            /* --peer-device N: the peer tier on CUDA device N >= 1; 0 = off */
+  double peer_reserve_mib;    /* --peer-reserve-mib: MiB left free on the peer card (default 600) */
+  int peer_slots;             /* --peer-slots: cap on the peer's pairs; 0 = as many as fit */
+  int peer_adapt_swaps;       /* --peer-adapt-swaps: -1 = adapt_swaps */
+  int peer_prefill_rows;      /* --peer-prefill-rows: rows of a prompt chunk the peer computes;
+                                 -1 = half of chunk x top-k, 0 = prompt rows stay on the primary */
+  int layer_split;            /* --layer-split auto: consecutive layers on consecutive GPUs */
 };
 #define ST_CACHE_AUTO (-1)
 
+/* The defaults of the flags above (everything off, peer_reserve_mib 600, the -1 defaults). */
+void st_engine_opts_init(struct st_engine_opts *o);
+
 struct st_engine_stats {
-  uint64_t expert_tasks[ST_TIER_COUNT];   /* expert-row tasks submitted per tier */
-  uint64_t expert_entries[ST_TIER_COUNT]; /* (token, expert) rows computed per tier */
+  uint64_t expert_tasks[ST_TIER_MAX];   /* expert-row tasks submitted per tier (for a GPU cache: its
+                                           active layer launches) */
+  uint64_t expert_entries[ST_TIER_MAX]; /* (token, expert) rows computed per tier */
+  uint64_t tier_bytes[ST_TIER_MAX];     /* activations in and results out of a card other than the
+                                           one running the layer, bytes (packed rows) */
+  uint64_t tier_bytes_unpacked[ST_TIER_MAX]; /* the same with full rows: T x top-k rows back per launch */
   uint64_t tasks;                         /* all tasks submitted */
   uint64_t h2d_bytes;                     /* bytes StarPU moved from main RAM to CUDA devices */
   uint64_t swaps;                         /* adaptive-cache swaps so far */
@@ -72,6 +91,9 @@ struct st_engine {
   double cache_mass_share; /* share of the profile's routed mass the primary cache holds at start */
   struct st_recorder *rec; /* --trace, or NULL */
   int prompt_stream;       /* uncached experts of prompt chunks may run on CUDA0 (see engine.c) */
+  int remote_opt;          /* --remote-expert-opt with a helper cache */
+  int peer_adapt_swaps, peer_prefill_rows;
+  double cache_mass[ST_MAX_CACHES]; /* share of the profile's routed mass each cache holds at start */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
@@ -105,6 +127,16 @@ int st_engine_adapt(struct st_engine *e);
 /* Pauses (paused != 0) or resumes StarPU's workers: paused workers sleep instead of polling for
  * tasks, so an idle server costs no CPU. Nothing may be submitted while paused; idempotent. */
 void st_engine_pause(struct st_engine *e, int paused);
+
+/* The tiers' counters between two snapshots (now NULL: e's current stats; before NULL: zero) as one line, into
+ * buf[len]: expert entries per tier, then for each card other than the one running the layers, MiB
+ * transferred with packed rows and what full rows would have moved, and its active layer launches
+ * (the seeds' per-request log). */
+void st_engine_tier_report(const struct st_engine *e, const struct st_engine_stats *now,
+                           const struct st_engine_stats *before, char *buf, size_t len);
+
+/* Expert entries computed on GPU caches (every tier but the CPU pool). */
+uint64_t st_stats_gpu_entries(const struct st_engine_stats *s);
 
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);

@@ -1,0 +1,74 @@
+// Device queries the tiers need before StarPU starts: how many CUDA devices are visible, and
+// whether two of them really exchange data over P2P (the seeds' peer tier: a bridge can report
+// peer access, enable it, and then copy nothing, so a test copy each way decides).
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codelets/cuda/cuda_codelets.h"
+
+extern "C" int st_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// Copies a 1 MiB pattern from `src` to `dst` with peer access enabled; 1 when it arrives intact.
+static int copy_checks(int src, int dst, char *why, size_t len) {
+  const size_t n = 1 << 18;
+  unsigned *host = (unsigned *)malloc(n * sizeof(unsigned)), *back = (unsigned *)malloc(n * sizeof(unsigned));
+  void *a = NULL, *b = NULL;
+  int ok = 0;
+  cudaError_t err = cudaSuccess;
+  if (!host || !back) {
+    snprintf(why, len, "out of host memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) host[i] = (unsigned)(i * 2654435761u) ^ (unsigned)(src * 31 + dst);
+  memset(back, 0, n * sizeof(unsigned));
+  if ((err = cudaSetDevice(src)) || (err = cudaMalloc(&a, n * 4)) || (err = cudaMemcpy(a, host, n * 4, cudaMemcpyHostToDevice)))
+    goto out;
+  if ((err = cudaSetDevice(dst)) || (err = cudaMalloc(&b, n * 4)) || (err = cudaMemset(b, 0, n * 4))) goto out;
+  if ((err = cudaMemcpyPeer(b, dst, a, src, n * 4)) || (err = cudaDeviceSynchronize()) ||
+      (err = cudaMemcpy(back, b, n * 4, cudaMemcpyDeviceToHost)))
+    goto out;
+  ok = memcmp(host, back, n * 4) == 0;
+  if (!ok) snprintf(why, len, "a test copy CUDA%d -> CUDA%d arrived wrong", src, dst);
+out:
+  if (err != cudaSuccess) snprintf(why, len, "CUDA%d -> CUDA%d: %s", src, dst, cudaGetErrorString(err));
+  (void)cudaGetLastError();
+  if (a) cudaSetDevice(src), cudaFree(a);
+  if (b) cudaSetDevice(dst), cudaFree(b);
+  free(host);
+  free(back);
+  return ok;
+}
+
+extern "C" int st_cuda_p2p_check(int a, int b, char *why, size_t len) {
+  snprintf(why, len, "ok");
+  int can_ab = 0, can_ba = 0;
+  if (cudaDeviceCanAccessPeer(&can_ab, a, b) != cudaSuccess || cudaDeviceCanAccessPeer(&can_ba, b, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(why, len, "cudaDeviceCanAccessPeer failed for CUDA%d and CUDA%d", a, b);
+    return 0;
+  }
+  if (!can_ab || !can_ba) {
+    snprintf(why, len, "CUDA%d and CUDA%d report no peer access", a, b);
+    return 0;
+  }
+  // enable both ways for the test, as StarPU will, then leave the contexts as they were
+  cudaSetDevice(a);
+  const int en_a = cudaDeviceEnablePeerAccess(b, 0) == cudaSuccess;
+  cudaSetDevice(b);
+  const int en_b = cudaDeviceEnablePeerAccess(a, 0) == cudaSuccess;
+  (void)cudaGetLastError();
+  const int ok = copy_checks(a, b, why, len) && copy_checks(b, a, why, len);
+  if (en_a) cudaSetDevice(a), cudaDeviceDisablePeerAccess(b);
+  if (en_b) cudaSetDevice(b), cudaDeviceDisablePeerAccess(a);
+  (void)cudaGetLastError();
+  cudaSetDevice(0);
+  return ok;
+}
