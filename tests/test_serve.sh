@@ -171,7 +171,7 @@ if kill -0 "$pid" 2>/dev/null; then bad "SIGTERM: still running after 10 s"; els
   [ "$st" = 0 ] && grep -q 'SIGTERM: stopping' "$tmp/srv.err" && ok "SIGTERM: exit 0" || bad "SIGTERM: exit $st: $(tail -n 2 "$tmp/srv.err")"
 fi
 
-# 11. config files: unknown key, wrong type, several GPUs (layer split / peer tier) refused, one line each
+# 11. config files: unknown key, wrong type, several GPUs (a layer split, or the peer tier; refused here without a GPU)
 cfg() {
   name=$1; pat=$2; echo "$3" >"$tmp/cfg.json"
   "$STRATA" serve --config "$tmp/cfg.json" >"$tmp/out" 2>"$tmp/err"; st=$?
@@ -182,6 +182,7 @@ cfg "wrong type" '"port" must be a whole number' "{\"model\":\"$model\",\"port\"
 cfg "missing model" 'missing key "model"' '{"port":8080}'
 cfg "two GPUs: layer split" 'layer split' "{\"model\":\"$model\",\"gpu\":[0,1]}"
 cfg "two GPUs + --peer-device: peer tier" "peer tier on nvidia-smi's card 0" "{\"model\":\"$model\",\"gpu\":[2,0],\"args\":[\"--peer-device\",\"1\"]}"
+cfg "--peer-device outside the list" 'counts positions in "gpu"' "{\"model\":\"$model\",\"gpu\":[0,1],\"args\":[\"--peer-device\",\"2\"]}"
 cfg "bad engine flag in args" '"args": unknown engine flag' "{\"model\":\"$model\",\"args\":[\"--bogus\"]}"
 
 echo "test_serve: $pass passed, $fail failed"

@@ -184,47 +184,57 @@ static int find_peer_device(const struct st_config *c, long *pos) {
   return 0;
 }
 
-int st_config_apply_gpus(const struct st_config *c) {
-  if (c->has_remote_expert_opt)
-    fprintf(stderr,
-            "strata serve: \"remote_expert_opt\": %s recorded; it has no effect yet (--remote-expert-opt and "
-            "the helper caches it optimizes come with a later issue)\n",
-            c->remote_expert_opt ? "true" : "false");
+static int has_arg(const struct st_config *c, const char *prefix) {
+  for (int i = 0; i < c->n_args; i++)
+    if (!strncmp(c->args[i], prefix, strlen(prefix))) return 1;
+  return 0;
+}
+
+static int add_arg(struct st_config *c, const char *a) {
+  char **grown = realloc(c->args, sizeof *grown * ((size_t)c->n_args + 1));
+  if (!grown) return st_set_error(ST_ENOMEM, "out of memory");
+  c->args = grown;
+  if (!(c->args[c->n_args] = dup_str(a))) return st_set_error(ST_ENOMEM, "out of memory");
+  c->n_args++;
+  return 0;
+}
+
+int st_config_apply_gpus(struct st_config *c) {
   long pos = 0;
   const int peer = find_peer_device(c, &pos);
-  if (c->n_gpu > 1) {
-    char list[ST_CONFIG_MAX_GPUS * 6 + 1] = "";
-    for (int i = 0; i < c->n_gpu; i++)
-      snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? ", " : "", c->gpu[i]);
-    if (peer == 0)
-      return st_set_error(ST_EUNSUP,
-                          "\"gpu\": [%s] lists %d GPUs, which means a layer split across them (--layer-split; "
-                          "--peer-device among \"args\" would select the peer tier instead): strata does not "
-                          "have the layer split yet; list one GPU",
-                          list, c->n_gpu);
-    if (peer < 0 || pos < 1 || pos >= c->n_gpu)
-      return st_set_error(ST_EINVAL,
-                          "--peer-device N counts positions in \"gpu\": [%s], so N must be 1..%d",
-                          list, c->n_gpu - 1);
-    return st_set_error(ST_EUNSUP,
-                        "\"gpu\": [%s] with --peer-device %ld asks for the peer tier on nvidia-smi's card %d: "
-                        "strata does not have the peer tier yet; list one GPU and drop --peer-device",
-                        list, pos, c->gpu[pos]);
-  }
-  if (peer)
-    return st_set_error(ST_EUNSUP,
-                        "--peer-device needs a second GPU in \"gpu\" (its position there), and strata does not "
-                        "have the peer tier yet");
-  if (c->n_gpu == 1) {
-    char v[16];
-    snprintf(v, sizeof v, "%d", c->gpu[0]);
+  const int helpers = has_arg(c, "--expert-cache-device");
+  char list[ST_CONFIG_MAX_GPUS * 6 + 1] = "";
+  for (int i = 0; i < c->n_gpu; i++)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", c->gpu[i]);
+  if (peer && (c->n_gpu < 2 || peer < 0 || pos < 1 || pos >= c->n_gpu))
+    return st_set_error(ST_EINVAL, "--peer-device N counts positions in \"gpu\": [%s], so it needs a second GPU there and N in 1..%d",
+                        list, c->n_gpu > 1 ? c->n_gpu - 1 : 1);
+  if (c->n_gpu > 0) {
     /* nvidia-smi numbers cards in PCI bus order; CUDA's default order is fastest first. */
-    if (setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1) || setenv("CUDA_VISIBLE_DEVICES", v, 1))
+    if (setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1) || setenv("CUDA_VISIBLE_DEVICES", list, 1))
       return st_set_error(ST_ERUNTIME, "cannot set CUDA_VISIBLE_DEVICES: %s", strerror(errno));
-    fprintf(stderr,
-            "strata serve: \"gpu\": [%d]: CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=%s "
-            "(nvidia-smi's card %d is CUDA0)\n",
-            c->gpu[0], v, c->gpu[0]);
+    fprintf(stderr, "strata serve: \"gpu\": [%s]: CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=%s (nvidia-smi's card %d is CUDA0)\n",
+            list, list, c->gpu[0]);
+  }
+  if (c->n_gpu > 1) {
+    if (peer)
+      fprintf(stderr, "strata serve: --peer-device %ld: the peer tier on nvidia-smi's card %d\n", pos, c->gpu[pos]);
+    else if (helpers)
+      fprintf(stderr, "strata serve: %d GPUs with --expert-cache-device1..3: helper caches on the cards after the first\n", c->n_gpu);
+    else if (!has_arg(c, "--layer-split")) {
+      fprintf(stderr, "strata serve: %d GPUs without --peer-device: a layer split (--layer-split auto)\n", c->n_gpu);
+      int rc = add_arg(c, "--layer-split");
+      if (!rc) rc = add_arg(c, "auto");
+      if (rc) return rc;
+    }
+  }
+  if (c->has_remote_expert_opt && c->remote_expert_opt) {
+    if (helpers && !has_arg(c, "--remote-expert-opt")) {
+      int rc = add_arg(c, "--remote-expert-opt");
+      if (rc) return rc;
+    } else if (!helpers) {
+      fprintf(stderr, "strata serve: \"remote_expert_opt\": true has no effect without a helper cache (--expert-cache-device1..3)\n");
+    }
   }
   return 0;
 }

@@ -19,7 +19,7 @@ struct st_config {
   char *name;             /* "name": model id for /v1/models (default: the config file's basename
                              without .json) */
   int max_tokens;         /* "max_tokens": per-request default and cap, tokens; 0 = not set */
-  int remote_expert_opt;  /* "remote_expert_opt": recorded only (the flag comes with a later issue) */
+  int remote_expert_opt;  /* "remote_expert_opt": adds --remote-expert-opt when a helper cache is among the args */
   int has_remote_expert_opt; /* the key was present */
 };
 
@@ -31,12 +31,14 @@ struct st_config {
 int st_config_load(const char *path, struct st_config *c);
 void st_config_free(struct st_config *c);
 
-/* Applies the seeds' GPU rules before the engine starts StarPU. Several GPUs: refused with
- * ST_EUNSUP saying which mode they would need (a layer split, or the peer tier when
- * --peer-device is among the args, naming the nvidia-smi card its position selects): strata has
- * neither yet. One GPU: sets CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's order) and
- * CUDA_VISIBLE_DEVICES to it (overwriting any values) and logs that on stderr. None: leaves the environment alone. Also logs that "remote_expert_opt" is recorded
- * but has no effect yet when the key is present. */
-int st_config_apply_gpus(const struct st_config *c);
+/* Applies the seeds' GPU rules before the engine starts StarPU. Any "gpu" list sets
+ * CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's order) and CUDA_VISIBLE_DEVICES to the list, so its
+ * first card is CUDA0 (overwriting any values), and logs that on stderr. Several GPUs mean the
+ * peer tier when --peer-device N is among the args (N counts positions in the list: 1..n-1, else
+ * ST_EINVAL), helper caches when --expert-cache-device1..3 are, and otherwise a layer split: then
+ * "--layer-split auto" is appended to the args. "remote_expert_opt": true appends
+ * --remote-expert-opt when a helper cache is among the args (logged as ignored otherwise).
+ * Returns 0, ST_EINVAL or ST_ENOMEM; c's args may grow. */
+int st_config_apply_gpus(struct st_config *c);
 
 #endif
