@@ -23,8 +23,11 @@ struct st_engine_opts {
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
   const char *trace_dir;      /* record the run there (events.tsv + StarPU's FxT files), or NULL */
   int prompt_stream_off;      /* --prompt-stream off: uncached experts never stream to CUDA0 */
+  int cuda_graphs;            /* --cuda-graphs: ST_CUDA_GRAPHS_ON (0, the default), _OFF, or _BOTH
+                                 (strata bench only: the engine starts with them on) */
 };
 #define ST_CACHE_AUTO (-1)
+enum { ST_CUDA_GRAPHS_ON = 0, ST_CUDA_GRAPHS_OFF, ST_CUDA_GRAPHS_BOTH };
 
 struct st_engine_stats {
   uint64_t expert_tasks[ST_TIER_COUNT];   /* expert-row tasks submitted per tier */
@@ -72,6 +75,7 @@ struct st_engine {
   double cache_mass_share; /* share of the profile's routed mass the primary cache holds at start */
   struct st_recorder *rec; /* --trace, or NULL */
   int prompt_stream;       /* uncached experts of prompt chunks may run on CUDA0 (see engine.c) */
+  int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
@@ -105,6 +109,10 @@ int st_engine_adapt(struct st_engine *e);
 /* Pauses (paused != 0) or resumes StarPU's workers: paused workers sleep instead of polling for
  * tasks, so an idle server costs no CPU. Nothing may be submitted while paused; idempotent. */
 void st_engine_pause(struct st_engine *e, int paused);
+
+/* Turns CUDA graphs for the decode path's dense tasks on (on != 0) or off for later evals.
+ * Returns whether they are on: never without a CUDA worker for the dense work. */
+int st_engine_set_cuda_graphs(struct st_engine *e, int on);
 
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);
