@@ -299,6 +299,10 @@ void st_engine_destroy(struct st_engine *e) {
     const struct st_hparams *hp = &e->hp;
     st_engine_pause(e, 0);
     starpu_task_wait_for_all();
+#ifdef ST_HAVE_CUDA
+    /* StarPU resets the devices at shutdown: drop the CUDA graphs cached for them first */
+    if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_graph_release, NULL, STARPU_CUDA);
+#endif
     if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
       fprintf(stderr, "strata: %s\n", st_last_error());
     if (e->h_output_norm) starpu_data_unregister(e->h_output_norm);

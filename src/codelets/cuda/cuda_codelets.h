@@ -52,6 +52,11 @@ int st_cuda_graph_end(struct CUstream_st *stream, int key);
  * st_cuda_graph_begin. NULL after a CUDA error. */
 void *st_cuda_graph_scratch(struct CUstream_st *stream, int key, size_t bytes);
 
+/* Per CUDA worker, through starpu_execute_on_each_worker before StarPU shuts down: destroys the
+ * graphs and frees the scratch cached for the worker's device (StarPU resets the devices at
+ * shutdown, and a later engine in the same process must not find stale handles). */
+void st_cuda_graph_release(void *unused);
+
 /* The kernels of one dense codelet call, queued on `stream`, using `scratch` (device memory of
  * the size the codelet asked for; NULL when it asked for none). */
 typedef void (*st_cuda_dense_body)(void *buffers[], const void *args, void *scratch, struct CUstream_st *stream);

@@ -203,6 +203,29 @@ extern "C" void st_cuda_dense_run(void *buffers[], const void *args, int key, si
   }
 }
 
+extern "C" void st_cuda_graph_release(void *unused) {
+  (void)unused;
+  pthread_once(&cache.once, init_cache);
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= cache.n_dev) {
+    cudaGetLastError();
+    return;
+  }
+  device_cache *dc = &cache.dev[d];
+  cudaStream_t st = starpu_cuda_get_local_stream();
+  pthread_mutex_lock(&dc->lock);
+  for (int i = 0; i < dc->n_slot; i++) {
+    if (dc->slot[i].exec) cudaGraphExecDestroy(dc->slot[i].exec);
+    if (dc->slot[i].scratch) cudaFreeAsync(dc->slot[i].scratch, st);
+  }
+  free(dc->slot);
+  dc->slot = NULL;
+  dc->n_slot = 0;
+  pthread_mutex_unlock(&dc->lock);
+  cudaStreamSynchronize(st);
+  cudaGetLastError();
+}
+
 extern "C" void st_cuda_graph_stats(struct st_cuda_graph_stats *out) {
   const struct st_cuda_graph_stats zero = {};
   *out = zero;
