@@ -3,7 +3,10 @@
 # tree). Builds nothing. 1) the fixture comparisons (tests/test_forward_ref) with the dense work on
 # CUDA0 and the primary cache off, half and full; 2) the exactness gate: the same greedy command
 # twice, and all experts cached under eager vs dmda with --adapt-swaps 0, byte-identical; an
-# adaptive run for the swap log. Prints a short table last.
+# adaptive run for the swap log; 3) CUDA graphs (--cuda-graphs on vs off): byte-identical greedy
+# output and bitwise-identical logits over 300 one-token steps, and strata bench --cuda-graphs
+# both on the small fixture (GRAPHS_BENCH_MODEL=FILE benches that model too, with
+# GRAPHS_BENCH_ARGS added). Prints a short table last.
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
@@ -35,5 +38,40 @@ grep -c "adapt:" "$out/d.err" | sed 's/^/adaptive swaps logged: /'
 rows+=("adaptive: 16 slots, --adapt-swaps 4: $(grep -c 'adapt:' "$out/d.err") swaps logged; $(grep 'routed entries' "$out/d.err")")
 e=$(STARPU_NCUDA=0 "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos --print-ids 2>/dev/null)
 rows+=("greedy ids CPU-only vs CUDA0 all cached: $([ "$a" = "$e" ] && echo identical || echo "differ (allowed across device kinds): $e")")
+# 3) CUDA graphs: replaying the decode path's dense tasks as graphs must give the same bytes.
+g_on=$(STARPU_SCHED=eager gen --expert-cache 64 --cuda-graphs on 2>"$out/g_on.err")
+g_off=$(STARPU_SCHED=eager gen --expert-cache 64 --cuda-graphs off 2>/dev/null)
+[ -n "$g_on" ] && [ "$g_on" = "$g_off" ] && r=PASS || r="FAIL ($g_on vs $g_off)"
+grep -Eq "^cuda graphs: .* [1-9][0-9]* launches, 0 fallbacks" "$out/g_on.err" || r="$r; FAIL: no graph launched or a fallback"
+rows+=("--cuda-graphs on vs off: byte-identical greedy output (all 64 experts cached): $r")
+rows+=("  $(grep '^cuda graphs:' "$out/g_on.err")")
+g_on=$(STARPU_SCHED=eager "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 \
+       --ignore-eos --print-ids --cuda-graphs on 2>/dev/null)
+g_off=$(STARPU_SCHED=eager "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 \
+        --ignore-eos --print-ids --cuda-graphs off 2>/dev/null)
+[ -n "$g_on" ] && [ "$g_on" = "$g_off" ] && r=PASS || r="FAIL ($g_on vs $g_off)"
+rows+=("--cuda-graphs on vs off: byte-identical greedy output (no cache: experts on the CPU pool): $r")
+# --prefill 1 runs every prompt token as a one-token step (the graph path); 300 steps cross the
+# attention's 256-key chunk, so the update path sees a grid change.
+ids=$(seq -s, 100 399)
+for mf in tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m; do
+  for g in on off; do
+    "$S" eval -m "$M/$mf.gguf" -c 512 --prompt-ids "$ids" --prefill 1 --all-logits --logits-out "$out/logits-$mf-$g.f32" \
+      --cuda-graphs $g 2>"$out/eval-$mf-$g.err"
+  done
+  [ -s "$out/logits-$mf-on.f32" ] && cmp -s "$out/logits-$mf-on.f32" "$out/logits-$mf-off.f32" && r=PASS || r=FAIL
+  rows+=("--cuda-graphs on vs off: bitwise-identical logits, $mf, 300 one-token steps: $r; $(grep '^cuda graphs:' "$out/eval-$mf-on.err")")
+done
+"$S" bench -m "$M/small-qwen3moe-q4_k_m.gguf" --prompt 0 --decode 64 --depth 0,1024 --cuda-graphs both \
+  > "$out/bench-graphs.txt" 2>&1
+cat "$out/bench-graphs.txt"
+while read -r line; do rows+=("small Q4_K_M bench: $line"); done < <(grep "^cuda graphs, decode" "$out/bench-graphs.txt")
+if [ -n "${GRAPHS_BENCH_MODEL:-}" ]; then
+  "$S" bench -m "$GRAPHS_BENCH_MODEL" --prompt 0 --decode 64 --depth 0,1024 --cuda-graphs both ${GRAPHS_BENCH_ARGS:-} \
+    > "$out/bench-graphs-model.txt" 2>&1
+  cat "$out/bench-graphs-model.txt"
+  while read -r line; do rows+=("$(basename "$GRAPHS_BENCH_MODEL") bench: $line"); done \
+    < <(grep "^cuda graphs, decode" "$out/bench-graphs-model.txt")
+fi
 echo "===== summary"
 printf '%s\n' "${rows[@]}"

@@ -76,6 +76,19 @@ expect_error "helper device not there" "expert-cache-device1 needs a CUDA device
   env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache-device1 auto
 expect_error "layer split without GPUs" "layer-split needs a CUDA device" \
   env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --layer-split auto
+# 6. --cuda-graphs: parsed by every model-running command; without a GPU it changes nothing
+got=$("$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 16 --temp 0 --print-ids --ignore-eos --cuda-graphs on 2>"$tmp/err")
+[ "$got" = "$want" ] && ok "generate --cuda-graphs on (CPU only: no effect): $got" || bad "generate --cuda-graphs on: got '$got' want '$want'"
+got=$("$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 16 --temp 0 --print-ids --ignore-eos --cuda-graphs off 2>"$tmp/err")
+[ "$got" = "$want" ] && ok "generate --cuda-graphs off: $got" || bad "generate --cuda-graphs off: got '$got' want '$want'"
+expect_error "bad --cuda-graphs" "\-\-cuda-graphs expects on or off" "$STRATA" generate -m "$tiny" -p hi --cuda-graphs maybe
+expect_error "--cuda-graphs both outside bench" "\-\-cuda-graphs both is for strata bench" "$STRATA" eval -m "$tiny" -p hi --cuda-graphs both
+"$STRATA" bench -m "$tiny" --prompt 0 --decode 2 --json --cuda-graphs both >"$tmp/out" 2>"$tmp/err" \
+  && grep -q '"cuda_graphs": "off"' "$tmp/out" && grep -q '"cuda_graphs_compare": \[\]' "$tmp/out" && grep -q "graphs have no effect" "$tmp/err" \
+  && ok "bench --cuda-graphs both on CPU: measured once, graphs off, $(cat "$tmp/err")" || bad "bench --cuda-graphs both: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
+for c in generate eval bench serve; do
+  "$STRATA" $c --help 2>&1 | grep -q -- "--cuda-graphs on|off" && ok "$c --help shows --cuda-graphs" || bad "$c --help lacks --cuda-graphs"
+done
 for c in generate eval tokenize mkmodel; do
   "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"
 done

@@ -34,7 +34,8 @@ struct option;
 struct option *st_engine_longopts_with(const struct option *own);
 /* 1 when `c` is an engine flag (stored in eo), 0 when it is not, a negative ST_E* on a bad value. */
 int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo);
-/* Refuses impossible combinations (a cache without a profile, swaps without a cache). */
+/* Refuses impossible combinations (a cache without a profile, swaps without a cache,
+ * --cuda-graphs both outside strata bench, which turns it into on before checking). */
 int st_engine_opts_check(const struct st_engine_opts *eo);
 /* The engine flags' lines for --help. */
 void st_engine_opts_help(FILE *f);

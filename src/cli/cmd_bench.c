@@ -1,6 +1,8 @@
 /* `strata bench`: flashbench-style speed table. Prompt tok/s for each prompt size (one prompt
  * from an empty context), decode tok/s at each context depth (the context filled to the depth,
  * untimed, then greedy decode steps timed), each with the tier counters of that measurement.
+ * With --cuda-graphs both, each decode depth is measured with CUDA graphs off, then on, and the
+ * two are compared (tok/s, host time in the dense codelets, graph counters).
  * A table on stdout, or JSON with --json. */
 #include <getopt.h>
 #include <stdio.h>
@@ -9,7 +11,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "codelets/cuda/cuda_codelets.h" /* struct st_cuda_graph_stats (C only, no CUDA headers) */
 #include "common.h"
+#include "config.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
 #include "io/model.h"
@@ -34,7 +38,34 @@ struct result {
   long tokens, depth;
   double seconds;
   struct st_engine_stats delta;
+  int graphs;                     /* decode rows: CUDA graphs on (1) or off (0); prompt rows: -1 */
+  struct st_cuda_graph_stats gd; /* graph counters and dense host time of the measurement */
 };
+
+static struct st_cuda_graph_stats graph_stats_now(void) {
+  struct st_cuda_graph_stats g = {0};
+#ifdef ST_HAVE_CUDA
+  st_cuda_graph_stats(&g);
+#endif
+  return g;
+}
+
+static struct st_cuda_graph_stats graph_stats_delta(const struct st_cuda_graph_stats *a) {
+  struct st_cuda_graph_stats d = graph_stats_now();
+  d.captures -= a->captures;
+  d.updates -= a->updates;
+  d.instantiations -= a->instantiations;
+  d.reinstantiations -= a->reinstantiations;
+  d.launches -= a->launches;
+  d.fallbacks -= a->fallbacks;
+  d.dense_calls -= a->dense_calls;
+  d.dense_host_s -= a->dense_host_s;
+  return d;
+}
+
+/* Host time inside the dense CUDA codelets per decode token, microseconds. */
+static double dense_us(const struct result *r) { return r->tokens ? 1e6 * r->gd.dense_host_s / r->tokens : 0.0; }
+static const char *graphs_word(int g) { return g < 0 ? "-" : g ? "on" : "off"; }
 
 static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const struct st_engine_stats *b) {
   struct st_engine_stats d = *b;
@@ -72,7 +103,7 @@ int st_cmd_bench(int argc, char **argv) {
                                       {0, 0, 0, 0}};
   const char *model = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
-  int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, c, rc = 0;
+  int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
   long threads = 0;
   struct st_engine_opts eo;
   st_engine_opts_init(&eo);
@@ -96,7 +127,8 @@ int st_cmd_bench(int argc, char **argv) {
     case 'K': kernels = 1; break;
     case 'T': rc = st_parse_int("--threads", optarg, 1, 256, &threads); break;
     case 'h':
-      printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [--json] [engine flags]\n\n"
+      printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [--json]\n"
+             "                    [--cuda-graphs on|off|both] [engine flags]\n\n"
              "  -m, --model FILE       qwen3moe GGUF\n"
              "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
              "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
@@ -106,7 +138,9 @@ int st_cmd_bench(int argc, char **argv) {
              "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
              "      --kernels          no model: mat-vec GB/s per weight format on the CPU (and CUDA), against\n"
              "                         the memory bandwidths measured in the same run\n"
-             "      --threads N        CPU threads for --kernels (default: online CPUs)\n");
+             "      --threads N        CPU threads for --kernels (default: online CPUs)\n"
+             "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
+             "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
       st_engine_opts_help(stdout);
       free(longopts);
       return 0;
@@ -122,6 +156,10 @@ int st_cmd_bench(int argc, char **argv) {
     return rc ? 1 : 0;
   }
   if (!rc && !model) rc = st_set_error(ST_EINVAL, "no model given (-m FILE)");
+  if (eo.cuda_graphs == ST_CUDA_GRAPHS_BOTH) {
+    graphs_both = 1;
+    eo.cuda_graphs = ST_CUDA_GRAPHS_ON;
+  }
   if (!rc) rc = st_engine_opts_check(&eo);
   long need = n_decode > 0 ? 1 : 0;
   for (int i = 0; i < n_prompts; i++) need = prompts[i] > need ? prompts[i] : need;
@@ -136,32 +174,46 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc) rc = st_engine_create(m, &eo, &e);
   int32_t *ids = rc ? NULL : malloc(sizeof(int32_t) * (size_t)need);
   float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);
-  struct result res[2 * MAX_SIZES];
+  struct result res[3 * MAX_SIZES];
   int n_res = 0;
   if (!rc && (!ids || !logits)) rc = st_set_error(ST_ENOMEM, "out of memory");
   if (!rc) fill_ids(ids, need, m->hp.n_vocab);
-  /* warm-up, untimed: first touches of the mapped weights, CUDA contexts, performance models */
+  /* warm-up, untimed: first touches of the mapped weights, CUDA contexts, performance models;
+   * then two one-token steps, which instantiate the decode path's CUDA graphs when they are on */
+  const int graphs_on = !rc && st_engine_set_cuda_graphs(e, 1);
+  if (!rc) st_engine_set_cuda_graphs(e, eo.cuda_graphs != ST_CUDA_GRAPHS_OFF);
+  if (graphs_both && !graphs_on) {
+    fprintf(stderr, "strata bench: --cuda-graphs both: no CUDA worker runs the dense work, so graphs have no effect; "
+                    "measuring once\n");
+    graphs_both = 0;
+  }
   if (!rc) rc = st_engine_eval(e, ids, (int)(need < 32 ? need : 32), logits, 0);
+  if (!rc) st_engine_reset(e);
+  for (long i = 0; i < 2 && i < need && !rc; i++) rc = st_engine_eval(e, ids + i, 1, logits, 0);
   for (int i = 0; i < n_prompts && !rc; i++) {
     if (prompts[i] == 0) continue;
     st_engine_reset(e);
     const struct st_engine_stats before = e->stats;
     const double t0 = st_now();
     rc = st_engine_eval(e, ids, (int)prompts[i], logits, 0);
-    res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats)};
+    res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats), -1, {0}};
   }
-  for (int i = 0; i < n_depths && n_decode > 0 && !rc; i++) {
-    st_engine_reset(e);
-    int32_t id = ids[0];
-    if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
-    const struct st_engine_stats before = e->stats;
-    const double t0 = st_now();
-    for (long s = 0; s < n_decode && !rc; s++) {
-      rc = st_engine_eval(e, &id, 1, logits, 0);
-      id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+  for (int i = 0; i < n_depths && n_decode > 0 && !rc; i++)
+    for (int pass = graphs_both ? 0 : 1; pass < 2 && !rc; pass++) {
+      const int graphs = graphs_both ? st_engine_set_cuda_graphs(e, pass) : e->cuda_graphs;
+      st_engine_reset(e);
+      int32_t id = ids[0];
+      if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+      const struct st_engine_stats before = e->stats;
+      const struct st_cuda_graph_stats gbefore = graph_stats_now();
+      const double t0 = st_now();
+      for (long s = 0; s < n_decode && !rc; s++) {
+        rc = st_engine_eval(e, &id, 1, logits, 0);
+        id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+      }
+      res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats),
+                                     graphs, graph_stats_delta(&gbefore)};
     }
-    res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats)};
-  }
   /* Roofline: B = expert bytes read per decode token (top-k pairs of every layer), f = the
    * share of routed entries the GPU cache served in that row, bandwidths measured now. */
   double bw_host = 0, bw_gpu = 0, pair_b = 0;
@@ -180,13 +232,30 @@ int st_cmd_bench(int argc, char **argv) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
              "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
-             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f}",
+             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
+             "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
+             "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
+             "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f}",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
-             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, ROOFLINE(r));
+             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, ROOFLINE(r),
+             r->graphs < 0 ? "" : "\"", r->graphs < 0 ? "null" : graphs_word(r->graphs), r->graphs < 0 ? "" : "\"",
+             (unsigned long long)r->gd.captures, (unsigned long long)r->gd.updates,
+             (unsigned long long)r->gd.instantiations, (unsigned long long)r->gd.reinstantiations,
+             (unsigned long long)r->gd.launches, (unsigned long long)r->gd.fallbacks,
+             (unsigned long long)r->gd.dense_calls, dense_us(r));
     }
-    printf("\n], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f}\n", bw_host / 1e9,
+    printf("\n], \"cuda_graphs_compare\": [");
+    for (int i = 1, n = 0; graphs_both && i < n_res; i++) {
+      const struct result *off = &res[i - 1], *on = &res[i];
+      if (strcmp(on->test, "decode") || on->graphs != 1 || off->graphs != 0) continue;
+      printf("%s\n  {\"depth\": %ld, \"tok_s_off\": %.3f, \"tok_s_on\": %.3f, \"ratio\": %.4f, "
+             "\"dense_host_us_per_token_off\": %.2f, \"dense_host_us_per_token_on\": %.2f}",
+             n++ ? "," : "", on->depth, off->tokens / off->seconds, on->tokens / on->seconds,
+             off->seconds / on->seconds * on->tokens / off->tokens, dense_us(off), dense_us(on));
+    }
+    printf("], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f}\n", bw_host / 1e9,
            bw_gpu / 1e9, pair_b);
   } else if (!rc) {
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass\n",
@@ -195,14 +264,30 @@ int st_cmd_bench(int argc, char **argv) {
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
-    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
-           "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline");
+    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s %6s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
+           "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline", "graphs", "dense us/t");
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       const uint64_t g = st_stats_gpu_entries(&r->delta), cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
-      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f\n", r->test, r->tokens, r->depth,
-             r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
-             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r));
+      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f %6s %10.1f\n", r->test, r->tokens,
+             r->depth, r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
+             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r),
+             graphs_word(r->graphs), r->graphs < 0 ? 0.0 : dense_us(r));
+    }
+    for (int i = 0; i < n_res; i++) {
+      const struct result *r = &res[i];
+      if (r->graphs == 1)
+        printf("cuda graphs, decode at depth %ld: %llu captures, %llu updates, %llu instantiations, %llu re-instantiations, "
+               "%llu launches, %llu fallbacks\n", r->depth, (unsigned long long)r->gd.captures,
+               (unsigned long long)r->gd.updates, (unsigned long long)r->gd.instantiations,
+               (unsigned long long)r->gd.reinstantiations, (unsigned long long)r->gd.launches,
+               (unsigned long long)r->gd.fallbacks);
+      if (graphs_both && r->graphs == 1 && i > 0 && res[i - 1].graphs == 0) {
+        const struct result *off = &res[i - 1];
+        printf("cuda graphs, decode at depth %ld: off %.2f tok/s, on %.2f tok/s, on/off %.3f; dense codelets' host time "
+               "%.1f -> %.1f us per token\n", r->depth, off->tokens / off->seconds, r->tokens / r->seconds,
+               off->seconds / r->seconds * r->tokens / off->tokens, dense_us(off), dense_us(r));
+      }
     }
     for (int i = 0; i < n_res && e->placement.n_caches > 1; i++) { /* per card, with helpers, a peer or a split */
       char tiers[1024];

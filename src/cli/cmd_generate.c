@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "codelets/cuda/cuda_codelets.h"
 #include "common.h"
+#include "config.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
 #include "io/model.h"
@@ -167,6 +169,22 @@ static int session_open(const struct run_opts *o, struct session *s) {
   return 0;
 }
 
+/* One line of CUDA graph counters (cuda/graph.cu) when the engine uses graphs. */
+static void report_graphs(const struct st_engine *e) {
+#ifdef ST_HAVE_CUDA
+  if (!e->cuda_graphs) return;
+  struct st_cuda_graph_stats g;
+  st_cuda_graph_stats(&g);
+  fprintf(stderr, "cuda graphs: %llu captures, %llu updates, %llu instantiations, %llu re-instantiations, %llu launches, "
+                  "%llu fallbacks; dense codelets' host time %.1f us per one-token call (%llu calls)\n",
+          (unsigned long long)g.captures, (unsigned long long)g.updates, (unsigned long long)g.instantiations,
+          (unsigned long long)g.reinstantiations, (unsigned long long)g.launches, (unsigned long long)g.fallbacks,
+          g.dense_calls ? 1e6 * g.dense_host_s / (double)g.dense_calls : 0.0, (unsigned long long)g.dense_calls);
+#else
+  (void)e;
+#endif
+}
+
 static void report(const struct session *s, size_t n_prompt, double t_prompt, size_t n_gen, double t_gen) {
   const struct st_engine_stats *st = &s->engine->stats;
   struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0);
@@ -192,6 +210,7 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
       fprintf(stderr, "%s %s %d", w ? "," : "", name, info.executed_tasks);
   }
   fputc('\n', stderr);
+  report_graphs(s->engine);
 }
 
 int st_cmd_generate(int argc, char **argv) {
@@ -282,6 +301,7 @@ int st_cmd_eval(int argc, char **argv) {
       int32_t best = st_argmax(last, (int32_t)V);
       fprintf(stderr, "strata eval: %zu tokens in %.3f s; last position argmax %d (logit %.4f)\n", s.n_ids,
               st_now() - t0, best, last[best]);
+      report_graphs(s.engine);
       if (o.logits_out) {
         FILE *f = fopen(o.logits_out, "wb");
         if (!f || fwrite(logits, sizeof(float) * V, n_rows, f) != n_rows || fclose(f))

@@ -1,5 +1,6 @@
-/* The engine flags every model-running command shares (generate, eval, profile, bench): context,
- * prompt chunk, expert profile and the primary cache. One table, one parser, one help text. */
+/* The engine flags every model-running command shares (generate, eval, profile, bench, serve):
+ * context, prompt chunk, expert profile, the primary cache, CUDA graphs. One table, one parser,
+ * one help text. */
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@
 enum {
   OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE,
   OPT_STREAM, OPT_HELPER1, OPT_HELPER2, OPT_HELPER3, OPT_PLACEMENT, OPT_REMOTE_PLACEMENT, OPT_REMOTE_OPT, OPT_PEER,
-  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT
+  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS
 };
 
 static const struct option engine_longopts[] = {
@@ -36,6 +37,7 @@ static const struct option engine_longopts[] = {
     {"peer-adapt-swaps", required_argument, 0, OPT_PEER_ADAPT},
     {"peer-prefill-rows", required_argument, 0, OPT_PEER_PREFILL},
     {"layer-split", required_argument, 0, OPT_LAYER_SPLIT},
+    {"cuda-graphs", required_argument, 0, OPT_GRAPHS},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -133,6 +135,12 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
       return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
     eo->prompt_stream_off = !strcmp(arg, "off");
     return 1;
+  case OPT_GRAPHS:
+    if (!strcmp(arg, "on")) eo->cuda_graphs = ST_CUDA_GRAPHS_ON;
+    else if (!strcmp(arg, "off")) eo->cuda_graphs = ST_CUDA_GRAPHS_OFF;
+    else if (!strcmp(arg, "both")) eo->cuda_graphs = ST_CUDA_GRAPHS_BOTH;
+    else return st_set_error(ST_EINVAL, "--cuda-graphs expects on or off (both: strata bench), got '%s'", arg);
+    return 1;
   default: return 0;
   }
 }
@@ -167,6 +175,8 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
   if (eo->expert_cache && !eo->expert_profile)
     return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
   if (eo->adapt_swaps && !eo->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
+  if (eo->cuda_graphs == ST_CUDA_GRAPHS_BOTH)
+    return st_set_error(ST_EINVAL, "--cuda-graphs both is for strata bench; here give on or off");
   return 0;
 }
 
@@ -184,6 +194,10 @@ void st_engine_opts_help(FILE *f) {
           "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n"
           "      --prompt-stream auto|off  prompt path: let a model-based scheduler (STARPU_SCHED=dmda, dmdas,\n"
           "                         heteroprio) run an uncached expert on CUDA0, streaming its weights (default auto)\n"
+          "      --cuda-graphs on|off  decode steps: capture each dense task's kernels on CUDA0 (attention,\n"
+          "                         attn_output, router, combine, head) as a CUDA graph and replay it; same\n"
+          "                         logits either way; no effect without a GPU (default on; bench: also both)\n"
+
           "  second-GPU tiers (doc/tiers.md):\n"
           "      --expert-cache-device1..3 N|auto  helper caches: N expert pairs on the 1st..3rd visible GPU after\n"
           "                         the primary (auto = what fits, keeping 512 MiB free); enable in order (default off)\n"

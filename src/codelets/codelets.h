@@ -5,7 +5,12 @@
  * expert's slice of it), read-only. Codelets know nothing of caches or tiers: the caller passes
  * a target (a fixed worker, or the kinds of worker allowed), which the tiers decide. Every
  * codelet has a CPU and a CUDA variant (in cuda/) computing the same float32 result; the two
- * differ only in summation order. */
+ * differ only in summation order.
+ *
+ * graph_key (attention, linear, router, combine): 0, or a key > 0 naming the task's site in the
+ * step (a layer's attention, ...; engine.c): a decode-path task (T == 1) that runs on a GPU is
+ * then captured and replayed as a CUDA graph cached under that key (cuda/graph.cu). The CPU
+ * variants ignore it; results are the same either way. */
 #ifndef ST_CODELETS_H
 #define ST_CODELETS_H
 
@@ -51,7 +56,7 @@ struct st_wdesc {
  * q/k RMSNorm, NEOX RoPE at positions pos0..pos0+T-1, the KV-cache write and causal softmax
  * attention over positions 0..pos. */
 struct st_attention_args {
-  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups;
+  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key;
   float eps, rope_theta;
   struct st_wdesc wq, wk, wv;
 };
@@ -64,7 +69,7 @@ int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t 
  * of the inputs are used (the output head takes only the last position). Used for the
  * attention output projection (inputs: the per-group attention outputs) and the output head. */
 struct st_linear_args {
-  int32_t T, in_row0, n_in, has_norm;
+  int32_t T, in_row0, n_in, has_norm, graph_key;
   int64_t r0, r1;
   float eps;
   struct st_wdesc w;
@@ -83,7 +88,7 @@ struct st_route {
   float weight; /* renormalised over the token's k experts */
 };
 struct st_router_args {
-  int32_t T, n_embd, n_expert, k, n_xo;
+  int32_t T, n_embd, n_expert, k, n_xo, graph_key;
   float eps;
   struct st_wdesc w;
 };
@@ -146,7 +151,7 @@ struct st_combine_src {
   int32_t buf, row, parts;
 };
 struct st_combine_args {
-  int32_t T, k, n_embd, n_out;
+  int32_t T, k, n_embd, n_out, graph_key;
   struct st_combine_src src[]; /* T * k entries */
 };
 int st_submit_combine(const struct st_combine_args *a, starpu_data_handle_t *bufs, int nbufs,

@@ -436,6 +436,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->prompt_stream = !o->prompt_stream_off && e->placement.cuda0_worker >= 0 &&
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
+  st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
@@ -480,6 +481,10 @@ void st_engine_destroy(struct st_engine *e) {
     const struct st_hparams *hp = &e->hp;
     st_engine_pause(e, 0);
     starpu_task_wait_for_all();
+#ifdef ST_HAVE_CUDA
+    /* StarPU resets the devices at shutdown: drop the CUDA graphs cached for them first */
+    if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_graph_release, NULL, STARPU_CUDA);
+#endif
     if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
       fprintf(stderr, "strata: %s\n", st_last_error());
     if (e->h_output_norm) starpu_data_unregister(e->h_output_norm);
@@ -553,6 +558,25 @@ void st_engine_tier_report(const struct st_engine *e, const struct st_engine_sta
                           (unsigned long long)(s->expert_tasks[t] - b->expert_tasks[t]));
 }
 
+int st_engine_set_cuda_graphs(struct st_engine *e, int on) {
+#ifdef ST_HAVE_CUDA
+  e->cuda_graphs = on && e->placement.cuda0_worker >= 0;
+#else
+  e->cuda_graphs = 0;
+#endif
+  return e->cuda_graphs;
+}
+
+/* Graph sites of a layer (cuda/graph.cu). On CUDA0 each is one task per step (the attention of
+ * every group, attn_output and the head unsliced: st_engine_create), so a key names one task. */
+enum { GRAPH_ATTENTION, GRAPH_ATTN_OUTPUT, GRAPH_ROUTER, GRAPH_COMBINE, GRAPH_SITES = 8 };
+
+/* The graph key of a dense task of a T-token batch at layer l (l = n_layer: the output head):
+ * 0 (plain launches) unless graphs are on and it is a decode step. */
+static int graph_key(const struct st_engine *e, int T, uint32_t l, int site) {
+  return e->cuda_graphs && T == 1 ? 1 + (int)l * GRAPH_SITES + site : 0;
+}
+
 int st_engine_n_cpu_workers(const struct st_engine *e) {
   (void)e;
   return (int)starpu_cpu_worker_get_count();
@@ -622,7 +646,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   memcpy(fill, count, sizeof(int) * (size_t)E);
   for (int i = 0; i < T * k; i++) order[fill[route[i].expert]++] = i;
 
-  *ca = (struct st_combine_args){.T = T, .k = k, .n_embd = d};
+  *ca = (struct st_combine_args){.T = T, .k = k, .n_embd = d, .graph_key = graph_key(e, T, l, GRAPH_COMBINE)};
   const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
                                            .ff0 = 0, .ff1 = (int)hp->n_ff_exp, .n_out_rows = 0,
                                            .gate = wdesc(&L->gate_exps), .up = wdesc(&L->up_exps),
@@ -804,7 +828,8 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
                                   .n_embd = (int)hp->n_embd, .head_dim = (int)hp->head_dim,
                                   .n_q = nq, .group0 = g, .n_groups = per_task, .eps = hp->rms_eps,
                                   .rope_theta = hp->rope_theta, .wq = wdesc(&L->wq),
-                                  .wk = wdesc(&L->wk), .wv = wdesc(&L->wv)};
+                                  .wk = wdesc(&L->wk), .wv = wdesc(&L->wv),
+                                  .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION)};
     starpu_data_handle_t bufs[7 + 3 * per_task];
     const starpu_data_handle_t fixed[7] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V], hw[W_Q_NORM], hw[W_K_NORM]};
     memcpy(bufs, fixed, sizeof fixed);
@@ -820,7 +845,8 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   const int so = (int)hp->n_embd / e->n_slices_o;
   for (int s = 0; s < e->n_slices_o && !rc; s++) {
     struct st_linear_args a = {.T = b->T, .in_row0 = 0, .n_in = G, .has_norm = 0,
-                               .r0 = (int64_t)s * so, .r1 = (int64_t)(s + 1) * so, .w = wdesc(&L->wo)};
+                               .r0 = (int64_t)s * so, .r1 = (int64_t)(s + 1) * so, .w = wdesc(&L->wo),
+                               .graph_key = graph_key(e, b->T, l, GRAPH_ATTN_OUTPUT)};
     starpu_data_handle_t bufs[2 + G];
     bufs[0] = hw[W_O];
     for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
@@ -832,7 +858,8 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   {
     struct st_router_args a = {.T = b->T, .n_embd = (int)hp->n_embd, .n_expert = (int)hp->n_expert,
                                .k = (int)hp->n_expert_used, .n_xo = e->n_slices_o,
-                               .eps = hp->rms_eps, .w = wdesc(&L->router)};
+                               .eps = hp->rms_eps, .w = wdesc(&L->router),
+                               .graph_key = graph_key(e, b->T, l, GRAPH_ROUTER)};
     const int nb = 6 + e->n_slices_o;
     starpu_data_handle_t bufs[nb];
     bufs[0] = b->x;
@@ -864,7 +891,8 @@ static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out
   for (int s = 0; s < S && !rc; s++) {
     const int r0 = s * rows, r1 = r0 + rows < V ? r0 + rows : V;
     struct st_linear_args a = {.T = T_out, .in_row0 = row0, .n_in = 1, .has_norm = 1,
-                               .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output)};
+                               .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output),
+                               .graph_key = graph_key(e, b->T, hp->n_layer, 0)};
     out[s] = reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
     starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
     rc = st_submit_linear(&a, bufs, 4, traced(e, st_placement_dense_target(&e->placement, e->hp.n_layer)), e->head_names[s]);

@@ -35,8 +35,11 @@ struct st_engine_opts {
   int peer_prefill_rows;      /* --peer-prefill-rows: rows of a prompt chunk the peer computes;
                                  -1 = half of chunk x top-k, 0 = prompt rows stay on the primary */
   int layer_split;            /* --layer-split auto: consecutive layers on consecutive GPUs */
+  int cuda_graphs;            /* --cuda-graphs: ST_CUDA_GRAPHS_ON (0, the default), _OFF, or _BOTH
+                                 (strata bench only: the engine starts with them on) */
 };
 #define ST_CACHE_AUTO (-1)
+enum { ST_CUDA_GRAPHS_ON = 0, ST_CUDA_GRAPHS_OFF, ST_CUDA_GRAPHS_BOTH };
 
 /* The defaults of the flags above (everything off, peer_reserve_mib 600, the -1 defaults). */
 void st_engine_opts_init(struct st_engine_opts *o);
@@ -94,6 +97,7 @@ struct st_engine {
   int remote_opt;          /* --remote-expert-opt with a helper cache */
   int peer_adapt_swaps, peer_prefill_rows;
   double cache_mass[ST_MAX_CACHES]; /* share of the profile's routed mass each cache holds at start */
+  int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
@@ -137,6 +141,9 @@ void st_engine_tier_report(const struct st_engine *e, const struct st_engine_sta
 
 /* Expert entries computed on GPU caches (every tier but the CPU pool). */
 uint64_t st_stats_gpu_entries(const struct st_engine_stats *s);
+/* Turns CUDA graphs for the decode path's dense tasks on (on != 0) or off for later evals.
+ * Returns whether they are on: never without a CUDA worker for the dense work. */
+int st_engine_set_cuda_graphs(struct st_engine *e, int on);
 
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);

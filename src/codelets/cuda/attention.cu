@@ -113,9 +113,15 @@ __global__ static void attend_combine(const float *part, int n_chunks, int hd, i
   }
 }
 
-extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
-  const st_attention_args *a = (const st_attention_args *)cl_arg;
-  cudaStream_t st = starpu_cuda_get_local_stream();
+// Scratch floats of one call: the normed input, one group's queries and the split-K partials.
+static size_t attention_scratch_bytes(const st_attention_args *a) {
+  const int n_chunks = (a->pos0 + a->T + KEY_CHUNK - 1) / KEY_CHUNK;
+  return sizeof(float) * ((size_t)a->T * a->n_embd + (size_t)a->T * a->n_q * a->head_dim +
+                          (size_t)a->T * a->n_q * n_chunks * (a->head_dim + 2));
+}
+
+static void attention_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
+  const st_attention_args *a = (const st_attention_args *)args;
   const float *x = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
   const float *attn_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]);
   const void *wq = (const void *)STARPU_VECTOR_GET_PTR(buffers[2]);
@@ -126,8 +132,7 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
   const int T = a->T, d = a->n_embd, hd = a->head_dim, nq = a->n_q, qw = nq * hd;
 
   const int n_chunks = (a->pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
-  const size_t part_floats = (size_t)T * nq * n_chunks * (hd + 2);
-  float *xn = (float *)st_cuda_alloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + part_floats), st);
+  float *xn = (float *)scratch;
   float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
   for (int i = 0; i < a->n_groups; i++) {
@@ -146,8 +151,13 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
     attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, qw, kc, vc, hd, a->pos0, 1.0f / sqrtf((float)hd),
                                                               n_chunks, part);
-  attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, hd, a->pos0, out, qw);
+    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, hd, a->pos0, out, qw);
   }
   ST_CUDA_CHECK(cudaGetLastError());
-  st_cuda_free(xn, st);
+}
+
+extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
+  const st_attention_args *a = (const st_attention_args *)cl_arg;
+  const int decode = a->T == 1;
+  st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, attention_scratch_bytes(a), decode, attention_body);
 }

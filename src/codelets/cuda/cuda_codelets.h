@@ -11,6 +11,8 @@
 extern "C" {
 #endif
 
+struct CUstream_st; /* a cudaStream_t, without the CUDA headers in C files */
+
 void st_attention_cuda(void *buffers[], void *cl_arg);
 void st_linear_cuda(void *buffers[], void *cl_arg);
 void st_router_cuda(void *buffers[], void *cl_arg);
@@ -37,6 +39,53 @@ int st_cuda_device_count(void);
  * copy each way that arrives intact (devices.cu; the seeds' peer tier, #2666). Returns 1, or 0
  * with the reason in why[len]. Call before StarPU starts; leaves peer access disabled. */
 int st_cuda_p2p_check(int a, int b, char *why, size_t len);
+
+/* ---- graph.cu: CUDA Graphs for the dense codelets on the decode path ----------------------
+ * A graph key (> 0) names one task site of a step (a layer's attention, attention output,
+ * router or combine; the output head), st_*_args.graph_key. The executable graphs are cached per
+ * CUDA device and key; each call captures its kernels again (pointers and pos0 change from step
+ * to step), updates the cached graph in place (cudaGraphExecUpdate), or re-instantiates it when
+ * the update is refused, and launches it. Replay runs the same kernels with the same arguments
+ * as plain launches, so results are bitwise identical with graphs on and off. */
+
+/* Starts a capture of `stream` (cudaStreamCaptureModeThreadLocal). 0, or -1 after a CUDA error
+ * (reported once on stderr; the caller then launches plainly). */
+int st_cuda_graph_begin(struct CUstream_st *stream, int key);
+/* Ends the capture, updates or instantiates the executable graph of `key` on the current device
+ * and launches it on `stream`. 0 when the work is queued; -1 after a CUDA error, when nothing of
+ * the capture ran and the caller must launch the same work plainly. */
+int st_cuda_graph_end(struct CUstream_st *stream, int key);
+/* At least `bytes` of device scratch owned by `key` on the current device, kept across calls
+ * (graphs then see the same pointer); grown stream-ordered on `stream`. Call it before
+ * st_cuda_graph_begin. NULL after a CUDA error. */
+void *st_cuda_graph_scratch(struct CUstream_st *stream, int key, size_t bytes);
+
+/* Per CUDA worker, through starpu_execute_on_each_worker before StarPU shuts down: destroys the
+ * graphs and frees the scratch cached for the worker's device (StarPU resets the devices at
+ * shutdown, and a later engine in the same process must not find stale handles). */
+void st_cuda_graph_release(void *unused);
+
+/* The kernels of one dense codelet call, queued on `stream`, using `scratch` (device memory of
+ * the size the codelet asked for; NULL when it asked for none). */
+typedef void (*st_cuda_dense_body)(void *buffers[], const void *args, void *scratch, struct CUstream_st *stream);
+/* Runs `body` on the worker's local stream: captured and replayed as graph `key` when key > 0,
+ * plain launches when key == 0 or the graph path fails. `decode` != 0 counts the call and its
+ * host time in st_cuda_graph_stats (decode-path calls, with or without graphs). */
+void st_cuda_dense_run(void *buffers[], const void *args, int key, size_t scratch_bytes, int decode,
+                       st_cuda_dense_body body);
+
+/* Counters since the process started, over every CUDA device. */
+struct st_cuda_graph_stats {
+  uint64_t captures;         /* stream captures that ended with a graph */
+  uint64_t updates;          /* cached executable graphs updated in place */
+  uint64_t instantiations;   /* first executable graph of a (device, key) */
+  uint64_t reinstantiations; /* update refused: destroyed and instantiated again */
+  uint64_t launches;         /* cudaGraphLaunch */
+  uint64_t fallbacks;        /* calls that fell back to plain launches after a CUDA error */
+  uint64_t dense_calls;      /* decode-path calls of the dense CUDA codelets (graphs on or off) */
+  double dense_host_s;       /* host time inside those calls, s */
+};
+void st_cuda_graph_stats(struct st_cuda_graph_stats *out);
 
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
 void st_cuda_worker_init(void *unused);

@@ -10,15 +10,14 @@ __global__ static void gather_piece(const float *src, int64_t row0, int64_t piec
     dst[t * n + i * piece + j] = src[(row0 + t) * piece + j];
 }
 
-extern "C" void st_linear_cuda(void *buffers[], void *cl_arg) {
-  const st_linear_args *a = (const st_linear_args *)cl_arg;
-  cudaStream_t st = starpu_cuda_get_local_stream();
+static void linear_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
+  const st_linear_args *a = (const st_linear_args *)args;
   const void *w = (const void *)STARPU_VECTOR_GET_PTR(buffers[0]);
   const float *norm = a->has_norm ? (const float *)STARPU_VECTOR_GET_PTR(buffers[1]) : NULL;
   const int first_in = 1 + (a->has_norm ? 1 : 0);
   float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[first_in + a->n_in]);
   const int64_t n = a->w.n, piece = n / a->n_in;
-  float *x = (float *)st_cuda_alloc(sizeof(float) * (size_t)(a->T * n), st);
+  float *x = (float *)scratch;
   for (int i = 0; i < a->n_in; i++) {
     const float *in = (const float *)STARPU_VECTOR_GET_PTR(buffers[first_in + i]);
     gather_piece<<<dim3((unsigned)((piece + 255) / 256), (unsigned)a->T), 256, 0, st>>>(in, a->in_row0, piece, n, i, x);
@@ -26,5 +25,11 @@ extern "C" void st_linear_cuda(void *buffers[], void *cl_arg) {
   ST_CUDA_CHECK(cudaGetLastError());
   if (norm) st_cuda_rmsnorm(x, norm, x, a->T, (int)n, a->eps, st);
   st_cuda_matmul(a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n, a->T, n, out, a->r1 - a->r0, st);
-  st_cuda_free(x, st);
+}
+
+extern "C" void st_linear_cuda(void *buffers[], void *cl_arg) {
+  const st_linear_args *a = (const st_linear_args *)cl_arg;
+  const int decode = a->T == 1;
+  st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, sizeof(float) * (size_t)(a->T * a->w.n), decode,
+                    linear_body);
 }

@@ -50,9 +50,8 @@ __global__ static void softmax_topk(const float *logits, int T, int E, int k, st
   if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
 }
 
-extern "C" void st_router_cuda(void *buffers[], void *cl_arg) {
-  const st_router_args *a = (const st_router_args *)cl_arg;
-  cudaStream_t st = starpu_cuda_get_local_stream();
+static void router_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
+  const st_router_args *a = (const st_router_args *)args;
   const int T = a->T, d = a->n_embd, E = a->n_expert, piece = d / a->n_xo;
   const float *x = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
   const float *ffn_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + a->n_xo]);
@@ -66,9 +65,15 @@ extern "C" void st_router_cuda(void *buffers[], void *cl_arg) {
     residual_piece<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(x, xo, d, piece, s, T, h);
   }
   st_cuda_rmsnorm(h, ffn_norm, ffn_in, T, d, a->eps, st);
-  float *logits = (float *)st_cuda_alloc(sizeof(float) * (size_t)T * E, st);
+  float *logits = (float *)scratch;
   st_cuda_matmul(a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d, logits, E, st);
   softmax_topk<<<(T + 3) / 4, 128, 0, st>>>(logits, T, E, a->k, routing);
   ST_CUDA_CHECK(cudaGetLastError());
-  st_cuda_free(logits, st);
+}
+
+extern "C" void st_router_cuda(void *buffers[], void *cl_arg) {
+  const st_router_args *a = (const st_router_args *)cl_arg;
+  const int decode = a->T == 1;
+  st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, sizeof(float) * (size_t)a->T * a->n_expert, decode,
+                    router_body);
 }

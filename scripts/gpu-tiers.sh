@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The second-GPU tiers on a host with two GPUs (nvidia-h200-x2), from the repository root after
+# scripts/gather-libs (carry/ travels with the tree). Builds nothing.
+#   scripts/gpu-tiers.sh check   exactness gates on the tiny Q8_0 fixture (three prompts, greedy):
+#                                every tier layout that holds all experts on GPUs vs one card
+#                                caching them all; the host route vs P2P; remote-expert-opt
+#   scripts/gpu-tiers.sh exact   the same gates on a qwen3-30b-a3b-preset Q8_0 model (made once
+#                                into models/, kept while the machine stays warm)
+#   scripts/gpu-tiers.sh table [PROMPT DEPTHS REPS]  strata bench per setup, cards limited to
+#                                24 GiB (STARPU_LIMIT_CUDA_MEM), median of REPS
+# Prints a short table last.
+set -u
+C=${CARRY:-carry}
+export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
+S=$PWD/$C/strata
+out=${OUT:-/tmp}
+mode=${1:-check}
+rows=()
+prompts=("<|im_start|>user\nWhat is a good name for a cat?<|im_end|>\n<|im_start|>assistant\n"
+         "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+         "Question: what is 17 * 23? Answer step by step.\n")
+pnames=(chat code math)
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+
+big_model() {
+  mkdir -p models
+  M=models/q30b-q8_0.gguf
+  if [ ! -s $M ]; then
+    STRATA_TOKENIZER_JSON=$C/tokenizer.json "$S" mkmodel -q -o $M --preset qwen3-30b-a3b --type q8_0 || exit 1
+  fi
+  if [ ! -s models/q30b.profile ]; then
+    yes 'The history of mixture of experts models and their routing, with code: for i in range(10): print(i)' | head -n 40 > /tmp/calib30.txt
+    "$S" profile -m $M -f /tmp/calib30.txt -o models/q30b.profile 2>&1 | tail -n 1
+  fi
+  P=models/q30b.profile
+}
+
+# gate NAME REF_LOG ENV... -- FLAGS: greedy ids of the three prompts vs the reference run's
+gate() {
+  local name=$1 ref=$2; shift 2
+  local envs=() all=PASS
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  for i in 0 1 2; do
+    got=$(env "${envs[@]}" "$S" generate -m "$M" -p "$(printf '%b' "${prompts[$i]}")" -n "$N" --temp 0 --ignore-eos --print-ids \
+          --expert-profile "$P" "$@" 2>"$out/gate.err")
+    [ -n "$got" ] || { all="FAIL (${pnames[$i]}: $(tail -n 1 "$out/gate.err"))"; break; }
+    if [ "$ref" = "-" ]; then echo "$got" > "$out/ref_$i"; continue; fi
+    [ "$got" = "$(cat "$out/ref_$i")" ] || all="FAIL (${pnames[$i]}: $got vs $(cat "$out/ref_$i"))"
+  done
+  grep -E "expert cache|P2P|host route|layer split" "$out/gate.err" | head -n 4
+  grep -E "^expert entries" "$out/gate.err"
+  rows+=("$name: $all")
+}
+
+gates() { # pairs = all pairs of the model; half = the primary's share in the split runs
+  gate "reference: one card caches all $pairs pairs" - -- --expert-cache $pairs
+  gate "(a) two GPUs visible, no second-GPU flag vs CUDA_VISIBLE_DEVICES=0" x CUDA_VISIBLE_DEVICES=0 -- --expert-cache $pairs
+  gate "(b) peer: CUDA0 $half + peer the rest vs one card" x -- --expert-cache $half --peer-device 1 --peer-slots $((pairs - half))
+  gate "(c) peer, host route (STRATA_PEER_NO_P2P=1) vs one card" x STRATA_PEER_NO_P2P=1 -- --expert-cache $half --peer-device 1 --peer-slots $((pairs - half))
+  gate "    peer, --peer-prefill-rows 0 vs one card" x -- --expert-cache $half --peer-device 1 --peer-slots $((pairs - half)) --peer-prefill-rows 0
+  gate "helper CUDA1 stripe: CUDA0 $half + helper the rest vs one card" x -- --expert-cache $half --expert-cache-device1 $((pairs - half))
+  gate "helper CUDA1 layer placement vs one card" x -- --expert-cache $half --expert-cache-device1 $((pairs - half)) --gpu-placement layer
+  gate "helper CUDA1 auto vs one card" x -- --expert-cache $half --expert-cache-device1 auto
+  gate "layer split, every stage caches its layers vs one card" x -- --layer-split auto --expert-cache $pairs
+  "$S" generate -m "$M" -p hi -n 1 --expert-profile "$P" --expert-cache $half --expert-cache-device1 8 --expert-cache-device2 8 \
+    --expert-cache-device3 8 >/dev/null 2>"$out/three.err"
+  rows+=("three helpers on two GPUs: exit $? '$(tail -n 1 "$out/three.err")'")
+  gate "--remote-expert-opt (not claimed bitwise identical)" x -- --expert-cache $half --expert-cache-device1 $((pairs - half)) --remote-expert-opt
+}
+
+case $mode in
+check)
+  M=$C/fixtures/models/tiny-qwen3moe-q8_0.gguf; N=32; pairs=64; half=24
+  printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
+  "$S" profile -m "$M" -f "$out/calib.txt" -o "$out/tiny.profile" 2>&1 | tail -n 1
+  P=$out/tiny.profile
+  gates
+  gate "adaptive peer: 16 + 16 slots, --adapt-swaps 4 (runs; the set moves)" - -- --expert-cache 16 --peer-device 1 --peer-slots 16 --adapt-swaps 4 --adapt-interval 8
+  grep -c "adapt:" "$out/gate.err" | sed 's/^/adaptive swaps logged: /'
+  ;;
+exact)
+  big_model; N=16; pairs=6144; half=3000
+  gates
+  ;;
+table)
+  big_model
+  PR=${2:-4096}; DEPTHS=${3:-1024,4096}; REPS=${4:-1}
+  export STARPU_LIMIT_CUDA_MEM=24576
+  bench() {
+    local name=$1; shift
+    for r in $(seq "$REPS"); do
+      timeout 300 env "${BENV[@]}" "$S" bench -m $M --prompt "$PR" --decode 32 --depth "$DEPTHS" --expert-profile $P "$@" \
+        > "$out/b.txt" 2> "$out/b.err" || { rows+=("$name: failed: $(tail -n 1 "$out/b.err")"); return; }
+      awk -v n="$name" -v r=$r '$1=="prompt"||$1=="decode" {print n "\t" r "\t" $1 "\t" ($1=="prompt"?$2:$3) "\t" $5}' "$out/b.txt" >> "$out/table.tsv"
+    done
+    grep -E "expert cache|^  " "$out/b.err" "$out/b.txt" | head -n 8
+  }
+  : > "$out/table.tsv"
+  BENV=(CUDA_VISIBLE_DEVICES=0); bench "single GPU (auto cache, 24 GiB)" --expert-cache auto
+  BENV=(); bench "helper cache on CUDA1 (auto)" --expert-cache auto --expert-cache-device1 auto
+  bench "helper + --remote-expert-opt" --expert-cache auto --expert-cache-device1 auto --remote-expert-opt
+  bench "layer split (auto)" --layer-split auto --expert-cache auto
+  bench "peer tier (--peer-device 1, auto)" --expert-cache auto --peer-device 1
+  # median over the repetitions of each (setup, test, size)
+  rows+=("$(sort -t$'\t' -k1,1 -k3,3 -k4,4n -k5,5n "$out/table.tsv" | awk -F'\t' '
+    { k=$1 "\t" $3 " " $4; v[k]=v[k] " " $5; c[k]++; if (!(k in seen)) { seen[k]=1; order[++n]=k } }
+    END { for (i=1;i<=n;i++) { split(v[order[i]], a, " "); m=a[int((c[order[i]]+1)/2)]; printf "%s\t%s tok/s (runs:%s)\n", order[i], m, v[order[i]] } }')")
+  ;;
+esac
+echo "===== summary ($mode)"
+printf '%s\n' "${rows[@]}"
