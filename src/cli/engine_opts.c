@@ -196,7 +196,7 @@ void st_engine_opts_help(FILE *f) {
           "                         heteroprio) run an uncached expert on CUDA0, streaming its weights (default auto)\n"
           "      --cuda-graphs on|off  decode steps: capture each dense task's kernels on CUDA0 (attention,\n"
           "                         attn_output, router, combine, head) as a CUDA graph and replay it; same\n"
-          "                         logits either way; no effect without a GPU (default on; bench: also both)\n"
+          "                         logits either way; no effect without a GPU (default off; bench: also both)\n"
 
           "  second-GPU tiers (doc/tiers.md):\n"
           "      --expert-cache-device1..3 N|auto  helper caches: N expert pairs on the 1st..3rd visible GPU after\n"

@@ -35,11 +35,11 @@ struct st_engine_opts {
   int peer_prefill_rows;      /* --peer-prefill-rows: rows of a prompt chunk the peer computes;
                                  -1 = half of chunk x top-k, 0 = prompt rows stay on the primary */
   int layer_split;            /* --layer-split auto: consecutive layers on consecutive GPUs */
-  int cuda_graphs;            /* --cuda-graphs: ST_CUDA_GRAPHS_ON (0, the default), _OFF, or _BOTH
+  int cuda_graphs;            /* --cuda-graphs: ST_CUDA_GRAPHS_OFF (0, the default), _ON, or _BOTH
                                  (strata bench only: the engine starts with them on) */
 };
 #define ST_CACHE_AUTO (-1)
-enum { ST_CUDA_GRAPHS_ON = 0, ST_CUDA_GRAPHS_OFF, ST_CUDA_GRAPHS_BOTH };
+enum { ST_CUDA_GRAPHS_OFF = 0, ST_CUDA_GRAPHS_ON, ST_CUDA_GRAPHS_BOTH };
 
 /* The defaults of the flags above (everything off, peer_reserve_mib 600, the -1 defaults). */
 void st_engine_opts_init(struct st_engine_opts *o);
