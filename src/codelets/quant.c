@@ -6,6 +6,7 @@
 #include "codelets/iq_grids.h"
 #include "common.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -648,20 +649,21 @@ enum { IQ_GRID_2XS, IQ_GRID_2S, IQ_GRID_3XXS, IQ_GRID_3S };
 static struct iq_grid iq_grids[4];
 static pthread_once_t iq_grids_once = PTHREAD_ONCE_INIT;
 
-static void iq_grid_build(struct iq_grid *g, const uint64_t *t64, const uint32_t *t32, int n, int dim,
-                          const uint8_t *levels, int nlev) {
+/* table: n uint64 entries (dim 8) or n uint32 entries (dim 4). */
+static void iq_grid_build(struct iq_grid *g, const void *table, int n, int dim, const uint8_t *levels, int nlev) {
   g->dim = dim, g->n = n, g->nlev = nlev;
   for (int k = 0; k < nlev; k++) g->levels[k] = levels[k];
   for (int k = 0; k + 1 < nlev; k++) g->mid[k] = 0.5f * (float)(levels[k] + levels[k + 1]);
   for (int e = 0; e < n; e++)
     for (int j = 0; j < dim; j++) {
-      g->mag[e * dim + j] = (uint8_t)((t64 ? t64[e] : t32[e]) >> (8 * j));
+      const uint64_t v = dim == 8 ? ((const uint64_t *)table)[e] : ((const uint32_t *)table)[e];
+      g->mag[e * dim + j] = (uint8_t)(v >> (8 * j));
       g->magf[e * dim + j] = g->mag[e * dim + j];
     }
   int ncodes = 1;
   for (int j = 0; j < dim; j++) ncodes *= nlev;
   for (int c = 0; c < ncodes; c++) {
-    int p[8], best_d[IQ_NEAR], cnt = 0;
+    int p[8], best_d[IQ_NEAR] = {INT_MAX}, cnt = 0;
     for (int j = 0, v = c; j < dim; j++, v /= nlev) p[j] = levels[v % nlev];
     for (int e = 0; e < n; e++) {
       int dist = 0;
@@ -683,10 +685,10 @@ static void iq_grid_build(struct iq_grid *g, const uint64_t *t64, const uint32_t
 static void iq_grids_init(void) {
   static const uint8_t l2[3] = {8, 25, 43}, l3xxs[8] = {4, 12, 20, 28, 36, 44, 52, 62},
                        l3s[8] = {1, 3, 5, 7, 9, 11, 13, 15};
-  iq_grid_build(&iq_grids[IQ_GRID_2XS], st_iq2xs_grid, NULL, 512, 8, l2, 3);
-  iq_grid_build(&iq_grids[IQ_GRID_2S], st_iq2s_grid, NULL, 1024, 8, l2, 3);
-  iq_grid_build(&iq_grids[IQ_GRID_3XXS], NULL, st_iq3xxs_grid, 256, 4, l3xxs, 8);
-  iq_grid_build(&iq_grids[IQ_GRID_3S], NULL, st_iq3s_grid, 512, 4, l3s, 8);
+  iq_grid_build(&iq_grids[IQ_GRID_2XS], st_iq2xs_grid, 512, 8, l2, 3);
+  iq_grid_build(&iq_grids[IQ_GRID_2S], st_iq2s_grid, 1024, 8, l2, 3);
+  iq_grid_build(&iq_grids[IQ_GRID_3XXS], st_iq3xxs_grid, 256, 4, l3xxs, 8);
+  iq_grid_build(&iq_grids[IQ_GRID_3S], st_iq3s_grid, 512, 4, l3s, 8);
 }
 
 /* The entry for target magnitudes t[dim] (in grid units): the code's own entry when the code is
@@ -793,7 +795,7 @@ static void iq_quant_block(uint32_t type, const float *x, struct iq_fitted *o) {
     }
     o->signs[k] = s;
   }
-  float sig[16], smax = 0.0f;
+  float sig[16] = {0}, smax = 0.0f;
   for (int b = 0; b < ST_QK_K / sub; b++) {
     sig[b] = iq_best_scale(g, a + sub * b, sub);
     smax = sig[b] > smax ? sig[b] : smax;
