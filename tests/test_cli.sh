@@ -2,7 +2,8 @@
 # The `strata` binary as a user drives it: greedy generation through the CLI reproduces the
 # reference continuation, tokenize on a vocabulary-only GGUF, eval's logits file, and bad input
 # (unknown flags, missing or malformed files, an unsupported architecture or tensor type, a
-# prompt longer than the context, negative -n) giving one clear line and exit status 1.
+# prompt longer than the context, negative -n) giving one clear line and exit status 1, and
+# models in the i-quant formats written by mkmodel running through generate.
 set -u
 : "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
 export STARPU_SILENT=1
@@ -49,12 +50,12 @@ expect_error "wrong magic" "magic" "$STRATA" generate -m "$tmp/magic.gguf" -p hi
 # the same file with its architecture renamed (same length, so the layout stays valid)
 LC_ALL=C sed 's/qwen3moe/llama4xx/g' "$tiny" > "$tmp/arch.gguf"
 expect_error "unsupported architecture" "unsupported architecture llama4xx" "$STRATA" generate -m "$tmp/arch.gguf" -p hi
-# the small model with token_embd.weight's type changed from q6_K to iq4_nl (20), which strata
-# does not compute yet: the tensor info's type field follows the name, n_dims and two dims
+# the small model with token_embd.weight's type changed from q6_K to iq1_s (19), which strata
+# does not compute: the tensor info's type field follows the name, n_dims and two dims
 cp "$FIXTURES/models/small-qwen3moe-q4_k_m.gguf" "$tmp/iq.gguf"; chmod u+w "$tmp/iq.gguf"
 at=$(grep -obUa "token_embd.weight" "$tmp/iq.gguf" | head -n 1 | cut -d: -f1)
-printf '\024\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
-expect_error "unsupported tensor type" "unsupported tensor type iq4_nl for token_embd.weight" \
+printf '\023\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
+expect_error "unsupported tensor type" "unsupported tensor type iq1_s for token_embd.weight" \
   "$STRATA" generate -m "$tmp/iq.gguf" -p hi
 # the second-GPU tiers' refusals (the seeds' wording for the peer tier), before any device is touched
 expect_error "peer + layer split" "^strata generate: --peer-device cannot be combined with --layer-split (use one or the other)$" \
@@ -88,6 +89,17 @@ expect_error "--cuda-graphs both outside bench" "\-\-cuda-graphs both is for str
   && ok "bench --cuda-graphs both on CPU: measured once, graphs off, $(cat "$tmp/err")" || bad "bench --cuda-graphs both: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
 for c in generate eval bench serve; do
   "$STRATA" $c --help 2>&1 | grep -q -- "--cuda-graphs on|off" && ok "$c --help shows --cuda-graphs" || bad "$c --help lacks --cuda-graphs"
+done
+# 7. mkmodel writes the i-quants and generate runs them (rows of 256, so no fallback type)
+for t in iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s; do
+  if "$STRATA" mkmodel -o "$tmp/$t.gguf" --hidden 256 --expert-ffn 256 --layers 2 --type "$t" -q \
+       --vocab "$FIXTURES/models/small-qwen3moe-q4_k_m.gguf" 2>"$tmp/err" \
+     && "$STRATA" generate -m "$tmp/$t.gguf" -p "Hello" -n 4 >"$tmp/out" 2>>"$tmp/err" && [ -s "$tmp/out" ]; then
+    ok "mkmodel --type $t, then generate: $(head -c 60 "$tmp/out" | tr '\n' ' ')"
+  else
+    bad "mkmodel --type $t / generate: $(tail -n 3 "$tmp/err")"
+  fi
+  rm -f "$tmp/$t.gguf"
 done
 for c in generate eval tokenize mkmodel; do
   "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"

@@ -1,6 +1,9 @@
 /* The CPU kernels against float64 references: half/bfloat16 conversions, Q8_0 quantisation
  * error, st_matmul for F32, F16, BF16 and Q8_0 weights on random data at every SIMD level this
  * CPU has (scalar, AVX2, AVX-512), bitwise independence of the token-tile size, and RMSNorm.
+ * The i-quants (IQ4_NL, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): the sign table, a hand-built
+ * block of each decoded to values worked out from the format by hand, the quantisers' round
+ * trip, and st_matmul on random and on quantised blocks.
  * Prints every error it measured and the bound it used. */
 #include <math.h>
 #include <stdio.h>
@@ -62,8 +65,9 @@ static void test_q8_0(void) {
   CHECK(worst <= bound, "q8_0 quantise/dequantise of %d values: max error %.4f × block scale (≤ %.4f: half a step + fp16 scale rounding)", N, worst, bound);
 }
 
-/* Fills a weight matrix of `type` and returns its dequantised float copy. */
-static void *make_weights(uint32_t type, int rows, int n, float *deq) {
+/* Fills a weight matrix of `type` (block formats: random blocks, or with `quantise` the
+ * quantiser's blocks of random rows) and returns its dequantised float copy. */
+static void *make_weights(uint32_t type, int rows, int n, float *deq, int quantise) {
   const uint64_t rb = st_row_bytes(type, (uint64_t)n);
   uint8_t *w = malloc(rb * (uint64_t)rows);
   float *tmp = malloc(sizeof(float) * (size_t)n);
@@ -75,7 +79,8 @@ static void *make_weights(uint32_t type, int rows, int n, float *deq) {
     case ST_TYPE_F16: for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = st_f32_to_fp16(tmp[i]); break;
     case ST_TYPE_BF16: for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = st_f32_to_bf16(tmp[i]); break;
     case ST_TYPE_Q8_0: st_quantize_row_q8_0(tmp, (st_block_q8_0 *)row, n); break;
-    default: tu_random_row(type, row, n, &rng); /* no quantiser yet: random blocks, finite scales */
+    default:
+      if (!quantise || st_quantize_row(type, tmp, row, n)) tu_random_row(type, row, n, &rng); /* random blocks, finite scales */
     }
     st_dequantize_row(type, row, deq + (size_t)r * n, n);
   }
@@ -83,10 +88,10 @@ static void *make_weights(uint32_t type, int rows, int n, float *deq) {
   return w;
 }
 
-static void test_matmul(uint32_t type, int n) {
+static void test_matmul_blocks(uint32_t type, int n, int quantise) {
   enum { ROWS = 37, T = 7 };
   float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
-  void *w = make_weights(type, ROWS, n, deq);
+  void *w = make_weights(type, ROWS, n, deq, quantise);
   for (int i = 0; i < T * n; i++) x[i] = (float)urand();
   const uint64_t rb = st_row_bytes(type, (uint64_t)n);
   const int top = st_dot_force_isa(2);
@@ -109,14 +114,17 @@ static void test_matmul(uint32_t type, int n) {
       }
     }
     CHECK(worst <= 1e-6 && same,
-          "matmul %s n=%d %s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64; T=7 vs T=1 %s",
-          st_type_info(type)->name, n, st_dot_isa(), T, ROWS, worst, same ? "bitwise identical" : "DIFFER");
+          "matmul %s n=%d %s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of the dequantised rows; T=7 vs T=1 %s",
+          st_type_info(type)->name, n, st_dot_isa(), quantise ? ", quantised rows" : "", T, ROWS, worst,
+          same ? "bitwise identical" : "DIFFER");
   }
   st_dot_force_isa(top);
   free(w);
   free(deq);
   free(x);
 }
+
+static void test_matmul(uint32_t type, int n) { test_matmul_blocks(type, n, 0); }
 
 /* Quantise Gaussian data to each format and decode it back: the RMS error relative to the data's
  * RMS must stay under the format's bound (bits per weight). Checks that every quantiser packs
@@ -140,6 +148,107 @@ static void test_roundtrip(uint32_t type, double bound) {
   free(x);
   free(y);
   free(q);
+}
+
+/* st_iq_signs against ggml's ksigns_iq2xs table (its first and last rows), and the table's rule
+ * for all 128 entries: the seven bits unchanged, an even number of bits set. */
+static void test_iq_signs(void) {
+  static const uint8_t first[16] = {0, 129, 130, 3, 132, 5, 6, 135, 136, 9, 10, 139, 12, 141, 142, 15};
+  static const uint8_t last[16] = {240, 113, 114, 243, 116, 245, 246, 119, 120, 249, 250, 123, 252, 125, 126, 255};
+  int ok = 1;
+  for (int i = 0; i < 16; i++) ok &= st_iq_signs((uint32_t)i) == first[i] && st_iq_signs((uint32_t)(112 + i)) == last[i];
+  for (uint32_t i = 0; i < 128; i++) ok &= (st_iq_signs(i) & 127) == i && __builtin_popcount(st_iq_signs(i)) % 2 == 0;
+  CHECK(ok, "iq sign table: 32 entries equal ggml's ksigns_iq2xs, all 128 keep their 7 bits and have even parity");
+}
+
+struct known {
+  int at;
+  float want;
+};
+
+/* Decodes one hand-built block and compares the listed weights with the values worked out by
+ * hand from the format (each printed). */
+static void check_known(uint32_t type, const void *block, const struct known *k, int nk, const char *what) {
+  const uint32_t n = st_type_info(type)->blck_size;
+  float *y = malloc(sizeof(float) * n);
+  st_dequantize_row(type, block, y, n);
+  int ok = 1;
+  printf("     %s %s:", st_type_info(type)->name, what);
+  for (int i = 0; i < nk; i++) {
+    printf(" y[%d]=%g (want %g)", k[i].at, y[k[i].at], k[i].want);
+    ok &= y[k[i].at] == k[i].want;
+  }
+  printf("\n");
+  CHECK(ok, "%s hand-built block: %d weights decode to the hand-derived values", st_type_info(type)->name, nk);
+  free(y);
+}
+
+static void test_iq_known_blocks(void) {
+  /* IQ4_NL, d = 0.5: nibble q gives 0.5 * kvalues_iq4nl[q] (levels -127 -104 ... 1 ... 89 113) */
+  st_block_iq4_nl nl;
+  nl.d = st_f32_to_fp16(0.5f);
+  memset(nl.qs, 0x88, sizeof nl.qs);
+  nl.qs[0] = 0x1F, nl.qs[1] = 0x80;
+  const struct known knl[] = {{0, 56.5f}, {16, -52.0f}, {1, -63.5f}, {17, 0.5f}, {5, 0.5f}};
+  check_known(ST_TYPE_IQ4_NL, &nl, knl, 5, "d=0.5, qs[0]=0x1F qs[1]=0x80 rest 0x88");
+
+  /* IQ4_XS, d = 0.25; 6-bit scales ls (low nibble in scales_l, high 2 bits in scales_h), scale
+   * ls - 32: sub-block 0 ls=33 (+1), sub-block 5 ls=0 (-32), the others ls=32 (0) */
+  st_block_iq4_xs xs;
+  memset(&xs, 0, sizeof xs);
+  xs.d = st_f32_to_fp16(0.25f);
+  xs.scales_l[0] = 0x01;
+  xs.scales_h = 0xA2AA; /* high bits 2 everywhere but sub-block 5 (bits 10-11) */
+  xs.qs[0] = 0xF0, xs.qs[80] = 0x97;
+  const struct known kxs[] = {{0, -31.75f}, {16, 28.25f}, {160, 80.0f}, {176, -104.0f}, {32, 0.0f}};
+  check_known(ST_TYPE_IQ4_XS, &xs, kxs, 5, "d=0.25, scales +1 / -32 / 0");
+
+  /* IQ2_XS, d = 1: scales[0] = 0x21 gives 16 weights at (0.5+1)/4 = 0.375, 16 at (0.5+2)/4 = 0.625,
+   * the rest (0.5+0)/4 = 0.125. qs[0] = entry 1 {43,8,8,8,8,8,8,8}, sign field 1 (ggml: 129,
+   * weights 0 and 7 negative); qs[2] = entry 2 {25,25,8,...}, no signs; qs[4] = entry 0 (all 8) */
+  st_block_iq2_xs x2;
+  memset(&x2, 0, sizeof x2);
+  x2.d = st_f32_to_fp16(1.0f);
+  x2.scales[0] = 0x21;
+  x2.qs[0] = 1 | 1 << 9, x2.qs[2] = 2;
+  const struct known kx2[] = {{0, -16.125f}, {1, 3.0f}, {7, -3.0f}, {16, 15.625f}, {17, 15.625f}, {18, 5.0f}, {32, 1.0f}};
+  check_known(ST_TYPE_IQ2_XS, &x2, kx2, 7, "d=1, parity sign");
+
+  /* IQ2_S, d = 1: scales[0] = 0x10 (first 16 at 0.125, next 16 at 0.375); group 0 index
+   * 0x00 | qh bits 1 << 8 = 256 {25,25,25,25,25,8,25,8} with sign byte 0x81; group 3 index
+   * 0xFF | 3 << 8 = 1023 (all 43) with sign byte 0x02 */
+  st_block_iq2_s s2;
+  memset(&s2, 0, sizeof s2);
+  s2.d = st_f32_to_fp16(1.0f);
+  s2.scales[0] = 0x10;
+  s2.qh[0] = 0xC1;
+  s2.qs[3] = 0xFF, s2.qs[32] = 0x81, s2.qs[35] = 0x02;
+  const struct known ks2[] = {{0, -3.125f}, {4, 3.125f}, {5, 1.0f}, {7, -1.0f}, {24, 16.125f}, {25, -16.125f}};
+  check_known(ST_TYPE_IQ2_S, &s2, ks2, 6, "d=1, 10-bit indices");
+
+  /* IQ3_XXS, d = 1: sub-block 0 word 0x30000083: scale 3 (d*(0.5+3)/2 = 1.75), sign fields 3
+   * (weights 0,1 negative) and 1 (ggml 129: weights 8 and 15 negative); qs[0] = entry 0 {4,4,4,4},
+   * qs[1] = entry 5 {62,12,4,4}; other sub-blocks scale 0 (0.25) */
+  st_block_iq3_xxs x3;
+  memset(&x3, 0, sizeof x3);
+  x3.d = st_f32_to_fp16(1.0f);
+  x3.qs[1] = 5;
+  const uint32_t aux = 0x30000083u;
+  memcpy(x3.qs + 64, &aux, 4);
+  const struct known kx3[] = {{0, -7.0f}, {1, -7.0f}, {2, 7.0f}, {4, 108.5f}, {5, 21.0f},
+                              {8, -7.0f}, {9, 7.0f},  {15, -7.0f}, {32, 1.0f}};
+  check_known(ST_TYPE_IQ3_XXS, &x3, kx3, 9, "d=1, packed scale and signs");
+
+  /* IQ3_S, d = 0.5: scales[0] = 0x32 (sub-block 0: 0.5*(1+2*2) = 2.5, sub-block 1: 0.5*(1+2*3) = 3.5),
+   * others 0.5; qs[0] = entry 1 {3,1,1,1}, qs[1] = 0 with qh bit 1: entry 256 {7,5,9,5}; sign
+   * byte 0x81; sub-block 1 qs[8] = entry 0 {1,1,1,1} */
+  st_block_iq3_s s3;
+  memset(&s3, 0, sizeof s3);
+  s3.d = st_f32_to_fp16(0.5f);
+  s3.scales[0] = 0x32;
+  s3.qs[0] = 1, s3.qh[0] = 0x02, s3.signs[0] = 0x81;
+  const struct known ks3[] = {{0, -7.5f}, {1, 2.5f}, {4, 17.5f}, {6, 22.5f}, {7, -12.5f}, {32, 3.5f}, {64, 0.5f}};
+  check_known(ST_TYPE_IQ3_S, &s3, ks3, 7, "d=0.5, 9-bit indices");
 }
 
 static void test_rmsnorm(void) {
@@ -168,12 +277,23 @@ int main(void) {
                              ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K};
   for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) test_matmul(blocks[i], 512);
   test_matmul(ST_TYPE_BF16, 16);
+  test_iq_signs();
+  test_iq_known_blocks();
+  const uint32_t iq[] = {ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ3_S};
+  for (size_t i = 0; i < sizeof iq / sizeof iq[0]; i++) {
+    test_matmul_blocks(iq[i], 512, 0);
+    test_matmul_blocks(iq[i], 512, 1);
+  }
+  test_matmul_blocks(ST_TYPE_IQ4_NL, 96, 1);
   const struct {
     uint32_t type;
     double bound;
   } rt[] = {{ST_TYPE_Q8_0, 0.01}, {ST_TYPE_Q4_0, 0.15}, {ST_TYPE_Q4_1, 0.15}, {ST_TYPE_Q5_0, 0.075},
             {ST_TYPE_Q5_1, 0.075}, {ST_TYPE_Q2_K, 0.60}, {ST_TYPE_Q3_K, 0.30}, {ST_TYPE_Q4_K, 0.15},
-            {ST_TYPE_Q5_K, 0.075}, {ST_TYPE_Q6_K, 0.04}};
+            {ST_TYPE_Q5_K, 0.075}, {ST_TYPE_Q6_K, 0.04},
+            /* i-quants: measured 0.076 0.077 0.285 0.239 0.177 0.129 when written, bounds ~12% above */
+            {ST_TYPE_IQ4_NL, 0.085}, {ST_TYPE_IQ4_XS, 0.085}, {ST_TYPE_IQ2_XS, 0.32}, {ST_TYPE_IQ2_S, 0.27},
+            {ST_TYPE_IQ3_XXS, 0.20}, {ST_TYPE_IQ3_S, 0.145}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);

@@ -41,7 +41,10 @@ static void usage(FILE *f) {
           "      --type T           weight type of the matrices (default: q8_0): f32 | f16 | bf16 | q8_0 |\n"
           "                         q4_0 | q4_1 | q5_0 | q5_1 (llama.cpp's reference quantisers) |\n"
           "                         q2_k | q3_k | q4_k | q5_k | q6_k (a simpler quantiser than llama.cpp's;\n"
-          "                         rows not a multiple of 256 fall back to q8_0, as llama.cpp's do);\n"
+          "                         rows not a multiple of 256 fall back to q8_0, as llama.cpp's do) |\n"
+          "                         iq4_nl | iq4_xs (llama.cpp's search, no imatrix) | iq3_xxs | iq3_s |\n"
+          "                         iq2_xs | iq2_s (a simpler, slower search than llama.cpp's, for\n"
+          "                         benchmark models; rows not a multiple of 256 fall back to q8_0);\n"
           "                         norms and the router (ffn_gate_inp) are always f32\n"
           "      --seed N           random seed (default: 1)\n"
           "      --skew S           routing skew, 0 = uniform routing (default: 1.5)\n"
@@ -175,11 +178,14 @@ int st_cmd_mkmodel(int argc, char **argv) {
     } types[] = {{"f32", ST_TYPE_F32},   {"f16", ST_TYPE_F16},   {"bf16", ST_TYPE_BF16}, {"q8_0", ST_TYPE_Q8_0},
                  {"q4_0", ST_TYPE_Q4_0}, {"q4_1", ST_TYPE_Q4_1}, {"q5_0", ST_TYPE_Q5_0}, {"q5_1", ST_TYPE_Q5_1},
                  {"q2_k", ST_TYPE_Q2_K}, {"q3_k", ST_TYPE_Q3_K}, {"q4_k", ST_TYPE_Q4_K}, {"q5_k", ST_TYPE_Q5_K},
-                 {"q6_k", ST_TYPE_Q6_K}};
+                 {"q6_k", ST_TYPE_Q6_K}, {"iq4_nl", ST_TYPE_IQ4_NL}, {"iq4_xs", ST_TYPE_IQ4_XS},
+                 {"iq3_xxs", ST_TYPE_IQ3_XXS}, {"iq3_s", ST_TYPE_IQ3_S}, {"iq2_xs", ST_TYPE_IQ2_XS},
+                 {"iq2_s", ST_TYPE_IQ2_S}};
     size_t i = 0;
     while (i < sizeof types / sizeof types[0] && strcasecmp(types[i].name, type)) i++;
     if (i == sizeof types / sizeof types[0])
-      return fail("--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k; got '%s'", type);
+      return fail("--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                  "iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s; got '%s'", type);
     cfg.type = types[i].type;
   }
   cfg.progress = !quiet;

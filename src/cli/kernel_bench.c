@@ -55,7 +55,8 @@ static double cpu_matvec(uint32_t type, const uint8_t *w, uint64_t row_bytes, in
 int st_kernel_bench(int threads, int json) {
   static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
                                    ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
-                                   ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K};
+                                   ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS,
+                                   ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S, ST_TYPE_IQ2_XS};
   const int64_t n = 4096;
   const uint64_t target = (uint64_t)256 << 20; /* bytes of weights per format */
   if (threads < 1) threads = 1;
@@ -81,7 +82,7 @@ int st_kernel_bench(int threads, int json) {
            (unsigned long long)(target >> 20), (long long)n);
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
-    printf("\n%-7s %10s %10s %9s %10s %9s\n", "format", "bits/w", "CPU GB/s", "of host", "GPU GB/s", "of GPU");
+    printf("\n%-8s %10s %10s %9s %10s %9s\n", "format", "bits/w", "CPU GB/s", "of host", "GPU GB/s", "of GPU");
   }
   for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
     const uint32_t t = types[k];
@@ -108,7 +109,7 @@ int st_kernel_bench(int threads, int json) {
       printf("%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"cpu_gbs\": %.2f, \"cpu_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": %.3f}",
              k ? "," : "", st_type_info(t)->name, bits, gbs, gbs * 1e9 / bw_host, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
     else
-      printf("%-7s %10.3f %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, gbs, 100.0 * gbs * 1e9 / bw_host,
+      printf("%-8s %10.3f %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, gbs, 100.0 * gbs * 1e9 / bw_host,
              gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     free(w);
   }

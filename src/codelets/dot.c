@@ -42,8 +42,9 @@ static void row_tile_scalar(uint32_t type, const void *w, const float *x, int64_
 
 
 /* ---- block formats decoded in registers --------------------------------------------------
- * Q4_0 per vector of 8 or 16 weights (never crossing a block half); Q2_K..Q6_K a super-block at a
- * time in the row_tile_k_* functions below. */
+ * Q4_0 and IQ4_NL per vector of 8 or 16 weights (never crossing a block half); Q2_K..Q6_K and
+ * IQ4_XS a super-block at a time in the row_tile_k_* functions below. IQ4_NL/IQ4_XS map their
+ * 4-bit indices to the non-linear levels with one byte shuffle (pshufb) of st_kvalues_iq4nl. */
 
 /* The sub-block (of 32) scale d*sc and offset dmin*m for weight r of a Q4_K/Q5_K block. */
 __attribute__((target("f16c"))) static inline void k45_scale(const uint8_t *scales, uint16_t dh, uint16_t mh, int is, float *dl, float *ml) {
@@ -71,6 +72,21 @@ __attribute__((target("f16c"))) static inline const uint8_t *q4_0_at(const void 
   return b->qs + (j % 16);
 }
 
+/* IQ4_NL (Q4_0's block layout, the levels of st_kvalues_iq4nl): the 8 or 16 index bytes from i
+ * and the block scale d. */
+static inline const uint8_t *iq4_nl_at(const void *row, int64_t i, int *shift, uint16_t *dh) {
+  const st_block_iq4_nl *b = (const st_block_iq4_nl *)row + i / 32;
+  const int j = (int)(i % 32);
+  *shift = j < 16 ? 0 : 4;
+  *dh = b->d;
+  return b->qs + (j % 16);
+}
+
+/* The signed 6-bit scale of 32-weight sub-block ib of an IQ4_XS block (quant.c's iq4_xs_scale). */
+static inline int iq4_xs_sub_scale(const st_block_iq4_xs *b, int ib) {
+  return (((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4)) - 32;
+}
+
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -96,6 +112,14 @@ static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) 
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  }
+  case ST_TYPE_IQ4_NL: {
+    int shift;
+    uint16_t dh;
+    const uint8_t *q = iq4_nl_at(row, i, &shift, &dh);
+    const __m128i idx = _mm_and_si128(_mm_srli_epi16(_mm_loadl_epi64((const __m128i *)q), shift), _mm_set1_epi8(0xF));
+    const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl), idx);
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
   }
   default: {
     float dl, ml;
@@ -172,6 +196,14 @@ static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_
     const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+  }
+  case ST_TYPE_IQ4_NL: {
+    int shift;
+    uint16_t dh;
+    const uint8_t *q = iq4_nl_at(row, i, &shift, &dh);
+    const __m128i idx = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)q), shift), _mm_set1_epi8(0xF));
+    const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl), idx);
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(dh)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
   }
   default: {
     float dl, ml;
@@ -269,7 +301,7 @@ static inline void q3k_scales(const uint8_t *packed, int8_t *out) {
     }                                                                                                     \
   } while (0)
 
-/* Q2_K..Q6_K rows a super-block at a time: scales decoded once per 32 weights, nibbles
+/* Q2_K..Q6_K and IQ4_XS rows a super-block at a time: scales decoded once per 32 weights, nibbles
  * unpacked 32 at a time, each weight formed as the CPU dequantisation forms it (dl * q - ml). */
 static inline __attribute__((always_inline)) AVX512 void fma_tokens512(__m512 w, const float *x, int64_t ldx, int nt, int64_t at, __m512 *acc) {
   for (int t = 0; t < nt; t++) acc[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * ldx + at), acc[t]);
@@ -310,6 +342,17 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_k_avx512_impl(
         fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd1, u8x16_ps512(_mm256_extracti128_si256(lo, 1))), vm1), x, ldx, nt, at + 16, acc);
         fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd2, u8x16_ps512(_mm256_castsi256_si128(hi))), vm2), x, ldx, nt, at + 32, acc);
         fma_tokens512(_mm512_sub_ps(_mm512_mul_ps(vd2, u8x16_ps512(_mm256_extracti128_si256(hi, 1))), vm2), x, ldx, nt, at + 48, acc);
+      }
+    } else if (type == ST_TYPE_IQ4_XS) {
+      const st_block_iq4_xs *b = (const st_block_iq4_xs *)w + blk;
+      const float d = _cvtsh_ss(b->d);
+      const __m128i kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl), m4x = _mm_set1_epi8(0xF);
+      for (int ib = 0; ib < 8; ib++) {
+        const __m512 vd = _mm512_set1_ps(d * (float)iq4_xs_sub_scale(b, ib));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * ib));
+        const __m128i lo = _mm_shuffle_epi8(kv, _mm_and_si128(q, m4x)), hi = _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4x));
+        fma_tokens512(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))), x, ldx, nt, base + 32 * ib, acc);
+        fma_tokens512(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))), x, ldx, nt, base + 32 * ib + 16, acc);
       }
     } else if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
 #define EMIT512(bytes, dl, ml, at)                                                                      \
@@ -402,6 +445,18 @@ static inline __attribute__((always_inline)) AVX2 void row_tile_k_avx2_impl(uint
         fma32_avx2(lo, zero, d1, m1, x, ldx, nt, base + 64 * j64, acc);
         fma32_avx2(hi, zero, d2, m2f, x, ldx, nt, base + 64 * j64 + 32, acc);
       }
+    } else if (type == ST_TYPE_IQ4_XS) {
+      const st_block_iq4_xs *b = (const st_block_iq4_xs *)w + blk;
+      const float d = _cvtsh_ss(b->d);
+      const __m128i kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl), m4x = _mm_set1_epi8(0xF);
+      for (int ib = 0; ib < 8; ib++) {
+        const __m256 vd = _mm256_set1_ps(d * (float)iq4_xs_sub_scale(b, ib));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * ib));
+        const __m128i lo = _mm_shuffle_epi8(kv, _mm_and_si128(q, m4x)), hi = _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4x));
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++)
+          fma_tokens256(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]))), x, ldx, nt, base + 32 * ib + 8 * k, acc);
+      }
     } else if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
 #define EMIT256(bytes, dl, ml, at)                                                                          \
   do {                                                                                                      \
@@ -492,11 +547,11 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
   const row_tile_fn fn = fns[level()];
   row_tile_fn tile = fn;
   const int k_rows = type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
-                     type == ST_TYPE_Q6_K;
+                     type == ST_TYPE_Q6_K || type == ST_TYPE_IQ4_XS;
   if (level() == 2 && k_rows) tile = row_tile_k_avx512;
   if (level() == 1 && k_rows) tile = row_tile_k_avx2;
   const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
-                           (level() > 0 && (type == ST_TYPE_Q4_0 || k_rows));
+                           (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_IQ4_NL || k_rows));
   if (!in_registers) {
     /* Other block formats: each weight row is dequantised to float32 once per call, then the
      * float32 kernel runs over all tokens (the same products as a float32 forward of the

@@ -1,6 +1,8 @@
 /* Dot products and row-block matrix products of quantised weights with float32 activations,
  * the CPU kernels every codelet builds on. Weights are dequantised on the fly (F32, F16, BF16,
- * Q8_0: w = d * q), multiplied in float32 and accumulated in float32 SIMD lanes.
+ * Q8_0: w = d * q; Q4_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS decoded in SIMD registers; the other block
+ * formats of quant.h, IQ2/IQ3 included, through st_dequantize_row one weight row at a time),
+ * multiplied in float32 and accumulated in float32 SIMD lanes.
  * Determinism: the result for one (weight row, activation row) pair depends only on those two
  * rows, never on how many rows or tokens a call covers, so logits do not depend on the prompt
  * chunk size, the task slicing or the StarPU worker a task runs on. */
@@ -17,8 +19,8 @@ const char *st_dot_isa(void);
 int st_dot_force_isa(int level);
 
 /* out[t * ldo + (r - r0)] = dot(W[r], x[t * ldx .. + n]) for r in [r0, r1), t in [0, T).
- * W: rows of `n` elements of `type` (F32, F16, BF16 or Q8_0), `row_bytes` apart.
- * n must be a multiple of 32 for Q8_0. */
+ * W: rows of `n` elements of `type` (any type st_type_info marks computed), `row_bytes` apart.
+ * n must be a multiple of the type's block size. */
 void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo);
 

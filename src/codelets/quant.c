@@ -1,11 +1,21 @@
 /* Type table and reference (scalar) quantise/dequantise routines for the types strata
- * computes. Geometry from ggml.c's type_traits; Q8_0 rounding from quantize_row_q8_0_ref. */
+ * computes. Geometry from ggml.c's type_traits; Q8_0 rounding from quantize_row_q8_0_ref; the
+ * i-quants' layouts and tables from ggml-common.h (iq_grids.h). */
 #include "codelets/quant.h"
 
+#include "codelets/iq_grids.h"
 #include "common.h"
 
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+
+const int8_t st_kvalues_iq4nl[16] = ST_KVALUES_IQ4NL_VALUES;
+const uint64_t st_iq2xs_grid[512] = ST_IQ2XS_GRID_VALUES;
+const uint64_t st_iq2s_grid[1024] = ST_IQ2S_GRID_VALUES;
+const uint32_t st_iq3xxs_grid[256] = ST_IQ3XXS_GRID_VALUES;
+const uint32_t st_iq3s_grid[512] = ST_IQ3S_GRID_VALUES;
 
 static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_F32] = {"f32", 1, 4, 1},
@@ -23,13 +33,13 @@ static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_Q6_K] = {"q6_K", 256, 210, 1},
     [ST_TYPE_Q8_K] = {"q8_K", 256, 292, 0},
     [ST_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66, 0},
-    [ST_TYPE_IQ2_XS] = {"iq2_xs", 256, 74, 0},
-    [ST_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98, 0},
+    [ST_TYPE_IQ2_XS] = {"iq2_xs", 256, 74, 1},
+    [ST_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98, 1},
     [ST_TYPE_IQ1_S] = {"iq1_s", 256, 50, 0},
-    [ST_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, 0},
-    [ST_TYPE_IQ3_S] = {"iq3_s", 256, 110, 0},
-    [ST_TYPE_IQ2_S] = {"iq2_s", 256, 82, 0},
-    [ST_TYPE_IQ4_XS] = {"iq4_xs", 256, 136, 0},
+    [ST_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, 1},
+    [ST_TYPE_IQ3_S] = {"iq3_s", 256, 110, 1},
+    [ST_TYPE_IQ2_S] = {"iq2_s", 256, 82, 1},
+    [ST_TYPE_IQ4_XS] = {"iq4_xs", 256, 136, 1},
     [ST_TYPE_I8] = {"i8", 1, 1, 0},
     [ST_TYPE_I16] = {"i16", 1, 2, 0},
     [ST_TYPE_I32] = {"i32", 1, 4, 0},
@@ -191,6 +201,91 @@ static void dequant_q6_K(const st_block_q6_K *b, float *y) {
   }
 }
 
+/* ---- i-quant decoders (ggml's dequantize_row_iq*) ---- */
+
+static inline float iq_sign(uint32_t signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }
+
+/* 8 (IQ2) or 4 (IQ3) weights of one grid entry: dl * magnitude * sign, sign bit j for weight j. */
+static void iq_emit8(uint64_t grid, uint32_t signs, float dl, float *y) {
+  for (int j = 0; j < 8; j++) y[j] = dl * (float)((grid >> (8 * j)) & 0xFF) * iq_sign(signs, j);
+}
+
+static void iq_emit4(uint32_t grid, uint32_t signs, float dl, float *y) {
+  for (int j = 0; j < 4; j++) y[j] = dl * (float)((grid >> (8 * j)) & 0xFF) * iq_sign(signs, j);
+}
+
+static void dequant_iq4_nl(const st_block_iq4_nl *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int j = 0; j < 16; j++) {
+    y[j] = d * (float)st_kvalues_iq4nl[b->qs[j] & 0xF];
+    y[j + 16] = d * (float)st_kvalues_iq4nl[b->qs[j] >> 4];
+  }
+}
+
+/* The signed 6-bit scale of sub-block ib (32 weights) of an IQ4_XS block. */
+static int iq4_xs_scale(const st_block_iq4_xs *b, int ib) {
+  return (((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4)) - 32;
+}
+
+static void dequant_iq4_xs(const st_block_iq4_xs *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int ib = 0; ib < 8; ib++) {
+    const float dl = d * (float)iq4_xs_scale(b, ib);
+    const uint8_t *qs = b->qs + 16 * ib;
+    for (int j = 0; j < 16; j++) {
+      y[32 * ib + j] = dl * (float)st_kvalues_iq4nl[qs[j] & 0xF];
+      y[32 * ib + j + 16] = dl * (float)st_kvalues_iq4nl[qs[j] >> 4];
+    }
+  }
+}
+
+/* IQ2 sub-block scale: 4-bit s of 16 weights, d * (0.5 + s) / 4. */
+static float iq2_scale(float d, int s) { return d * (0.5f + (float)s) * 0.25f; }
+
+static void dequant_iq2_xs(const st_block_iq2_xs *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int g = 0; g < 32; g++) { /* groups of 8, four per 32-weight sub-block */
+    const float dl = iq2_scale(d, (b->scales[g / 4] >> (4 * ((g % 4) / 2))) & 0xF);
+    iq_emit8(st_iq2xs_grid[b->qs[g] & 511], st_iq_signs(b->qs[g] >> 9), dl, y + 8 * g);
+  }
+}
+
+static void dequant_iq2_s(const st_block_iq2_s *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int g = 0; g < 32; g++) {
+    const int ib = g / 4, l = g % 4;
+    const float dl = iq2_scale(d, (b->scales[ib] >> (4 * (l / 2))) & 0xF);
+    const int idx = b->qs[g] | (((b->qh[ib] >> (2 * l)) & 3) << 8);
+    iq_emit8(st_iq2s_grid[idx], b->qs[32 + g], dl, y + 8 * g);
+  }
+}
+
+static void dequant_iq3_xxs(const st_block_iq3_xxs *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int ib = 0; ib < 8; ib++) {
+    uint32_t aux;
+    memcpy(&aux, b->qs + 64 + 4 * ib, 4);
+    const float dl = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+    for (int l = 0; l < 4; l++) { /* 8 weights: two grid entries, one sign field */
+      const uint8_t signs = st_iq_signs((aux >> (7 * l)) & 127);
+      float *yl = y + 32 * ib + 8 * l;
+      iq_emit4(st_iq3xxs_grid[b->qs[8 * ib + 2 * l]], signs & 0xF, dl, yl);
+      iq_emit4(st_iq3xxs_grid[b->qs[8 * ib + 2 * l + 1]], signs >> 4, dl, yl + 4);
+    }
+  }
+}
+
+static void dequant_iq3_s(const st_block_iq3_s *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int ib = 0; ib < 8; ib++) {
+    const float dl = d * (float)(1 + 2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 0xF));
+    for (int k = 0; k < 8; k++) { /* groups of 4 */
+      const int idx = b->qs[8 * ib + k] | (((b->qh[ib] >> k) & 1) << 8);
+      iq_emit4(st_iq3s_grid[idx], (b->signs[4 * ib + k / 2] >> (4 * (k % 2))) & 0xF, dl, y + 32 * ib + 4 * k);
+    }
+  }
+}
+
 void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
   switch (type) {
   case ST_TYPE_F32:
@@ -248,6 +343,24 @@ void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
     break;
   case ST_TYPE_Q6_K:
     for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_q6_K((const st_block_q6_K *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ4_NL:
+    for (int64_t i = 0; i < n / ST_QK4_NL; i++) dequant_iq4_nl((const st_block_iq4_nl *)row + i, out + ST_QK4_NL * i);
+    break;
+  case ST_TYPE_IQ4_XS:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq4_xs((const st_block_iq4_xs *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ2_XS:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq2_xs((const st_block_iq2_xs *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ2_S:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq2_s((const st_block_iq2_s *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ3_XXS:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq3_xxs((const st_block_iq3_xxs *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ3_S:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq3_s((const st_block_iq3_s *)row + i, out + ST_QK_K * i);
     break;
   default:
     ST_QUANT_UNREACHABLE(type);
@@ -448,6 +561,311 @@ static void quant_q3_K(const float *x, st_block_q3_K *b) {
   }
 }
 
+/* ---- i-quant quantisers ---------------------------------------------------------------------
+ * IQ4_NL / IQ4_XS follow ggml's quantize_row_iq4_nl_impl (no importance matrix). The grid formats
+ * use the simpler search quant.h describes. */
+
+/* Index of the IQ4 level nearest to v: the number of midpoints between levels below v. */
+static int iq4_index(float v) {
+  static const float mid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+  int k = 0;
+  for (int step = 8; step > 0; step >>= 1) /* binary search over the 15 midpoints */
+    if (k + step <= 15 && v > mid[k + step - 1]) k += step;
+  return k;
+}
+
+/* The scale of one block of 32 on the IQ4 levels, weights x^2: the best by least squares of the
+ * candidates that map the largest weight to 127 or to -127 + t, t in [-7, 7]. 0 for a zero block. */
+static float iq4_block_scale(const float *x) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; j++)
+    if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+  if (amax < 1e-30f) return 0.0f;
+  float best = 0.0f, d = 0.0f;
+  for (int t = -8; t <= 7; t++) {
+    const float id = t < -7 ? -(float)st_kvalues_iq4nl[0] / max : ((float)t + (float)st_kvalues_iq4nl[0]) / max;
+    float sumqx = 0.0f, sumq2 = 0.0f;
+    for (int j = 0; j < 32; j++) {
+      const float q = (float)st_kvalues_iq4nl[iq4_index(id * x[j])], w = x[j] * x[j];
+      sumqx += w * q * x[j];
+      sumq2 += w * q * q;
+    }
+    if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+      d = sumqx / sumq2;
+      best = d * sumqx;
+    }
+  }
+  return d;
+}
+
+/* 32 weights as IQ4 indices for the decoder's scale dl, packed as IQ4_NL's qs. */
+static void iq4_pack(const float *x, float dl, uint8_t *qs) {
+  const float id = dl != 0.0f ? 1.0f / dl : 0.0f;
+  for (int j = 0; j < 16; j++)
+    qs[j] = (uint8_t)(iq4_index(x[j] * id) | (iq4_index(x[j + 16] * id) << 4));
+}
+
+static void quant_iq4_nl(const float *x, st_block_iq4_nl *b) {
+  b->d = st_f32_to_fp16(iq4_block_scale(x));
+  iq4_pack(x, st_fp16_to_f32(b->d), b->qs);
+}
+
+static void quant_iq4_xs(const float *x, st_block_iq4_xs *b) {
+  float sc[8], max_scale = 0.0f, amax = 0.0f;
+  for (int ib = 0; ib < 8; ib++) {
+    sc[ib] = iq4_block_scale(x + 32 * ib);
+    if (fabsf(sc[ib]) > amax) amax = fabsf(sc[ib]), max_scale = sc[ib];
+  }
+  /* the largest scale becomes -32 steps of d, the one end 6 signed bits reach */
+  const float d = -max_scale / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  b->d = st_f32_to_fp16(d);
+  const float df = st_fp16_to_f32(b->d);
+  b->scales_h = 0;
+  memset(b->scales_l, 0, sizeof b->scales_l);
+  for (int ib = 0; ib < 8; ib++) {
+    const int l = clampi((int)lrintf(id * sc[ib]), -32, 31), ls = l + 32;
+    b->scales_l[ib / 2] |= (uint8_t)((ls & 0xF) << (4 * (ib % 2)));
+    b->scales_h |= (uint16_t)((ls >> 4) << (2 * ib));
+    iq4_pack(x + 32 * ib, df * (float)l, b->qs + 16 * ib);
+  }
+}
+
+/* A grid of magnitude patterns prepared for the search: the entries' magnitudes, and for each
+ * "code" (the pattern of per-weight nearest levels, weight j the base-nlev digit j) whether it is
+ * an entry, and the IQ_NEAR entries nearest to it, the only ones the search tries. Built once
+ * per process (iq_grids_init) and read-only afterwards. */
+#define IQ_NEAR 16
+#define IQ_MAX_CODES 6561 /* 3^8 (IQ2) >= 8^4 (IQ3) */
+struct iq_grid {
+  int dim, n, nlev;
+  float levels[8], mid[7];
+  uint8_t mag[1024 * 8];
+  float magf[1024 * 8];
+  uint8_t exact[IQ_MAX_CODES];
+  int16_t near[IQ_MAX_CODES][IQ_NEAR];
+};
+enum { IQ_GRID_2XS, IQ_GRID_2S, IQ_GRID_3XXS, IQ_GRID_3S };
+static struct iq_grid iq_grids[4];
+static pthread_once_t iq_grids_once = PTHREAD_ONCE_INIT;
+
+/* table: n uint64 entries (dim 8) or n uint32 entries (dim 4). */
+static void iq_grid_build(struct iq_grid *g, const void *table, int n, int dim, const uint8_t *levels, int nlev) {
+  g->dim = dim, g->n = n, g->nlev = nlev;
+  for (int k = 0; k < nlev; k++) g->levels[k] = levels[k];
+  for (int k = 0; k + 1 < nlev; k++) g->mid[k] = 0.5f * (float)(levels[k] + levels[k + 1]);
+  for (int e = 0; e < n; e++)
+    for (int j = 0; j < dim; j++) {
+      const uint64_t v = dim == 8 ? ((const uint64_t *)table)[e] : ((const uint32_t *)table)[e];
+      g->mag[e * dim + j] = (uint8_t)(v >> (8 * j));
+      g->magf[e * dim + j] = g->mag[e * dim + j];
+    }
+  int ncodes = 1;
+  for (int j = 0; j < dim; j++) ncodes *= nlev;
+  for (int c = 0; c < ncodes; c++) {
+    int p[8], best_d[IQ_NEAR] = {INT_MAX}, cnt = 0;
+    for (int j = 0, v = c; j < dim; j++, v /= nlev) p[j] = levels[v % nlev];
+    for (int e = 0; e < n; e++) {
+      int dist = 0;
+      for (int j = 0; j < dim; j++) dist += (p[j] - g->mag[e * dim + j]) * (p[j] - g->mag[e * dim + j]);
+      if (cnt == IQ_NEAR && dist >= best_d[IQ_NEAR - 1]) continue;
+      int at = cnt < IQ_NEAR ? cnt++ : IQ_NEAR - 1; /* insertion into the sorted list */
+      while (at > 0 && best_d[at - 1] > dist) {
+        best_d[at] = best_d[at - 1];
+        g->near[c][at] = g->near[c][at - 1];
+        at--;
+      }
+      best_d[at] = dist;
+      g->near[c][at] = (int16_t)e;
+    }
+    g->exact[c] = best_d[0] == 0;
+  }
+}
+
+static void iq_grids_init(void) {
+  static const uint8_t l2[3] = {8, 25, 43}, l3xxs[8] = {4, 12, 20, 28, 36, 44, 52, 62},
+                       l3s[8] = {1, 3, 5, 7, 9, 11, 13, 15};
+  iq_grid_build(&iq_grids[IQ_GRID_2XS], st_iq2xs_grid, 512, 8, l2, 3);
+  iq_grid_build(&iq_grids[IQ_GRID_2S], st_iq2s_grid, 1024, 8, l2, 3);
+  iq_grid_build(&iq_grids[IQ_GRID_3XXS], st_iq3xxs_grid, 256, 4, l3xxs, 8);
+  iq_grid_build(&iq_grids[IQ_GRID_3S], st_iq3s_grid, 512, 4, l3s, 8);
+}
+
+/* The entry for target magnitudes t[dim] (in grid units): the code's own entry when the code is
+ * on the grid (then no entry is nearer), else the nearest of its IQ_NEAR neighbours. */
+static int iq_nearest(const struct iq_grid *g, const float *t) {
+  int code = 0;
+  for (int j = g->dim - 1; j >= 0; j--) {
+    int k = 0;
+    for (int m = 0; m < g->nlev - 1; m++) k += t[j] > g->mid[m];
+    code = code * g->nlev + k;
+  }
+  const int16_t *cand = g->near[code];
+  if (g->exact[code]) return cand[0];
+  int best = cand[0];
+  float best_err = INFINITY;
+  for (int c = 0; c < IQ_NEAR; c++) {
+    const float *m = g->magf + cand[c] * g->dim;
+    float err = 0.0f;
+    for (int j = 0; j < g->dim; j++) err += (t[j] - m[j]) * (t[j] - m[j]);
+    if (err < best_err) best_err = err, best = cand[c];
+  }
+  return best;
+}
+
+/* Fits n weights a (signs taken out; a flipped weight is negative) with scale sigma: picks an
+ * entry per group of dim into idx and returns the squared error. */
+static float iq_fit(const struct iq_grid *g, const float *a, int n, float sigma, uint16_t *idx) {
+  const float inv = sigma > 0.0f ? 1.0f / sigma : 0.0f;
+  float err = 0.0f;
+  for (int k = 0; k < n / g->dim; k++) {
+    float t[8];
+    for (int j = 0; j < g->dim; j++) t[j] = a[k * g->dim + j] * inv;
+    idx[k] = (uint16_t)iq_nearest(g, t);
+    const uint8_t *m = g->mag + idx[k] * g->dim;
+    for (int j = 0; j < g->dim; j++) {
+      const float e = a[k * g->dim + j] - sigma * (float)m[j];
+      err += e * e;
+    }
+  }
+  return err;
+}
+
+/* The best scale of one sub-block of n weights: candidates that put the largest weight at 0.55
+ * to 1.15 of the top level, each refined once by least squares for the entries it chose. */
+static float iq_best_scale(const struct iq_grid *g, const float *a, int n) {
+  float amax = 0.0f;
+  for (int j = 0; j < n; j++) amax = fabsf(a[j]) > amax ? fabsf(a[j]) : amax;
+  if (amax == 0.0f) return 0.0f;
+  const float top = g->levels[g->nlev - 1];
+  float best = 0.0f, best_err = INFINITY;
+  uint16_t idx[32], idx2[32];
+  for (int c = 0; c < 5; c++) {
+    float sigma = amax / (top * (0.55f + 0.15f * (float)c));
+    float err = iq_fit(g, a, n, sigma, idx);
+    double num = 0.0, den = 0.0;
+    for (int j = 0; j < n; j++) {
+      const double m = g->mag[idx[j / g->dim] * g->dim + j % g->dim];
+      num += a[j] * m;
+      den += m * m;
+    }
+    if (num > 0.0 && den > 0.0) {
+      const float ls = (float)(num / den), err2 = iq_fit(g, a, n, ls, idx2);
+      if (err2 < err) err = err2, sigma = ls;
+    }
+    if (err < best_err) best_err = err, best = sigma;
+  }
+  return best;
+}
+
+/* What the grid formats share: one fp16 scale d, a 4-bit scale per sub-block of `sub` weights,
+ * a grid entry per group of dim, a sign byte per 8 weights (bit j: weight j negative). */
+struct iq_fitted {
+  uint16_t d;
+  uint8_t scale[16];
+  uint16_t idx[64];
+  uint8_t signs[32];
+};
+
+/* Sub-block scale for 4-bit code s as the decoders form it: d * (a + b s). */
+static float iq_sub_scale(uint32_t type, float d, int s) {
+  if (type == ST_TYPE_IQ3_XXS) return d * (0.5f + (float)s) * 0.5f;
+  if (type == ST_TYPE_IQ3_S) return d * (float)(1 + 2 * s);
+  return iq2_scale(d, s);
+}
+
+static void iq_quant_block(uint32_t type, const float *x, struct iq_fitted *o) {
+  const int parity = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS;
+  const struct iq_grid *g = &iq_grids[type == ST_TYPE_IQ2_XS ? IQ_GRID_2XS : type == ST_TYPE_IQ2_S ? IQ_GRID_2S
+                                      : type == ST_TYPE_IQ3_XXS ? IQ_GRID_3XXS : IQ_GRID_3S];
+  const int sub = g->dim == 8 ? 16 : 32;
+  float a[ST_QK_K];
+  for (int k = 0; k < 32; k++) {
+    const float *xk = x + 8 * k;
+    uint8_t s = 0;
+    int jmin = 0;
+    for (int j = 0; j < 8; j++) {
+      if (xk[j] < 0.0f) s |= (uint8_t)(1u << j);
+      a[8 * k + j] = fabsf(xk[j]);
+      if (fabsf(xk[j]) < fabsf(xk[jmin])) jmin = j;
+    }
+    if (parity && __builtin_parity(s)) { /* the smallest weight takes the sign the parity forces */
+      s ^= (uint8_t)(1u << jmin);
+      a[8 * k + jmin] = -a[8 * k + jmin];
+    }
+    o->signs[k] = s;
+  }
+  float sig[16] = {0}, smax = 0.0f;
+  for (int b = 0; b < ST_QK_K / sub; b++) {
+    sig[b] = iq_best_scale(g, a + sub * b, sub);
+    smax = sig[b] > smax ? sig[b] : smax;
+  }
+  o->d = st_f32_to_fp16(smax / iq_sub_scale(type, 1.0f, 15));
+  const float d = st_fp16_to_f32(o->d), a0 = iq_sub_scale(type, d, 0), step = iq_sub_scale(type, d, 1) - a0;
+  for (int b = 0; b < ST_QK_K / sub; b++) {
+    const int s0 = step > 0.0f ? clampi((int)lrintf((sig[b] - a0) / step), 0, 15) : 0;
+    float best_err = INFINITY;
+    uint16_t idx[8];
+    for (int s = s0 > 0 ? s0 - 1 : 0; s <= s0 + 1 && s <= 15; s++) {
+      const float err = iq_fit(g, a + sub * b, sub, iq_sub_scale(type, d, s), idx);
+      if (err < best_err) {
+        best_err = err;
+        o->scale[b] = (uint8_t)s;
+        memcpy(o->idx + b * (sub / g->dim), idx, sizeof(uint16_t) * (size_t)(sub / g->dim));
+      }
+    }
+  }
+}
+
+static void quant_iq_grid(uint32_t type, const float *x, uint8_t *out) {
+  struct iq_fitted f;
+  iq_quant_block(type, x, &f);
+  switch (type) {
+  case ST_TYPE_IQ2_XS: {
+    st_block_iq2_xs *b = (st_block_iq2_xs *)out;
+    b->d = f.d;
+    for (int g = 0; g < 32; g++) b->qs[g] = (uint16_t)(f.idx[g] | (f.signs[g] & 127) << 9);
+    for (int ib = 0; ib < 8; ib++) b->scales[ib] = (uint8_t)(f.scale[2 * ib] | f.scale[2 * ib + 1] << 4);
+    break;
+  }
+  case ST_TYPE_IQ2_S: {
+    st_block_iq2_s *b = (st_block_iq2_s *)out;
+    b->d = f.d;
+    memset(b->qh, 0, sizeof b->qh);
+    for (int g = 0; g < 32; g++) {
+      b->qs[g] = (uint8_t)f.idx[g];
+      b->qs[32 + g] = f.signs[g];
+      b->qh[g / 4] |= (uint8_t)((f.idx[g] >> 8) << (2 * (g % 4)));
+    }
+    for (int ib = 0; ib < 8; ib++) b->scales[ib] = (uint8_t)(f.scale[2 * ib] | f.scale[2 * ib + 1] << 4);
+    break;
+  }
+  case ST_TYPE_IQ3_XXS: {
+    st_block_iq3_xxs *b = (st_block_iq3_xxs *)out;
+    b->d = f.d;
+    for (int ib = 0; ib < 8; ib++) {
+      uint32_t aux = (uint32_t)f.scale[ib] << 28;
+      for (int l = 0; l < 4; l++) aux |= (uint32_t)(f.signs[4 * ib + l] & 127) << (7 * l);
+      memcpy(b->qs + 64 + 4 * ib, &aux, 4);
+    }
+    for (int k = 0; k < 64; k++) b->qs[k] = (uint8_t)f.idx[k];
+    break;
+  }
+  default: { /* IQ3_S */
+    st_block_iq3_s *b = (st_block_iq3_s *)out;
+    b->d = f.d;
+    memset(b->qh, 0, sizeof b->qh);
+    memset(b->scales, 0, sizeof b->scales);
+    for (int k = 0; k < 64; k++) {
+      b->qs[k] = (uint8_t)f.idx[k];
+      b->qh[k / 8] |= (uint8_t)((f.idx[k] >> 8) << (k % 8));
+    }
+    memcpy(b->signs, f.signs, 32);
+    for (int ib = 0; ib < 8; ib++) b->scales[ib / 2] |= (uint8_t)(f.scale[ib] << (4 * (ib % 2)));
+  }
+  }
+}
+
 int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
   uint8_t *o = out;
   switch (type) {
@@ -497,6 +915,19 @@ int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
     return 0;
   case ST_TYPE_Q6_K:
     for (int64_t i = 0; i < n / ST_QK_K; i++) quant_q6_K(x + ST_QK_K * i, (st_block_q6_K *)out + i);
+    return 0;
+  case ST_TYPE_IQ4_NL:
+    for (int64_t i = 0; i < n / ST_QK4_NL; i++) quant_iq4_nl(x + ST_QK4_NL * i, (st_block_iq4_nl *)out + i);
+    return 0;
+  case ST_TYPE_IQ4_XS:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq4_xs(x + ST_QK_K * i, (st_block_iq4_xs *)out + i);
+    return 0;
+  case ST_TYPE_IQ2_XS:
+  case ST_TYPE_IQ2_S:
+  case ST_TYPE_IQ3_XXS:
+  case ST_TYPE_IQ3_S:
+    pthread_once(&iq_grids_once, iq_grids_init);
+    for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq_grid(type, x + ST_QK_K * i, o + (uint64_t)i * st_type_info(type)->type_size);
     return 0;
   default:
     (void)o;

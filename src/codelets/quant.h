@@ -118,6 +118,64 @@ typedef struct {
 } st_block_q6_K;
 static_assert(sizeof(st_block_q6_K) == 210, "block_q6_K size");
 
+/* i-quants (ggml-common.h block_iq4_nl, block_iq4_xs, block_iq2_xs, block_iq2_s, block_iq3_xxs,
+ * block_iq3_s). The grid formats store, per group of 8 (IQ2) or 4 (IQ3) weights, an index into a
+ * grid of magnitude patterns (iq_grids.h) and, per 8 weights, a sign byte; a weight is
+ * sub-block scale * magnitude * sign. */
+#define ST_QK4_NL 32
+typedef struct {
+  uint16_t d;      /* fp16 scale */
+  uint8_t qs[16];  /* 4-bit indices into st_kvalues_iq4nl: low nibbles weights 0..15, high 16..31 */
+} st_block_iq4_nl;
+static_assert(sizeof(st_block_iq4_nl) == 18, "block_iq4_nl size");
+typedef struct {
+  uint16_t d;          /* fp16 super-block scale */
+  uint16_t scales_h;   /* high 2 bits of the 8 6-bit sub-block scales (scale - 32 multiplies d) */
+  uint8_t scales_l[4]; /* low 4 bits of the sub-block scales, two per byte */
+  uint8_t qs[128];     /* per 32 weights, 16 bytes laid out as IQ4_NL's */
+} st_block_iq4_xs;
+static_assert(sizeof(st_block_iq4_xs) == 136, "block_iq4_xs size");
+typedef struct {
+  uint16_t d;
+  uint16_t qs[32];    /* per 8 weights: 9-bit index into st_iq2xs_grid | 7 sign bits << 9 */
+  uint8_t scales[8];  /* per 32 weights, two 4-bit scales s (16 weights each): d * (0.5 + s) / 4 */
+} st_block_iq2_xs;
+static_assert(sizeof(st_block_iq2_xs) == 74, "block_iq2_xs size");
+typedef struct {
+  uint16_t d;
+  uint8_t qs[64];     /* 32 low bytes of the 10-bit st_iq2s_grid indices, then 32 sign bytes */
+  uint8_t qh[8];      /* per 32 weights, the indices' top 2 bits, 2 bits per group of 8 */
+  uint8_t scales[8];  /* as IQ2_XS */
+} st_block_iq2_s;
+static_assert(sizeof(st_block_iq2_s) == 82, "block_iq2_s size");
+typedef struct {
+  uint16_t d;
+  uint8_t qs[96]; /* 64 indices into st_iq3xxs_grid (one per 4 weights), then per 32 weights a
+                   * uint32: four 7-bit sign fields | 4-bit scale s << 28 (d * (0.5 + s) / 2) */
+} st_block_iq3_xxs;
+static_assert(sizeof(st_block_iq3_xxs) == 98, "block_iq3_xxs size");
+typedef struct {
+  uint16_t d;
+  uint8_t qs[64];    /* low bytes of the 9-bit st_iq3s_grid indices, one per 4 weights */
+  uint8_t qh[8];     /* per 32 weights, the 8 indices' top bits */
+  uint8_t signs[32]; /* one sign bit per weight */
+  uint8_t scales[4]; /* 4-bit scale s per 32 weights, two per byte: d * (1 + 2 s) */
+} st_block_iq3_s;
+static_assert(sizeof(st_block_iq3_s) == 110, "block_iq3_s size");
+
+/* The i-quant lookup tables (values in iq_grids.h, defined in quant.c). */
+extern const int8_t st_kvalues_iq4nl[16];
+extern const uint64_t st_iq2xs_grid[512];
+extern const uint64_t st_iq2s_grid[1024];
+extern const uint32_t st_iq3xxs_grid[256];
+extern const uint32_t st_iq3s_grid[512];
+
+/* IQ2_XS/IQ3_XXS sign byte of a 7-bit sign field: the eighth sign makes the number of negative
+ * weights even (ggml's ksigns_iq2xs[i]; bit j set = weight j negative). */
+static inline uint8_t st_iq_signs(uint32_t field7) {
+  return (uint8_t)(field7 | (uint32_t)__builtin_parity(field7 & 127) << 7);
+}
+
 /* Per-type geometry: elements per block and bytes per block (0 bytes = unknown type).
  * Source: ggml.c type_traits (blck_size, type_size). */
 struct st_type_info {
@@ -204,12 +262,24 @@ void st_quantize_row_q8_0(const float *x, st_block_q8_0 *y, int64_t n);
  * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 as ggml's quantize_row_*_ref do (same rounding), and Q2_K..Q6_K
  * with a simpler rule than ggml's iterative search (per sub-block range, scales rounded to
  * their bit widths): valid blocks that any GGUF reader decodes, with a somewhat larger error
- * than llama.cpp's quantiser. Returns 0, or ST_EUNSUP for a type it cannot write. */
+ * than llama.cpp's quantiser.
+ * IQ4_NL and IQ4_XS follow ggml's quantize_row_iq4_nl_impl without an importance matrix
+ * (weights x^2; the best of 15 scales around max/-127 by least squares on the non-linear
+ * levels; IQ4_XS then rounds the 8 sub-block scales to 6 bits of one fp16 super-block scale).
+ * IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S use a simpler search than ggml's (which uses an importance
+ * matrix and iterates sign flips): signs from the data (IQ2_XS/IQ3_XXS: when a group of 8 has an
+ * odd number of negative weights, the smallest one's sign flips, as the format's parity
+ * demands), then per sub-block a few candidate scales, each with the nearest grid point
+ * per group among the grid entries nearest the per-weight rounding, refined once by least
+ * squares; the 4-bit sub-block scales are rounded against one fp16 super-block scale. Their
+ * blocks are valid for every reader but the error is larger than llama.cpp's: they are for
+ * benchmark models (`strata mkmodel`), not for production quantisation.
+ * Returns 0, or ST_EUNSUP for a type it cannot write. */
 int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n);
 
 /* Dequantises one row of `n` elements of `type` into `out`: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (the types st_type_info marks computed), as ggml's
- * dequantize_row_* define them. */
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (the
+ * types st_type_info marks computed), as ggml's dequantize_row_* define them. */
 void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n);
 
 #ifdef __cplusplus

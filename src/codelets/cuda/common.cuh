@@ -1,5 +1,5 @@
-// Shared device code of the CUDA variants: weight dequantisation (F32, F16, BF16, Q8_0 as in
-// quant.h), warp and block reductions, the float32 matrix products every codelet uses, RMSNorm,
+// Shared device code of the CUDA variants: weight dequantisation (every type quant.h computes,
+// the i-quants with device copies of iq_grids.h's tables), warp and block reductions, the float32 matrix products every codelet uses, RMSNorm,
 // and stream-ordered scratch memory. All products accumulate in float32.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "codelets/codelets.h"
+#include "codelets/iq_grids.h"
 #include "codelets/quant.h"
 
 #define ST_CUDA_CHECK(call)                                   \
@@ -25,6 +26,75 @@ __device__ __forceinline__ uint32_t st_dev_u32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 __device__ __forceinline__ float st_dev_f16at(const uint8_t *p) { return st_dev_half((uint16_t)(p[0] | (p[1] << 8))); }
+
+// The i-quants' lookup tables in device memory (one copy per translation unit, as ggml's CUDA
+// backend keeps them), from the same initialiser lists as quant.c's.
+static __device__ const int8_t st_dev_kvalues_iq4nl[16] = ST_KVALUES_IQ4NL_VALUES;
+static __device__ const uint64_t st_dev_iq2xs_grid[512] = ST_IQ2XS_GRID_VALUES;
+static __device__ const uint64_t st_dev_iq2s_grid[1024] = ST_IQ2S_GRID_VALUES;
+static __device__ const uint32_t st_dev_iq3xxs_grid[256] = ST_IQ3XXS_GRID_VALUES;
+static __device__ const uint32_t st_dev_iq3s_grid[512] = ST_IQ3S_GRID_VALUES;
+
+// Sign (+1 or -1) of weight j of a group of 8 under sign byte `signs` (bit j set: negative).
+__device__ __forceinline__ float st_dev_sign(uint32_t signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }
+// The IQ2_XS/IQ3_XXS sign byte of a 7-bit field (quant.h st_iq_signs).
+__device__ __forceinline__ uint32_t st_dev_iq_signs(uint32_t f) { return f | (uint32_t)(__popc(f & 127) & 1) << 7; }
+
+// Element i of an i-quant row (quant.c's dequant_iq* one element at a time, same float operations).
+__device__ __forceinline__ float st_dev_iq_weight(uint32_t type, const uint8_t *row, int64_t i) {
+  const int r = (int)(i % 256), ib = r / 32;
+  switch (type) {
+  case ST_TYPE_IQ4_NL: {
+    const int j = (int)(i % 32);
+    const uint8_t *b = row + (i / 32) * 18;
+    const int q = j < 16 ? b[2 + j] & 0xF : b[2 + j - 16] >> 4;
+    return st_dev_f16at(b) * (float)st_dev_kvalues_iq4nl[q];
+  }
+  case ST_TYPE_IQ4_XS: {
+    const int j = r % 32;
+    const uint8_t *b = row + (i / 256) * 136;
+    const int sh = b[2] | b[3] << 8;
+    const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+    const uint8_t *qs = b + 8 + 16 * ib;
+    const int q = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+    const float dl = st_dev_f16at(b) * (float)(ls - 32);
+    return dl * (float)st_dev_kvalues_iq4nl[q];
+  }
+  case ST_TYPE_IQ2_XS:
+  case ST_TYPE_IQ2_S: {
+    const int g = r / 8, l = g % 4, j = r % 8;
+    const uint8_t *b = row + (i / 256) * (type == ST_TYPE_IQ2_XS ? 74 : 82);
+    const uint8_t sc = b[type == ST_TYPE_IQ2_XS ? 66 + ib : 74 + ib];
+    const float dl = st_dev_f16at(b) * (0.5f + (float)((sc >> (4 * (l / 2))) & 0xF)) * 0.25f;
+    uint64_t grid;
+    uint32_t signs;
+    if (type == ST_TYPE_IQ2_XS) {
+      const uint32_t q = b[2 + 2 * g] | (uint32_t)b[3 + 2 * g] << 8;
+      grid = st_dev_iq2xs_grid[q & 511];
+      signs = st_dev_iq_signs(q >> 9);
+    } else {
+      grid = st_dev_iq2s_grid[b[2 + g] | ((b[66 + ib] >> (2 * l)) & 3) << 8];
+      signs = b[34 + g];
+    }
+    return dl * (float)((grid >> (8 * j)) & 0xFF) * st_dev_sign(signs, j);
+  }
+  case ST_TYPE_IQ3_XXS: {
+    const int k = r / 4, l = (r % 32) / 8;
+    const uint8_t *b = row + (i / 256) * 98;
+    const uint32_t aux = st_dev_u32(b + 2 + 64 + 4 * ib);
+    const float dl = st_dev_f16at(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
+    const uint32_t grid = st_dev_iq3xxs_grid[b[2 + k]];
+    return dl * (float)((grid >> (8 * (r % 4))) & 0xFF) * st_dev_sign(st_dev_iq_signs((aux >> (7 * l)) & 127), r % 8);
+  }
+  default: { // IQ3_S
+    const int k = (r % 32) / 4;
+    const uint8_t *b = row + (i / 256) * 110;
+    const float dl = st_dev_f16at(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));
+    const uint32_t grid = st_dev_iq3s_grid[b[2 + 8 * ib + k] | ((b[66 + ib] >> k) & 1) << 8];
+    return dl * (float)((grid >> (8 * (r % 4))) & 0xFF) * st_dev_sign(b[74 + r / 8], r % 8);
+  }
+  }
+}
 
 // Element i of a weight row of `type` (the block layouts of quant.h, as ggml's dequantize_row_*
 // define them; one element at a time, for the kernels that are not specialised on the type).
@@ -87,6 +157,12 @@ __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row
     if (type == ST_TYPE_Q5_K && (b[16 + l] & (1 << is))) q += 16;
     return st_dev_f16at(b) * (float)sc * (float)q - st_dev_f16at(b + 2) * (float)m;
   }
+  case ST_TYPE_IQ4_NL:
+  case ST_TYPE_IQ4_XS:
+  case ST_TYPE_IQ2_XS:
+  case ST_TYPE_IQ2_S:
+  case ST_TYPE_IQ3_XXS:
+  case ST_TYPE_IQ3_S: return st_dev_iq_weight(type, row, i);
   default: { // Q6_K
     const int r = (int)(i % 256), n = r / 128, quarter = (r % 128) / 32, l = r % 32;
     const uint8_t *b = row + (i / 256) * 210, *ql = b + n * 64, *qh = b + 128 + n * 32;
