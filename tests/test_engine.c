@@ -142,6 +142,17 @@ static void test_plan(void) {
   }
   st_plan_tiers(&p, 2, 4, 0, (int[]){2, 3}, 2, ST_PLACE_LAYER, o);
   CHECK(!strcmp(SHOW(o), "2200 3330"), "plan, layer placement: layer 0 on CUDA1 (most routed first: 0.1, 0.0), layer 1 on CUDA2 (1.2, 1.0, 1.1): %s", got);
+  st_plan_tiers(&p, 2, 4, 1, (int[]){2, 2, 2}, 3, ST_PLACE_STRIPE, o);
+  CHECK(!strcmp(SHOW(o), "3142 4320"), "plan, CUDA0 1 slot, stripe over three helpers of 2: 1.2 0.3 CUDA1, 0.0 1.1 CUDA2, 1.0 0.2 CUDA3, 1.3 (CUDA1's third) on the CPU pool: %s", got);
+  st_plan_tiers(&p, 2, 4, 0, (int[]){8, 8, 8}, 3, ST_PLACE_LAYER, o);
+  CHECK(!strcmp(SHOW(o), "2222 3333"), "plan, layer placement over three helpers: layer 0 on CUDA1, layer 1 on CUDA2, CUDA3 idle: %s", got);
+  {
+    /* auto: CUDA1 takes pairs by their bytes (layer 0: 100, layer 1: 200) while they fit in 350 */
+    const uint64_t layer_bytes[2] = {100, 200}, budget[1] = {350};
+    st_plan_tiers_budget(&p, 2, 4, 1, (int[]){-1}, budget, layer_bytes, 1, ST_PLACE_STRIPE, o);
+    CHECK(!strcmp(SHOW(o), "2100 0020"), "plan, helper auto within 350 bytes: 1.2 (200) and 0.0 (100) fit, 1.0 (200) does not and the card stops: %s", got);
+  }
+  CHECK(st_plan_tiers(&p, 2, 4, 0, (int[]){1, 1, 1, 1}, 4, ST_PLACE_STRIPE, o) == ST_EINVAL, "plan, four helpers refused: %s", st_last_error());
   st_plan_tiers(&p, 2, 4, 8, NULL, 0, ST_PLACE_STRIPE, o);
   CHECK(!strcmp(SHOW(o), "1111 1111"), "plan, every pair on CUDA0 when it has 8 slots: %s", got);
 #undef SHOW
