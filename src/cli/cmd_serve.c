@@ -1035,7 +1035,7 @@ int st_cmd_serve(int argc, char **argv) {
   if (!rc && o.config) {
     /* the config first, then the command line again so that its flags win */
     rc = st_config_load(o.config, &cfg);
-    if (!rc) rc = st_config_apply_gpus(&cfg); /* before the args: a refused GPU mode names its flags */
+    if (!rc) rc = st_config_apply_gpus(&cfg); /* before the args: it sets the visible GPUs and may add --layer-split */
     if (!rc) {
       char **av = calloc((size_t)cfg.n_args + 2, sizeof *av);
       if (!av) rc = st_set_error(ST_ENOMEM, "out of memory");
