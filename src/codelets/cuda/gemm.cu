@@ -27,20 +27,22 @@
 
 #include <starpu_cublas_v2.h> /* after starpu.h: needs STARPU_USE_CUDA from starpu_config.h */
 
-#define SCRATCH_BYTES_MAX ((size_t)64 << 20) /* weight rows dequantised per GEMM (the output head is chunked) */
+// Weight rows dequantised per GEMM at most (the output head is chunked).
+#define SCRATCH_BYTES_MAX ((size_t)64 << 20)
 
-#define ST_CUBLAS_CHECK(call)                                             \
-  do {                                                                    \
-    cublasStatus_t st_status_ = (call);                                   \
-    if (st_status_ != CUBLAS_STATUS_SUCCESS) STARPU_CUBLAS_REPORT_ERROR(st_status_); \
+#define ST_CUBLAS_CHECK(call)                                                                                \
+  do {                                                                                                       \
+    cublasStatus_t st_status_ = (call);                                                                      \
+    if (st_status_ != CUBLAS_STATUS_SUCCESS) STARPU_CUBLAS_REPORT_ERROR(st_status_);                         \
   } while (0)
 
 // dst[r * n + j] = element j of row r of W (rows row_bytes apart), j < n.
-__global__ static void dequantize_rows(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t rows, int64_t n,
-                                       float *dst) {
+__global__ static void dequantize_rows(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t rows,
+                                       int64_t n, float *dst) {
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const uint8_t *row = W + (uint64_t)r * row_bytes;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+         j += (int64_t)gridDim.x * blockDim.x)
       dst[r * n + j] = st_dev_weight(type, row, j);
   }
 }
@@ -52,12 +54,12 @@ cublasHandle_t st_cuda_cublas_handle(int64_t T, int32_t min_rows) {
 
 // One GEMM: out[t * ldo + i] = sum_j A[i * lda + j] * x[t * ldx + j], i < m, t < T, j < n. In
 // cuBLAS's column-major terms out (m x T, ld ldo) = A^T (A: n x m, ld lda) * x (n x T, ld ldx).
-static void gemm_f32(cublasHandle_t h, const float *A, int64_t lda, int64_t m, const float *x, int64_t ldx, int64_t T,
-                     int64_t n, float *out, int64_t ldo) {
+static void gemm_f32(cublasHandle_t h, const float *A, int64_t lda, int64_t m, const float *x, int64_t ldx,
+                     int64_t T, int64_t n, float *out, int64_t ldo) {
   const float one = 1.0f, zero = 0.0f;
-  ST_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)T, (int)n, &one, A, CUDA_R_32F, (int)lda, x,
-                               CUDA_R_32F, (int)ldx, &zero, out, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F_PEDANTIC,
-                               CUBLAS_GEMM_DEFAULT));
+  ST_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)T, (int)n, &one, A, CUDA_R_32F,
+                               (int)lda, x, CUDA_R_32F, (int)ldx, &zero, out, CUDA_R_32F, (int)ldo,
+                               CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
 }
 
 void st_cuda_gemm_bind(cublasHandle_t h, cudaStream_t stream) {
@@ -82,7 +84,8 @@ void st_cuda_gemm_with(cublasHandle_t h, uint32_t type, const void *W, uint64_t 
 }
 
 void st_cuda_gemm(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
-                  const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream) {
+                  const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
+                  cudaStream_t stream) {
   const int64_t rows = r1 - r0;
   if (rows <= 0 || T <= 0) return;
   st_cuda_gemm_bind(h, stream);
@@ -92,21 +95,25 @@ void st_cuda_gemm(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_b
   int64_t chunk = (int64_t)(SCRATCH_BYTES_MAX / (sizeof(float) * (size_t)n));
   if (chunk < 1) chunk = 1;
   if (chunk > rows || type == ST_TYPE_F32) chunk = rows;
-  float *ws = type == ST_TYPE_F32 ? NULL : (float *)st_cuda_alloc(sizeof(float) * (size_t)chunk * (size_t)n, stream);
+  float *ws =
+      type == ST_TYPE_F32 ? NULL : (float *)st_cuda_alloc(sizeof(float) * (size_t)chunk * (size_t)n, stream);
   for (int64_t c = 0; c < rows; c += chunk)
-    st_cuda_gemm_with(h, type, w + (uint64_t)c * row_bytes, row_bytes, rows - c < chunk ? rows - c : chunk, x, ldx, T,
-                      n, out + c, ldo, stream, ws);
+    st_cuda_gemm_with(h, type, w + (uint64_t)c * row_bytes, row_bytes, rows - c < chunk ? rows - c : chunk, x,
+                      ldx, T, n, out + c, ldo, stream, ws);
   if (ws) st_cuda_free(ws, stream);
 }
 
-void st_cuda_product(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
-                     const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream) {
-  if (h) st_cuda_gemm(h, type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream);
-  else st_cuda_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream);
+void st_cuda_product(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0,
+                     int64_t r1, const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
+                     cudaStream_t stream) {
+  if (h)
+    st_cuda_gemm(h, type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream);
+  else
+    st_cuda_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream);
 }
 
-extern "C" int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x,
-                                 int64_t T, int64_t n, float *out) {
+extern "C" int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows,
+                                 const float *x, int64_t T, int64_t n, float *out) {
   cublasHandle_t h = NULL;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return -1;
   uint8_t *dw = NULL;
@@ -118,7 +125,9 @@ extern "C" int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_byte
     cudaMemcpy(dw, W, wb, cudaMemcpyHostToDevice);
     cudaMemcpy(dx, x, sizeof(float) * (size_t)(T * n), cudaMemcpyHostToDevice);
     st_cuda_gemm(h, type, dw, row_bytes, 0, rows, dx, n, T, n, dout, rows, 0);
-    rc = cudaMemcpy(out, dout, sizeof(float) * (size_t)(T * rows), cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+    rc = cudaMemcpy(out, dout, sizeof(float) * (size_t)(T * rows), cudaMemcpyDeviceToHost) == cudaSuccess
+             ? 0
+             : -1;
   }
   cudaGetLastError();
   cudaFree(dw);
