@@ -6,7 +6,8 @@
 # adaptive run for the swap log; 3) CUDA graphs (--cuda-graphs on vs off): byte-identical greedy
 # output and bitwise-identical logits over 300 one-token steps, and strata bench --cuda-graphs
 # both on the small fixture (GRAPHS_BENCH_MODEL=FILE benches that model too, with
-# GRAPHS_BENCH_ARGS added). Prints a short table last.
+# GRAPHS_BENCH_ARGS added); 4) cuBLAS on the prompt path (STRATA_CUBLAS=0 vs default, run to run
+# and, on two GPUs, helper vs CUDA0). Prints a short table last.
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
@@ -72,6 +73,29 @@ if [ -n "${GRAPHS_BENCH_MODEL:-}" ]; then
   cat "$out/bench-graphs-model.txt"
   while read -r line; do rows+=("$(basename "$GRAPHS_BENCH_MODEL") bench: $line"); done \
     < <(grep "^cuda graphs, decode" "$out/bench-graphs-model.txt")
+fi
+# 4) cuBLAS on the prompt path (STRATA_CUBLAS, doc/tuning.md): the small fixture's comparisons with
+# the float32 kernels only (0) and with cuBLAS from 32 rows (the default); a 300-token prompt (one
+# chunk) with every expert cached, twice with cuBLAS: bitwise-identical logits; the same with
+# STRATA_CUBLAS=0 (differs by rounding); on two GPUs, the experts on a helper card instead of CUDA0.
+for cb in 0 1; do
+  STRATA_CUBLAS=$cb FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" small > "$out/forward_ref_cublas$cb.log" 2>&1
+  st=$?
+  rows+=("small Q4_K_M fixture, STRATA_CUBLAS=$cb: $(tail -n 1 "$out/forward_ref_cublas$cb.log") (exit $st)")
+  grep -E "^FAIL" "$out/forward_ref_cublas$cb.log" | head -n 10
+done
+cbeval() { STARPU_SCHED=eager "$S" eval -m "$M/tiny-qwen3moe-q8_0.gguf" -c 512 --prompt-ids "$ids" --all-logits \
+           --expert-profile "$out/tiny.profile" --logits-out "$@"; }
+cbeval "$out/logits-cublas-a.f32" --expert-cache 64 2>"$out/eval-cublas-a.err"
+cbeval "$out/logits-cublas-b.f32" --expert-cache 64 2>/dev/null
+STRATA_CUBLAS=0 cbeval "$out/logits-cublas-0.f32" --expert-cache 64 2>/dev/null
+[ -s "$out/logits-cublas-a.f32" ] && cmp -s "$out/logits-cublas-a.f32" "$out/logits-cublas-b.f32" && r=PASS || r=FAIL
+cmp -s "$out/logits-cublas-a.f32" "$out/logits-cublas-0.f32" && r0=identical || r0="differ (rounding: another summation order)"
+rows+=("cuBLAS prompt path, tiny Q8_0, 300 tokens, all 64 experts cached: same command twice bitwise identical: $r; vs STRATA_CUBLAS=0: $r0")
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  cbeval "$out/logits-cublas-h.f32" --expert-cache-device1 64 2>"$out/eval-cublas-h.err"
+  [ -s "$out/logits-cublas-h.f32" ] && cmp -s "$out/logits-cublas-a.f32" "$out/logits-cublas-h.f32" && r=PASS || r=FAIL
+  rows+=("cuBLAS prompt path: experts on CUDA1 (helper) vs CUDA0, bitwise-identical logits: $r")
 fi
 echo "===== summary"
 printf '%s\n' "${rows[@]}"

@@ -190,8 +190,13 @@ int main(int argc, char **argv) {
         break;
       }
       char ptag[192];
-      snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag,
-               e->placement.cuda0_worker >= 0 ? "CUDA0 float32 kernels" : "CPU", e->placement.cache[0].n_slots, n_pairs);
+      char path_name[64] = "CPU";
+      if (e->placement.cuda0_worker >= 0 && e->cublas_rows > 0)
+        snprintf(path_name, sizeof path_name, "CUDA0 float32, cuBLAS from %d rows", e->cublas_rows);
+      else if (e->placement.cuda0_worker >= 0)
+        snprintf(path_name, sizeof path_name, "CUDA0 float32 kernels");
+      snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag, path_name, e->placement.cache[0].n_slots,
+               n_pairs);
       printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s\n", ptag, path, r.n_prompts,
              st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa());
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));

@@ -10,7 +10,13 @@
  * graph_key (attention, linear, router, combine): 0, or a key > 0 naming the task's site in the
  * step (a layer's attention, ...; engine.c): a decode-path task (T == 1) that runs on a GPU is
  * then captured and replayed as a CUDA graph cached under that key (cuda/graph.cu). The CPU
- * variants ignore it; results are the same either way. */
+ * variants ignore it; results are the same either way.
+ *
+ * cublas_rows (attention, linear, router, expert_rows): 0, or the number of token rows from which
+ * a CUDA variant computes its matrix products through cuBLAS (dequantised weights, float32 GEMM;
+ * cuda/gemm.cu) instead of the float32 kernels; for expert_rows the count is per expert. The
+ * engine sets it from STRATA_CUBLAS (doc/tuning.md); decode batches stay below it. The CPU
+ * variants ignore it; cuBLAS and the kernels differ only in summation order. */
 #ifndef ST_CODELETS_H
 #define ST_CODELETS_H
 
@@ -56,7 +62,7 @@ struct st_wdesc {
  * q/k RMSNorm, NEOX RoPE at positions pos0..pos0+T-1, the KV-cache write and causal softmax
  * attention over positions 0..pos. */
 struct st_attention_args {
-  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key;
+  int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key, cublas_rows;
   float eps, rope_theta;
   struct st_wdesc wq, wk, wv;
 };
@@ -69,7 +75,7 @@ int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t 
  * of the inputs are used (the output head takes only the last position). Used for the
  * attention output projection (inputs: the per-group attention outputs) and the output head. */
 struct st_linear_args {
-  int32_t T, in_row0, n_in, has_norm, graph_key;
+  int32_t T, in_row0, n_in, has_norm, graph_key, cublas_rows;
   int64_t r0, r1;
   float eps;
   struct st_wdesc w;
@@ -88,7 +94,7 @@ struct st_route {
   float weight; /* renormalised over the token's k experts */
 };
 struct st_router_args {
-  int32_t T, n_embd, n_expert, k, n_xo, graph_key;
+  int32_t T, n_embd, n_expert, k, n_xo, graph_key, cublas_rows;
   float eps;
   struct st_wdesc w;
 };
@@ -119,6 +125,7 @@ struct st_expert_rows_args {
   int32_t n_experts, n_rows, n_embd, n_ff, layer;
   int32_t ff0, ff1; /* the FFN slice this task computes, 0 <= ff0 < ff1 <= n_ff */
   int32_t n_out_rows; /* 0: packed rows; > 0: partial sums (see above) */
+  int32_t cublas_rows; /* an expert with at least this many rows goes through cuBLAS (0: never) */
   struct st_wdesc gate, up, down;
   /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row, then, when
    * n_out_rows > 0, red_off [n_out_rows + 1] and red_idx [n_rows] (int32) */

@@ -37,6 +37,13 @@ static int ff_parts_for(const struct st_hparams *hp) {
   if (slice <= 0 || slice % 32 || hp->n_ff_exp < 2 * slice || hp->n_ff_exp % slice) return 1;
   return (int)(hp->n_ff_exp / slice);
 }
+/* STRATA_CUBLAS (doc/tuning.md): unset or 1: CUBLAS_ROWS; 0: never; N >= 2: from N token rows. */
+#define CUBLAS_ROWS 32
+static int cublas_rows_from_env(void) {
+  const char *env = getenv("STRATA_CUBLAS");
+  const long v = env ? strtol(env, NULL, 10) : 1;
+  return v <= 0 ? 0 : v == 1 ? CUBLAS_ROWS : v > 1 << 20 ? 1 << 20 : (int)v;
+}
 #define HEAD_SLICE_ROWS 4096    /* output-head rows per task */
 #define O_SLICE_ROWS 512        /* attention-output rows per task */
 
@@ -370,6 +377,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* the second-GPU switches, read once here (doc/tuning.md) */
   const char *env_primary = getenv("STRATA_PRIMARY_DEVICE");
   const int primary_device = env_primary ? atoi(env_primary) : 0;
+  const int cublas_rows = cublas_rows_from_env();
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
@@ -413,6 +421,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   }
 #ifdef ST_HAVE_CUDA
   if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_worker_init, NULL, STARPU_CUDA);
+  if (starpu_cuda_worker_get_count() > 0 && cublas_rows > 0) starpu_cublas_init(); /* a handle per CUDA worker */
+  e->cublas_rows = starpu_cuda_worker_get_count() > 0 ? cublas_rows : 0;
+#else
+  (void)cublas_rows;
 #endif
   rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert, primary_device);
   /* Dense work on the CPU is sliced so that every CPU worker gets a share; a GPU takes it whole
@@ -484,6 +496,7 @@ void st_engine_destroy(struct st_engine *e) {
 #ifdef ST_HAVE_CUDA
     /* StarPU resets the devices at shutdown: drop the CUDA graphs cached for them first */
     if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_graph_release, NULL, STARPU_CUDA);
+    if (e->cublas_rows > 0) starpu_cublas_shutdown();
 #endif
     if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
       fprintf(stderr, "strata: %s\n", st_last_error());
@@ -650,7 +663,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
                                            .ff0 = 0, .ff1 = (int)hp->n_ff_exp, .n_out_rows = 0,
                                            .gate = wdesc(&L->gate_exps), .up = wdesc(&L->up_exps),
-                                           .down = wdesc(&L->down_exps)};
+                                           .down = wdesc(&L->down_exps), .cublas_rows = e->cublas_rows};
   int n_out = 0, row_cursor = 0;
   /* Adds rows [s, s + n) of expert x's sorted entries to the task being built in `ea`. */
 #define ADD_EXPERT(x, s, n)                                                                    \
@@ -829,7 +842,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
                                   .n_q = nq, .group0 = g, .n_groups = per_task, .eps = hp->rms_eps,
                                   .rope_theta = hp->rope_theta, .wq = wdesc(&L->wq),
                                   .wk = wdesc(&L->wk), .wv = wdesc(&L->wv),
-                                  .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION)};
+                                  .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION), .cublas_rows = e->cublas_rows};
     starpu_data_handle_t bufs[7 + 3 * per_task];
     const starpu_data_handle_t fixed[7] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V], hw[W_Q_NORM], hw[W_K_NORM]};
     memcpy(bufs, fixed, sizeof fixed);
@@ -846,7 +859,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   for (int s = 0; s < e->n_slices_o && !rc; s++) {
     struct st_linear_args a = {.T = b->T, .in_row0 = 0, .n_in = G, .has_norm = 0,
                                .r0 = (int64_t)s * so, .r1 = (int64_t)(s + 1) * so, .w = wdesc(&L->wo),
-                               .graph_key = graph_key(e, b->T, l, GRAPH_ATTN_OUTPUT)};
+                               .graph_key = graph_key(e, b->T, l, GRAPH_ATTN_OUTPUT), .cublas_rows = e->cublas_rows};
     starpu_data_handle_t bufs[2 + G];
     bufs[0] = hw[W_O];
     for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
@@ -859,7 +872,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
     struct st_router_args a = {.T = b->T, .n_embd = (int)hp->n_embd, .n_expert = (int)hp->n_expert,
                                .k = (int)hp->n_expert_used, .n_xo = e->n_slices_o,
                                .eps = hp->rms_eps, .w = wdesc(&L->router),
-                               .graph_key = graph_key(e, b->T, l, GRAPH_ROUTER)};
+                               .graph_key = graph_key(e, b->T, l, GRAPH_ROUTER), .cublas_rows = e->cublas_rows};
     const int nb = 6 + e->n_slices_o;
     starpu_data_handle_t bufs[nb];
     bufs[0] = b->x;
@@ -892,7 +905,7 @@ static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out
     const int r0 = s * rows, r1 = r0 + rows < V ? r0 + rows : V;
     struct st_linear_args a = {.T = T_out, .in_row0 = row0, .n_in = 1, .has_norm = 1,
                                .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = wdesc(&e->model->output),
-                               .graph_key = graph_key(e, b->T, hp->n_layer, 0)};
+                               .graph_key = graph_key(e, b->T, hp->n_layer, 0), .cublas_rows = e->cublas_rows};
     out[s] = reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
     starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
     rc = st_submit_linear(&a, bufs, 4, traced(e, st_placement_dense_target(&e->placement, e->hp.n_layer)), e->head_names[s]);

@@ -98,6 +98,7 @@ struct st_engine {
   int peer_adapt_swaps, peer_prefill_rows;
   double cache_mass[ST_MAX_CACHES]; /* share of the profile's routed mass each cache holds at start */
   int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
+  int cublas_rows;         /* STRATA_CUBLAS: batches (experts) of >= this many rows use cuBLAS on a GPU; 0 off */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */

@@ -1,5 +1,6 @@
 // CUDA variant of the attention codelet (codelets.h): RMSNorm, the group's Q/K/V projections
-// (K and V written straight into the KV cache kept on the device), q/k RMSNorm and NEOX RoPE per
+// (K and V written straight into the KV cache kept on the device; through cuBLAS for prompt
+// chunks of at least cublas_rows tokens, gemm.cu), q/k RMSNorm and NEOX RoPE per
 // head, then causal attention split over the keys (see attend_partial).
 #include <math.h>
 
@@ -135,17 +136,18 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
   float *xn = (float *)scratch;
   float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
+  cublasHandle_t cb = st_cuda_cublas_handle(T, a->cublas_rows); // NULL: the float32 kernels
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
     float *kc = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
     float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
     float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
-    st_cuda_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T,
+    st_cuda_product(cb, a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T,
                    d, q, qw, st);
-    st_cuda_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
+    st_cuda_product(cb, a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
                    d, kdst, hd, st);
-    st_cuda_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
+    st_cuda_product(cb, a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
                    d, vdst, hd, st);
     qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);

@@ -3,6 +3,7 @@
 // and stream-ordered scratch memory. All products accumulate in float32.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <starpu.h>
@@ -218,6 +219,27 @@ struct st_cuda_group {
 void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev,
                             int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
                             const float *scale, float *out, cudaStream_t stream);
+
+// ---- gemm.cu: prompt-chunk products through cuBLAS (see the file's notes on exactness) ----
+// The calling StarPU CUDA worker's cuBLAS handle when a batch of T token rows should use cuBLAS:
+// min_rows > 0 (0: STRATA_CUBLAS=0) and T >= min_rows, and starpu_cublas_init was called; else
+// NULL (the float32 kernels).
+cublasHandle_t st_cuda_cublas_handle(int64_t T, int32_t min_rows);
+// st_cuda_matmul's product through cuBLAS on handle h, queued on `stream` (h is bound to it):
+// weights other than F32 are dequantised to float32 scratch (chunks of at most 64 MiB), then one
+// float32 GEMM per chunk (CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT).
+void st_cuda_gemm(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
+                  const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream);
+// The pieces of st_cuda_gemm, for a codelet that runs several GEMMs with one scratch: bind h to
+// `stream` (host pointer mode, pedantic math) once, then rows [0, rows) of W times x with `ws`
+// (rows * n floats of device memory; unused for F32 weights) holding their float32 copy.
+void st_cuda_gemm_bind(cublasHandle_t h, cudaStream_t stream);
+void st_cuda_gemm_with(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t rows,
+                       const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
+                       cudaStream_t stream, float *ws);
+// st_cuda_gemm when h is not NULL, else st_cuda_matmul (same arguments).
+void st_cuda_product(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
+                     const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream);
 
 // y[t] = RMSNorm(x[t]) * w for T rows of n (w may be NULL); y may alias x.
 void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, float eps, cudaStream_t stream);

@@ -28,6 +28,11 @@ int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float
 int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
                         int64_t n, float *out);
 
+/* The same product through the prompt path's cuBLAS GEMM (gemm.cu: weights dequantised to float32,
+ * CUBLAS_COMPUTE_32F_PEDANTIC), on a cuBLAS handle of its own (for tests). 0, or -1 on an error. */
+int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
+                      int64_t n, float *out);
+
 /* Seconds per mat-vec (one token) over `rows` rows of n weights of `type` on the current device,
  * averaged over `reps` launches after a warm-up (for strata bench --kernels); < 0 on a CUDA error. */
 double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps);

@@ -1,5 +1,6 @@
 // CUDA variant of the linear codelet (codelets.h): gather the concatenated inputs, RMSNorm when
-// asked, then the row slice of the product.
+// asked, then the row slice of the product (through cuBLAS for batches of at least cublas_rows
+// tokens, gemm.cu).
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 
@@ -24,7 +25,8 @@ static void linear_body(void *buffers[], const void *args, void *scratch, cudaSt
   }
   ST_CUDA_CHECK(cudaGetLastError());
   if (norm) st_cuda_rmsnorm(x, norm, x, a->T, (int)n, a->eps, st);
-  st_cuda_matmul(a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n, a->T, n, out, a->r1 - a->r0, st);
+  st_cuda_product(st_cuda_cublas_handle(a->T, a->cublas_rows), a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n,
+                  a->T, n, out, a->r1 - a->r0, st);
 }
 
 extern "C" void st_linear_cuda(void *buffers[], void *cl_arg) {

@@ -1,4 +1,5 @@
-// CUDA variant of the router codelet (codelets.h): residual, ffn_norm, router logits, softmax,
+// CUDA variant of the router codelet (codelets.h): residual, ffn_norm, router logits (through
+// cuBLAS for batches of at least cublas_rows tokens, gemm.cu), softmax,
 // top-k (ties to the lower expert id) and renormalised weights, one thread per token for the
 // selection (k and the expert count are small).
 #include <math.h>
@@ -66,7 +67,8 @@ static void router_body(void *buffers[], const void *args, void *scratch, cudaSt
   }
   st_cuda_rmsnorm(h, ffn_norm, ffn_in, T, d, a->eps, st);
   float *logits = (float *)scratch;
-  st_cuda_matmul(a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d, logits, E, st);
+  st_cuda_product(st_cuda_cublas_handle(T, a->cublas_rows), a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d,
+                  logits, E, st);
   softmax_topk<<<(T + 3) / 4, 128, 0, st>>>(logits, T, E, a->k, routing);
   ST_CUDA_CHECK(cudaGetLastError());
 }
