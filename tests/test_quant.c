@@ -3,7 +3,8 @@
  * CPU has (scalar, AVX2, AVX-512), bitwise independence of the token-tile size, and RMSNorm.
  * The i-quants (IQ4_NL, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): the sign table, a hand-built
  * block of each decoded to values worked out from the format by hand, the quantisers' round
- * trip, and st_matmul on random and on quantised blocks.
+ * trip, and st_matmul on random and on quantised blocks. Every block format's st_matmul runs at
+ * every SIMD level, on rows of one block up to several, with tiles of 1 to 4 tokens.
  * Prints every error it measured and the bound it used. */
 #include <math.h>
 #include <stdio.h>
@@ -88,8 +89,10 @@ static void *make_weights(uint32_t type, int rows, int n, float *deq, int quanti
   return w;
 }
 
-static void test_matmul_blocks(uint32_t type, int n, int quantise) {
-  enum { ROWS = 37, T = 7 };
+/* st_matmul over T tokens (at most 7: a tile of 4 and one of T - 4) against float64, and each
+ * token again alone, which must give the same bits. */
+static void test_matmul_tokens(uint32_t type, int n, int quantise, int T) {
+  enum { ROWS = 37, T_MAX = 7 };
   float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
   void *w = make_weights(type, ROWS, n, deq, quantise);
   for (int i = 0; i < T * n; i++) x[i] = (float)urand();
@@ -97,7 +100,7 @@ static void test_matmul_blocks(uint32_t type, int n, int quantise) {
   const int top = st_dot_force_isa(2);
   for (int level = 0; level <= top; level++) {
     st_dot_force_isa(level);
-    float out[T * ROWS], one[ROWS];
+    float out[T_MAX * ROWS], one[ROWS];
     st_matmul(type, w, rb, 0, ROWS, x, n, T, n, out, ROWS);
     double worst = 0;
     int same = 1;
@@ -114,8 +117,8 @@ static void test_matmul_blocks(uint32_t type, int n, int quantise) {
       }
     }
     CHECK(worst <= 1e-6 && same,
-          "matmul %s n=%d %s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of the dequantised rows; T=7 vs T=1 %s",
-          st_type_info(type)->name, n, st_dot_isa(), quantise ? ", quantised rows" : "", T, ROWS, worst,
+          "matmul %s n=%d %s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of the dequantised rows; T=%d vs T=1 %s",
+          st_type_info(type)->name, n, st_dot_isa(), quantise ? ", quantised rows" : "", T, ROWS, worst, T,
           same ? "bitwise identical" : "DIFFER");
   }
   st_dot_force_isa(top);
@@ -123,6 +126,8 @@ static void test_matmul_blocks(uint32_t type, int n, int quantise) {
   free(deq);
   free(x);
 }
+
+static void test_matmul_blocks(uint32_t type, int n, int quantise) { test_matmul_tokens(type, n, quantise, 7); }
 
 static void test_matmul(uint32_t type, int n) { test_matmul_blocks(type, n, 0); }
 
@@ -285,6 +290,15 @@ int main(void) {
     test_matmul_blocks(iq[i], 512, 1);
   }
   test_matmul_blocks(ST_TYPE_IQ4_NL, 96, 1);
+  /* the register kernels of the legacy blocks (one 32-weight block at a time) and of the grid
+   * i-quants (64 weights at a time on AVX-512, 32 on AVX2): short rows, quantised rows, and a
+   * tile of 2 tokens (T = 6: tiles of 4 and 2) */
+  const uint32_t legacy[] = {ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1};
+  for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
+    test_matmul_tokens(legacy[i], 32, 0, 7);
+    test_matmul_tokens(legacy[i], 96, 1, 6);
+  }
+  for (size_t i = 2; i < sizeof iq / sizeof iq[0]; i++) test_matmul_tokens(iq[i], 256, 1, 6);
   const struct {
     uint32_t type;
     double bound;

@@ -42,9 +42,10 @@ static void row_tile_scalar(uint32_t type, const void *w, const float *x, int64_
 
 
 /* ---- block formats decoded in registers --------------------------------------------------
- * Q4_0 and IQ4_NL per vector of 8 or 16 weights (never crossing a block half); Q2_K..Q6_K and
- * IQ4_XS a super-block at a time in the row_tile_k_* functions below. IQ4_NL/IQ4_XS map their
- * 4-bit indices to the non-linear levels with one byte shuffle (pshufb) of st_kvalues_iq4nl. */
+ * Q2_K..Q6_K and IQ4_XS a super-block at a time in the row_tile_k_* functions below; Q4_0..Q5_1
+ * and IQ4_NL a 32-weight block at a time and the grid i-quants in row_tile_b_* and row_tile_iq_*.
+ * IQ4_NL/IQ4_XS map their 4-bit indices to the non-linear levels with one byte shuffle (pshufb)
+ * of st_kvalues_iq4nl. */
 
 /* The sub-block (of 32) scale d*sc and offset dmin*m for weight r of a Q4_K/Q5_K block. */
 __attribute__((target("f16c"))) static inline void k45_scale(const uint8_t *scales, uint16_t dh, uint16_t mh, int is, float *dl, float *ml) {
@@ -60,28 +61,6 @@ __attribute__((target("f16c"))) static inline void k45_scale(const uint8_t *scal
   *ml = _cvtsh_ss(mh) * (float)m;
 }
 
-/* Q4_0 in registers: the 8 or 16 weights from i share one block half (low or high nibbles of
- * the block's 16 bytes), w = d * q - 8d. */
-__attribute__((target("f16c"))) static inline const uint8_t *q4_0_at(const void *row, int64_t i, int *shift, float *dl,
-                                                                     float *ml) {
-  const st_block_q4_0 *b = (const st_block_q4_0 *)row + i / 32;
-  const int j = (int)(i % 32);
-  *shift = j < 16 ? 0 : 4;
-  *dl = _cvtsh_ss(b->d);
-  *ml = 8.0f * *dl;
-  return b->qs + (j % 16);
-}
-
-/* IQ4_NL (Q4_0's block layout, the levels of st_kvalues_iq4nl): the 8 or 16 index bytes from i
- * and the block scale d. */
-static inline const uint8_t *iq4_nl_at(const void *row, int64_t i, int *shift, uint16_t *dh) {
-  const st_block_iq4_nl *b = (const st_block_iq4_nl *)row + i / 32;
-  const int j = (int)(i % 32);
-  *shift = j < 16 ? 0 : 4;
-  *dh = b->d;
-  return b->qs + (j % 16);
-}
-
 /* The signed 6-bit scale of 32-weight sub-block ib of an IQ4_XS block (quant.c's iq4_xs_scale). */
 static inline int iq4_xs_sub_scale(const st_block_iq4_xs *b, int ib) {
   return (((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4)) - 32;
@@ -90,13 +69,6 @@ static inline int iq4_xs_sub_scale(const st_block_iq4_xs *b, int ib) {
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-static inline AVX2 __m256i quants8_avx2(const void *row, int64_t i, float *dl, float *ml) {
-  int shift;
-  const uint8_t *q = q4_0_at(row, i, &shift, dl, ml);
-  return _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), shift),
-                          _mm256_set1_epi32(0xF));
-}
 
 static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) {
   switch (type) {
@@ -107,24 +79,11 @@ static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) 
   case ST_TYPE_BF16:
     return _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
-  case ST_TYPE_Q8_0: {
+  default: { /* Q8_0: the only other type that comes here */
     const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-  }
-  case ST_TYPE_IQ4_NL: {
-    int shift;
-    uint16_t dh;
-    const uint8_t *q = iq4_nl_at(row, i, &shift, &dh);
-    const __m128i idx = _mm_and_si128(_mm_srli_epi16(_mm_loadl_epi64((const __m128i *)q), shift), _mm_set1_epi8(0xF));
-    const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl), idx);
-    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
-  }
-  default: {
-    float dl, ml;
-    const __m256i q = quants8_avx2(row, i, &dl, &ml); /* Q4_0: the only other type that comes here */
-    return _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl), _mm256_cvtepi32_ps(q)), _mm256_set1_ps(ml));
   }
   }
 }
@@ -174,13 +133,6 @@ static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-static inline AVX512 __m512i quants16_avx512(const void *row, int64_t i, float *dl, float *ml) {
-  int shift;
-  const uint8_t *q = q4_0_at(row, i, &shift, dl, ml);
-  return _mm512_and_si512(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), shift),
-                          _mm512_set1_epi32(0xF));
-}
-
 static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_t i) {
   switch (type) {
   case ST_TYPE_F32:
@@ -191,24 +143,11 @@ static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))),
         16));
-  case ST_TYPE_Q8_0: {
+  default: { /* Q8_0 */
     const st_block_q8_0 *b = (const st_block_q8_0 *)row + i / ST_QK8_0;
     const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
     const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + i % ST_QK8_0));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
-  }
-  case ST_TYPE_IQ4_NL: {
-    int shift;
-    uint16_t dh;
-    const uint8_t *q = iq4_nl_at(row, i, &shift, &dh);
-    const __m128i idx = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)q), shift), _mm_set1_epi8(0xF));
-    const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl), idx);
-    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(dh)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
-  }
-  default: {
-    float dl, ml;
-    const __m512i q = quants16_avx512(row, i, &dl, &ml); /* Q4_0 */
-    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)), _mm512_set1_ps(ml));
   }
   }
 }
@@ -507,6 +446,344 @@ static AVX2 void row_tile_k_avx2(uint32_t type, const void *w, const float *x, i
   }
 }
 
+/* ---- legacy 32-weight blocks and grid i-quants --------------------------------------------
+ * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL a block of 32 at a time: the quants unpacked to signed
+ * bytes (the fifth bit of Q5_* from qh through a bit mask), each weight formed as quant.c's
+ * dequant forms it ((q - offset) * d [+ m], or d * level). IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S
+ * 64 (AVX-512) or 32 (AVX2) weights at a time: the grid entries fetched by index with scalar
+ * loads (faster than vpgather on Zen 4, and gathers are slow on cores with the Downfall
+ * microcode), the signs applied to the magnitudes as bytes (a masked byte negation, or
+ * pshufb + psignb), then
+ * sub-block scale * signed magnitude, which equals the dequantiser's scale * magnitude * sign
+ * exactly. Each weight then meets every token of the tile as in the K-quant kernels. */
+
+/* The sub-block scales of the grid formats, as quant.c computes them. */
+static inline float iq2_sub_scale(float d, int s) { return d * (0.5f + (float)s) * 0.25f; }
+static inline float iq3xxs_sub_scale(float d, uint32_t aux) { return d * (0.5f + (float)(aux >> 28)) * 0.5f; }
+static inline float iq3s_sub_scale(float d, int s) { return d * (float)(1 + 2 * s); }
+
+/* The fields of a legacy block: fp16 scale and min, quants, fifth bits, offset of the quants. */
+struct legacy_block {
+  float d, m;
+  const uint8_t *qs;
+  uint32_t qh;
+  int off;
+};
+
+__attribute__((target("f16c"))) static inline __attribute__((always_inline)) struct legacy_block
+legacy_at(uint32_t type, const uint8_t *bb) {
+  struct legacy_block l = {0.0f, 0.0f, NULL, 0, 0};
+  uint16_t h;
+  memcpy(&h, bb, 2);
+  l.d = _cvtsh_ss(h);
+  switch (type) {
+  case ST_TYPE_Q4_0: l.qs = bb + 2, l.off = 8; break;
+  case ST_TYPE_Q4_1: memcpy(&h, bb + 2, 2), l.m = _cvtsh_ss(h), l.qs = bb + 4; break;
+  case ST_TYPE_Q5_0: memcpy(&l.qh, bb + 2, 4), l.qs = bb + 6, l.off = 16; break;
+  case ST_TYPE_Q5_1: memcpy(&h, bb + 2, 2), l.m = _cvtsh_ss(h), memcpy(&l.qh, bb + 4, 4), l.qs = bb + 8; break;
+  default: l.qs = bb + 2; break; /* IQ4_NL */
+  }
+  return l;
+}
+
+static inline int legacy_has_min(uint32_t type) { return type == ST_TYPE_Q4_1 || type == ST_TYPE_Q5_1; }
+static inline int legacy_has_qh(uint32_t type) { return type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1; }
+
+static inline __attribute__((always_inline)) AVX512 __m512 legacy16_ps512(uint32_t type, __m128i q, float d, float m) {
+  const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d));
+  return legacy_has_min(type) ? _mm512_add_ps(w, _mm512_set1_ps(m)) : w;
+}
+
+static inline __attribute__((always_inline)) AVX512 void row_tile_b_avx512_impl(uint32_t type, const void *w,
+                                                                               const float *x, int64_t ldx, int nt,
+                                                                               int64_t n, float *out, int64_t ldo) {
+  __m512 acc[2 * ST_TILE]; /* two sets: the low and high half of each block */
+  for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm512_setzero_ps();
+  const uint64_t bs = st_type_info(type)->type_size;
+  const __m128i m4 = _mm_set1_epi8(0x0F), kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+  for (int64_t blk = 0; blk < n / 32; blk++) {
+    const struct legacy_block l = legacy_at(type, (const uint8_t *)w + (uint64_t)blk * bs);
+    const __m128i q = _mm_loadu_si128((const __m128i *)l.qs);
+    __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    if (type == ST_TYPE_IQ4_NL) {
+      lo = _mm_shuffle_epi8(kv, lo);
+      hi = _mm_shuffle_epi8(kv, hi);
+    } else {
+      if (legacy_has_qh(type)) {
+        lo = _mm_mask_add_epi8(lo, (__mmask16)(l.qh & 0xFFFF), lo, _mm_set1_epi8(16));
+        hi = _mm_mask_add_epi8(hi, (__mmask16)(l.qh >> 16), hi, _mm_set1_epi8(16));
+      }
+      lo = _mm_sub_epi8(lo, _mm_set1_epi8((char)l.off));
+      hi = _mm_sub_epi8(hi, _mm_set1_epi8((char)l.off));
+    }
+    fma_tokens512(legacy16_ps512(type, lo, l.d, l.m), x, ldx, nt, 32 * blk, acc);
+    fma_tokens512(legacy16_ps512(type, hi, l.d, l.m), x, ldx, nt, 32 * blk + 16, acc + ST_TILE);
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t], acc[ST_TILE + t]));
+}
+
+/* The sign byte of each of eight 7-bit fields (st_iq_signs, lane-wise), as one 64-bit mask. */
+static inline AVX512 uint64_t iq_signs8_epi16(__m128i f) {
+  __m128i p = _mm_xor_si128(f, _mm_srli_epi16(f, 4));
+  p = _mm_xor_si128(p, _mm_srli_epi16(p, 2));
+  p = _mm_xor_si128(p, _mm_srli_epi16(p, 1));
+  const __m128i s = _mm_or_si128(f, _mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(1)), 7));
+  return (uint64_t)_mm_cvtsi128_si64(_mm_cvtepi16_epi8(s));
+}
+
+/* 64 signed magnitudes (bytes) times four scales, one per 16 weights, fed to the tokens. */
+static inline __attribute__((always_inline)) AVX512 __m512 iq16_ps512(__m128i q, float dl) {
+  return _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+}
+
+static inline __attribute__((always_inline)) AVX512 void iq64_avx512(__m512i g, const float *dl, const float *x,
+                                                                     int64_t ldx, int nt, int64_t at, __m512 *acc) {
+  fma_tokens512(iq16_ps512(_mm512_extracti32x4_epi32(g, 0), dl[0]), x, ldx, nt, at, acc);
+  fma_tokens512(iq16_ps512(_mm512_extracti32x4_epi32(g, 1), dl[1]), x, ldx, nt, at + 16, acc + ST_TILE);
+  fma_tokens512(iq16_ps512(_mm512_extracti32x4_epi32(g, 2), dl[2]), x, ldx, nt, at + 32, acc);
+  fma_tokens512(iq16_ps512(_mm512_extracti32x4_epi32(g, 3), dl[3]), x, ldx, nt, at + 48, acc + ST_TILE);
+}
+
+static inline __attribute__((always_inline)) AVX512 void row_tile_iq_avx512_impl(uint32_t type, const void *w,
+                                                                                const float *x, int64_t ldx, int nt,
+                                                                                int64_t n, float *out, int64_t ldo) {
+  __m512 acc[2 * ST_TILE]; /* two sets, alternating every 16 weights */
+  for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t blk = 0; blk < n / 256; blk++) {
+    const int64_t base = blk * 256;
+    for (int c = 0; c < 4; c++) { /* 64 weights: two 32-weight sub-blocks */
+      __m512i g;
+      uint64_t sg;
+      float dl[4];
+      if (type == ST_TYPE_IQ2_XS) {
+        const st_block_iq2_xs *b = (const st_block_iq2_xs *)w + blk;
+        const float d = _cvtsh_ss(b->d);
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(b->qs + 8 * c));
+        const uint16_t *q = b->qs + 8 * c;
+        g = _mm512_setr_epi64((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
+                              (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
+                              (long long)st_iq2xs_grid[q[4] & 511], (long long)st_iq2xs_grid[q[5] & 511],
+                              (long long)st_iq2xs_grid[q[6] & 511], (long long)st_iq2xs_grid[q[7] & 511]);
+        sg = iq_signs8_epi16(_mm_srli_epi16(raw, 9));
+        for (int k = 0; k < 4; k++) dl[k] = iq2_sub_scale(d, (b->scales[2 * c + k / 2] >> (4 * (k % 2))) & 0xF);
+      } else if (type == ST_TYPE_IQ2_S) {
+        const st_block_iq2_s *b = (const st_block_iq2_s *)w + blk;
+        const float d = _cvtsh_ss(b->d);
+        const uint8_t *q = b->qs + 8 * c;
+        const int h0 = b->qh[2 * c], h1 = b->qh[2 * c + 1];
+        g = _mm512_setr_epi64((long long)st_iq2s_grid[q[0] | (h0 & 3) << 8], (long long)st_iq2s_grid[q[1] | (h0 & 12) << 6],
+                              (long long)st_iq2s_grid[q[2] | (h0 & 48) << 4], (long long)st_iq2s_grid[q[3] | (h0 & 192) << 2],
+                              (long long)st_iq2s_grid[q[4] | (h1 & 3) << 8], (long long)st_iq2s_grid[q[5] | (h1 & 12) << 6],
+                              (long long)st_iq2s_grid[q[6] | (h1 & 48) << 4], (long long)st_iq2s_grid[q[7] | (h1 & 192) << 2]);
+        memcpy(&sg, b->qs + 32 + 8 * c, 8);
+        for (int k = 0; k < 4; k++) dl[k] = iq2_sub_scale(d, (b->scales[2 * c + k / 2] >> (4 * (k % 2))) & 0xF);
+      } else if (type == ST_TYPE_IQ3_XXS) {
+        const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)w + blk;
+        const float d = _cvtsh_ss(b->d);
+        uint32_t aux[2];
+        memcpy(aux, b->qs + 64 + 8 * c, 8);
+        const uint8_t *q = b->qs + 16 * c;
+        g = _mm512_setr_epi32((int)st_iq3xxs_grid[q[0]], (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[2]], (int)st_iq3xxs_grid[q[3]],
+                              (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[5]], (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[7]],
+                              (int)st_iq3xxs_grid[q[8]], (int)st_iq3xxs_grid[q[9]], (int)st_iq3xxs_grid[q[10]], (int)st_iq3xxs_grid[q[11]],
+                              (int)st_iq3xxs_grid[q[12]], (int)st_iq3xxs_grid[q[13]], (int)st_iq3xxs_grid[q[14]], (int)st_iq3xxs_grid[q[15]]);
+        const __m256i f = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_setr_epi32((int)aux[0], (int)aux[0], (int)aux[0], (int)aux[0], (int)aux[1],
+                                                (int)aux[1], (int)aux[1], (int)aux[1]),
+                              _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21)),
+            _mm256_set1_epi32(127));
+        sg = iq_signs8_epi16(_mm256_cvtepi32_epi16(f));
+        dl[0] = dl[1] = iq3xxs_sub_scale(d, aux[0]);
+        dl[2] = dl[3] = iq3xxs_sub_scale(d, aux[1]);
+      } else { /* IQ3_S */
+        const st_block_iq3_s *b = (const st_block_iq3_s *)w + blk;
+        const float d = _cvtsh_ss(b->d);
+        const uint8_t *q = b->qs + 16 * c;
+        const uint32_t h = (uint32_t)(b->qh[2 * c] | b->qh[2 * c + 1] << 8);
+#define G3S(j) (int)st_iq3s_grid[q[j] | ((h >> (j)) & 1) << 8]
+        g = _mm512_setr_epi32(G3S(0), G3S(1), G3S(2), G3S(3), G3S(4), G3S(5), G3S(6), G3S(7), G3S(8), G3S(9), G3S(10),
+                              G3S(11), G3S(12), G3S(13), G3S(14), G3S(15));
+#undef G3S
+        memcpy(&sg, b->signs + 8 * c, 8);
+        dl[0] = dl[1] = iq3s_sub_scale(d, b->scales[c] & 0xF);
+        dl[2] = dl[3] = iq3s_sub_scale(d, b->scales[c] >> 4);
+      }
+      g = _mm512_mask_sub_epi8(g, (__mmask64)sg, zero, g);
+      iq64_avx512(g, dl, x, ldx, nt, base + 64 * c, acc);
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t], acc[ST_TILE + t]));
+}
+
+/* A constant token count (and type) keeps the accumulators in registers and the branches out
+ * of the loops. */
+#define ST_TILE_CASES(impl, ty)                                                                              \
+  switch (nt) {                                                                                              \
+  case 1: impl(ty, w, x, ldx, 1, n, out, ldo); break;                                                        \
+  case 2: impl(ty, w, x, ldx, 2, n, out, ldo); break;                                                        \
+  case 3: impl(ty, w, x, ldx, 3, n, out, ldo); break;                                                        \
+  default: impl(ty, w, x, ldx, 4, n, out, ldo); break;                                                       \
+  }
+
+static AVX512 void row_tile_b_avx512(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
+                                     float *out, int64_t ldo) {
+  switch (type) {
+  case ST_TYPE_Q4_0: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q4_0); break;
+  case ST_TYPE_Q4_1: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q4_1); break;
+  case ST_TYPE_Q5_0: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q5_0); break;
+  case ST_TYPE_Q5_1: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q5_1); break;
+  default: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_IQ4_NL); break;
+  }
+}
+
+static AVX512 void row_tile_iq_avx512(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
+                                      float *out, int64_t ldo) {
+  switch (type) {
+  case ST_TYPE_IQ2_XS: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ2_XS); break;
+  case ST_TYPE_IQ2_S: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ2_S); break;
+  case ST_TYPE_IQ3_XXS: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ3_XXS); break;
+  default: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ3_S); break;
+  }
+}
+
+/* AVX2: the same blocks, eight weights per vector. */
+static inline __attribute__((always_inline)) AVX2 void signed8x4_avx2(uint32_t type, __m128i q, float d, float m,
+                                                                      const float *x, int64_t ldx, int nt,
+                                                                      int64_t at, __m256 *acc) {
+  const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+  for (int k = 0; k < 2; k++) {
+    const __m128i part = k ? _mm_srli_si128(q, 8) : q;
+    __m256 wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)), vd);
+    if (legacy_has_min(type)) wv = _mm256_add_ps(wv, vm);
+    fma_tokens256(wv, x, ldx, nt, at + 8 * k, acc + ST_TILE * k);
+  }
+}
+
+/* 0xFF in byte j where bit j of the 16-bit `bits` is set. */
+static inline AVX2 __m128i bitmask16_avx2(uint32_t bits) {
+  const __m128i sel = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+  return _mm_cmpeq_epi8(_mm_and_si128(sel, bit), bit);
+}
+
+static inline __attribute__((always_inline)) AVX2 void row_tile_b_avx2_impl(uint32_t type, const void *w,
+                                                                           const float *x, int64_t ldx, int nt,
+                                                                           int64_t n, float *out, int64_t ldo) {
+  __m256 acc[2 * ST_TILE]; /* two sets, alternating every 8 weights */
+  for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm256_setzero_ps();
+  const uint64_t bs = st_type_info(type)->type_size;
+  const __m128i m4 = _mm_set1_epi8(0x0F), kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+  for (int64_t blk = 0; blk < n / 32; blk++) {
+    const struct legacy_block l = legacy_at(type, (const uint8_t *)w + (uint64_t)blk * bs);
+    const __m128i q = _mm_loadu_si128((const __m128i *)l.qs);
+    __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    if (type == ST_TYPE_IQ4_NL) {
+      lo = _mm_shuffle_epi8(kv, lo);
+      hi = _mm_shuffle_epi8(kv, hi);
+    } else {
+      if (legacy_has_qh(type)) {
+        lo = _mm_or_si128(lo, _mm_and_si128(bitmask16_avx2(l.qh & 0xFFFF), _mm_set1_epi8(16)));
+        hi = _mm_or_si128(hi, _mm_and_si128(bitmask16_avx2(l.qh >> 16), _mm_set1_epi8(16)));
+      }
+      lo = _mm_sub_epi8(lo, _mm_set1_epi8((char)l.off));
+      hi = _mm_sub_epi8(hi, _mm_set1_epi8((char)l.off));
+    }
+    signed8x4_avx2(type, lo, l.d, l.m, x, ldx, nt, 32 * blk, acc);
+    signed8x4_avx2(type, hi, l.d, l.m, x, ldx, nt, 32 * blk + 16, acc);
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t], acc[ST_TILE + t]));
+}
+
+static inline __attribute__((always_inline)) AVX2 void row_tile_iq_avx2_impl(uint32_t type, const void *w,
+                                                                            const float *x, int64_t ldx, int nt,
+                                                                            int64_t n, float *out, int64_t ldo) {
+  __m256 acc[2 * ST_TILE]; /* two sets, alternating every 8 weights */
+  for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm256_setzero_ps();
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), one = _mm256_set1_epi8(1);
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                          3, 3, 3, 3, 3, 3, 3);
+  for (int64_t blk = 0; blk < n / 256; blk++) {
+    const int64_t base = blk * 256;
+    for (int s = 0; s < 8; s++) { /* 32 weights: one sub-block */
+      __m256i g;
+      uint32_t sg;
+      float dl[2];
+      if (type == ST_TYPE_IQ2_XS) {
+        const st_block_iq2_xs *b = (const st_block_iq2_xs *)w + blk;
+        const float d = _cvtsh_ss(b->d);
+        const uint16_t *q = b->qs + 4 * s;
+        g = _mm256_setr_epi64x((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
+                               (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511]);
+        sg = st_iq_signs(q[0] >> 9) | (uint32_t)st_iq_signs(q[1] >> 9) << 8 | (uint32_t)st_iq_signs(q[2] >> 9) << 16 |
+             (uint32_t)st_iq_signs(q[3] >> 9) << 24;
+        dl[0] = iq2_sub_scale(d, b->scales[s] & 0xF), dl[1] = iq2_sub_scale(d, b->scales[s] >> 4);
+      } else if (type == ST_TYPE_IQ2_S) {
+        const st_block_iq2_s *b = (const st_block_iq2_s *)w + blk;
+        const float d = _cvtsh_ss(b->d);
+        const uint8_t *q = b->qs + 4 * s;
+        const int h = b->qh[s];
+        g = _mm256_setr_epi64x((long long)st_iq2s_grid[q[0] | (h & 3) << 8], (long long)st_iq2s_grid[q[1] | (h & 12) << 6],
+                               (long long)st_iq2s_grid[q[2] | (h & 48) << 4], (long long)st_iq2s_grid[q[3] | (h & 192) << 2]);
+        memcpy(&sg, b->qs + 32 + 4 * s, 4);
+        dl[0] = iq2_sub_scale(d, b->scales[s] & 0xF), dl[1] = iq2_sub_scale(d, b->scales[s] >> 4);
+      } else if (type == ST_TYPE_IQ3_XXS) {
+        const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)w + blk;
+        const uint8_t *q = b->qs + 8 * s;
+        uint32_t aux;
+        memcpy(&aux, b->qs + 64 + 4 * s, 4);
+        g = _mm256_setr_epi32((int)st_iq3xxs_grid[q[0]], (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[2]],
+                              (int)st_iq3xxs_grid[q[3]], (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[5]],
+                              (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[7]]);
+        sg = st_iq_signs(aux & 127) | (uint32_t)st_iq_signs((aux >> 7) & 127) << 8 |
+             (uint32_t)st_iq_signs((aux >> 14) & 127) << 16 | (uint32_t)st_iq_signs((aux >> 21) & 127) << 24;
+        dl[0] = dl[1] = iq3xxs_sub_scale(_cvtsh_ss(b->d), aux);
+      } else { /* IQ3_S */
+        const st_block_iq3_s *b = (const st_block_iq3_s *)w + blk;
+        const uint8_t *q = b->qs + 8 * s;
+        const uint32_t h = b->qh[s];
+        g = _mm256_setr_epi32((int)st_iq3s_grid[q[0] | (h & 1) << 8], (int)st_iq3s_grid[q[1] | (h & 2) << 7],
+                              (int)st_iq3s_grid[q[2] | (h & 4) << 6], (int)st_iq3s_grid[q[3] | (h & 8) << 5],
+                              (int)st_iq3s_grid[q[4] | (h & 16) << 4], (int)st_iq3s_grid[q[5] | (h & 32) << 3],
+                              (int)st_iq3s_grid[q[6] | (h & 64) << 2], (int)st_iq3s_grid[q[7] | (h & 128) << 1]);
+        memcpy(&sg, b->signs + 4 * s, 4);
+        dl[0] = dl[1] = iq3s_sub_scale(_cvtsh_ss(b->d), (b->scales[s / 2] >> (4 * (s % 2))) & 0xF);
+      }
+      /* byte j of sg's 32 bits set: -1 in byte j, else +1; psignb applies it */
+      const __m256i sel = _mm256_shuffle_epi8(_mm256_set1_epi32((int)sg), spread);
+      const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sel, bit), bit);
+      g = _mm256_sign_epi8(g, _mm256_or_si256(neg, one));
+      const __m128i lo = _mm256_castsi256_si128(g), hi = _mm256_extracti128_si256(g, 1);
+      const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      for (int k = 0; k < 4; k++)
+        fma_tokens256(_mm256_mul_ps(_mm256_set1_ps(dl[k / 2]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k]))), x,
+                      ldx, nt, base + 32 * s + 8 * k, acc + ST_TILE * (k % 2));
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t], acc[ST_TILE + t]));
+}
+
+static AVX2 void row_tile_b_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
+                                 float *out, int64_t ldo) {
+  switch (type) {
+  case ST_TYPE_Q4_0: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q4_0); break;
+  case ST_TYPE_Q4_1: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q4_1); break;
+  case ST_TYPE_Q5_0: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q5_0); break;
+  case ST_TYPE_Q5_1: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q5_1); break;
+  default: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_IQ4_NL); break;
+  }
+}
+
+static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
+                                  float *out, int64_t ldo) {
+  switch (type) {
+  case ST_TYPE_IQ2_XS: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ2_XS); break;
+  case ST_TYPE_IQ2_S: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ2_S); break;
+  case ST_TYPE_IQ3_XXS: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ3_XXS); break;
+  default: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ3_S); break;
+  }
+}
+
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
@@ -548,10 +825,13 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
   row_tile_fn tile = fn;
   const int k_rows = type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
                      type == ST_TYPE_Q6_K || type == ST_TYPE_IQ4_XS;
-  if (level() == 2 && k_rows) tile = row_tile_k_avx512;
-  if (level() == 1 && k_rows) tile = row_tile_k_avx2;
+  const int b_rows = type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_1 || type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1 ||
+                     type == ST_TYPE_IQ4_NL;
+  const int iq_rows = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;
+  if (level() == 2) tile = k_rows ? row_tile_k_avx512 : b_rows ? row_tile_b_avx512 : iq_rows ? row_tile_iq_avx512 : fn;
+  if (level() == 1) tile = k_rows ? row_tile_k_avx2 : b_rows ? row_tile_b_avx2 : iq_rows ? row_tile_iq_avx2 : fn;
   const int in_registers = type == ST_TYPE_F32 || type == ST_TYPE_F16 || type == ST_TYPE_BF16 || type == ST_TYPE_Q8_0 ||
-                           (level() > 0 && (type == ST_TYPE_Q4_0 || type == ST_TYPE_IQ4_NL || k_rows));
+                           (level() > 0 && (k_rows || b_rows || iq_rows));
   if (!in_registers) {
     /* Other block formats: each weight row is dequantised to float32 once per call, then the
      * float32 kernel runs over all tokens (the same products as a float32 forward of the

@@ -1,8 +1,9 @@
 /* Dot products and row-block matrix products of quantised weights with float32 activations,
  * the CPU kernels every codelet builds on. Weights are dequantised on the fly (F32, F16, BF16,
- * Q8_0: w = d * q; Q4_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS decoded in SIMD registers; the other block
- * formats of quant.h, IQ2/IQ3 included, through st_dequantize_row one weight row at a time),
- * multiplied in float32 and accumulated in float32 SIMD lanes.
+ * Q8_0: w = d * q; with AVX2 or AVX-512 every block format of quant.h (Q4_0..Q5_1, Q2_K..Q6_K,
+ * IQ4_NL, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) decoded in SIMD registers, each weight equal to
+ * st_dequantize_row's; the scalar path decodes them with st_dequantize_row one weight row at a
+ * time), multiplied in float32 and accumulated in float32 SIMD lanes.
  * Determinism: the result for one (weight row, activation row) pair depends only on those two
  * rows, never on how many rows or tokens a call covers, so logits do not depend on the prompt
  * chunk size, the task slicing or the StarPU worker a task runs on. */
