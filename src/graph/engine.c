@@ -200,6 +200,10 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
       return st_set_error(ST_EINVAL, "--expert-cache-device%d needs --expert-cache-device%d: tiers must be enabled in order",
                           h + 1, h);
   if (!o->expert_cache && !n_helpers && o->peer_device <= 0 && !o->layer_split) return 0;
+  if (o->layer_split && (n_helpers || o->peer_device > 0))
+    return st_set_error(ST_EINVAL, "--layer-split cannot be combined with helper caches or the peer tier");
+  if (n_helpers && o->peer_device > 0)
+    return st_set_error(ST_EINVAL, "--peer-device cannot be combined with --expert-cache-device1..3 (the peer tier already caches experts there)");
   if (pl->cuda0_worker < 0) {
     const char *what = o->layer_split ? "--layer-split" : o->peer_device > 0 ? "--peer-device" : n_helpers ? "--expert-cache-device1" : "--expert-cache";
     return st_set_error(ST_EINVAL, "%s needs a CUDA device, and StarPU found none (check STARPU_NCUDA and the driver)", what);
