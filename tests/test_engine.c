@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "codelets/codelets.h"
 #include "codelets/quant.h"
 #include "common.h"
 #include "graph/engine.h"
@@ -159,11 +160,82 @@ static void test_plan(void) {
   st_profile_free(&p);
 }
 
+/* --remote-expert-opt's partial sums (codelets.h, expert_rows with n_out_rows > 0): on the tiny
+ * Q8_0 fixture's layer 0, experts 0 and 1 over three tokens; each token's sum must equal, bit for
+ * bit, its packed rows added in the listed order. */
+static void test_partial_sums(const char *fixtures) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/models/tiny-qwen3moe-q8_0.gguf", fixtures);
+  struct st_model *m = NULL;
+  struct st_engine *e = NULL;
+  struct st_engine_opts eo;
+  st_engine_opts_init(&eo);
+  eo.n_ctx = 64;
+  if (st_model_load(path, &m) || st_engine_create(m, &eo, &e)) {
+    CHECK(0, "partial sums: setup: %s", st_last_error());
+    st_model_free(m);
+    return;
+  }
+  const int d = (int)m->hp.n_embd, E = (int)m->hp.n_expert, T = 3, R = 4;
+  const struct st_layer *L = &m->layers[0];
+  float *x = malloc(sizeof(float) * T * d), *packed = malloc(sizeof(float) * R * d), *sums = malloc(sizeof(float) * T * d);
+  for (int i = 0; i < T * d; i++) x[i] = (float)sin(0.37 * i);
+  /* expert 0: tokens 0 and 2; expert 1: tokens 0 and 1 (rows 0..3 in that order) */
+  struct st_expert_rows_args *a = malloc(st_expert_rows_args_size(2, R, T));
+  *a = (struct st_expert_rows_args){.n_experts = 2, .n_rows = R, .n_embd = d, .n_ff = (int)m->hp.n_ff_exp, .ff0 = 0,
+                                    .ff1 = (int)m->hp.n_ff_exp,
+                                    .gate = {L->gate_exps.type, L->gate_exps.row_bytes, (int64_t)L->gate_exps.ne[0]},
+                                    .up = {L->up_exps.type, L->up_exps.row_bytes, (int64_t)L->up_exps.ne[0]},
+                                    .down = {L->down_exps.type, L->down_exps.row_bytes, (int64_t)L->down_exps.ne[0]}};
+  st_expert_groups(a)[0] = (struct st_expert_group){0, 0, 2};
+  st_expert_groups(a)[1] = (struct st_expert_group){1, 2, 2};
+  const struct st_expert_row rows[4] = {{0, 0.3f}, {2, 0.5f}, {0, 0.7f}, {1, 0.2f}};
+  memcpy(st_expert_rows(a), rows, sizeof rows);
+  starpu_data_handle_t hx, hp, hs, bufs[8];
+  starpu_vector_data_register(&hx, STARPU_MAIN_RAM, (uintptr_t)x, (uint32_t)(T * d), 4);
+  starpu_vector_data_register(&hp, STARPU_MAIN_RAM, (uintptr_t)packed, (uint32_t)(R * d), 4);
+  starpu_vector_data_register(&hs, STARPU_MAIN_RAM, (uintptr_t)sums, (uint32_t)(T * d), 4);
+  bufs[0] = hx;
+  for (int g = 0; g < 2; g++)
+    for (int k = 0; k < 3; k++) bufs[1 + 3 * g + k] = e->h_expert[((size_t)0 * E + g) * 3 + k];
+  const struct st_target cpu = {STARPU_CPU, -1, NULL, NULL};
+  bufs[7] = hp;
+  int rc = st_submit_expert_rows(a, bufs, cpu, "partial sums: packed");
+  /* token 0: rows 0 then 2 (its slots in order); token 1: row 3; token 2: row 1 */
+  a->n_out_rows = T;
+  int32_t *red = st_expert_reduce(a);
+  const int32_t off[4] = {0, 2, 3, 4}, idx[4] = {0, 2, 3, 1};
+  memcpy(red, off, sizeof off);
+  memcpy(red + T + 1, idx, sizeof idx);
+  bufs[7] = hs;
+  if (!rc) rc = st_submit_expert_rows(a, bufs, cpu, "partial sums: reduced");
+  starpu_task_wait_for_all();
+  starpu_data_unregister(hx);
+  starpu_data_unregister(hp);
+  starpu_data_unregister(hs);
+  int same = !rc;
+  for (int o = 0; o < T && same; o++)
+    for (int j = 0; j < d; j++) {
+      float want = 0.0f;
+      for (int r = off[o]; r < off[o + 1]; r++) want += packed[(size_t)idx[r] * d + j];
+      same &= memcmp(&want, &sums[(size_t)o * d + j], sizeof want) == 0;
+    }
+  CHECK(same, "partial sums (--remote-expert-opt): 2 experts, 4 rows reduced to 3 tokens on the CPU: each sum bitwise equal to its rows added in slot order (token 0: %g + %g = %g)",
+        packed[0], packed[2 * d], sums[0]);
+  free(a);
+  free(x);
+  free(packed);
+  free(sums);
+  st_engine_destroy(e);
+  st_model_free(m);
+}
+
 int main(void) {
   const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
   test_profile();
   test_plan();
   test_ff_split(fx);
+  test_partial_sums(fx);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }
