@@ -102,12 +102,13 @@ int st_host_arena_check_ram(uint64_t need, uint32_t n_pairs, int resident, doubl
   if (avail < 0) return st_set_error(ST_EIO, "the host expert arena: cannot read MemAvailable from /proc/meminfo");
   if ((int64_t)need <= avail) return 0;
   return st_set_error(ST_ENOMEM,
-                      "the host expert arena needs %.2f GiB of RAM for %u expert pairs and %.2f GiB are available "
+                      "the host expert arena needs %.*f GiB of RAM for %u expert pairs and %.2f GiB are available "
                       "(%s): %s",
-                      need / GIB, n_pairs, avail / GIB, memavailable_gib >= 0 ? "STRATA_MEMAVAILABLE_GIB" : "MemAvailable",
-                      resident ? "a larger --expert-cache (or helper caches) leaves more pairs in the file and lowers it"
+                      need < GIB ? 3 : 2, need / GIB, n_pairs, avail / GIB, memavailable_gib >= 0 ? "STRATA_MEMAVAILABLE_GIB" : "MemAvailable",
+                      resident ? "a larger --expert-cache (or helper caches) leaves more pairs in the file and lowers it; "
+                                 "STRATA_HOST_ARENA=0 makes no RAM copy"
                                : "--resident-experts lowers it (the pairs the GPU caches hold stay in the file; with a "
-                                 "larger --expert-cache, more of them)");
+                                 "larger --expert-cache, more of them); STRATA_HOST_ARENA=0 makes no RAM copy");
 }
 
 /* Copy workers: each takes the next layer, copies its kept pairs and releases the layer's expert
@@ -128,8 +129,9 @@ static void copy_layer(struct st_host_arena *a, const uint8_t *keep, uint32_t l)
         const struct st_weight *w = matrix(m, l, i);
         memcpy(a->base + a->pair_off[(size_t)l * E + x] + a->mat_off[(size_t)l * 3 + i], st_expert_ptr(w, x),
                st_expert_bytes(w));
+        st_gguf_release_pages(m->gguf, st_expert_ptr(w, x), st_expert_bytes(w)); /* no second copy meanwhile */
       }
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3; i++) { /* the pages pairs share at their edges, and those of pairs left out */
     const struct st_weight *w = matrix(m, l, i);
     st_gguf_release_pages(m->gguf, w->data, st_expert_bytes(w) * E);
   }
