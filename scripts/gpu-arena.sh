@@ -7,7 +7,7 @@
 #   arena      the default: every pair copied to RAM, pinned
 #   resident   --resident-experts: the 4000 cached pairs stay in the file
 #   arena+adapt, resident+adapt   the same with --adapt-swaps (refills read through the source)
-# then the RAM refusal at the real size (STRATA_MEMAVAILABLE_GIB=20). Prints a summary last.
+# then the RAM refusal at the real size (no cache, STRATA_MEMAVAILABLE_GIB=20). Prints a summary last.
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
@@ -26,7 +26,7 @@ if [ ! -s $M ]; then
 fi
 if [ ! -s $P ]; then
   yes 'The history of mixture of experts models and their routing, with code: for i in range(10): print(i)' | head -n 12 > "$out/calib30.txt"
-  "$S" profile -m $M -f "$out/calib30.txt" -o $P 2>&1 | tail -n 1
+  STRATA_HOST_ARENA=0 "$S" profile -m $M -f "$out/calib30.txt" -o $P 2>&1 | tail -n 1
 fi
 prompt="Question: what is 17 * 23? Answer step by step."
 
@@ -59,8 +59,7 @@ same mmap resident
 run arena_adapt X=1 -- --adapt-swaps 16 --adapt-interval 8
 run resident_adapt X=1 -- --resident-experts --adapt-swaps 16 --adapt-interval 8
 same arena_adapt resident_adapt
-timeout 120 env STRATA_MEMAVAILABLE_GIB=20 "$S" generate -m $M -p hi -n 1 --expert-profile $P --expert-cache 4000 \
-  >/dev/null 2>"$out/refuse.err"
+timeout 120 env STRATA_MEMAVAILABLE_GIB=20 "$S" generate -m $M -p hi -n 1 >/dev/null 2>"$out/refuse.err"
 rows+=("refusal with STRATA_MEMAVAILABLE_GIB=20: exit $? '$(tail -n 1 "$out/refuse.err")'")
 echo "===== summary (arena, qwen3-30b-a3b Q8_0, --expert-cache 4000, $N greedy tokens)"
 printf '%s\n' "${rows[@]}"
