@@ -2,7 +2,8 @@
 # The `strata` binary as a user drives it: greedy generation through the CLI reproduces the
 # reference continuation, tokenize on a vocabulary-only GGUF, eval's logits file, and bad input
 # (unknown flags, missing or malformed files, an unsupported architecture or tensor type, a
-# prompt longer than the context, negative -n) giving one clear line and exit status 1, and
+# prompt longer than the context, negative -n, a host expert arena larger than the RAM) giving one
+# clear line and exit status 1, and
 # models in the i-quant formats written by mkmodel running through generate.
 set -u
 : "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
@@ -18,6 +19,8 @@ want="[6841, 6004, 3427, 4124, 2332, 1561, 6252, 3073, 3427, 4124, 2332, 1561, 6
 got=$("$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 16 --temp 0 --print-ids --ignore-eos 2>"$tmp/err")
 if [ "$got" = "$want" ]; then ok "generate --print-ids: $got"; else bad "generate --print-ids: got '$got' want '$want' ($(tail -n 3 "$tmp/err"))"; fi
 grep -q "decode: 16 tokens" "$tmp/err" && grep -q "StarPU workers:" "$tmp/err" && grep -q "^expert entries CPU [0-9]" "$tmp/err" \
+  && grep -q "^strata: host expert arena: 64 pairs, 0.00[0-9] GiB in RAM (none pinned: no CUDA worker), 0 pairs left in the file" "$tmp/err" \
+  && grep -q "^peak resident memory [0-9.]* GiB" "$tmp/err" \
   && ok "generate report: $(grep -E '^(prompt|decode):' "$tmp/err" | tr '\n' ' ')" || bad "generate report missing: $(cat "$tmp/err")"
 
 # 2. text generation streams text
@@ -73,6 +76,13 @@ expect_error "peer flags without a peer" "need --peer-device N" "$STRATA" genera
 expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
 expect_error "peer device not there" "peer-device needs a CUDA device, and StarPU found none" \
   env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache 4 --peer-device 1
+# the host expert arena's RAM check at start (STRATA_MEMAVAILABLE_GIB stands in for MemAvailable)
+expect_error "arena RAM refusal" "needs 0.00[1-9] GiB of RAM for 64 expert pairs and 0.00 GiB are available (STRATA_MEMAVAILABLE_GIB): --resident-experts lowers it" \
+  env STRATA_MEMAVAILABLE_GIB=0 "$STRATA" generate -m "$tiny" -p hi -n 1
+expect_error "arena RAM refusal, resident" "for 64 expert pairs .*: a larger --expert-cache (or helper caches)" \
+  env STRATA_MEMAVAILABLE_GIB=0 "$STRATA" generate -m "$tiny" -p hi -n 1 --resident-experts
+expect_error "bad STRATA_ARENA_PIN_GIB" "STRATA_ARENA_PIN_GIB=lots: expected a number of GiB >= 0" \
+  env STRATA_ARENA_PIN_GIB=lots "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "helper device not there" "expert-cache-device1 needs a CUDA device, and StarPU found none" \
   env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache-device1 auto
 expect_error "layer split without GPUs" "layer-split needs a CUDA device" \

@@ -1,7 +1,9 @@
 /* Engine behaviours the fixtures do not reach, on a small model made with the mkmodel code
  * (Q8_0, expert FFN 512, the Qwen3 vocabulary of the fixtures): the CPU pool's FFN split
  * (two 256-row slices summed by the combine) against the unsplit expert (STRATA_FF_SLICE=0),
- * and the expert-profile file round trip and its refusals. Prints what it compared. */
+ * the expert-profile file round trip and its refusals, the tiers' fill plan, and the host expert
+ * arena (its plan, layout, exactness against the mmap-only engine, RAM refusal). Prints what it
+ * compared. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include "io/mkmodel.h"
 #include "io/model.h"
 #include "io/profile.h"
+#include "tiers/arena.h"
 #include "tiers/plan.h"
 
 static int n_pass, n_fail;
@@ -228,14 +231,175 @@ static void test_partial_sums(const char *fixtures) {
   free(sums);
   st_engine_destroy(e);
   st_model_free(m);
+/* The host expert arena's plan on a fake owner table of 2 layers x 4 experts: owners 0 (the CPU
+ * pool), 1 (primary), 2 (helper), 3 (peer), 4 (a split stage). */
+static void test_arena_plan(void) {
+  const uint8_t tier[8] = {0, 1, 0, 2, 3, 0, 0, 4};
+  uint8_t keep[8];
+  char got[32];
+#define SHOW(k) (snprintf(got, sizeof got, "%d%d%d%d %d%d%d%d", k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7]), got)
+  uint32_t n = st_host_arena_plan(tier, 8, 0, keep);
+  CHECK(n == 8 && !strcmp(SHOW(keep), "1111 1111"), "arena plan, default: every pair in RAM (%u): %s", n, got);
+  n = st_host_arena_plan(tier, 8, 1, keep);
+  CHECK(n == 4 && !strcmp(SHOW(keep), "1010 0110"),
+        "arena plan, --resident-experts: pairs of the primary, a helper, the peer and a stage left in the file, "
+        "the CPU pool's 4 in RAM: %s", got);
+#undef SHOW
+}
+
+/* A small Q8_0 model (tiny preset, expert FFN 512) written to `path` and loaded. */
+static int small_model(const char *fixtures, char *path, struct st_model **m) {
+  char vocab_path[4096];
+  snprintf(vocab_path, sizeof vocab_path, "%s/tokenizer/vocab-qwen3.gguf", fixtures);
+  struct st_mkmodel_config cfg;
+  struct st_mkmodel_vocab vocab;
+  int fd = mkstemp(path);
+  if (fd < 0) return st_set_error(ST_EIO, "mkstemp");
+  close(fd);
+  int rc = st_mkmodel_preset("tiny", &cfg);
+  if (!rc) rc = st_mkmodel_vocab_load(vocab_path, &vocab);
+  if (rc) return rc;
+  cfg.n_ff_exp = 512;
+  cfg.type = ST_TYPE_Q8_0;
+  cfg.progress = 0;
+  rc = st_mkmodel_write(&cfg, &vocab, path, NULL);
+  st_mkmodel_vocab_free(&vocab);
+  return rc ? rc : st_model_load(path, m);
+}
+
+/* The arena's layout and "through the source" reads, without StarPU: every other pair kept. The
+ * mapping's expert pages are released while copying; reading them again must give the same bytes. */
+static void test_arena_layout(const struct st_model *m) {
+  const uint32_t L = m->hp.n_layer, E = m->hp.n_expert;
+  uint8_t *keep = malloc((size_t)L * E);
+  for (size_t i = 0; i < (size_t)L * E; i++) keep[i] = i % 2 == 0;
+  struct st_host_arena a;
+  const struct st_host_arena_conf conf = {.off = 0, .pin_gib = -1, .memavailable_gib = -1};
+  int rc = st_host_arena_create(&a, m, keep, 1, &conf, 0);
+  int in_arena = 1, aligned = 1, same = 1, left_in_file = 1, streamable = 0;
+  for (uint32_t l = 0; !rc && l < L; l++)
+    for (uint32_t x = 0; x < E; x++)
+      for (int i = 0; i < 3; i++) {
+        const struct st_layer *Ly = &m->layers[l];
+        const struct st_weight *w = i == 0 ? &Ly->gate_exps : i == 1 ? &Ly->up_exps : &Ly->down_exps;
+        const uint8_t *p = st_host_arena_src(&a, m, l, x, i);
+        if (keep[(size_t)l * E + x]) {
+          in_arena &= p >= a.base && p + st_expert_bytes(w) <= a.base + a.bytes;
+          aligned &= (uintptr_t)p % 64 == 0;
+        } else {
+          left_in_file &= p == (const uint8_t *)st_expert_ptr(w, x);
+        }
+        same &= !memcmp(p, st_expert_ptr(w, x), st_expert_bytes(w));
+        streamable += st_host_arena_streamable(&a, l, x);
+      }
+  CHECK(!rc && a.n_copied == L * E / 2 && a.n_left == L * E / 2 && a.bytes == st_host_arena_size(m, keep) && in_arena &&
+            aligned && left_in_file && same && streamable == 0,
+        "arena layout: %u pairs copied (%.1f KiB, 64-byte aligned matrices), %u read from the file, bytes equal to the "
+        "mapping after its pages were released, none streamable unpinned%s%s",
+        a.n_copied, a.bytes / 1024.0, a.n_left, rc ? ": " : "", rc ? st_last_error() : "");
+  st_host_arena_free(&a);
+  CHECK(st_host_arena_streamable(NULL, 0, 0) == 1, "no arena (STRATA_HOST_ARENA=0): the prompt path may stream as before");
+  free(keep);
+}
+
+/* Greedy ids and every prompt position's logits of one engine configuration. */
+static int run_greedy(struct st_model *m, int resident, const int32_t *prompt, int n, float *logits, int32_t *gen,
+                      int n_gen, char *arena_line, size_t len) {
+  struct st_engine *e = NULL;
+  struct st_engine_opts o;
+  st_engine_opts_init(&o);
+  o.n_ctx = 128;
+  o.prefill = 16;
+  o.resident_experts = resident;
+  int rc = st_engine_create(m, &o, &e);
+  if (!rc) {
+    snprintf(arena_line, len, "%u pairs in RAM, %u in the file", e->arena.n_copied, e->arena.n_left);
+    rc = st_engine_eval(e, prompt, n, logits, 1);
+  }
+  const int V = (int)m->hp.n_vocab;
+  int32_t tok = rc ? 0 : st_argmax(logits + (size_t)(n - 1) * V, V);
+  float *last = malloc(sizeof(float) * V);
+  for (int i = 0; i < n_gen && !rc; i++) {
+    gen[i] = tok;
+    rc = st_engine_eval(e, &tok, 1, last, 0);
+    tok = st_argmax(last, V);
+  }
+  free(last);
+  st_engine_destroy(e);
+  return rc;
+}
+
+/* The exactness gate on CPU: the default arena, --resident-experts (which keeps everything here,
+ * no GPU cache owns a pair) and the mmap-only engine (STRATA_HOST_ARENA=0) give bitwise identical
+ * logits and the same greedy ids; and the RAM check refuses with the GiB and the flag. */
+static void test_arena_exact(struct st_model *m) {
+  enum { N = 24, G = 12 };
+  int32_t ids[N], gen[3][G];
+  for (int i = 0; i < N; i++) ids[i] = 500 + (i * 53) % 6000;
+  const size_t V = m->hp.n_vocab;
+  float *lg[3];
+  char line[3][96];
+  const char *names[3] = {"mmap only", "arena", "--resident-experts"};
+  int rc = 0;
+  for (int c = 0; c < 3 && !rc; c++) {
+    lg[c] = malloc(sizeof(float) * V * N);
+    if (c == 0) setenv("STRATA_HOST_ARENA", "0", 1);
+    rc = run_greedy(m, c == 2, ids, N, lg[c], gen[c], G, line[c], sizeof line[c]);
+    unsetenv("STRATA_HOST_ARENA");
+  }
+  if (rc) {
+    CHECK(0, "arena exactness: %s", st_last_error());
+  } else {
+    for (int c = 1; c < 3; c++)
+      CHECK(!memcmp(lg[0], lg[c], sizeof(float) * V * N) && !memcmp(gen[0], gen[c], sizeof gen[0]),
+            "%s (%s) vs mmap only: %d positions x %zu logits bitwise identical, %d greedy ids identical (first %d %d %d)",
+            names[c], line[c], N, V, G, gen[c][0], gen[c][1], gen[c][2]);
+  }
+  for (int c = 0; c < 3; c++) free(lg[c]);
+
+  setenv("STRATA_MEMAVAILABLE_GIB", "0.0001", 1);
+  struct st_engine *e = NULL;
+  struct st_engine_opts o;
+  st_engine_opts_init(&o);
+  o.n_ctx = 64;
+  rc = st_engine_create(m, &o, &e);
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", st_last_error());
+  st_engine_destroy(e);
+  CHECK(rc == ST_ENOMEM && strstr(msg, "GiB of RAM for 64 expert pairs and 0.00 GiB are available") &&
+            strstr(msg, "--resident-experts lowers it"),
+        "arena RAM refusal: %s", msg);
+  o.resident_experts = 1;
+  e = NULL;
+  rc = st_engine_create(m, &o, &e);
+  snprintf(msg, sizeof msg, "%s", st_last_error());
+  st_engine_destroy(e);
+  CHECK(rc == ST_ENOMEM && strstr(msg, "a larger --expert-cache"), "arena RAM refusal, resident: %s", msg);
+  unsetenv("STRATA_MEMAVAILABLE_GIB");
+}
+
+static void test_arena(const char *fixtures) {
+  char path[] = "/tmp/strata-test-arena-XXXXXX";
+  struct st_model *m = NULL;
+  int rc = small_model(fixtures, path, &m);
+  if (rc) {
+    CHECK(0, "arena: model: %s", st_last_error());
+  } else {
+    test_arena_layout(m);
+    test_arena_exact(m);
+  }
+  st_model_free(m);
+  unlink(path);
 }
 
 int main(void) {
   const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
   test_profile();
   test_plan();
+  test_arena_plan();
   test_ff_split(fx);
   test_partial_sums(fx);
+  test_arena(fx);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }

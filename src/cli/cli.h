@@ -51,6 +51,9 @@ double st_cuda_copy_bandwidth(size_t bytes);
  * `threads` CPU threads and, when there is a GPU, on CUDA, against bandwidths measured in the run. */
 int st_kernel_bench(int threads, int json);
 
+/* The process's peak resident memory so far (getrusage ru_maxrss), GiB; 0 when unknown. */
+double st_peak_rss_gib(void);
+
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);
 

@@ -255,8 +255,8 @@ int st_cmd_bench(int argc, char **argv) {
              n++ ? "," : "", on->depth, off->tokens / off->seconds, on->tokens / on->seconds,
              off->seconds / on->seconds * on->tokens / off->tokens, dense_us(off), dense_us(on));
     }
-    printf("], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f}\n", bw_host / 1e9,
-           bw_gpu / 1e9, pair_b);
+    printf("], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f, \"peak_rss_gib\": %.3f}\n",
+           bw_host / 1e9, bw_gpu / 1e9, pair_b, st_peak_rss_gib());
   } else if (!rc) {
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
@@ -294,6 +294,7 @@ int st_cmd_bench(int argc, char **argv) {
       st_engine_tier_report(e, &res[i].delta, NULL, tiers, sizeof tiers);
       printf("  %s %ld: %s\n", res[i].test, res[i].test[0] == 'p' ? res[i].tokens : res[i].depth, tiers);
     }
+    printf("peak resident memory %.2f GiB\n", st_peak_rss_gib());
   }
 #undef ROOFLINE
   if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());

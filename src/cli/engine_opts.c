@@ -12,7 +12,7 @@
 enum {
   OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE,
   OPT_STREAM, OPT_HELPER1, OPT_HELPER2, OPT_HELPER3, OPT_PLACEMENT, OPT_REMOTE_PLACEMENT, OPT_REMOTE_OPT, OPT_PEER,
-  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS
+  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS, OPT_RESIDENT
 };
 
 static const struct option engine_longopts[] = {
@@ -38,6 +38,7 @@ static const struct option engine_longopts[] = {
     {"peer-prefill-rows", required_argument, 0, OPT_PEER_PREFILL},
     {"layer-split", required_argument, 0, OPT_LAYER_SPLIT},
     {"cuda-graphs", required_argument, 0, OPT_GRAPHS},
+    {"resident-experts", no_argument, 0, OPT_RESIDENT},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -130,6 +131,7 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     eo->adapt_interval = (int)v;
     return 1;
   case OPT_TRACE: eo->trace_dir = arg; return 1;
+  case OPT_RESIDENT: eo->resident_experts = 1; return 1;
   case OPT_STREAM:
     if (strcmp(arg, "auto") && strcmp(arg, "off"))
       return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
@@ -197,6 +199,9 @@ void st_engine_opts_help(FILE *f) {
           "      --cuda-graphs on|off  decode steps: capture each dense task's kernels on CUDA0 (attention,\n"
           "                         attn_output, router, combine, head) as a CUDA graph and replay it; same\n"
           "                         logits either way; no effect without a GPU (default off; bench: also both)\n"
+          "      --resident-experts low-RAM mode: the expert pairs the GPU caches hold stay out of the host expert\n"
+          "                         arena (the CPU pool's RAM copy); refills read them from the file (default off:\n"
+          "                         every pair is copied to RAM)\n"
 
           "  second-GPU tiers (doc/tiers.md):\n"
           "      --expert-cache-device1..3 N|auto  helper caches: N expert pairs on the 1st..3rd visible GPU after\n"

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli/cli.h"
 #include "common.h"
@@ -116,6 +117,12 @@ int st_parse_ids(const char *s, int32_t **ids, size_t *n) {
   *ids = v;
   *n = m;
   return 0;
+}
+
+double st_peak_rss_gib(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru)) return 0;
+  return ru.ru_maxrss / 1048576.0; /* Linux: KiB */
 }
 
 void st_print_ids(FILE *f, const int32_t *ids, size_t n) {

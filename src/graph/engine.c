@@ -325,6 +325,39 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
   return rc;
 }
 
+/* The host expert arena (tiers/arena.h), once the GPU caches are filled: every pair, or with
+ * --resident-experts the CPU pool's, copied into RAM; later refills read through it. */
+static int setup_host_arena(struct st_engine *e, const struct st_engine_opts *o, const struct st_host_arena_conf *conf) {
+  if (conf->off) {
+    fprintf(stderr, "strata: host expert arena: off (STRATA_HOST_ARENA=0): the CPU pool reads the mapped file\n");
+    return 0;
+  }
+  const size_t n_pairs = (size_t)e->hp.n_layer * e->hp.n_expert;
+  uint8_t *keep = malloc(n_pairs);
+  if (!keep) return st_set_error(ST_ENOMEM, "out of memory planning the host expert arena");
+  st_host_arena_plan(e->placement.tier, n_pairs, o->resident_experts, keep);
+  const int can_pin = starpu_cuda_worker_get_count() > 0;
+  int rc = st_host_arena_create(&e->arena, e->model, keep, o->resident_experts, conf, can_pin);
+  free(keep);
+  if (!rc) e->placement.arena = &e->arena;
+  return rc;
+}
+
+/* One handle per matrix of every pair, home in main RAM over its source: the arena's copy, or the
+ * mapping for a pair left in the file. A pair's source never changes (swaps copy from it and
+ * leave it in place), so the handles stay registered until st_engine_destroy. */
+static void register_expert_handles(struct st_engine *e) {
+  for (uint32_t l = 0; l < e->hp.n_layer; l++) {
+    const struct st_layer *L = &e->model->layers[l];
+    const struct st_weight *w[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+    for (uint32_t x = 0; x < e->hp.n_expert; x++) {
+      starpu_data_handle_t *he = e->h_expert + ((size_t)l * e->hp.n_expert + x) * 3;
+      for (int i = 0; i < 3; i++)
+        he[i] = reg(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
+    }
+  }
+}
+
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
   *out = NULL;
   struct st_engine *e = calloc(1, sizeof *e);
@@ -377,6 +410,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     setenv("STARPU_FXT_TRACE", "1", 1);
   } else {
     setenv("STARPU_FXT_TRACE", "0", 0);
+  }
+  /* the host expert arena's switches (STRATA_HOST_ARENA, STRATA_ARENA_PIN_GIB) */
+  struct st_host_arena_conf arena_conf;
+  if ((rc = st_host_arena_conf_from_env(&arena_conf))) {
+    st_engine_destroy(e);
+    return rc;
   }
   /* the second-GPU switches, read once here (doc/tuning.md) */
   const char *env_primary = getenv("STRATA_PRIMARY_DEVICE");
@@ -431,6 +470,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   (void)cublas_rows;
 #endif
   rc = st_placement_init(&e->placement, hp->n_layer, hp->n_expert, primary_device);
+  e->placement.release_source = !arena_conf.off; /* the arena, not the mapping, backs the CPU pool */
   /* Dense work on the CPU is sliced so that every CPU worker gets a share; a GPU takes it whole
    * (a slice there would only add task overhead). The slicing depends on the device kind only. */
   if (e->placement.cuda0_worker >= 0) {
@@ -468,12 +508,6 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
-    for (uint32_t x = 0; x < hp->n_expert; x++) {
-      starpu_data_handle_t *he = e->h_expert + ((size_t)l * hp->n_expert + x) * 3;
-      he[0] = reg(st_expert_ptr(&L->gate_exps, x), L->gate_exps.ne[1], L->gate_exps.row_bytes);
-      he[1] = reg(st_expert_ptr(&L->up_exps, x), L->up_exps.ne[1], L->up_exps.row_bytes);
-      he[2] = reg(st_expert_ptr(&L->down_exps, x), L->down_exps.ne[1], L->down_exps.row_bytes);
-    }
     for (uint32_t g = 0; g < hp->n_head_kv; g++)
       for (int c = 0; c < 2; c++) {
         const size_t i = ((size_t)l * hp->n_head_kv + g) * 2 + c;
@@ -481,6 +515,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       }
   }
   if (!rc) rc = setup_tiers(e, o);
+  if (!rc) rc = setup_host_arena(e, o, &arena_conf);
+  if (!rc) register_expert_handles(e);
   if (!rc) rc = make_names(e);
   if (!rc && o->trace_dir) rc = st_recorder_open(o->trace_dir, &e->rec);
   if (rc) {
@@ -513,6 +549,7 @@ void st_engine_destroy(struct st_engine *e) {
     for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_head_kv * 2; i++)
       if (e->h_kv[i]) starpu_data_unregister(e->h_kv[i]);
     st_placement_free(&e->placement);
+    st_host_arena_free(&e->arena); /* unpinned while CUDA is up */
     starpu_shutdown();
   }
   free(e->kv);
@@ -797,7 +834,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
         outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
         starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
         struct st_target tgt = st_placement_expert_target(pl, ST_TIER_CPU_POOL);
-        if (e->prompt_stream && T > 1) tgt.where |= STARPU_CUDA;
+        if (e->prompt_stream && T > 1 && st_host_arena_streamable(&e->arena, l, (uint32_t)x)) tgt.where |= STARPU_CUDA;
         rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->expert_names[(size_t)l * E + x]);
         e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
         e->stats.tasks++;

@@ -9,6 +9,7 @@
 
 #include "codelets/codelets.h"
 #include "io/model.h"
+#include "tiers/arena.h"
 #include "tiers/placement.h"
 
 struct st_recorder;
@@ -37,6 +38,8 @@ struct st_engine_opts {
   int layer_split;            /* --layer-split auto: consecutive layers on consecutive GPUs */
   int cuda_graphs;            /* --cuda-graphs: ST_CUDA_GRAPHS_OFF (0, the default), _ON, or _BOTH
                                  (strata bench only: the engine starts with them on) */
+  int resident_experts;       /* --resident-experts: the pairs GPU caches hold at start stay out of
+                                 the host expert arena (tiers/arena.h) */
 };
 #define ST_CACHE_AUTO (-1)
 enum { ST_CUDA_GRAPHS_OFF = 0, ST_CUDA_GRAPHS_ON, ST_CUDA_GRAPHS_BOTH };
@@ -69,12 +72,14 @@ struct st_engine {
   int attn_groups_per_task;      /* GQA groups per attention task */
   int ff_parts;                  /* FFN slices per CPU-pool expert (STRATA_FF_SLICE) */
   struct st_placement placement;
+  struct st_host_arena arena; /* the CPU pool's RAM copy of the experts (inactive: STRATA_HOST_ARENA=0) */
   struct st_engine_stats stats;
 
   /* weights, registered once read-only with their home in main RAM */
   starpu_data_handle_t h_output_norm, h_output;
   starpu_data_handle_t *h_layer;   /* [n_layer][9]: attn_norm wq wk wv wo q_norm k_norm ffn_norm router */
-  starpu_data_handle_t *h_expert;  /* [n_layer][n_expert][3]: gate up down */
+  starpu_data_handle_t *h_expert;  /* [n_layer][n_expert][3]: gate up down, over the host expert
+                                      arena's copy of the pair, or over the mapping when it has none */
   float *kv;                       /* [n_layer][n_head_kv][2][n_ctx][head_dim] */
   starpu_data_handle_t *h_kv;      /* [n_layer][n_head_kv][2] */
 
@@ -104,9 +109,11 @@ struct st_engine {
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
 int st_engine_ctx_size(const struct st_hparams *hp, int requested);
 
-/* Starts StarPU (honouring STARPU_* environment variables) and registers the model's weights
- * and a KV cache. Errors: ST_ERUNTIME if StarPU cannot start or has no worker, ST_ENOMEM.
- * *out is owned: st_engine_destroy() (which also shuts StarPU down). */
+/* Starts StarPU (honouring STARPU_* environment variables), registers the model's weights and a
+ * KV cache, fills the GPU expert caches, then copies the CPU pool's experts into the host expert
+ * arena (tiers/arena.h) and registers their handles there. Errors: ST_ERUNTIME if StarPU cannot
+ * start or has no worker; ST_ENOMEM, also when MemAvailable cannot hold the arena (the message
+ * names the GiB and --resident-experts); ST_EINVAL on a bad STRATA_* value. *out is owned: st_engine_destroy() (which also shuts StarPU down). */
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out);
 void st_engine_destroy(struct st_engine *e);
 

@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "io/model.h"
+#include "tiers/arena.h"
 
 int st_cuda_worker_of_device(int device) {
   const unsigned n = starpu_worker_get_count();
@@ -121,14 +122,15 @@ static int load_slot(struct st_placement *p, int ci, const struct st_model *m, i
   uintptr_t dst = c->dev + c->slot_off[slot];
   for (int i = 0; i < 3; i++) {
     const uint64_t bytes = st_expert_bytes(w[i]);
-    int rc = starpu_interface_copy((uintptr_t)st_expert_ptr(w[i], expert), 0, STARPU_MAIN_RAM, dst, 0, c->node,
-                                   bytes, NULL);
+    const void *src = st_host_arena_src(p->arena, m, layer, expert, i);
+    int rc = starpu_interface_copy((uintptr_t)src, 0, STARPU_MAIN_RAM, dst, 0, c->node, bytes, NULL);
     if (rc) return st_set_error(ST_ERUNTIME, "copying expert (%u, %u) to %s failed (%d)", layer, expert, c->name, rc);
     starpu_vector_data_register(&c->h[(size_t)slot * 3 + i], (int)c->node, dst, (uint32_t)w[i]->ne[1],
                                 (size_t)w[i]->row_bytes);
     dst += bytes;
     c->bytes_uploaded += bytes;
   }
+  if (p->release_source) st_host_arena_release_pair(p->arena, m, layer, expert);
   c->slot_pair[slot] = pair;
   p->slot[pair] = slot;
   p->tier[pair] = (uint8_t)(1 + ci);

@@ -17,6 +17,7 @@
 
 struct st_model;
 struct st_profile;
+struct st_host_arena;
 
 #define ST_MAX_CACHES 8 /* the primary and 3 helpers, or the primary and a peer, or 8 split stages */
 
@@ -65,6 +66,10 @@ struct st_placement {
   uint8_t *layer_stage; /* [n_layer] the cache (stage) whose device runs the layer's dense work */
   int cuda0_worker;     /* the primary's StarPU worker, -1 when StarPU has no CUDA worker */
   unsigned cuda0_node;
+  /* where a cache reads a pair it loads (tiers/arena.h): "through the source", the host expert
+   * arena when it holds the pair, the mapped file otherwise; NULL = the mapped file */
+  const struct st_host_arena *arena;
+  int release_source;   /* after loading a pair from the mapped file, release its pages there */
 };
 
 /* Every pair on the CPU pool; dense work on the primary device when StarPU has a CUDA worker
@@ -105,7 +110,7 @@ uint64_t st_pair_bytes(const struct st_model *m);
 uint64_t st_pair_bytes_aligned(const struct st_model *m, uint32_t layer);
 
 /* Fills cache `c` with the pairs listed in `pairs` (n of them, layer * n_expert + expert, in
- * fill order), copying their weights to its device, and marks them as owned by it. Adaptive
+ * fill order), copying their weights to its device (from p->arena or the mapping), and marks them as owned by it. Adaptive
  * caches (all roles but helpers) get slots of st_pair_bytes each. Refuses with ST_ENOMEM, naming
  * the GiB needed and available, when the slots would leave less than `keep_free` bytes free on
  * the device (the seeds: each helper keeps 512 MiB). Prints a progress line on long fills.

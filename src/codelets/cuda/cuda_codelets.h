@@ -45,6 +45,12 @@ int st_cuda_device_count(void);
  * with the reason in why[len]. Call before StarPU starts; leaves peer access disabled. */
 int st_cuda_p2p_check(int a, int b, char *why, size_t len);
 
+/* Registers (pins) the host range [p, p + n) with CUDA for every device (cudaHostRegister,
+ * portable): 1, or 0 with CUDA's reason in why[len]. st_cuda_host_unregister undoes it. Used by
+ * the host expert arena (tiers/arena.c) after StarPU has started. */
+int st_cuda_host_register(void *p, size_t n, char *why, size_t len);
+void st_cuda_host_unregister(void *p);
+
 /* ---- graph.cu: CUDA Graphs for the dense codelets on the decode path ----------------------
  * A graph key (> 0) names one task site of a step (a layer's attention, attention output,
  * router or combine; the output head), st_*_args.graph_key. The executable graphs are cached per

@@ -72,3 +72,17 @@ extern "C" int st_cuda_p2p_check(int a, int b, char *why, size_t len) {
   cudaSetDevice(0);
   return ok;
 }
+
+// The host expert arena's registration (tiers/arena.c): portable, so every device's copies of a
+// pinned layer use DMA, not the driver's staging buffer.
+extern "C" int st_cuda_host_register(void *p, size_t n, char *why, size_t len) {
+  const cudaError_t err = cudaHostRegister(p, n, cudaHostRegisterPortable);
+  if (err == cudaSuccess) return 1;
+  snprintf(why, len, "%s", cudaGetErrorString(err));
+  (void)cudaGetLastError();
+  return 0;
+}
+
+extern "C" void st_cuda_host_unregister(void *p) {
+  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
