@@ -231,6 +231,8 @@ static void test_partial_sums(const char *fixtures) {
   free(sums);
   st_engine_destroy(e);
   st_model_free(m);
+}
+
 /* The host expert arena's plan on a fake owner table of 2 layers x 4 experts: owners 0 (the CPU
  * pool), 1 (primary), 2 (helper), 3 (peer), 4 (a split stage). */
 static void test_arena_plan(void) {
