@@ -56,9 +56,11 @@ run arena X=1 --
 run resident X=1 -- --resident-experts
 same mmap arena
 same mmap resident
-run arena_adapt X=1 -- --adapt-swaps 16 --adapt-interval 8
-run resident_adapt X=1 -- --resident-experts --adapt-swaps 16 --adapt-interval 8
-same arena_adapt resident_adapt
+if [ "${ADAPT:-1}" = 1 ]; then # ADAPT=0 skips the two adaptive runs
+  run arena_adapt X=1 -- --adapt-swaps 16 --adapt-interval 8
+  run resident_adapt X=1 -- --resident-experts --adapt-swaps 16 --adapt-interval 8
+  same arena_adapt resident_adapt
+fi
 timeout 120 env STRATA_MEMAVAILABLE_GIB=20 "$S" generate -m $M -p hi -n 1 >/dev/null 2>"$out/refuse.err"
 rows+=("refusal with STRATA_MEMAVAILABLE_GIB=20: exit $? '$(tail -n 1 "$out/refuse.err")'")
 echo "===== summary (arena, qwen3-30b-a3b Q8_0, --expert-cache 4000, $N greedy tokens)"
