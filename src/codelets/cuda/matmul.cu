@@ -1,7 +1,10 @@
 // Float32 matrix products over dequantised weights (common.cuh): a warp per output row, each
 // lane striding over the row, TT activation rows per warp so a weight row is read once per TT
-// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run.
+// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run. Q4_K, Q6_K,
+// Q8_0, Q5_K, IQ4_XS and Q4_0 go to the kernels specialised on their blocks (mmv.cuh); the other
+// block formats decode one weight at a time through st_dev_weight.
 #include "codelets/cuda/common.cuh"
+#include "codelets/cuda/mmv.cuh"
 
 #define TT 8
 #define GENERIC 1000u /* any other block format: st_dev_weight's runtime switch */
@@ -99,6 +102,10 @@ void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0
                     cudaStream_t stream) {
   const int64_t nrows = r1 - r0;
   if (nrows <= 0 || T <= 0) return;
+  if (mmv_matmul(type, (const uint8_t *)W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, stream)) {
+    ST_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const dim3 block(32, 8), grid((unsigned)((nrows + 7) / 8), (unsigned)((T + TT - 1) / TT));
   const uint8_t *w = (const uint8_t *)W;
   switch (type) {
@@ -115,6 +122,10 @@ void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_gro
                             int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
                             const float *scale, float *out, cudaStream_t stream) {
   if (n_groups <= 0 || max_rows <= 0) return;
+  if (mmv_grouped(type, row_bytes, groups_dev, n_groups, max_rows, n_out, x, n, scale, out, stream)) {
+    ST_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const dim3 block(32, 8), grid((unsigned)((n_out + 7) / 8), (unsigned)((max_rows + TT - 1) / TT), (unsigned)n_groups);
   switch (type) {
   case ST_TYPE_F32: grouped_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
