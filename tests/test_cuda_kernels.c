@@ -2,7 +2,9 @@
  * strata computes, on random blocks (scales kept finite). Two independent implementations of
  * ggml's layouts (quant.c decodes whole blocks, the CUDA decoder one element at a time) must
  * agree. Then the matrix products: the float32 kernels and the prompt path's cuBLAS GEMM
- * against the CPU's. Skipped (exit 77) without a CUDA device or a CUDA build. */
+ * against the CPU's, and the decode kernels specialised on a block format (mmv.cuh), plain and
+ * grouped, against the CPU's and against themselves in other batches (bitwise). Skipped (exit 77)
+ * without a CUDA device or a CUDA build. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,11 @@
 #include <cuda_runtime.h>
 
 #include "codelets/cuda/cuda_codelets.h"
+
+/* matmul.cu: st_cuda_grouped_matmul on host data (expert g: weights W[g], n_rows[g] consecutive
+ * rows of x), for this test. 0, or -1 on a CUDA error. */
+int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows,
+                         int64_t n_out, const float *x, int64_t n, const float *scale, float *out);
 #endif
 
 int main(void) {
@@ -114,6 +121,121 @@ int main(void) {
     free(want);
     free(got);
     free(ker);
+  }
+  /* The decode kernels specialised on a block format (mmv.cuh), used for any number of tokens by
+   * the plain product and by the grouped expert product. 37 rows (not a multiple of the 8 rows of
+   * a thread block nor of a warp's 2), a row of 1280 weights (a chunk of 1024 and a partial one;
+   * 1312 for the 32-weight blocks, whose last chunk then ends inside a warp step), rows whose
+   * bytes are not 16-byte aligned for Q6_K, IQ4_XS, Q8_0 and Q4_0. Against the CPU's product at
+   * T = 1, 3 and 8 (error measured against sum_j |w_j x_j|, as above); then bitwise: each token
+   * alone (T = 1) gives the bits it gets inside the T = 8 batch, and a second launch repeats them. */
+  static const uint32_t mmv_types[] = {ST_TYPE_Q4_K, ST_TYPE_Q6_K, ST_TYPE_Q8_0,
+                                       ST_TYPE_Q5_K, ST_TYPE_IQ4_XS, ST_TYPE_Q4_0};
+  for (size_t k = 0; k < sizeof mmv_types / sizeof mmv_types[0]; k++) {
+    enum { R = 37, TM = 8 };
+    const uint32_t t = mmv_types[k];
+    const char *name = st_type_info(t)->name;
+    const int K = st_type_info(t)->blck_size == 32 ? 1312 : 1280;
+    const uint64_t rb = st_row_bytes(t, K);
+    uint8_t *w = malloc(rb * R);
+    float *wf = malloc(sizeof(float) * R * K), *x = malloc(sizeof(float) * TM * K);
+    float *mag = malloc(sizeof(float) * TM * R), *want = malloc(sizeof(float) * TM * R);
+    float *got = malloc(sizeof(float) * TM * R), *again = malloc(sizeof(float) * TM * R);
+    float *one = malloc(sizeof(float) * R);
+    tu_random_row(t, w, (int64_t)R * K, &rng);
+    st_dequantize_row(t, w, wf, (int64_t)R * K);
+    for (int i = 0; i < TM * K; i++) x[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+    st_matmul(t, w, rb, 0, R, x, K, TM, K, want, R);
+    for (int tt = 0; tt < TM; tt++)
+      for (int r = 0; r < R; r++) {
+        double m = 0;
+        for (int j = 0; j < K; j++) m += fabs((double)wf[(size_t)r * K + j] * x[(size_t)tt * K + j]);
+        mag[tt * R + r] = (float)m;
+      }
+    for (int T = 1; T <= TM; T = T == 1 ? 3 : T + 5) {
+      int ok = st_cuda_matmul_rows(t, w, rb, R, x, T, K, got) == 0;
+      double worst = 0;
+      for (int i = 0; ok && i < T * R; i++) {
+        worst = fmax(worst, fabs((double)got[i] - want[i]) / ((double)mag[i] + 1e-30));
+        ok &= isfinite(got[i]);
+      }
+      ok &= worst <= 1e-5;
+      printf("%s %s: specialised decode kernel vs CPU, %d rows x %d tokens of %d, max |Δ| / sum|w x| %.2e (≤ 1e-5)\n",
+             ok ? "PASS" : "FAIL", name, R, T, K, worst);
+      ok ? pass++ : fail++;
+    }
+    /* got now holds the T = 8 batch */
+    const int repeat = st_cuda_matmul_rows(t, w, rb, R, x, TM, K, again) == 0 &&
+                       !memcmp(got, again, sizeof(float) * TM * R);
+    int differ = -1;
+    for (int tt = 0; differ < 0 && tt < TM; tt++)
+      if (st_cuda_matmul_rows(t, w, rb, R, x + (size_t)tt * K, 1, K, one) != 0 ||
+          memcmp(one, got + (size_t)tt * R, sizeof(float) * R))
+        differ = tt;
+    const int same = repeat && differ < 0;
+    printf("%s %s: each of %d tokens alone (T = 1) bitwise equal to its row of the T = 8 batch (first token that "
+           "differs: %d); a second T = 8 launch %s\n",
+           same ? "PASS" : "FAIL", name, TM, differ, repeat ? "repeats its bits" : "DIFFERS");
+    same ? pass++ : fail++;
+
+    /* The grouped expert product: three experts (the rows of w rotated) with 1, 8 and 3 activation
+     * rows and a routing weight per row, against the CPU (times the weight); then expert 1 launched
+     * alone, and each of its rows alone, give the bits of the 3-expert launch. */
+    enum { G = 3, NA = 12 };
+    const int32_t nrows[G] = {1, 8, 3}, row0[G] = {0, 1, 9}, one_row = 1;
+    const void *ws[G];
+    uint8_t *wg = malloc(rb * R * G);
+    for (int g = 0; g < G; g++) {
+      for (int r = 0; r < R; r++) memcpy(wg + rb * (size_t)(g * R + r), w + rb * (size_t)((r + 5 * g) % R), rb);
+      ws[g] = wg + rb * (size_t)g * R;
+    }
+    float *xa = malloc(sizeof(float) * NA * K), *sc = malloc(sizeof(float) * NA);
+    float *gout = malloc(sizeof(float) * NA * R), *gwant = malloc(sizeof(float) * NA * R);
+    float *alone = malloc(sizeof(float) * NA * R);
+    for (int i = 0; i < NA * K; i++) xa[i] = (float)((i * 104729) % 200 - 100) / 100.0f;
+    for (int i = 0; i < NA; i++) sc[i] = 0.25f + 0.0625f * (float)i;
+    int ok = st_cuda_grouped_rows(t, ws, rb, G, nrows, R, xa, K, sc, gout) == 0;
+    double worst = 0;
+    for (int g = 0; ok && g < G; g++) {
+      st_matmul(t, ws[g], rb, 0, R, xa + (size_t)row0[g] * K, K, nrows[g], K, gwant + (size_t)row0[g] * R, R);
+      for (int a = row0[g]; a < row0[g] + nrows[g]; a++)
+        for (int r = 0; r < R; r++) {
+          const float *wr = wf + (size_t)((r + 5 * g) % R) * K;
+          double m = 0;
+          for (int j = 0; j < K; j++) m += fabs((double)wr[j] * xa[(size_t)a * K + j]);
+          const double d = fabs((double)gout[a * R + r] - (double)gwant[a * R + r] * sc[a]);
+          worst = fmax(worst, d / (m * sc[a] + 1e-30));
+          ok &= isfinite(gout[a * R + r]);
+        }
+    }
+    ok &= worst <= 1e-5;
+    printf("%s %s: grouped decode kernel (3 experts of 1, 8, 3 rows, routing weights) vs CPU, %d rows of %d, "
+           "max |Δ| / sum|w x| %.2e (≤ 1e-5)\n",
+           ok ? "PASS" : "FAIL", name, R, K, worst);
+    ok ? pass++ : fail++;
+    int bits = st_cuda_grouped_rows(t, &ws[1], rb, 1, &nrows[1], R, xa + (size_t)row0[1] * K, K, sc + row0[1],
+                                    alone) == 0 &&
+               !memcmp(alone, gout + (size_t)row0[1] * R, sizeof(float) * (size_t)nrows[1] * R);
+    for (int a = row0[1]; bits && a < row0[1] + nrows[1]; a++)
+      bits = st_cuda_grouped_rows(t, &ws[1], rb, 1, &one_row, R, xa + (size_t)a * K, K, sc + a, alone) == 0 &&
+             !memcmp(alone, gout + (size_t)a * R, sizeof(float) * R);
+    printf("%s %s: grouped kernel, expert 1 alone and each of its rows alone bitwise equal to the 3-expert launch\n",
+           bits ? "PASS" : "FAIL", name);
+    bits ? pass++ : fail++;
+    free(wg);
+    free(xa);
+    free(sc);
+    free(gout);
+    free(gwant);
+    free(alone);
+    free(w);
+    free(wf);
+    free(x);
+    free(mag);
+    free(want);
+    free(got);
+    free(again);
+    free(one);
   }
   printf("test_cuda_kernels: %d passed, %d failed\n", pass, fail);
   return fail ? 1 : 0;

@@ -1,7 +1,10 @@
 // Float32 matrix products over dequantised weights (common.cuh): a warp per output row, each
 // lane striding over the row, TT activation rows per warp so a weight row is read once per TT
-// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run.
+// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run. Q4_K, Q6_K,
+// Q8_0, Q5_K, IQ4_XS and Q4_0 go to the kernels specialised on their blocks (mmv.cuh); the other
+// block formats decode one weight at a time through st_dev_weight.
 #include "codelets/cuda/common.cuh"
+#include "codelets/cuda/mmv.cuh"
 
 #define TT 8
 #define GENERIC 1000u /* any other block format: st_dev_weight's runtime switch */
@@ -99,6 +102,10 @@ void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0
                     cudaStream_t stream) {
   const int64_t nrows = r1 - r0;
   if (nrows <= 0 || T <= 0) return;
+  if (mmv_matmul(type, (const uint8_t *)W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, stream)) {
+    ST_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const dim3 block(32, 8), grid((unsigned)((nrows + 7) / 8), (unsigned)((T + TT - 1) / TT));
   const uint8_t *w = (const uint8_t *)W;
   switch (type) {
@@ -115,6 +122,10 @@ void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_gro
                             int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
                             const float *scale, float *out, cudaStream_t stream) {
   if (n_groups <= 0 || max_rows <= 0) return;
+  if (mmv_grouped(type, row_bytes, groups_dev, n_groups, max_rows, n_out, x, n, scale, out, stream)) {
+    ST_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const dim3 block(32, 8), grid((unsigned)((n_out + 7) / 8), (unsigned)((max_rows + TT - 1) / TT), (unsigned)n_groups);
   switch (type) {
   case ST_TYPE_F32: grouped_kernel<ST_TYPE_F32><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out, type); break;
@@ -201,6 +212,45 @@ extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_by
   cudaFree(dx);
   cudaFree(dout);
   return err == cudaSuccess ? 0 : -1;
+}
+
+// For tests (declared in tests/test_cuda_kernels.c): st_cuda_grouped_matmul on host data, expert g
+// with weights W[g] (n_out rows) and n_rows[g] consecutive activation rows of x ([sum][n]), out
+// [sum][n_out], scale per activation row (may be NULL). 0, or -1 on a CUDA error.
+extern "C" int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups,
+                                    const int32_t *n_rows, int64_t n_out, const float *x, int64_t n,
+                                    const float *scale, float *out) {
+  st_cuda_group *desc = (st_cuda_group *)calloc((size_t)n_groups, sizeof *desc), *ddesc = NULL;
+  float *dx = NULL, *dscale = NULL, *dout = NULL;
+  int rows = 0, max_rows = 0, ok = desc != NULL;
+  for (int g = 0; g < n_groups; g++) {
+    max_rows = n_rows[g] > max_rows ? n_rows[g] : max_rows;
+    rows += n_rows[g];
+  }
+  const size_t wb = row_bytes * (size_t)n_out;
+  for (int g = 0, row0 = 0; ok && g < n_groups; row0 += n_rows[g], g++) {
+    void *dw = NULL;
+    ok = cudaMalloc(&dw, wb) == cudaSuccess && cudaMemcpy(dw, W[g], wb, cudaMemcpyHostToDevice) == cudaSuccess;
+    desc[g] = st_cuda_group{(const uint8_t *)dw, row0, n_rows[g]};
+  }
+  ok = ok && cudaMalloc(&ddesc, sizeof *desc * (size_t)n_groups) == cudaSuccess &&
+       cudaMalloc(&dx, sizeof(float) * (size_t)rows * (size_t)n) == cudaSuccess &&
+       cudaMalloc(&dscale, sizeof(float) * (size_t)rows) == cudaSuccess &&
+       cudaMalloc(&dout, sizeof(float) * (size_t)rows * (size_t)n_out) == cudaSuccess;
+  if (ok) {
+    cudaMemcpy(ddesc, desc, sizeof *desc * (size_t)n_groups, cudaMemcpyHostToDevice);
+    cudaMemcpy(dx, x, sizeof(float) * (size_t)rows * (size_t)n, cudaMemcpyHostToDevice);
+    if (scale) cudaMemcpy(dscale, scale, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice);
+    st_cuda_grouped_matmul(type, row_bytes, ddesc, n_groups, max_rows, n_out, dx, n, scale ? dscale : NULL, dout, 0);
+    ok = cudaMemcpy(out, dout, sizeof(float) * (size_t)rows * (size_t)n_out, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  for (int g = 0; desc && g < n_groups; g++) cudaFree((void *)desc[g].W);
+  free(desc);
+  cudaFree(ddesc);
+  cudaFree(dx);
+  cudaFree(dscale);
+  cudaFree(dout);
+  return ok ? 0 : -1;
 }
 
 extern "C" double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps) {

@@ -1,0 +1,386 @@
+// Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS and
+// Q4_0 weight rows times up to 8 float32 token rows, for matmul.cu's plain and grouped products.
+// A warp takes two weight rows and walks them in chunks of 1024 weights: it copies a chunk's
+// packed bytes of both rows into shared memory with 16-byte loads (consecutive lanes, consecutive
+// segments), then lane l decodes the scales of the chunk's 32-weight sub-block l once, and in 8
+// steps every lane decodes 4 consecutive weights (chunk offsets 128 k + 4 l, the sub-block's scales
+// fetched by a shuffle) and multiplies them with one float4 of each token row, read by the warp as
+// 512 contiguous bytes and used for both weight rows. Quants become floats exactly through the
+// mantissa of 2^23 (a byte permute and an add; an integer conversion runs at a quarter of the FMA
+// rate). Each (row, token) sum is a per-lane fma chain in a fixed order, then st_warp_sum: a
+// token's result depends neither on the other tokens of the launch nor on the other rows or
+// experts, and repeats bit for bit.
+#pragma once
+
+#include "codelets/cuda/common.cuh"
+
+#define MMV_CH 1024 /* weights of a row per chunk: 32 lanes x 32 */
+#define MMV_NR 2    /* weight rows per warp, sharing every activation load */
+#define MMV_WARPS 4 /* warps per thread block */
+#define MMV_TT 8    /* token rows per warp */
+/* __launch_bounds__(128, 6): at most 80 registers (no spills on sm_90), 24 warps per SM to keep
+ * the loads of many chunks in flight. */
+
+// Block geometry (quant.h): QK weights in BS bytes; ALIGN, the alignment the decoder's loads from
+// a block need (4: 32-bit reads of its fields; 2: 16-bit reads); MIN: a second per-sub-block value
+// (the K-quants' mins, Q6_K's second 16-weight scale).
+template <uint32_t TYPE> struct mmv_format;
+template <> struct mmv_format<ST_TYPE_Q8_0> {
+  enum { QK = 32, BS = 34, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_Q4_0> {
+  enum { QK = 32, BS = 18, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_Q4_K> {
+  enum { QK = 256, BS = 144, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_Q5_K> {
+  enum { QK = 256, BS = 176, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_Q6_K> {
+  enum { QK = 256, BS = 210, ALIGN = 2, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ4_XS> {
+  enum { QK = 256, BS = 136, ALIGN = 4, MIN = 0 };
+};
+
+// 16-byte segments of one row's staged chunk: its bytes plus a misaligned start.
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_segs() {
+  return (MMV_CH / mmv_format<TYPE>::QK * mmv_format<TYPE>::BS + 15) / 16 + 1;
+}
+
+__host__ __device__ __forceinline__ float mmv_as_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// Byte J of q as a float minus `bias`, exactly: the byte becomes the low mantissa of 2^23.
+template <int J> __host__ __device__ __forceinline__ float mmv_byte(uint32_t q, float bias) {
+#ifdef __CUDA_ARCH__
+  const uint32_t m = __byte_perm(q, 0x4B000000u, 0x7540u | J);
+#else
+  const uint32_t m = 0x4B000000u | ((q >> (8 * J)) & 0xFFu);
+#endif
+  return mmv_as_float(m) - (8388608.0f + bias);
+}
+
+__host__ __device__ __forceinline__ float mmv_f16(const uint8_t *p) {
+  return __half2float(__ushort_as_half(*(const uint16_t *)p));
+}
+__host__ __device__ __forceinline__ uint32_t mmv_u32(const uint8_t *p) {
+  return *(const uint32_t *)p;
+}
+__host__ __device__ __forceinline__ uint32_t mmv_u32_a2(const uint8_t *p) { // 2-byte aligned
+  const uint16_t *h = (const uint16_t *)p;
+  return h[0] | (uint32_t)h[1] << 16;
+}
+
+// The scales of sub-block l (weights 32 l .. 32 l + 31) of a chunk whose first block is at ch:
+// weight = s0 * q (Q8_0, Q4_0, IQ4_XS with q its table value), s0 * q - s1 (Q4_K, Q5_K), s0 * q
+// for the first 16 weights and s1 * q for the last 16 (Q6_K); as st_dev_weight computes them.
+template <uint32_t TYPE>
+__host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, float &s0, float &s1) {
+  constexpr int BS = mmv_format<TYPE>::BS;
+  s1 = 0.0f;
+  if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0) {
+    s0 = mmv_f16(ch + l * BS);
+  } else if constexpr (TYPE == ST_TYPE_Q4_K || TYPE == ST_TYPE_Q5_K) {
+    const uint8_t *b = ch + (l >> 3) * BS, *sc = b + 4;
+    const int is = l & 7;
+    int s, m;
+    if (is < 4) {
+      s = sc[is] & 63;
+      m = sc[is + 4] & 63;
+    } else {
+      s = (sc[is + 4] & 0xF) | ((sc[is - 4] >> 6) << 4);
+      m = (sc[is + 4] >> 4) | ((sc[is] >> 6) << 4);
+    }
+    s0 = mmv_f16(b) * (float)s;
+    s1 = mmv_f16(b + 2) * (float)m;
+  } else if constexpr (TYPE == ST_TYPE_Q6_K) {
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const int8_t *sc = (const int8_t *)(b + 192) + 2 * (l & 7);
+    const float d = mmv_f16(b + 208);
+    s0 = d * (float)sc[0];
+    s1 = d * (float)sc[1];
+  } else { // IQ4_XS
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const int ib = l & 7, sh = b[2] | b[3] << 8;
+    const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+    s0 = mmv_f16(b) * (float)(ls - 32);
+  }
+}
+
+// Weights o .. o + 3 of the chunk at ch (o a multiple of 4), with their sub-block's scales.
+// kv: IQ4_XS's value table as floats.
+template <uint32_t TYPE>
+__host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, float s0, float s1,
+                                                      const float *kv, float w[4]) {
+  constexpr int BS = mmv_format<TYPE>::BS;
+  if constexpr (TYPE == ST_TYPE_Q8_0) {
+    const uint32_t q = mmv_u32_a2(ch + (o >> 5) * BS + 2 + (o & 31)) ^ 0x80808080u; // int8 + 128
+    w[0] = s0 * mmv_byte<0>(q, 128.0f);
+    w[1] = s0 * mmv_byte<1>(q, 128.0f);
+    w[2] = s0 * mmv_byte<2>(q, 128.0f);
+    w[3] = s0 * mmv_byte<3>(q, 128.0f);
+  } else if constexpr (TYPE == ST_TYPE_Q4_0) {
+    const int j = o & 31; // weights 0..15: low nibbles of qs[0..15]; 16..31: high nibbles
+    const uint32_t q = (mmv_u32_a2(ch + (o >> 5) * BS + 2 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+    w[0] = s0 * mmv_byte<0>(q, 8.0f);
+    w[1] = s0 * mmv_byte<1>(q, 8.0f);
+    w[2] = s0 * mmv_byte<2>(q, 8.0f);
+    w[3] = s0 * mmv_byte<3>(q, 8.0f);
+  } else if constexpr (TYPE == ST_TYPE_Q4_K || TYPE == ST_TYPE_Q5_K) {
+    // qs[32 (r / 64) + r % 32]: low nibble for the first 32 of each 64 weights, high for the next
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255;
+    const int qoff = TYPE == ST_TYPE_Q4_K ? 16 : 48;
+    uint32_t q = (mmv_u32(b + qoff + 32 * (r >> 6) + (r & 31)) >> ((r & 32) >> 3)) & 0x0F0F0F0Fu;
+    if constexpr (TYPE == ST_TYPE_Q5_K) q |= ((mmv_u32(b + 16 + (r & 31)) >> (r >> 5)) & 0x01010101u) << 4;
+    w[0] = fmaf(s0, mmv_byte<0>(q, 0.0f), -s1);
+    w[1] = fmaf(s0, mmv_byte<1>(q, 0.0f), -s1);
+    w[2] = fmaf(s0, mmv_byte<2>(q, 0.0f), -s1);
+    w[3] = fmaf(s0, mmv_byte<3>(q, 0.0f), -s1);
+  } else if constexpr (TYPE == ST_TYPE_Q6_K) {
+    // per 128 weights: ql[64] (quarters 0/1 low nibbles of ql[0..31]/ql[32..63], 2/3 high), qh[32]
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, h = r >> 7, quarter = (r >> 5) & 3, l = r & 31;
+    const uint32_t ql = mmv_u32_a2(b + 64 * h + 32 * (quarter & 1) + l),
+                   qh = mmv_u32_a2(b + 128 + 32 * h + l);
+    const uint32_t q =
+        ((ql >> (4 * (quarter >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * quarter)) & 0x03030303u) << 4);
+    const float s = l < 16 ? s0 : s1;
+    w[0] = s * mmv_byte<0>(q, 32.0f);
+    w[1] = s * mmv_byte<1>(q, 32.0f);
+    w[2] = s * mmv_byte<2>(q, 32.0f);
+    w[3] = s * mmv_byte<3>(q, 32.0f);
+  } else { // IQ4_XS: per 32 weights 16 bytes of qs, laid out as Q4_0's
+    const int r = o & 255, j = r & 31;
+    const uint32_t q =
+        (mmv_u32(ch + (o >> 8) * BS + 8 + 16 * (r >> 5) + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+    w[0] = s0 * kv[q & 15];
+    w[1] = s0 * kv[(q >> 8) & 15];
+    w[2] = s0 * kv[(q >> 16) & 15];
+    w[3] = s0 * kv[q >> 24];
+  }
+  (void)s1;
+  (void)kv;
+}
+
+#ifdef __CUDACC__
+// Copies `len` bytes (even) at each row's src (2-byte aligned) into its buffer so that byte i
+// lands at (src & 15) + i: the 16-byte segments inside the range with one 16-byte load each
+// (all of them issued before the stores), the partial segments at its two ends 2 bytes at a time.
+template <int SEGS>
+__device__ __forceinline__ void mmv_stage(uint4 (*buf)[SEGS], const uint8_t *const *src, int len, int lane) {
+  constexpr int PER = (SEGS + 31) / 32;
+  uint4 v[MMV_NR][PER];
+#pragma unroll
+  for (int r = 0; r < MMV_NR; r++) {
+    const int a = (int)((uintptr_t)src[r] & 15);
+    const uint8_t *base = src[r] - a;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+      const int s = lane + 32 * j;
+      if (16 * s >= a && 16 * s + 16 <= a + len) v[r][j] = __ldcs((const uint4 *)(base + 16 * s));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MMV_NR; r++) {
+    const int a = (int)((uintptr_t)src[r] & 15);
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+      const int s = lane + 32 * j;
+      if (16 * s >= a && 16 * s + 16 <= a + len) buf[r][s] = v[r][j];
+    }
+    if (lane < 2) { // lane 0: the first segment, lane 1: the last one, when partial
+      const int s = lane == 0 ? 0 : (a + len - 1) >> 4;
+      if ((lane == 0 || s > 0) && (16 * s < a || 16 * s + 16 > a + len)) {
+        const uint8_t *base = src[r] - a;
+        uint16_t *dst = (uint16_t *)buf[r];
+        for (int i = max(16 * s, a); i < min(16 * s + 16, a + len); i += 2)
+          dst[i / 2] = *(const uint16_t *)(base + i);
+      }
+    }
+  }
+}
+
+// acc[r][t] = dot(row w[r], x[t * ldx .. + n]) for r < MMV_NR, t < nt (the same in every lane);
+// buf: this warp's staging buffers.
+template <uint32_t TYPE>
+__device__ __forceinline__ void mmv_rows(const uint8_t *const *w, const float *x, int64_t ldx, int nt,
+                                         int64_t n, float (*acc)[MMV_TT], uint4 (*buf)[mmv_segs<TYPE>()],
+                                         const float *kv) {
+  constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS;
+  const int lane = threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < MMV_NR; r++)
+#pragma unroll
+    for (int t = 0; t < MMV_TT; t++)
+      acc[r][t] = 0.0f;
+  for (int64_t c0 = 0; c0 < n; c0 += MMV_CH) {
+    const int nw = (int)min((int64_t)MMV_CH, n - c0);
+    const uint8_t *src[MMV_NR], *ch[MMV_NR];
+    float s0[MMV_NR], s1[MMV_NR];
+#pragma unroll
+    for (int r = 0; r < MMV_NR; r++)
+      src[r] = w[r] + c0 / QK * BS;
+    __syncwarp(); // every lane is done with the previous chunk
+    mmv_stage<mmv_segs<TYPE>()>(buf, src, nw / QK * BS, lane);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < MMV_NR; r++) {
+      ch[r] = (const uint8_t *)buf[r] + ((uintptr_t)src[r] & 15);
+      s0[r] = s1[r] = 0.0f;
+      if (32 * lane < nw) mmv_scales<TYPE>(ch[r], lane, s0[r], s1[r]);
+    }
+#pragma unroll
+    for (int k = 0; k < MMV_CH / 128; k++) {
+      const int o = 128 * k + 4 * lane, sb = 4 * k + (lane >> 3);
+      float wv[MMV_NR][4];
+#pragma unroll
+      for (int r = 0; r < MMV_NR; r++) {
+        const float a0 = __shfl_sync(0xffffffffu, s0[r], sb);
+        const float a1 = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1[r], sb) : 0.0f;
+        if (o < nw) mmv_weights4<TYPE>(ch[r], o, a0, a1, kv, wv[r]);
+      }
+      if (o < nw)
+#pragma unroll
+        for (int t = 0; t < MMV_TT; t++)
+          if (t < nt) {
+            const float4 v = __ldg((const float4 *)(x + t * ldx + c0 + o));
+#pragma unroll
+            for (int r = 0; r < MMV_NR; r++)
+              acc[r][t] = fmaf(wv[r][0], v.x,
+                               fmaf(wv[r][1], v.y, fmaf(wv[r][2], v.z, fmaf(wv[r][3], v.w, acc[r][t]))));
+          }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MMV_NR; r++)
+#pragma unroll
+    for (int t = 0; t < MMV_TT; t++)
+      if (t < nt) acc[r][t] = st_warp_sum(acc[r][t]);
+}
+
+// IQ4_XS's value table as floats in shared memory (before any thread leaves the block).
+template <uint32_t TYPE> __device__ __forceinline__ void mmv_table(float *kv) {
+  if constexpr (TYPE == ST_TYPE_IQ4_XS) {
+    const int i = threadIdx.y * 32 + threadIdx.x;
+    if (i < 16) kv[i] = (float)st_dev_kvalues_iq4nl[i];
+    __syncthreads();
+  }
+}
+
+// st_cuda_matmul's product: warp y of block x takes rows MMV_NR (MMV_WARPS x + y) + [0, MMV_NR)
+// (the last row repeated past nrows, not written), block y the token rows MMV_TT y + [0, MMV_TT).
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(32 * MMV_WARPS, 6)
+    mmv_matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows, const float *x,
+                      int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
+  __shared__ uint4 stage[MMV_WARPS][MMV_NR][mmv_segs<TYPE>()];
+  __shared__ float kv[16];
+  mmv_table<TYPE>(kv);
+  const int64_t rw = ((int64_t)blockIdx.x * MMV_WARPS + threadIdx.y) * MMV_NR,
+                t0 = (int64_t)blockIdx.y * MMV_TT;
+  if (rw >= nrows) return;
+  const int nt = (int)min((int64_t)MMV_TT, T - t0);
+  const uint8_t *w[MMV_NR];
+#pragma unroll
+  for (int r = 0; r < MMV_NR; r++)
+    w[r] = W + (uint64_t)(r0 + min(rw + r, nrows - 1)) * row_bytes;
+  float acc[MMV_NR][MMV_TT];
+  mmv_rows<TYPE>(w, x + t0 * ldx, ldx, nt, n, acc, stage[threadIdx.y], kv);
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int r = 0; r < MMV_NR; r++)
+#pragma unroll
+      for (int t = 0; t < MMV_TT; t++)
+        if (rw + r < nrows && t < nt) out[(t0 + t) * ldo + rw + r] = acc[r][t];
+}
+
+// st_cuda_grouped_matmul's product, the same per group (blockIdx.z) and scaled as it is written.
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(32 * MMV_WARPS, 6)
+    mmv_grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out, const float *x,
+                       int64_t n, const float *scale, float *out) {
+  __shared__ uint4 stage[MMV_WARPS][MMV_NR][mmv_segs<TYPE>()];
+  __shared__ float kv[16];
+  mmv_table<TYPE>(kv);
+  const st_cuda_group g = groups[blockIdx.z];
+  const int64_t rw = ((int64_t)blockIdx.x * MMV_WARPS + threadIdx.y) * MMV_NR,
+                t0 = (int64_t)blockIdx.y * MMV_TT;
+  if (rw >= n_out || t0 >= g.n_rows) return;
+  const int nt = (int)min((int64_t)MMV_TT, (int64_t)g.n_rows - t0);
+  const int64_t row0 = g.row0 + t0;
+  const uint8_t *w[MMV_NR];
+#pragma unroll
+  for (int r = 0; r < MMV_NR; r++)
+    w[r] = g.W + (uint64_t)min(rw + r, n_out - 1) * row_bytes;
+  float acc[MMV_NR][MMV_TT];
+  mmv_rows<TYPE>(w, x + row0 * n, n, nt, n, acc, stage[threadIdx.y], kv);
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int r = 0; r < MMV_NR; r++)
+#pragma unroll
+      for (int t = 0; t < MMV_TT; t++)
+        if (rw + r < n_out && t < nt)
+          out[(row0 + t) * n_out + rw + r] = scale ? acc[r][t] * scale[row0 + t] : acc[r][t];
+}
+
+// Whether `type` has a specialised kernel usable here: n whole blocks, weights (and every row)
+// aligned for its loads, activation rows 16-byte aligned and 4-float strided.
+template <uint32_t TYPE>
+static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t ldx, int64_t n) {
+  constexpr int A = mmv_format<TYPE>::ALIGN;
+  return n % mmv_format<TYPE>::QK == 0 && (uintptr_t)W % A == 0 && row_bytes % A == 0 &&
+         ((uintptr_t)x & 15) == 0 && (ldx & 3) == 0;
+}
+
+#define MMV_TYPES(X)                                                                                         \
+  X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)
+
+// st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
+static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
+                       const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
+                       cudaStream_t stream) {
+  const dim3 block(32, MMV_WARPS);
+  const dim3 grid((unsigned)((nrows + MMV_WARPS * MMV_NR - 1) / (MMV_WARPS * MMV_NR)),
+                  (unsigned)((T + MMV_TT - 1) / MMV_TT));
+  switch (type) {
+#define MMV_CASE(TY)                                                                                         \
+  case TY:                                                                                                   \
+    if (!mmv_fits<TY>(row_bytes, W + r0 * row_bytes, x, ldx, n)) return false;                               \
+    mmv_matmul_kernel<TY><<<grid, block, 0, stream>>>(W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo);      \
+    return true;
+    MMV_TYPES(MMV_CASE)
+#undef MMV_CASE
+  default: return false;
+  }
+}
+
+// st_cuda_grouped_matmul through a specialised kernel, or false. The groups' weights are device
+// allocations plus whole rows or blocks (expert_rows.cu), so aligned as their blocks are.
+static bool mmv_grouped(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev, int n_groups,
+                        int max_rows, int64_t n_out, const float *x, int64_t n, const float *scale,
+                        float *out, cudaStream_t stream) {
+  const dim3 block(32, MMV_WARPS);
+  const dim3 grid((unsigned)((n_out + MMV_WARPS * MMV_NR - 1) / (MMV_WARPS * MMV_NR)),
+                  (unsigned)((max_rows + MMV_TT - 1) / MMV_TT), (unsigned)n_groups);
+  switch (type) {
+#define MMV_CASE(TY)                                                                                         \
+  case TY:                                                                                                   \
+    if (!mmv_fits<TY>(row_bytes, NULL, x, n, n)) return false;                                               \
+    mmv_grouped_kernel<TY><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out);      \
+    return true;
+    MMV_TYPES(MMV_CASE)
+#undef MMV_CASE
+  default: return false;
+  }
+}
+#endif
