@@ -14,6 +14,7 @@ rows=()
 timeout 60 "$C/tests/test_cuda_kernels" > "$out/kernels.log" 2>&1
 rows+=("test_cuda_kernels: $(tail -n 1 "$out/kernels.log")")
 grep -E "^FAIL" "$out/kernels.log" | head -n 10
+mkdir -p /tmp/gc /tmp/ar
 OUT=/tmp/gc timeout "${GC_CAP:-150}" scripts/gpu-check.sh > "$out/gpu-check.log" 2>&1
 rows+=("gpu-check.sh: exit $?")
 sed -n '/===== summary/,$p' "$out/gpu-check.log" | tail -n +2 | while read -r l; do echo "  $l"; done > "$out/gc-summary.txt"
