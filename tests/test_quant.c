@@ -281,7 +281,15 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
   for (int i = 0; i < T * n; i++) x[i] = (float)urand();
   const uint64_t rb = st_row_bytes(type, (uint64_t)n), qb = st_q8_row_bytes(type, n);
   uint8_t *xq = malloc(qb * (size_t)T);
+  const int top_q = st_dot_force_isa(2);
+  st_dot_force_isa(0);
   st_quantize_act(type, x, n, T, n, xq);
+  uint8_t *xq_top = malloc(qb * (size_t)T);
+  st_dot_force_isa(top_q);
+  st_quantize_act(type, x, n, T, n, xq_top);
+  CHECK(memcmp(xq, xq_top, qb * (size_t)T) == 0, "int8 %s n=%d: activation quantisation, %s code bitwise equal to scalar (%d rows)",
+        st_type_info(type)->name, n, st_dot_isa(), T);
+  free(xq_top);
   for (int t = 0; t < T; t++) st_dequantize_act(type, xq + qb * (size_t)t, xd + (size_t)t * n, n);
   double worst = 0, worst_f = 0, se = 0, ss = 0;
   for (int t = 0; t < T; t++)

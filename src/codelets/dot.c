@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -886,20 +887,79 @@ uint64_t st_q8_row_bytes(uint32_t type, int64_t n) {
   return 0;
 }
 
-/* d = max|x| / 127 and the quants round(x / d), clamped to ±127 (never -128: the sign trick of
- * the SIMD kernels negates activation quants). */
+/* d = max|x| / 127 and the quants round(x / d) (to nearest, ties to even, by the float magic-number
+ * add of ggml's nearest_int: no libm call), within ±127 (never -128: the SIMD kernels' sign
+ * trick negates activation quants). */
 static float quantize_block(const float *x, int n, int8_t *q) {
   float amax = 0.0f;
-  for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+  for (int i = 0; i < n; i++) {
+    const float a = fabsf(x[i]);
+    amax = a > amax ? a : amax;
+  }
   const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
   for (int i = 0; i < n; i++) {
-    const float v = roundf(x[i] * id);
-    q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
+    const float v = x[i] * id + 12582912.0f; /* 1.5 * 2^23: the integer lands in the low mantissa bits */
+    int32_t bits;
+    memcpy(&bits, &v, 4);
+    const int32_t r = (bits & 0x007fffff) - 0x00400000;
+    q[i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
   }
   return d;
 }
 
+static inline AVX2 int32_t hsum_epi32_avx2(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+/* quantize_block with AVX2, n a multiple of 32: the same operations (max of |x|, one multiply,
+ * the magic-number add, the clamp) lane by lane, so the same bits. */
+static AVX2 float quantize_block_avx2(const float *x, int n, int8_t *q) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float amax = _mm_cvtss_f32(h);
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id), magic = _mm256_set1_ps(12582912.0f);
+  const __m256i mant = _mm256_set1_epi32(0x007fffff), off = _mm256_set1_epi32(0x00400000);
+  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+  for (int i = 0; i < n; i += 32) {
+    __m256i r[4];
+    for (int k = 0; k < 4; k++) {
+      const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), vid), magic);
+      r[k] = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), off);
+      r[k] = _mm256_max_epi32(_mm256_min_epi32(r[k], hi), lo);
+    }
+    /* pack 32 int32 to 32 int8 (values within ±127: no saturation), then undo the lane interleave */
+    const __m256i p16a = _mm256_packs_epi32(r[0], r[1]), p16b = _mm256_packs_epi32(r[2], r[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  return d;
+}
+
+static void bsums_scalar(const int8_t *q, int16_t *out) {
+  for (int k = 0; k < 16; k++) {
+    int s = 0;
+    for (int j = 0; j < 16; j++) s += q[16 * k + j];
+    out[k] = (int16_t)s;
+  }
+}
+
+static AVX2 void bsums_avx2(const int8_t *q, int16_t *out) {
+  for (int k = 0; k < 16; k++)
+    out[k] = (int16_t)hsum_epi32_avx2(
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * k))), _mm256_set1_epi16(1)));
+}
+
 void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, void *xq) {
+  float (*quant)(const float *, int, int8_t *) = level() >= 1 ? quantize_block_avx2 : quantize_block;
+  void (*bsums)(const int8_t *, int16_t *) = level() >= 1 ? bsums_avx2 : bsums_scalar;
   const uint64_t rb = st_q8_row_bytes(type, n);
   ST_ASSERT(rb > 0);
   for (int64_t t = 0; t < T; t++) {
@@ -907,16 +967,12 @@ void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int6
     uint8_t *row = (uint8_t *)xq + (uint64_t)t * rb;
     if (q8_family(type) == 1) {
       st_act_q8_0 *b = (st_act_q8_0 *)(void *)row;
-      for (int64_t i = 0; i < n / 32; i++) b[i].d = quantize_block(xt + 32 * i, 32, b[i].qs);
+      for (int64_t i = 0; i < n / 32; i++) b[i].d = quant(xt + 32 * i, 32, b[i].qs);
     } else {
       st_act_q8_K *b = (st_act_q8_K *)(void *)row;
       for (int64_t i = 0; i < n / 256; i++) {
-        b[i].d = quantize_block(xt + 256 * i, 256, b[i].qs);
-        for (int k = 0; k < 16; k++) {
-          int s = 0;
-          for (int j = 0; j < 16; j++) s += b[i].qs[16 * k + j];
-          b[i].bsums[k] = (int16_t)s;
-        }
+        b[i].d = quant(xt + 256 * i, 256, b[i].qs);
+        bsums(b[i].qs, b[i].bsums);
       }
     }
   }
@@ -944,43 +1000,47 @@ static inline float q8_reduce16(const float *a) {
   return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* The per-16 scales and mins of a K super-block as integers, and its fp16 scales.
- * Q4_K/Q5_K: 6-bit scales and mins unpacked as ggml's vec_dot_q4_K does (utmp masks). */
+/* The 6-bit scales and mins of a Q4_K/Q5_K block as 16 bytes (scales 0..7, then mins 0..7),
+ * unpacked as ggml's vec_dot_q4_K does (utmp masks). */
+static inline void k45_unpack(const uint8_t *packed, uint8_t *sm) {
+  uint32_t u[4];
+  memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+  u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  u[2] = mins_lo;
+  u[0] &= 0x3f3f3f3f;
+  memcpy(sm, u, 16);
+}
+
+/* The per-16 integer scales and mins of a K super-block and its float scales (scalar path). */
 struct kscales {
-  uint16_t d, dmin; /* fp16; dmin 0 when the format has no min */
-  int16_t sc[16];   /* scale of weights 16k .. 16k + 15 */
-  int16_t mv[16];   /* Q4_K/Q5_K: min per 16; Q6_K: 32 * sc (the offset); IQ4_XS: 0 */
+  float d, dmin;  /* dmin 0 when the format has no min */
+  int16_t sc[16]; /* scale of weights 16k .. 16k + 15 */
+  int16_t mv[16]; /* Q4_K/Q5_K: min per 16; Q6_K: 32 * sc (the offset); IQ4_XS: 0 */
 };
 
 static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k) {
+  uint16_t dh, mh = 0;
+  memcpy(&dh, type == ST_TYPE_Q6_K ? bb + offsetof(st_block_q6_K, d) : bb, 2);
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
-    uint32_t u[4];
-    memcpy(&k->d, bb, 2);
-    memcpy(&k->dmin, bb + 2, 2);
-    memcpy(u, bb + 4, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-    const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
-    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-    u[2] = mins_lo;
-    u[0] &= 0x3f3f3f3f;
-    uint8_t sm[16]; /* scales 0..7, mins 0..7 */
-    memcpy(sm, u, 16);
+    memcpy(&mh, bb + 2, 2);
+    uint8_t sm[16];
+    k45_unpack(bb + 4, sm);
     for (int j = 0; j < 8; j++) {
       k->sc[2 * j] = k->sc[2 * j + 1] = sm[j];
       k->mv[2 * j] = k->mv[2 * j + 1] = sm[8 + j];
     }
   } else if (type == ST_TYPE_Q6_K) {
     const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
-    k->d = b->d;
-    k->dmin = 0;
     for (int j = 0; j < 16; j++) k->sc[j] = b->scales[j], k->mv[j] = (int16_t)(32 * b->scales[j]);
   } else { /* IQ4_XS */
     const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
-    k->d = b->d;
-    k->dmin = 0;
     for (int j = 0; j < 8; j++) k->sc[2 * j] = k->sc[2 * j + 1] = (int16_t)iq4_xs_sub_scale(b, j);
     memset(k->mv, 0, sizeof k->mv);
   }
+  k->d = st_fp16_to_f32(dh);
+  k->dmin = st_fp16_to_f32(mh);
 }
 
 static inline uint64_t k_bytes(uint32_t type) {
@@ -993,9 +1053,9 @@ static inline uint64_t k_bytes(uint32_t type) {
 }
 
 /* The float step of one super-block (the same in every ISA): Q6_K's offset is already in S. */
-static inline float k_accumulate(uint32_t type, const struct kscales *k, float dx, int32_t S, int32_t M, float acc) {
-  acc = fmaf(dx * st_fp16_to_f32(k->d), (float)S, acc);
-  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) acc = fmaf(-(dx * st_fp16_to_f32(k->dmin)), (float)M, acc);
+static inline float k_accumulate(uint32_t type, float d, float dmin, float dx, int32_t S, int32_t M, float acc) {
+  acc = fmaf(dx * d, (float)S, acc);
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) acc = fmaf(-(dx * dmin), (float)M, acc);
   return acc;
 }
 
@@ -1083,7 +1143,7 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
         M += k.mv[g] * x[b].bsums[g];
       }
       if (type == ST_TYPE_Q6_K) S -= M;
-      acc = k_accumulate(type, &k, x[b].d, S, M, acc);
+      acc = k_accumulate(type, k.d, k.dmin, x[b].d, S, M, acc);
     }
     out[t * ldo] = acc;
   }
@@ -1103,13 +1163,6 @@ static inline AVX2 __m256i b32_quants_avx2(uint32_t type, const uint8_t *bb) {
     hi = _mm_shuffle_epi8(kv, hi);
   }
   return _mm256_set_m128i(hi, lo);
-}
-
-static inline AVX2 int32_t hsum_epi32_avx2(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
 }
 
 static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uint32_t type, const void *w,
@@ -1134,6 +1187,42 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uin
     }
   }
   for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t], acc[ST_TILE + t]));
+}
+
+/* A K super-block's scales in registers: the int16 scale of each 16 weights (sc16), the min (or
+ * Q6_K offset) term per 16 as kscales.mv (mv16), and the float scales. */
+struct kvec {
+  __m256i sc16, mv16;
+  float d, dmin;
+};
+
+static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_t type, const uint8_t *bb) {
+  struct kvec k;
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    uint16_t dh, mh;
+    memcpy(&dh, bb, 2);
+    memcpy(&mh, bb + 2, 2);
+    uint8_t sm[16];
+    k45_unpack(bb + 4, sm);
+    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    k.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
+    k.mv16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+    k.d = _cvtsh_ss(dh), k.dmin = _cvtsh_ss(mh);
+  } else if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    k.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    k.mv16 = _mm256_slli_epi16(k.sc16, 5);
+    k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
+  } else { /* IQ4_XS */
+    const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+    const __m128i v = _mm_setr_epi16((short)iq4_xs_sub_scale(b, 0), (short)iq4_xs_sub_scale(b, 1), (short)iq4_xs_sub_scale(b, 2),
+                                     (short)iq4_xs_sub_scale(b, 3), (short)iq4_xs_sub_scale(b, 4), (short)iq4_xs_sub_scale(b, 5),
+                                     (short)iq4_xs_sub_scale(b, 6), (short)iq4_xs_sub_scale(b, 7));
+    k.sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+    k.mv16 = _mm256_setzero_si256();
+    k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
+  }
+  return k;
 }
 
 /* Group g (weights 32g .. 32g + 31) of a K super-block as 32 bytes in weight order: unsigned
@@ -1170,15 +1259,21 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
                                                                           int64_t ldo) {
   float acc[ST_TILE] = {0};
   const uint64_t bs = k_bytes(type);
+  /* byte shuffles that spread the scales of group g (int16 entries 2g, 2g + 1 of sc16, in the
+   * 128-bit half g / 4) over the 16-weight halves of the group */
+  __m256i spread[4];
+  for (int i = 0; i < 4; i++)
+    spread[i] = _mm256_set_m128i(_mm_set1_epi16((short)((4 * i + 3) << 8 | (4 * i + 2))),
+                                 _mm_set1_epi16((short)((4 * i + 1) << 8 | (4 * i))));
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
-    struct kscales k;
-    k_scales(type, bb, &k);
+    const struct kvec k = k_vec_avx2(type, bb);
     __m256i is[ST_TILE];
     for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; g++) {
       const __m256i v = k_group_avx2(type, bb, g);
-      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(k.sc[2 * g + 1]), _mm_set1_epi16(k.sc[2 * g]));
+      const __m128i half = g < 4 ? _mm256_castsi256_si128(k.sc16) : _mm256_extracti128_si256(k.sc16, 1);
+      const __m256i sc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(half), spread[g % 4]);
       const __m256i av = type == ST_TYPE_IQ4_XS ? _mm256_abs_epi8(v) : v;
       for (int t = 0; t < nt; t++) {
         const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
@@ -1187,13 +1282,17 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
         is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
       }
     }
-    const __m256i mv = _mm256_loadu_si256((const __m256i *)k.mv);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      int32_t S = hsum_epi32_avx2(is[t]), M = 0;
-      if (type != ST_TYPE_IQ4_XS) M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), mv));
-      if (type == ST_TYPE_Q6_K) S -= M;
-      acc[t] = k_accumulate(type, &k, x->d, S, M, acc[t]);
+      int32_t S, M = 0;
+      if (type == ST_TYPE_Q6_K) {
+        S = hsum_epi32_avx2(_mm256_sub_epi32(is[t], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16)));
+      } else {
+        S = hsum_epi32_avx2(is[t]);
+        if (type != ST_TYPE_IQ4_XS)
+          M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
+      }
+      acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
     }
   }
   for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
@@ -1280,16 +1379,19 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
   float acc[ST_TILE] = {0};
   const uint64_t bs = k_bytes(type);
   const __m512i zero = _mm512_setzero_si512();
+  /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
+   * 4c + i / 8 of sc16 */
+  const __m512i entry = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
-    struct kscales k;
-    k_scales(type, bb, &k);
+    const struct kvec k = k_vec_avx2(type, bb);
+    const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
     __m512i is[ST_TILE];
     for (int t = 0; t < nt; t++) is[t] = zero;
     for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
       const __m512i v = cat256(k_group_avx2(type, bb, 2 * c), k_group_avx2(type, bb, 2 * c + 1));
-      const __m512i sc = cat256(_mm256_set_m128i(_mm_set1_epi16(k.sc[4 * c + 1]), _mm_set1_epi16(k.sc[4 * c])),
-                                _mm256_set_m128i(_mm_set1_epi16(k.sc[4 * c + 3]), _mm_set1_epi16(k.sc[4 * c + 2])));
+      const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
       const __m512i av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
       const __mmask64 neg = type == ST_TYPE_IQ4_XS ? _mm512_movepi8_mask(v) : 0;
       for (int t = 0; t < nt; t++) {
@@ -1299,13 +1401,13 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
         is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
       }
     }
-    const __m256i mv = _mm256_loadu_si256((const __m256i *)k.mv);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       int32_t S = _mm512_reduce_add_epi32(is[t]), M = 0;
-      if (type != ST_TYPE_IQ4_XS) M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), mv));
+      if (type != ST_TYPE_IQ4_XS)
+        M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
       if (type == ST_TYPE_Q6_K) S -= M;
-      acc[t] = k_accumulate(type, &k, x->d, S, M, acc[t]);
+      acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
     }
   }
   for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
