@@ -222,6 +222,8 @@ int main(int argc, char **argv) {
     if (have_profile) unlink(profile);
     /* STRATA_INT8_DOT=1 on the CPU pool, where the experts' type has integer kernels */
     if (st_q8_row_bytes(m->layers[0].gate_exps.type, (int64_t)m->hp.n_embd) > 0) {
+      const char *ncuda = getenv("STARPU_NCUDA");
+      char *ncuda_was = ncuda ? strdup(ncuda) : NULL;
       setenv("STRATA_INT8_DOT", "1", 1);
       setenv("STARPU_NCUDA", "0", 1);
       struct st_engine *e = NULL;
@@ -239,7 +241,11 @@ int main(int argc, char **argv) {
         st_engine_destroy(e);
       }
       unsetenv("STRATA_INT8_DOT");
-      unsetenv("STARPU_NCUDA");
+      if (ncuda_was)
+        setenv("STARPU_NCUDA", ncuda_was, 1);
+      else
+        unsetenv("STARPU_NCUDA");
+      free(ncuda_was);
     }
     st_model_free(m);
     ref_free(&r);
