@@ -268,6 +268,81 @@ static void test_rmsnorm(void) {
   CHECK(worst <= 1e-6, "rmsnorm n=%d: max relative error %.2e (≤ 1e-6) vs float64", N, worst);
 }
 
+/* st_matmul_q8 (integer dot products on quantised activations) at every level this CPU has:
+ * against float64 of the dequantised weights times the quantised-then-dequantised activations
+ * (the kernels' own problem: ≤ 1e-6 of Σ|w·x|), every level bitwise equal to the scalar one,
+ * T tokens vs one at a time bitwise; and the error the activation quantisation adds against the
+ * float activations, printed (not a bound of the kernels). */
+static void test_int8(uint32_t type, int n, int quantise, int T) {
+  enum { ROWS = 37, T_MAX = 7 };
+  float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
+  float *xd = malloc(sizeof(float) * T * (size_t)n);
+  void *w = make_weights(type, ROWS, n, deq, quantise);
+  for (int i = 0; i < T * n; i++) x[i] = (float)urand();
+  const uint64_t rb = st_row_bytes(type, (uint64_t)n), qb = st_q8_row_bytes(type, n);
+  uint8_t *xq = malloc(qb * (size_t)T);
+  const int top_q = st_dot_force_isa(2);
+  st_dot_force_isa(0);
+  st_quantize_act(type, x, n, T, n, xq);
+  uint8_t *xq_top = malloc(qb * (size_t)T);
+  st_dot_force_isa(top_q);
+  st_quantize_act(type, x, n, T, n, xq_top);
+  CHECK(memcmp(xq, xq_top, qb * (size_t)T) == 0, "int8 %s n=%d: activation quantisation, %s code bitwise equal to scalar (%d rows)",
+        st_type_info(type)->name, n, st_dot_isa(), T);
+  free(xq_top);
+  for (int t = 0; t < T; t++) st_dequantize_act(type, xq + qb * (size_t)t, xd + (size_t)t * n, n);
+  double worst = 0, worst_f = 0, se = 0, ss = 0;
+  for (int t = 0; t < T; t++)
+    for (int r = 0; r < ROWS; r++) {
+      double ref = 0, reff = 0, magf = 0;
+      for (int i = 0; i < n; i++) {
+        const double wv = deq[(size_t)r * n + i];
+        ref += wv * xd[(size_t)t * n + i];
+        reff += wv * x[(size_t)t * n + i];
+        magf += fabs(wv * x[(size_t)t * n + i]);
+      }
+      se += (ref - reff) * (ref - reff), ss += reff * reff;
+      worst_f = fmax(worst_f, fabs(ref - reff) / magf);
+    }
+  const int top = st_dot_force_isa(2);
+  float scalar_out[T_MAX * ROWS];
+  for (int level = 0; level <= top; level++) {
+    st_dot_force_isa(level);
+    float out[T_MAX * ROWS], one[ROWS];
+    st_matmul_q8(type, w, rb, 0, ROWS, xq, T, n, out, ROWS);
+    if (level == 0) memcpy(scalar_out, out, sizeof out);
+    int same = 1;
+    worst = 0;
+    for (int t = 0; t < T; t++) {
+      st_matmul_q8(type, w, rb, 0, ROWS, xq + qb * (size_t)t, 1, n, one, ROWS);
+      same &= memcmp(one, out + t * ROWS, sizeof one) == 0;
+      for (int r = 0; r < ROWS; r++) {
+        double ref = 0, mag = 0;
+        for (int i = 0; i < n; i++) {
+          ref += (double)deq[(size_t)r * n + i] * xd[(size_t)t * n + i];
+          mag += fabs((double)deq[(size_t)r * n + i] * xd[(size_t)t * n + i]);
+        }
+        worst = fmax(worst, fabs(out[t * ROWS + r] - ref) / mag);
+      }
+    }
+    const int as_scalar = memcmp(out, scalar_out, sizeof(float) * (size_t)T * ROWS) == 0;
+    CHECK(worst <= 1e-6 && same && as_scalar,
+          "int8 matmul %s n=%d %s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of dequantised rows × "
+          "dequantised activation quants; T=%d vs T=1 %s; %s scalar",
+          st_type_info(type)->name, n, st_dot_q8_isa(), quantise ? ", quantised rows" : "", T, ROWS, worst, T,
+          same ? "bitwise identical" : "DIFFER", as_scalar ? "bitwise equal to" : "DIFFERS from");
+  }
+  st_dot_force_isa(top);
+  printf("     int8 %s n=%d: activation quantisation error vs float activations: max |Δ|/Σ|w·x| = %.2e, "
+         "RMS Δ / RMS dot = %.2e\n",
+         st_type_info(type)->name, n, worst_f, sqrt(se / ss));
+  free(w);
+  free(deq);
+  free(x);
+  free(xd);
+  free(xq);
+}
+
 int main(void) {
   printf("CPU kernels: %s\n", st_dot_isa());
   test_conversions();
@@ -309,6 +384,16 @@ int main(void) {
             {ST_TYPE_IQ4_NL, 0.085}, {ST_TYPE_IQ4_XS, 0.085}, {ST_TYPE_IQ2_XS, 0.32}, {ST_TYPE_IQ2_S, 0.27},
             {ST_TYPE_IQ3_XXS, 0.20}, {ST_TYPE_IQ3_S, 0.145}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
+  /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
+   * tail), random and quantised blocks, tiles of 1 to 4 tokens */
+  const uint32_t int8_types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_0, ST_TYPE_IQ4_NL, ST_TYPE_Q4_K,
+                                 ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_XS};
+  for (size_t i = 0; i < sizeof int8_types / sizeof int8_types[0]; i++) {
+    test_int8(int8_types[i], 2048, 1, 7);
+    test_int8(int8_types[i], 768, 0, 6);
+  }
+  test_int8(ST_TYPE_Q8_0, 96, 0, 7);
+  test_int8(ST_TYPE_Q4_0, 32, 1, 5);
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

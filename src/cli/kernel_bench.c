@@ -1,7 +1,9 @@
 /* `strata bench --kernels`: the expert-row kernels alone. For each weight format, a mat-vec (one
  * token, as at decode) over a weight matrix much larger than the caches, split by rows over N
  * threads like the CPU pool's tasks: GB/s of weights read, against the host read bandwidth
- * measured in the same run; and on a GPU the CUDA mat-vec against its copy bandwidth. */
+ * measured in the same run; and on a GPU the CUDA mat-vec against its copy bandwidth. For the
+ * formats with integer kernels (st_matmul_q8, STRATA_INT8_DOT) the same mat-vec with quantised
+ * activations, each thread quantising the token first as a CPU-pool task does. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,24 +27,34 @@ struct part {
   int64_t r0, r1, n;
   const float *x;
   float *out;
+  void *xq; /* non-NULL: quantise x into it, then the integer kernels */
 };
 
 static void *run_part(void *arg) {
   const struct part *p = arg;
-  st_matmul(p->type, p->w, p->row_bytes, p->r0, p->r1, p->x, p->n, 1, p->n, p->out + p->r0, 0);
+  if (p->xq) {
+    st_quantize_act(p->type, p->x, p->n, 1, p->n, p->xq);
+    st_matmul_q8(p->type, p->w, p->row_bytes, p->r0, p->r1, p->xq, 1, p->n, p->out + p->r0, 0);
+  } else {
+    st_matmul(p->type, p->w, p->row_bytes, p->r0, p->r1, p->x, p->n, 1, p->n, p->out + p->r0, 0);
+  }
   return NULL;
 }
 
-/* Seconds for one mat-vec of `rows` rows with `threads` threads (best of reps). */
+/* Seconds for one mat-vec of `rows` rows with `threads` threads (best of reps); with `int8`, the
+ * integer kernels on activations each thread quantises (xq: threads rows of
+ * st_q8_row_bytes(type, n) bytes). */
 static double cpu_matvec(uint32_t type, const uint8_t *w, uint64_t row_bytes, int64_t rows, int64_t n, const float *x,
-                         float *out, int threads, int reps) {
+                         float *out, int threads, int reps, uint8_t *xq) {
   double best = 1e30;
   struct part parts[256];
   pthread_t tid[256];
+  const uint64_t qb = xq ? st_q8_row_bytes(type, n) : 0;
   for (int r = 0; r < reps; r++) {
     const double t0 = st_now();
     for (int i = 0; i < threads; i++) {
-      parts[i] = (struct part){type, w, row_bytes, rows * i / threads, rows * (i + 1) / threads, n, x, out};
+      parts[i] = (struct part){type, w, row_bytes, rows * i / threads, rows * (i + 1) / threads, n, x, out,
+                               xq ? xq + qb * (uint64_t)i : NULL};
       pthread_create(&tid[i], NULL, run_part, &parts[i]);
     }
     for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
@@ -69,9 +81,12 @@ int st_kernel_bench(int threads, int json) {
 #endif
   float *x = malloc(sizeof(float) * (size_t)n);
   float *out = malloc(sizeof(float) * (size_t)(target / 64)); /* enough rows for the smallest format */
-  if (!x || !out) {
+  const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
+  uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
+  if (!x || !out || !xq) {
     free(x);
     free(out);
+    free(xq);
     return st_set_error(ST_ENOMEM, "out of memory");
   }
   for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 17) / 17.0f;
@@ -82,7 +97,9 @@ int st_kernel_bench(int threads, int json) {
            (unsigned long long)(target >> 20), (long long)n);
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
-    printf("\n%-8s %10s %10s %9s %10s %9s\n", "format", "bits/w", "CPU GB/s", "of host", "GPU GB/s", "of GPU");
+    printf(" (int8: %s kernels)", st_dot_q8_isa());
+    printf("\n%-8s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "CPU GB/s", "of host", "int8 GB/s", "of host",
+           "GPU GB/s", "of GPU");
   }
   for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
     const uint32_t t = types[k];
@@ -95,8 +112,11 @@ int st_kernel_bench(int threads, int json) {
     st_quantize_row(t, row, w, n);
     for (int64_t r = 1; r < rows; r++) memcpy(w + (uint64_t)r * rb, w, rb);
     free(row);
-    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 3);
+    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 3, NULL);
     const double gbs = (double)rb * (double)rows / sec / 1e9;
+    double int8_gbs = 0.0;
+    if (st_q8_row_bytes(t, n) > 0)
+      int8_gbs = (double)rb * (double)rows / cpu_matvec(t, w, rb, rows, n, x, out, threads, 3, xq) / 1e9;
     double gpu_gbs = 0.0;
 #ifdef ST_HAVE_CUDA
     if (bw_gpu > 0) {
@@ -106,14 +126,21 @@ int st_kernel_bench(int threads, int json) {
 #endif
     const double bits = 8.0 * (double)rb / (double)n;
     if (json)
-      printf("%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"cpu_gbs\": %.2f, \"cpu_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": %.3f}",
-             k ? "," : "", st_type_info(t)->name, bits, gbs, gbs * 1e9 / bw_host, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
+      printf("%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"cpu_gbs\": %.2f, \"cpu_share\": %.3f, "
+             "\"int8_gbs\": %.2f, \"int8_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": %.3f}",
+             k ? "," : "", st_type_info(t)->name, bits, gbs, gbs * 1e9 / bw_host, int8_gbs, int8_gbs * 1e9 / bw_host,
+             gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
+    else if (int8_gbs > 0)
+      printf("%-8s %10.3f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, gbs,
+             100.0 * gbs * 1e9 / bw_host, int8_gbs, 100.0 * int8_gbs * 1e9 / bw_host, gpu_gbs,
+             bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     else
-      printf("%-8s %10.3f %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, gbs, 100.0 * gbs * 1e9 / bw_host,
-             gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+      printf("%-8s %10.3f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits, gbs,
+             100.0 * gbs * 1e9 / bw_host, "-", "", gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     free(w);
   }
   if (json) printf("\n]}\n");
+  free(xq);
   free(x);
   free(out);
   return 0;

@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -856,6 +857,600 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
       for (int64_t r = rb; r < re; r++)
         tile(type, (const uint8_t *)W + (uint64_t)r * row_bytes, x + t0 * ldx, ldx, nt, n,
            out + t0 * ldo + (r - r0), ldo);
+    }
+  }
+}
+
+/* ---- integer dot products on quantised activations (st_matmul_q8) -------------------------
+ * Two families. Blocks of 32 (Q8_0, Q4_0, IQ4_NL; st_act_q8_0): each block's 32 signed weight
+ * quants times the activation quants give eight int32 lanes (lane j: weights 4j..4j+3, exact),
+ * and lane j of block b updates float accumulator A[8 (b mod 2) + j] = fmaf(dw_b * dx_b, lane, A);
+ * the 16 accumulators are summed by one fixed tree. Super-blocks of 256 (Q4_K, Q5_K, Q6_K,
+ * IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q4_K/Q5_K a min m16[k]);
+ * S = Σ_k sc16[k] Σ q·x and M = Σ_k m16[k] bsums[k] are exact integers (Q6_K's -32 offset folds
+ * into S as -32 Σ sc16[k] bsums[k]), then acc = fmaf(dx * d, S, acc) and
+ * acc = fmaf(-(dx * dmin), M, acc), one super-block after the other. The scalar, AVX2 and VNNI
+ * code below compute exactly these integers and these float operations. */
+
+static int q8_family(uint32_t type) {
+  switch (type) {
+  case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_IQ4_NL: return 1;
+  case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS: return 2;
+  default: return 0;
+  }
+}
+
+uint64_t st_q8_row_bytes(uint32_t type, int64_t n) {
+  const int f = q8_family(type);
+  if (f == 1 && n > 0 && n % 32 == 0) return (uint64_t)(n / 32) * sizeof(st_act_q8_0);
+  if (f == 2 && n > 0 && n % 256 == 0) return (uint64_t)(n / 256) * sizeof(st_act_q8_K);
+  return 0;
+}
+
+/* d = max|x| / 127 and the quants round(x / d) (to nearest, ties to even, by the float magic-number
+ * add of ggml's nearest_int: no libm call), within ±127 (never -128: the SIMD kernels' sign
+ * trick negates activation quants). */
+static float quantize_block(const float *x, int n, int8_t *q) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; i++) {
+    const float a = fabsf(x[i]);
+    amax = a > amax ? a : amax;
+  }
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int i = 0; i < n; i++) {
+    const float v = x[i] * id + 12582912.0f; /* 1.5 * 2^23: the integer lands in the low mantissa bits */
+    int32_t bits;
+    memcpy(&bits, &v, 4);
+    const int32_t r = (bits & 0x007fffff) - 0x00400000;
+    q[i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+  }
+  return d;
+}
+
+static inline AVX2 int32_t hsum_epi32_avx2(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+/* quantize_block with AVX2, n a multiple of 32: the same operations (max of |x|, one multiply,
+ * the magic-number add, the clamp) lane by lane, so the same bits. */
+static AVX2 float quantize_block_avx2(const float *x, int n, int8_t *q) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float amax = _mm_cvtss_f32(h);
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id), magic = _mm256_set1_ps(12582912.0f);
+  const __m256i mant = _mm256_set1_epi32(0x007fffff), off = _mm256_set1_epi32(0x00400000);
+  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+  for (int i = 0; i < n; i += 32) {
+    __m256i r[4];
+    for (int k = 0; k < 4; k++) {
+      const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), vid), magic);
+      r[k] = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), off);
+      r[k] = _mm256_max_epi32(_mm256_min_epi32(r[k], hi), lo);
+    }
+    /* pack 32 int32 to 32 int8 (values within ±127: no saturation), then undo the lane interleave */
+    const __m256i p16a = _mm256_packs_epi32(r[0], r[1]), p16b = _mm256_packs_epi32(r[2], r[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  return d;
+}
+
+static void bsums_scalar(const int8_t *q, int16_t *out) {
+  for (int k = 0; k < 16; k++) {
+    int s = 0;
+    for (int j = 0; j < 16; j++) s += q[16 * k + j];
+    out[k] = (int16_t)s;
+  }
+}
+
+static AVX2 void bsums_avx2(const int8_t *q, int16_t *out) {
+  for (int k = 0; k < 16; k++)
+    out[k] = (int16_t)hsum_epi32_avx2(
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * k))), _mm256_set1_epi16(1)));
+}
+
+void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, void *xq) {
+  float (*quant)(const float *, int, int8_t *) = level() >= 1 ? quantize_block_avx2 : quantize_block;
+  void (*bsums)(const int8_t *, int16_t *) = level() >= 1 ? bsums_avx2 : bsums_scalar;
+  const uint64_t rb = st_q8_row_bytes(type, n);
+  ST_ASSERT(rb > 0);
+  for (int64_t t = 0; t < T; t++) {
+    const float *xt = x + t * ldx;
+    uint8_t *row = (uint8_t *)xq + (uint64_t)t * rb;
+    if (q8_family(type) == 1) {
+      st_act_q8_0 *b = (st_act_q8_0 *)(void *)row;
+      for (int64_t i = 0; i < n / 32; i++) b[i].d = quant(xt + 32 * i, 32, b[i].qs);
+    } else {
+      st_act_q8_K *b = (st_act_q8_K *)(void *)row;
+      for (int64_t i = 0; i < n / 256; i++) {
+        b[i].d = quant(xt + 256 * i, 256, b[i].qs);
+        bsums(b[i].qs, b[i].bsums);
+      }
+    }
+  }
+}
+
+void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n) {
+  if (q8_family(type) == 1) {
+    const st_act_q8_0 *b = xq;
+    for (int64_t i = 0; i < n; i++) out[i] = b[i / 32].d * (float)b[i / 32].qs[i % 32];
+  } else {
+    const st_act_q8_K *b = xq;
+    for (int64_t i = 0; i < n; i++) out[i] = b[i / 256].d * (float)b[i / 256].qs[i % 256];
+  }
+}
+
+/* Bytes per weight block of the 32-block family; the fp16 scale is at offset 0 in all three. */
+static inline uint64_t b32_bytes(uint32_t type) {
+  return type == ST_TYPE_Q8_0 ? sizeof(st_block_q8_0) : type == ST_TYPE_Q4_0 ? sizeof(st_block_q4_0) : sizeof(st_block_iq4_nl);
+}
+
+/* The 16 accumulators' fixed reduction tree (hsum8_avx2's order on A[j] + A[8 + j]). */
+static inline float q8_reduce16(const float *a) {
+  float s[8];
+  for (int j = 0; j < 8; j++) s[j] = a[j] + a[8 + j];
+  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* The 6-bit scales and mins of a Q4_K/Q5_K block as 16 bytes (scales 0..7, then mins 0..7),
+ * unpacked as ggml's vec_dot_q4_K does (utmp masks). */
+static inline void k45_unpack(const uint8_t *packed, uint8_t *sm) {
+  uint32_t u[4];
+  memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+  u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  u[2] = mins_lo;
+  u[0] &= 0x3f3f3f3f;
+  memcpy(sm, u, 16);
+}
+
+/* The per-16 integer scales and mins of a K super-block and its float scales (scalar path). */
+struct kscales {
+  float d, dmin;  /* dmin 0 when the format has no min */
+  int16_t sc[16]; /* scale of weights 16k .. 16k + 15 */
+  int16_t mv[16]; /* Q4_K/Q5_K: min per 16; Q6_K: 32 * sc (the offset); IQ4_XS: 0 */
+};
+
+static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k) {
+  uint16_t dh, mh = 0;
+  memcpy(&dh, type == ST_TYPE_Q6_K ? bb + offsetof(st_block_q6_K, d) : bb, 2);
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    memcpy(&mh, bb + 2, 2);
+    uint8_t sm[16];
+    k45_unpack(bb + 4, sm);
+    for (int j = 0; j < 8; j++) {
+      k->sc[2 * j] = k->sc[2 * j + 1] = sm[j];
+      k->mv[2 * j] = k->mv[2 * j + 1] = sm[8 + j];
+    }
+  } else if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    for (int j = 0; j < 16; j++) k->sc[j] = b->scales[j], k->mv[j] = (int16_t)(32 * b->scales[j]);
+  } else { /* IQ4_XS */
+    const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+    for (int j = 0; j < 8; j++) k->sc[2 * j] = k->sc[2 * j + 1] = (int16_t)iq4_xs_sub_scale(b, j);
+    memset(k->mv, 0, sizeof k->mv);
+  }
+  k->d = st_fp16_to_f32(dh);
+  k->dmin = st_fp16_to_f32(mh);
+}
+
+static inline uint64_t k_bytes(uint32_t type) {
+  switch (type) {
+  case ST_TYPE_Q4_K: return sizeof(st_block_q4_K);
+  case ST_TYPE_Q5_K: return sizeof(st_block_q5_K);
+  case ST_TYPE_Q6_K: return sizeof(st_block_q6_K);
+  default: return sizeof(st_block_iq4_xs);
+  }
+}
+
+/* The float step of one super-block (the same in every ISA): Q6_K's offset is already in S. */
+static inline float k_accumulate(uint32_t type, float d, float dmin, float dx, int32_t S, int32_t M, float acc) {
+  acc = fmaf(dx * d, (float)S, acc);
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) acc = fmaf(-(dx * dmin), (float)M, acc);
+  return acc;
+}
+
+/* scalar: the integer quants of a block, then the loops that define the sums */
+static void b32_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
+  if (type == ST_TYPE_Q8_0) {
+    memcpy(q, bb + 2, 32);
+    return;
+  }
+  const uint8_t *qs = bb + 2;
+  for (int l = 0; l < 16; l++) {
+    const int lo = qs[l] & 0xF, hi = qs[l] >> 4;
+    q[l] = (int8_t)(type == ST_TYPE_Q4_0 ? lo - 8 : st_kvalues_iq4nl[lo]);
+    q[l + 16] = (int8_t)(type == ST_TYPE_Q4_0 ? hi - 8 : st_kvalues_iq4nl[hi]);
+  }
+}
+
+static void k_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    const int k5 = type == ST_TYPE_Q5_K;
+    const uint8_t *qs = bb + (k5 ? 48 : 16), *qh = bb + 16;
+    for (int j = 0; j < 4; j++)
+      for (int l = 0; l < 32; l++) {
+        q[64 * j + l] = (int8_t)((qs[32 * j + l] & 0xF) | (k5 ? ((qh[l] >> (2 * j)) & 1) << 4 : 0));
+        q[64 * j + 32 + l] = (int8_t)((qs[32 * j + l] >> 4) | (k5 ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0));
+      }
+  } else if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    for (int h = 0; h < 2; h++)
+      for (int l = 0; l < 32; l++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        q[128 * h + l] = (int8_t)((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4);
+        q[128 * h + l + 32] = (int8_t)((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4);
+        q[128 * h + l + 64] = (int8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+        q[128 * h + l + 96] = (int8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+      }
+  } else { /* IQ4_XS */
+    const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+    for (int ib = 0; ib < 8; ib++)
+      for (int l = 0; l < 16; l++) {
+        q[32 * ib + l] = st_kvalues_iq4nl[b->qs[16 * ib + l] & 0xF];
+        q[32 * ib + 16 + l] = st_kvalues_iq4nl[b->qs[16 * ib + l] >> 4];
+      }
+  }
+}
+
+static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
+                           int64_t ldo) {
+  int8_t q[256];
+  if (q8_family(type) == 1) {
+    const uint64_t bs = b32_bytes(type);
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq);
+      float a[16] = {0};
+      for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
+        uint16_t dh;
+        memcpy(&dh, bb, 2);
+        b32_quants_scalar(type, bb, q);
+        const float s = st_fp16_to_f32(dh) * x[b].d;
+        for (int j = 0; j < 8; j++) {
+          int32_t p = 0;
+          for (int i = 4 * j; i < 4 * j + 4; i++) p += q[i] * x[b].qs[i];
+          a[8 * (b & 1) + j] = fmaf(s, (float)p, a[8 * (b & 1) + j]);
+        }
+      }
+      out[t * ldo] = q8_reduce16(a);
+    }
+    return;
+  }
+  const uint64_t bs = k_bytes(type);
+  for (int t = 0; t < nt; t++) {
+    const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / 256; b++) {
+      const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
+      struct kscales k;
+      k_scales(type, bb, &k);
+      k_quants_scalar(type, bb, q);
+      int32_t S = 0, M = 0;
+      for (int g = 0; g < 16; g++) {
+        int32_t p = 0;
+        for (int i = 16 * g; i < 16 * g + 16; i++) p += q[i] * x[b].qs[i];
+        S += k.sc[g] * p;
+        M += k.mv[g] * x[b].bsums[g];
+      }
+      if (type == ST_TYPE_Q6_K) S -= M;
+      acc = k_accumulate(type, k.d, k.dmin, x[b].d, S, M, acc);
+    }
+    out[t * ldo] = acc;
+  }
+}
+
+/* AVX2 */
+static inline AVX2 __m256i b32_quants_avx2(uint32_t type, const uint8_t *bb) {
+  if (type == ST_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(bb + 2));
+  const __m128i q = _mm_loadu_si128((const __m128i *)(bb + 2)), m4 = _mm_set1_epi8(0xF);
+  __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+  if (type == ST_TYPE_Q4_0) {
+    lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
+    hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
+  } else {
+    const __m128i kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+    lo = _mm_shuffle_epi8(kv, lo);
+    hi = _mm_shuffle_epi8(kv, hi);
+  }
+  return _mm256_set_m128i(hi, lo);
+}
+
+static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uint32_t type, const void *w,
+                                                                             const uint8_t *xq, int64_t ldq, int nt,
+                                                                             int64_t n, float *out, int64_t ldo) {
+  __m256 acc[2 * ST_TILE]; /* A[0..7] of token t in acc[t], A[8..15] in acc[ST_TILE + t] */
+  for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm256_setzero_ps();
+  const uint64_t bs = b32_bytes(type);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < n / 32; b++) {
+    const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
+    uint16_t dh;
+    memcpy(&dh, bb, 2);
+    const float dw = _cvtsh_ss(dh);
+    const __m256i v = b32_quants_avx2(type, bb), av = _mm256_abs_epi8(v);
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
+      const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), v);
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), ones);
+      __m256 *a = acc + (b & 1) * ST_TILE + t;
+      *a = _mm256_fmadd_ps(_mm256_set1_ps(dw * x->d), _mm256_cvtepi32_ps(p), *a);
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t], acc[ST_TILE + t]));
+}
+
+/* A K super-block's scales in registers: the int16 scale of each 16 weights (sc16), the min (or
+ * Q6_K offset) term per 16 as kscales.mv (mv16), and the float scales. */
+struct kvec {
+  __m256i sc16, mv16;
+  float d, dmin;
+};
+
+static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_t type, const uint8_t *bb) {
+  struct kvec k;
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    uint16_t dh, mh;
+    memcpy(&dh, bb, 2);
+    memcpy(&mh, bb + 2, 2);
+    uint8_t sm[16];
+    k45_unpack(bb + 4, sm);
+    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    k.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
+    k.mv16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+    k.d = _cvtsh_ss(dh), k.dmin = _cvtsh_ss(mh);
+  } else if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    k.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    k.mv16 = _mm256_slli_epi16(k.sc16, 5);
+    k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
+  } else { /* IQ4_XS */
+    const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+    const __m128i v = _mm_setr_epi16((short)iq4_xs_sub_scale(b, 0), (short)iq4_xs_sub_scale(b, 1), (short)iq4_xs_sub_scale(b, 2),
+                                     (short)iq4_xs_sub_scale(b, 3), (short)iq4_xs_sub_scale(b, 4), (short)iq4_xs_sub_scale(b, 5),
+                                     (short)iq4_xs_sub_scale(b, 6), (short)iq4_xs_sub_scale(b, 7));
+    k.sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+    k.mv16 = _mm256_setzero_si256();
+    k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
+  }
+  return k;
+}
+
+/* Group g (weights 32g .. 32g + 31) of a K super-block as 32 bytes in weight order: unsigned
+ * quants (Q4_K, Q5_K, Q6_K) or signed levels (IQ4_XS). */
+static inline __attribute__((always_inline)) AVX2 __m256i k_group_avx2(uint32_t type, const uint8_t *bb, int g) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    const int k5 = type == ST_TYPE_Q5_K;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(bb + (k5 ? 48 : 16) + 32 * (g / 2)));
+    __m256i v = _mm256_and_si256(g & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
+    if (k5) {
+      const __m256i qh = _mm256_loadu_si256((const __m256i *)(bb + 16));
+      v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g), _mm256_set1_epi8(1)), 4));
+    }
+    return v;
+  }
+  if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    const int h = g / 4, qq = g % 4;
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + (qq & 1) * 32));
+    const __m256i lo = qq < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * qq), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  }
+  const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+  const __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * g)), kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+  const __m128i m4x = _mm_set1_epi8(0xF);
+  return _mm256_set_m128i(_mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4x)), _mm_shuffle_epi8(kv, _mm_and_si128(q, m4x)));
+}
+
+static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint32_t type, const void *w, const uint8_t *xq,
+                                                                          int64_t ldq, int nt, int64_t n, float *out,
+                                                                          int64_t ldo) {
+  float acc[ST_TILE] = {0};
+  const uint64_t bs = k_bytes(type);
+  /* byte shuffles that spread the scales of group g (int16 entries 2g, 2g + 1 of sc16, in the
+   * 128-bit half g / 4) over the 16-weight halves of the group */
+  __m256i spread[4];
+  for (int i = 0; i < 4; i++)
+    spread[i] = _mm256_set_m128i(_mm_set1_epi16((short)((4 * i + 3) << 8 | (4 * i + 2))),
+                                 _mm_set1_epi16((short)((4 * i + 1) << 8 | (4 * i))));
+  for (int64_t b = 0; b < n / 256; b++) {
+    const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
+    const struct kvec k = k_vec_avx2(type, bb);
+    __m256i is[ST_TILE];
+    for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+      const __m256i v = k_group_avx2(type, bb, g);
+      const __m128i half = g < 4 ? _mm256_castsi256_si128(k.sc16) : _mm256_extracti128_si256(k.sc16, 1);
+      const __m256i sc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(half), spread[g % 4]);
+      const __m256i av = type == ST_TYPE_IQ4_XS ? _mm256_abs_epi8(v) : v;
+      for (int t = 0; t < nt; t++) {
+        const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
+        if (type == ST_TYPE_IQ4_XS) xv = _mm256_sign_epi8(xv, v);
+        is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
+      }
+    }
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+      int32_t S, M = 0;
+      if (type == ST_TYPE_Q6_K) {
+        S = hsum_epi32_avx2(_mm256_sub_epi32(is[t], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16)));
+      } else {
+        S = hsum_epi32_avx2(is[t]);
+        if (type != ST_TYPE_IQ4_XS)
+          M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
+      }
+      acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
+}
+
+typedef void (*q8_tile_fn)(uint32_t, const void *, const uint8_t *, int64_t, int, int64_t, float *, int64_t);
+
+#define ST_Q8_TILE_CASES(impl, ty)                                                                           \
+  switch (nt) {                                                                                              \
+  case 1: impl(ty, w, xq, ldq, 1, n, out, ldo); break;                                                       \
+  case 2: impl(ty, w, xq, ldq, 2, n, out, ldo); break;                                                       \
+  case 3: impl(ty, w, xq, ldq, 3, n, out, ldo); break;                                                       \
+  default: impl(ty, w, xq, ldq, 4, n, out, ldo); break;                                                      \
+  }
+
+static AVX2 void q8_tile_avx2(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
+                              int64_t ldo) {
+  switch (type) {
+  case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q8_0); break;
+  case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q4_0); break;
+  case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_IQ4_NL); break;
+  case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q4_K); break;
+  case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q5_K); break;
+  case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q6_K); break;
+  default: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ4_XS); break;
+  }
+}
+
+/* AVX-512 VNNI: 64 weights per vector; vpdpbusd (u8 × s8, four products per int32 lane) for the
+ * 32-blocks, vpmaddubsw then vpdpwssd (× the int16 scales) for the K formats. Signed weights use
+ * the sign trick: |w| as the unsigned operand, x negated where w < 0. */
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+static inline VNNI __m512i cat256(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __attribute__((always_inline)) VNNI void q8_tile_b32_vnni_impl(uint32_t type, const void *w,
+                                                                            const uint8_t *xq, int64_t ldq, int nt,
+                                                                            int64_t n, float *out, int64_t ldo) {
+  __m512 acc[ST_TILE]; /* lanes 0..7: A[0..7] (even blocks), 8..15: A[8..15] (odd blocks) */
+  for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+  const uint64_t bs = b32_bytes(type);
+  const int64_t nb = n / 32;
+  const __m512i zero = _mm512_setzero_si512();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const uint8_t *b0 = (const uint8_t *)w + (uint64_t)b * bs, *b1 = b0 + bs;
+    uint16_t h0, h1;
+    memcpy(&h0, b0, 2);
+    memcpy(&h1, b1, 2);
+    const float d0 = _cvtsh_ss(h0), d1 = _cvtsh_ss(h1);
+    const __m512i v = cat256(b32_quants_avx2(type, b0), b32_quants_avx2(type, b1)), av = _mm512_abs_epi8(v);
+    const __mmask64 neg = _mm512_movepi8_mask(v);
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
+      const __m512i xv = cat256(_mm256_loadu_si256((const __m256i *)x[0].qs), _mm256_loadu_si256((const __m256i *)x[1].qs));
+      const __m512i p = _mm512_dpbusd_epi32(zero, av, _mm512_mask_sub_epi8(xv, neg, zero, xv));
+      const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0 * x[0].d), _mm512_set1_ps(d1 * x[1].d));
+      acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
+    }
+  }
+  if (b < nb) { /* an odd last block (b even): lanes 0..7 only */
+    const uint8_t *b0 = (const uint8_t *)w + (uint64_t)b * bs;
+    uint16_t h0;
+    memcpy(&h0, b0, 2);
+    const float d0 = _cvtsh_ss(h0);
+    const __m256i v = b32_quants_avx2(type, b0), av = _mm256_abs_epi8(v);
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
+      const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), v);
+      const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), av, sx);
+      acc[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(d0 * x->d), _mm512_castps256_ps512(_mm256_cvtepi32_ps(p)), acc[t],
+                                     0x00FF);
+    }
+  }
+  for (int t = 0; t < nt; t++)
+    out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+}
+
+static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint32_t type, const void *w, const uint8_t *xq,
+                                                                          int64_t ldq, int nt, int64_t n, float *out,
+                                                                          int64_t ldo) {
+  float acc[ST_TILE] = {0};
+  const uint64_t bs = k_bytes(type);
+  const __m512i zero = _mm512_setzero_si512();
+  /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
+   * 4c + i / 8 of sc16 */
+  const __m512i entry = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+  for (int64_t b = 0; b < n / 256; b++) {
+    const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
+    const struct kvec k = k_vec_avx2(type, bb);
+    const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
+    __m512i is[ST_TILE];
+    for (int t = 0; t < nt; t++) is[t] = zero;
+    for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
+      const __m512i v = cat256(k_group_avx2(type, bb, 2 * c), k_group_avx2(type, bb, 2 * c + 1));
+      const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
+      const __m512i av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
+      const __mmask64 neg = type == ST_TYPE_IQ4_XS ? _mm512_movepi8_mask(v) : 0;
+      for (int t = 0; t < nt; t++) {
+        const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+        __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
+        if (type == ST_TYPE_IQ4_XS) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+        is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
+      }
+    }
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+      int32_t S = _mm512_reduce_add_epi32(is[t]), M = 0;
+      if (type != ST_TYPE_IQ4_XS)
+        M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
+      if (type == ST_TYPE_Q6_K) S -= M;
+      acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
+    }
+  }
+  for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
+}
+
+static VNNI void q8_tile_vnni(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
+                              int64_t ldo) {
+  switch (type) {
+  case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q8_0); break;
+  case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q4_0); break;
+  case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_IQ4_NL); break;
+  case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q4_K); break;
+  case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q5_K); break;
+  case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q6_K); break;
+  default: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ4_XS); break;
+  }
+}
+
+/* 0 scalar, 1 avx2, 2 avx512vnni: the integer kernels at the current level. */
+static int q8_level(void) {
+  if (level() == 2 && __builtin_cpu_supports("avx512vnni")) return 2;
+  return level() >= 1 ? 1 : 0;
+}
+
+const char *st_dot_q8_isa(void) {
+  static const char *names[] = {"scalar", "avx2", "avx512vnni"};
+  return names[q8_level()];
+}
+
+void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
+                  int64_t T, int64_t n, float *out, int64_t ldo) {
+  static const q8_tile_fn fns[] = {q8_tile_scalar, q8_tile_avx2, q8_tile_vnni};
+  const uint64_t ldq = st_q8_row_bytes(type, n);
+  ST_ASSERT(ldq > 0);
+  const q8_tile_fn tile = fns[q8_level()];
+  /* as st_matmul: blocks of 64 weight rows stay in L2 while every token tile passes over them */
+  for (int64_t rb = r0; rb < r1; rb += 64) {
+    const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
+    for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
+      const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
+      for (int64_t r = rb; r < re; r++)
+        tile(type, (const uint8_t *)W + (uint64_t)r * row_bytes, (const uint8_t *)xq + (uint64_t)t0 * ldq,
+             (int64_t)ldq, nt, n, out + t0 * ldo + (r - r0), ldo);
     }
   }
 }

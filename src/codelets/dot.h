@@ -25,6 +25,52 @@ int st_dot_force_isa(int level);
 void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo);
 
+/* ---- integer dot products on quantised activations (STRATA_INT8_DOT, doc/tuning.md) ----------
+ * The activations of a call are quantised once to int8 per token row, and each weight block's
+ * integer quants are multiplied with them in integer arithmetic (AVX-512 VNNI vpdpbusd/vpdpwssd,
+ * AVX2 vpmaddubsw + vpmaddwd, or scalar), as ggml's CPU backend does (ggml-quants.c
+ * quantize_row_q8_0 / quantize_row_q8_K and the vec_dot_*_q8_* kernels). Two activation layouts:
+ * Q8_0, Q4_0, IQ4_NL weights pair with blocks of 32 (st_act_q8_0: one float scale); Q4_K, Q5_K,
+ * Q6_K, IQ4_XS weights with super-blocks of 256 (st_act_q8_K: one float scale and the per-16 sums
+ * of the quants, which carry the K formats' min and offset terms).
+ * Determinism: integer sums are exact; the float part (one scale product per block or
+ * super-block, fmaf into fixed accumulators, a fixed reduction tree) is written the same way in
+ * every ISA, so scalar, AVX2 and AVX-512 VNNI give the same bits, and a (weight row, token) pair's
+ * result does not depend on the token count. Cost: the activations carry ~1/254 of their block's
+ * max |x| of rounding error (about 1e-3 relative on a dot product; tests/test_quant prints it). */
+typedef struct {
+  float d;        /* x ≈ d * qs */
+  int8_t qs[32];
+} st_act_q8_0;
+typedef struct {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16]; /* sum of qs[16k .. 16k + 15] */
+} st_act_q8_K;
+
+/* Bytes of one activation row of `n` elements quantised for weights of `type`: n / 32 *
+ * sizeof(st_act_q8_0) or n / 256 * sizeof(st_act_q8_K); 0 when `type` has no integer kernel or n
+ * is not a multiple of its block size (callers then use st_matmul). */
+uint64_t st_q8_row_bytes(uint32_t type, int64_t n);
+
+/* Quantises T rows of n floats (x[t * ldx ..]) for weights of `type` into xq (T rows of
+ * st_q8_row_bytes(type, n) bytes, caller-owned): per block d = max|x| / 127, q = round(x / d).
+ * Scalar code whatever the ISA, so every kernel sees the same quants. */
+void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, void *xq);
+
+/* The float values one quantised activation row stands for (d * q), for tests. */
+void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n);
+
+/* As st_matmul, with the activations quantised by st_quantize_act (rows st_q8_row_bytes(type, n)
+ * bytes apart): out[t * ldo + (r - r0)] = dot(W[r], xq[t]). `type` must have
+ * st_q8_row_bytes(type, n) > 0. */
+void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
+                  int64_t T, int64_t n, float *out, int64_t ldo);
+
+/* The integer kernels st_matmul_q8 uses at the current level: "avx512vnni" (level 2 on a CPU with
+ * AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or "scalar". */
+const char *st_dot_q8_isa(void);
+
 /* RMSNorm of one row: y = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). y may alias x.
  * Source: Zhang & Sennrich 2019; Qwen3 uses it for every norm. */
 void st_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);

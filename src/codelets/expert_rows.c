@@ -27,6 +27,8 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
 
   float *x = malloc(sizeof(float) * ((size_t)max_rows * d + 2 * (size_t)max_rows * ff));
   float *gt = x + (size_t)max_rows * d, *u = gt + (size_t)max_rows * ff;
+  /* int8 activations (STRATA_INT8_DOT): at most 292 bytes per 256 values (st_act_q8_K), 36 per 32 */
+  void *xq = a->int8_dot ? malloc((size_t)max_rows * ((size_t)(d > ff ? d : ff) / 32 * 37 + 64)) : NULL;
   for (int g = 0; g < a->n_experts; g++) {
     const void *gate = (const void *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * g]);
     const void *up = (const void *)STARPU_VECTOR_GET_PTR(buffers[2 + 3 * g]);
@@ -36,16 +38,35 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
     float *out = out_all + (size_t)groups[g].row0 * d;
     for (int i = 0; i < R; i++)
       memcpy(x + (size_t)i * d, ffn_in + (size_t)gr[i].token * d, sizeof(float) * (size_t)d);
-    st_matmul(a->gate.type, gate, a->gate.row_bytes, a->ff0, a->ff1, x, d, R, d, gt, ff);
-    st_matmul(a->up.type, up, a->up.row_bytes, a->ff0, a->ff1, x, d, R, d, u, ff);
+    /* STRATA_INT8_DOT: gate and up share one quantisation of x when their types share a layout */
+    const uint64_t qg = a->int8_dot ? st_q8_row_bytes(a->gate.type, d) : 0;
+    const uint64_t qu = a->int8_dot ? st_q8_row_bytes(a->up.type, d) : 0;
+    if (qg) {
+      st_quantize_act(a->gate.type, x, d, R, d, xq);
+      st_matmul_q8(a->gate.type, gate, a->gate.row_bytes, a->ff0, a->ff1, xq, R, d, gt, ff);
+    } else {
+      st_matmul(a->gate.type, gate, a->gate.row_bytes, a->ff0, a->ff1, x, d, R, d, gt, ff);
+    }
+    if (qu) {
+      if (qu != qg) st_quantize_act(a->up.type, x, d, R, d, xq);
+      st_matmul_q8(a->up.type, up, a->up.row_bytes, a->ff0, a->ff1, xq, R, d, u, ff);
+    } else {
+      st_matmul(a->up.type, up, a->up.row_bytes, a->ff0, a->ff1, x, d, R, d, u, ff);
+    }
     for (size_t i = 0; i < (size_t)R * ff; i++) gt[i] = gt[i] / (1.0f + expf(-gt[i])) * u[i];
     /* columns [ff0, ff1) of down's rows: ff0 is a multiple of the block size */
     const uint8_t *down_cols = (const uint8_t *)down + st_row_bytes(a->down.type, (uint64_t)a->ff0);
-    st_matmul(a->down.type, down_cols, a->down.row_bytes, 0, d, gt, ff, R, ff, out, d);
+    if (a->int8_dot && st_q8_row_bytes(a->down.type, ff)) {
+      st_quantize_act(a->down.type, gt, ff, R, ff, xq);
+      st_matmul_q8(a->down.type, down_cols, a->down.row_bytes, 0, d, xq, R, ff, out, d);
+    } else {
+      st_matmul(a->down.type, down_cols, a->down.row_bytes, 0, d, gt, ff, R, ff, out, d);
+    }
     for (int i = 0; i < R; i++)
       for (int j = 0; j < d; j++) out[(size_t)i * d + j] *= gr[i].weight;
   }
   free(x);
+  free(xq);
   if (a->n_out_rows > 0) {
     const int32_t *off = st_expert_reduce(a), *idx = off + a->n_out_rows + 1;
     for (int o = 0; o < a->n_out_rows; o++) {

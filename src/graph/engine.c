@@ -44,6 +44,12 @@ static int cublas_rows_from_env(void) {
   const long v = env ? strtol(env, NULL, 10) : 1;
   return v <= 0 ? 0 : v == 1 ? CUBLAS_ROWS : v > 1 << 20 ? 1 << 20 : (int)v;
 }
+/* STRATA_INT8_DOT (doc/tuning.md): 1 = CPU expert-row tasks quantise their activations to int8
+ * and use the integer kernels (st_matmul_q8) where the weight type has them; unset or 0 = float32. */
+static int int8_dot_from_env(void) {
+  const char *env = getenv("STRATA_INT8_DOT");
+  return env && strtol(env, NULL, 10) == 1;
+}
 #define HEAD_SLICE_ROWS 4096    /* output-head rows per task */
 #define O_SLICE_ROWS 512        /* attention-output rows per task */
 
@@ -421,6 +427,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   const char *env_primary = getenv("STRATA_PRIMARY_DEVICE");
   const int primary_device = env_primary ? atoi(env_primary) : 0;
   const int cublas_rows = cublas_rows_from_env();
+  e->int8_dot = int8_dot_from_env();
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
@@ -704,7 +711,8 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
                                            .ff0 = 0, .ff1 = (int)hp->n_ff_exp, .n_out_rows = 0,
                                            .gate = wdesc(&L->gate_exps), .up = wdesc(&L->up_exps),
-                                           .down = wdesc(&L->down_exps), .cublas_rows = e->cublas_rows};
+                                           .down = wdesc(&L->down_exps), .cublas_rows = e->cublas_rows,
+                                           .int8_dot = e->int8_dot};
   int n_out = 0, row_cursor = 0;
   /* Adds rows [s, s + n) of expert x's sorted entries to the task being built in `ea`. */
 #define ADD_EXPERT(x, s, n)                                                                    \

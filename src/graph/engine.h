@@ -104,6 +104,7 @@ struct st_engine {
   double cache_mass[ST_MAX_CACHES]; /* share of the profile's routed mass each cache holds at start */
   int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
   int cublas_rows;         /* STRATA_CUBLAS: batches (experts) of >= this many rows use cuBLAS on a GPU; 0 off */
+  int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
