@@ -1196,15 +1196,26 @@ struct kvec {
   float d, dmin;
 };
 
+/* k45_unpack with byte shuffles: the 12 packed bytes (read as 16: the block goes on) to the 8
+ * scales and 8 mins. */
+static inline __attribute__((always_inline)) AVX2 __m128i k45_unpack_sse(const uint8_t *packed) {
+  const __m128i s = _mm_loadu_si128((const __m128i *)packed);
+  /* low bits: scales 0..3 s[0..3] & 63, 4..7 s[8..11] & 15; mins 0..3 s[4..7] & 63, 4..7 s[8..11] >> 4 */
+  const __m128i lo = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i lo4 = _mm_blend_epi32(lo, _mm_srli_epi16(lo, 4), 0x8);
+  const __m128i low = _mm_and_si128(lo4, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  /* high bits of scales and mins 4..7: the top two bits of s[0..3] and s[4..7], moved to bits 4, 5 */
+  const __m128i hi = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+}
+
 static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_t type, const uint8_t *bb) {
   struct kvec k;
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     uint16_t dh, mh;
     memcpy(&dh, bb, 2);
     memcpy(&mh, bb + 2, 2);
-    uint8_t sm[16];
-    k45_unpack(bb + 4, sm);
-    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    const __m128i v = k45_unpack_sse(bb + 4);
     k.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
     k.mv16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
     k.d = _cvtsh_ss(dh), k.dmin = _cvtsh_ss(mh);
@@ -1373,6 +1384,57 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_b32_vnni_impl(uin
     out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
 }
 
+/* Groups 2c and 2c + 1 of a K super-block as 64 bytes in weight order (the VNNI counterpart of
+ * k_group_avx2, with one 512-bit decode per pair: each 256-bit half takes its own shift). qhs:
+ * Q5_K's qh shifted by 0 (low half) and 1 (high half); Q6_K's qh of half c / 2 shifted by 0 and 2. */
+static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t type, const uint8_t *bb, int c,
+                                                                      __m512i qhs) {
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    const int k5 = type == ST_TYPE_Q5_K;
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bb + (k5 ? 48 : 16) + 32 * c)));
+    __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), m4);
+    if (k5) /* bit 2c (low half) or 2c + 1 (high half, pre-shifted by 1) of qh, moved to bit 4 */
+      v = _mm512_or_si512(v, _mm512_and_si512(c <= 2 ? _mm512_slli_epi16(qhs, 4 - 2 * c) : _mm512_srli_epi16(qhs, 2),
+                                              _mm512_set1_epi8(0x10)));
+    return v;
+  }
+  if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * (c / 2)));
+    const __m512i lo = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(l, 4) : l, m4);
+    const __m512i hi = _mm512_and_si512(c & 1 ? qhs : _mm512_slli_epi16(qhs, 4), _mm512_set1_epi8(0x30));
+    return _mm512_or_si512(lo, hi);
+  }
+  /* IQ4_XS: 16 bytes per group, low nibbles then high nibbles; 128-bit lanes q0 q0 q1 q1 */
+  const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+  const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c)));
+  const __m512i qq = _mm512_shuffle_i64x2(q, q, 0x50);
+  const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                         0x0004000400040004, 0, 0);
+  const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
+  return _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
+}
+
+/* S (and M) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and the bsums term. */
+static inline __attribute__((always_inline)) VNNI void k_sums_vnni(uint32_t type, __m512i is, __m256i bm, int32_t *S,
+                                                                   int32_t *M) {
+  __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
+  if (type == ST_TYPE_IQ4_XS) {
+    *S = hsum_epi32_avx2(s8), *M = 0;
+    return;
+  }
+  if (type == ST_TYPE_Q6_K) {
+    *S = hsum_epi32_avx2(_mm256_sub_epi32(s8, bm)), *M = 0;
+    return;
+  }
+  const __m256i h = _mm256_hadd_epi32(s8, bm); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
+  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+  *S = _mm_cvtsi128_si32(r), *M = _mm_extract_epi32(r, 2);
+}
+
 static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint32_t type, const void *w, const uint8_t *xq,
                                                                           int64_t ldq, int nt, int64_t n, float *out,
                                                                           int64_t ldo) {
@@ -1387,10 +1449,19 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     const struct kvec k = k_vec_avx2(type, bb);
     const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
+    __m512i qhs = zero;
+    if (type == ST_TYPE_Q5_K) {
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bb + 16)));
+      qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
+    }
     __m512i is[ST_TILE];
     for (int t = 0; t < nt; t++) is[t] = zero;
     for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
-      const __m512i v = cat256(k_group_avx2(type, bb, 2 * c), k_group_avx2(type, bb, 2 * c + 1));
+      if (type == ST_TYPE_Q6_K && c % 2 == 0) {
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
+        qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
+      }
+      const __m512i v = k_pair_vnni(type, bb, c, qhs);
       const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
       const __m512i av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
       const __mmask64 neg = type == ST_TYPE_IQ4_XS ? _mm512_movepi8_mask(v) : 0;
@@ -1403,10 +1474,10 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
     }
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      int32_t S = _mm512_reduce_add_epi32(is[t]), M = 0;
-      if (type != ST_TYPE_IQ4_XS)
-        M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
-      if (type == ST_TYPE_Q6_K) S -= M;
+      const __m256i bm = type == ST_TYPE_IQ4_XS ? _mm256_setzero_si256()
+                                                : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+      int32_t S, M;
+      k_sums_vnni(type, is[t], bm, &S, &M);
       acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
     }
   }
