@@ -386,14 +386,19 @@ int main(void) {
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
    * tail), random and quantised blocks, tiles of 1 to 4 tokens */
-  const uint32_t int8_types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_0, ST_TYPE_IQ4_NL, ST_TYPE_Q4_K,
-                                 ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_XS};
+  const uint32_t int8_types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1,
+                                 ST_TYPE_IQ4_NL, ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K,
+                                 ST_TYPE_Q6_K, ST_TYPE_IQ4_XS};
   for (size_t i = 0; i < sizeof int8_types / sizeof int8_types[0]; i++) {
     test_int8(int8_types[i], 2048, 1, 7);
     test_int8(int8_types[i], 768, 0, 6);
   }
   test_int8(ST_TYPE_Q8_0, 96, 0, 7);
   test_int8(ST_TYPE_Q4_0, 32, 1, 5);
+  /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in the odd last block */
+  test_int8(ST_TYPE_Q4_1, 96, 1, 7);
+  test_int8(ST_TYPE_Q5_0, 96, 1, 5);
+  test_int8(ST_TYPE_Q5_1, 32, 0, 6);
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

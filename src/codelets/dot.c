@@ -862,20 +862,23 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
 }
 
 /* ---- integer dot products on quantised activations (st_matmul_q8) -------------------------
- * Two families. Blocks of 32 (Q8_0, Q4_0, IQ4_NL; st_act_q8_0): each block's 32 signed weight
- * quants times the activation quants give eight int32 lanes (lane j: weights 4j..4j+3, exact),
- * and lane j of block b updates float accumulator A[8 (b mod 2) + j] = fmaf(dw_b * dx_b, lane, A);
- * the 16 accumulators are summed by one fixed tree. Super-blocks of 256 (Q4_K, Q5_K, Q6_K,
- * IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q4_K/Q5_K a min m16[k]);
- * S = Σ_k sc16[k] Σ q·x and M = Σ_k m16[k] bsums[k] are exact integers (Q6_K's -32 offset folds
- * into S as -32 Σ sc16[k] bsums[k]), then acc = fmaf(dx * d, S, acc) and
+ * Two families. Blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; st_act_q8_0): each block's
+ * 32 weight quants times the activation quants give eight int32 lanes (lane j: weights 4j..4j+3,
+ * exact), and lane j of block b updates float accumulator A[8 (b mod 2) + j] = fmaf(dw_b * dx_b,
+ * lane, A), for Q4_1/Q5_1 then A = fmaf(mw_b * dx_b, sum of the lane's four activation quants, A);
+ * the 16 accumulators are summed by one fixed tree. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
+ * min m16[k]); S = Σ_k sc16[k] Σ q·x and M = Σ_k m16[k] bsums[k] are exact integers (Q3_K's -4
+ * and Q6_K's -32 offsets fold into S as -4 or -32 Σ sc16[k] bsums[k]), then acc = fmaf(dx * d, S, acc) and
  * acc = fmaf(-(dx * dmin), M, acc), one super-block after the other. The scalar, AVX2 and VNNI
  * code below compute exactly these integers and these float operations. */
 
 static int q8_family(uint32_t type) {
   switch (type) {
-  case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_IQ4_NL: return 1;
-  case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS: return 2;
+  case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_Q4_1: case ST_TYPE_Q5_0: case ST_TYPE_Q5_1: case ST_TYPE_IQ4_NL:
+    return 1;
+  case ST_TYPE_Q2_K: case ST_TYPE_Q3_K: case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS:
+    return 2;
   default: return 0;
   }
 }
@@ -988,10 +991,27 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n) {
   }
 }
 
-/* Bytes per weight block of the 32-block family; the fp16 scale is at offset 0 in all three. */
+/* Bytes per weight block of the 32-block family; the fp16 scale is at offset 0 in all of them. */
 static inline uint64_t b32_bytes(uint32_t type) {
-  return type == ST_TYPE_Q8_0 ? sizeof(st_block_q8_0) : type == ST_TYPE_Q4_0 ? sizeof(st_block_q4_0) : sizeof(st_block_iq4_nl);
+  switch (type) {
+  case ST_TYPE_Q8_0: return sizeof(st_block_q8_0);
+  case ST_TYPE_Q4_0: return sizeof(st_block_q4_0);
+  case ST_TYPE_Q4_1: return sizeof(st_block_q4_1);
+  case ST_TYPE_Q5_0: return sizeof(st_block_q5_0);
+  case ST_TYPE_Q5_1: return sizeof(st_block_q5_1);
+  default: return sizeof(st_block_iq4_nl);
+  }
 }
+
+/* Q4_1 and Q5_1 (w = d q + m, q unsigned): the fp16 min at offset 2; lane j of a block also
+ * carries m dx times the sum of its four activation quants. */
+static inline int b32_has_min(uint32_t type) { return type == ST_TYPE_Q4_1 || type == ST_TYPE_Q5_1; }
+
+/* Offset of the nibbles and (Q5_0/Q5_1) of the 32 fifth bits in a block. */
+static inline int b32_qs_at(uint32_t type) {
+  return type == ST_TYPE_Q4_1 ? 4 : type == ST_TYPE_Q5_0 ? 6 : type == ST_TYPE_Q5_1 ? 8 : 2;
+}
+static inline int b32_qh_at(uint32_t type) { return type == ST_TYPE_Q5_0 ? 2 : 4; }
 
 /* The 16 accumulators' fixed reduction tree (hsum8_avx2's order on A[j] + A[8 + j]). */
 static inline float q8_reduce16(const float *a) {
@@ -1022,7 +1042,7 @@ struct kscales {
 
 static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k) {
   uint16_t dh, mh = 0;
-  memcpy(&dh, type == ST_TYPE_Q6_K ? bb + offsetof(st_block_q6_K, d) : bb, 2);
+  memcpy(&dh, type == ST_TYPE_Q6_K ? bb + offsetof(st_block_q6_K, d) : bb, 2); /* Q2_K, Q3_K: below */
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     memcpy(&mh, bb + 2, 2);
     uint8_t sm[16];
@@ -1034,6 +1054,16 @@ static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k)
   } else if (type == ST_TYPE_Q6_K) {
     const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
     for (int j = 0; j < 16; j++) k->sc[j] = b->scales[j], k->mv[j] = (int16_t)(32 * b->scales[j]);
+  } else if (type == ST_TYPE_Q2_K) {
+    const st_block_q2_K *b = (const st_block_q2_K *)(const void *)bb;
+    for (int j = 0; j < 16; j++) k->sc[j] = b->scales[j] & 0xF, k->mv[j] = b->scales[j] >> 4;
+    dh = b->d, mh = b->dmin;
+  } else if (type == ST_TYPE_Q3_K) {
+    const st_block_q3_K *b = (const st_block_q3_K *)(const void *)bb;
+    int8_t sc[16];
+    q3k_scales(b->scales, sc);
+    for (int j = 0; j < 16; j++) k->sc[j] = (int16_t)(sc[j] - 32), k->mv[j] = (int16_t)(4 * (sc[j] - 32));
+    dh = b->d;
   } else { /* IQ4_XS */
     const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
     for (int j = 0; j < 8; j++) k->sc[2 * j] = k->sc[2 * j + 1] = (int16_t)iq4_xs_sub_scale(b, j);
@@ -1045,6 +1075,8 @@ static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k)
 
 static inline uint64_t k_bytes(uint32_t type) {
   switch (type) {
+  case ST_TYPE_Q2_K: return sizeof(st_block_q2_K);
+  case ST_TYPE_Q3_K: return sizeof(st_block_q3_K);
   case ST_TYPE_Q4_K: return sizeof(st_block_q4_K);
   case ST_TYPE_Q5_K: return sizeof(st_block_q5_K);
   case ST_TYPE_Q6_K: return sizeof(st_block_q6_K);
@@ -1052,10 +1084,14 @@ static inline uint64_t k_bytes(uint32_t type) {
   }
 }
 
-/* The float step of one super-block (the same in every ISA): Q6_K's offset is already in S. */
+/* Offset formats (Q3_K: q - 4, Q6_K: q - 32): the offset term kscales.mv · bsums is taken from S. */
+static inline int k_has_offset(uint32_t type) { return type == ST_TYPE_Q3_K || type == ST_TYPE_Q6_K; }
+static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K; }
+
+/* The float step of one super-block (the same in every ISA): Q3_K's and Q6_K's offsets are already in S. */
 static inline float k_accumulate(uint32_t type, float d, float dmin, float dx, int32_t S, int32_t M, float acc) {
   acc = fmaf(dx * d, (float)S, acc);
-  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) acc = fmaf(-(dx * dmin), (float)M, acc);
+  if (k_has_min(type)) acc = fmaf(-(dx * dmin), (float)M, acc);
   return acc;
 }
 
@@ -1065,16 +1101,36 @@ static void b32_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
     memcpy(q, bb + 2, 32);
     return;
   }
-  const uint8_t *qs = bb + 2;
+  const uint8_t *qs = bb + b32_qs_at(type);
+  uint32_t qh = 0;
+  if (type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1) memcpy(&qh, bb + b32_qh_at(type), 4);
   for (int l = 0; l < 16; l++) {
     const int lo = qs[l] & 0xF, hi = qs[l] >> 4;
-    q[l] = (int8_t)(type == ST_TYPE_Q4_0 ? lo - 8 : st_kvalues_iq4nl[lo]);
-    q[l + 16] = (int8_t)(type == ST_TYPE_Q4_0 ? hi - 8 : st_kvalues_iq4nl[hi]);
+    const int lo5 = lo | ((qh >> l) & 1) << 4, hi5 = hi | ((qh >> (l + 16)) & 1) << 4;
+    switch (type) {
+    case ST_TYPE_Q4_0: q[l] = (int8_t)(lo - 8), q[l + 16] = (int8_t)(hi - 8); break;
+    case ST_TYPE_Q4_1: q[l] = (int8_t)lo, q[l + 16] = (int8_t)hi; break;
+    case ST_TYPE_Q5_0: q[l] = (int8_t)(lo5 - 16), q[l + 16] = (int8_t)(hi5 - 16); break;
+    case ST_TYPE_Q5_1: q[l] = (int8_t)lo5, q[l + 16] = (int8_t)hi5; break;
+    default: q[l] = st_kvalues_iq4nl[lo], q[l + 16] = st_kvalues_iq4nl[hi];
+    }
   }
 }
 
 static void k_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
-  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+  if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
+    /* weight 128n + 32s + l: bits 2s of qs[32n + l]; Q3_K: + 4 when bit 4n + s of hmask[l] is set */
+    const uint8_t *qs = type == ST_TYPE_Q2_K ? ((const st_block_q2_K *)(const void *)bb)->qs
+                                             : ((const st_block_q3_K *)(const void *)bb)->qs;
+    const uint8_t *hm = ((const st_block_q3_K *)(const void *)bb)->hmask;
+    for (int nn = 0; nn < 2; nn++)
+      for (int sh = 0; sh < 4; sh++)
+        for (int l = 0; l < 32; l++) {
+          int v = (qs[32 * nn + l] >> (2 * sh)) & 3;
+          if (type == ST_TYPE_Q3_K) v |= ((hm[l] >> (4 * nn + sh)) & 1) << 2;
+          q[128 * nn + 32 * sh + l] = (int8_t)v;
+        }
+  } else if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     const int k5 = type == ST_TYPE_Q5_K;
     const uint8_t *qs = bb + (k5 ? 48 : 16), *qh = bb + 16;
     for (int j = 0; j < 4; j++)
@@ -1116,10 +1172,14 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
         memcpy(&dh, bb, 2);
         b32_quants_scalar(type, bb, q);
         const float s = st_fp16_to_f32(dh) * x[b].d;
+        uint16_t mh = 0;
+        if (b32_has_min(type)) memcpy(&mh, bb + 2, 2);
+        const float sm = st_fp16_to_f32(mh) * x[b].d;
         for (int j = 0; j < 8; j++) {
-          int32_t p = 0;
-          for (int i = 4 * j; i < 4 * j + 4; i++) p += q[i] * x[b].qs[i];
+          int32_t p = 0, sx = 0;
+          for (int i = 4 * j; i < 4 * j + 4; i++) p += q[i] * x[b].qs[i], sx += x[b].qs[i];
           a[8 * (b & 1) + j] = fmaf(s, (float)p, a[8 * (b & 1) + j]);
+          if (b32_has_min(type)) a[8 * (b & 1) + j] = fmaf(sm, (float)sx, a[8 * (b & 1) + j]);
         }
       }
       out[t * ldo] = q8_reduce16(a);
@@ -1142,7 +1202,7 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
         S += k.sc[g] * p;
         M += k.mv[g] * x[b].bsums[g];
       }
-      if (type == ST_TYPE_Q6_K) S -= M;
+      if (k_has_offset(type)) S -= M;
       acc = k_accumulate(type, k.d, k.dmin, x[b].d, S, M, acc);
     }
     out[t * ldo] = acc;
@@ -1150,19 +1210,31 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
 }
 
 /* AVX2 */
+/* The 32 fifth bits of a Q5_0/Q5_1 block as bytes 0x10 or 0 (ggml's bytes_from_bits_32). */
+static inline AVX2 __m256i b32_bit5_avx2(const uint8_t *qh) {
+  uint32_t h;
+  memcpy(&h, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                                       0x0101010101010101, 0));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 integer quants of a block in weight order: signed (Q8_0, Q4_0, Q5_0, IQ4_NL) or unsigned
+ * (Q4_1, Q5_1). */
 static inline AVX2 __m256i b32_quants_avx2(uint32_t type, const uint8_t *bb) {
   if (type == ST_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(bb + 2));
-  const __m128i q = _mm_loadu_si128((const __m128i *)(bb + 2)), m4 = _mm_set1_epi8(0xF);
+  const __m128i q = _mm_loadu_si128((const __m128i *)(bb + b32_qs_at(type))), m4 = _mm_set1_epi8(0xF);
   __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-  if (type == ST_TYPE_Q4_0) {
-    lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
-    hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
-  } else {
+  if (type == ST_TYPE_IQ4_NL) {
     const __m128i kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
-    lo = _mm_shuffle_epi8(kv, lo);
-    hi = _mm_shuffle_epi8(kv, hi);
+    return _mm256_set_m128i(_mm_shuffle_epi8(kv, hi), _mm_shuffle_epi8(kv, lo));
   }
-  return _mm256_set_m128i(hi, lo);
+  __m256i v = _mm256_set_m128i(hi, lo);
+  if (type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1) v = _mm256_or_si256(v, b32_bit5_avx2(bb + b32_qh_at(type)));
+  if (type == ST_TYPE_Q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+  if (type == ST_TYPE_Q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+  return v;
 }
 
 static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uint32_t type, const void *w,
@@ -1171,19 +1243,25 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uin
   __m256 acc[2 * ST_TILE]; /* A[0..7] of token t in acc[t], A[8..15] in acc[ST_TILE + t] */
   for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm256_setzero_ps();
   const uint64_t bs = b32_bytes(type);
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
+  const int with_min = b32_has_min(type);
   for (int64_t b = 0; b < n / 32; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
-    uint16_t dh;
+    uint16_t dh, mh = 0;
     memcpy(&dh, bb, 2);
-    const float dw = _cvtsh_ss(dh);
-    const __m256i v = b32_quants_avx2(type, bb), av = _mm256_abs_epi8(v);
+    if (with_min) memcpy(&mh, bb + 2, 2);
+    const float dw = _cvtsh_ss(dh), mw = _cvtsh_ss(mh);
+    const __m256i v = b32_quants_avx2(type, bb), av = with_min ? v : _mm256_abs_epi8(v);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
-      const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), v);
-      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), ones);
+      const __m256i xv = _mm256_loadu_si256((const __m256i *)x->qs);
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, with_min ? xv : _mm256_sign_epi8(xv, v)), ones);
       __m256 *a = acc + (b & 1) * ST_TILE + t;
       *a = _mm256_fmadd_ps(_mm256_set1_ps(dw * x->d), _mm256_cvtepi32_ps(p), *a);
+      if (with_min) {
+        const __m256i sx = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones);
+        *a = _mm256_fmadd_ps(_mm256_set1_ps(mw * x->d), _mm256_cvtepi32_ps(sx), *a);
+      }
     }
   }
   for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t], acc[ST_TILE + t]));
@@ -1196,18 +1274,42 @@ struct kvec {
   float d, dmin;
 };
 
+/* k45_unpack with byte shuffles: the 12 packed bytes (read as 16: the block goes on) to the 8
+ * scales and 8 mins. */
+static inline __attribute__((always_inline)) AVX2 __m128i k45_unpack_sse(const uint8_t *packed) {
+  const __m128i s = _mm_loadu_si128((const __m128i *)packed);
+  /* low bits: scales 0..3 s[0..3] & 63, 4..7 s[8..11] & 15; mins 0..3 s[4..7] & 63, 4..7 s[8..11] >> 4 */
+  const __m128i lo = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i lo4 = _mm_blend_epi32(lo, _mm_srli_epi16(lo, 4), 0x8);
+  const __m128i low = _mm_and_si128(lo4, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  /* high bits of scales and mins 4..7: the top two bits of s[0..3] and s[4..7], moved to bits 4, 5 */
+  const __m128i hi = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+}
+
 static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_t type, const uint8_t *bb) {
   struct kvec k;
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     uint16_t dh, mh;
     memcpy(&dh, bb, 2);
     memcpy(&mh, bb + 2, 2);
-    uint8_t sm[16];
-    k45_unpack(bb + 4, sm);
-    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    const __m128i v = k45_unpack_sse(bb + 4);
     k.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
     k.mv16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
     k.d = _cvtsh_ss(dh), k.dmin = _cvtsh_ss(mh);
+  } else if (type == ST_TYPE_Q2_K) {
+    const st_block_q2_K *b = (const st_block_q2_K *)(const void *)bb;
+    const __m128i v = _mm_loadu_si128((const __m128i *)b->scales), m4 = _mm_set1_epi8(0xF);
+    k.sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(v, m4));
+    k.mv16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    k.d = _cvtsh_ss(b->d), k.dmin = _cvtsh_ss(b->dmin);
+  } else if (type == ST_TYPE_Q3_K) {
+    const st_block_q3_K *b = (const st_block_q3_K *)(const void *)bb;
+    int8_t sc[16];
+    q3k_scales(b->scales, sc);
+    k.sc16 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)), _mm256_set1_epi16(32));
+    k.mv16 = _mm256_slli_epi16(k.sc16, 2);
+    k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
   } else if (type == ST_TYPE_Q6_K) {
     const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
     k.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
@@ -1229,6 +1331,17 @@ static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_
  * quants (Q4_K, Q5_K, Q6_K) or signed levels (IQ4_XS). */
 static inline __attribute__((always_inline)) AVX2 __m256i k_group_avx2(uint32_t type, const uint8_t *bb, int g) {
   const __m256i m4 = _mm256_set1_epi8(0xF);
+  if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
+    const int k3 = type == ST_TYPE_Q3_K;
+    const uint8_t *qs = k3 ? ((const st_block_q3_K *)(const void *)bb)->qs : ((const st_block_q2_K *)(const void *)bb)->qs;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (g / 4)));
+    __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (g % 4)), _mm256_set1_epi8(3));
+    if (k3) {
+      const __m256i hm = _mm256_loadu_si256((const __m256i *)((const st_block_q3_K *)(const void *)bb)->hmask);
+      v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, g), _mm256_set1_epi8(1)), 2));
+    }
+    return v;
+  }
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     const int k5 = type == ST_TYPE_Q5_K;
     const __m256i q = _mm256_loadu_si256((const __m256i *)(bb + (k5 ? 48 : 16) + 32 * (g / 2)));
@@ -1285,7 +1398,7 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       int32_t S, M = 0;
-      if (type == ST_TYPE_Q6_K) {
+      if (k_has_offset(type)) {
         S = hsum_epi32_avx2(_mm256_sub_epi32(is[t], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16)));
       } else {
         S = hsum_epi32_avx2(is[t]);
@@ -1314,6 +1427,11 @@ static AVX2 void q8_tile_avx2(uint32_t type, const void *w, const uint8_t *xq, i
   case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q8_0); break;
   case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q4_0); break;
   case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_IQ4_NL); break;
+  case ST_TYPE_Q4_1: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q4_1); break;
+  case ST_TYPE_Q5_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q5_0); break;
+  case ST_TYPE_Q5_1: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q5_1); break;
+  case ST_TYPE_Q2_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q2_K); break;
+  case ST_TYPE_Q3_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q3_K); break;
   case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q4_K); break;
   case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q5_K); break;
   case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q6_K); break;
@@ -1339,38 +1457,116 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_b32_vnni_impl(uin
   const int64_t nb = n / 32;
   const __m512i zero = _mm512_setzero_si512();
   int64_t b = 0;
+  const __m512i ones8 = _mm512_set1_epi8(1);
+  const int with_min = b32_has_min(type);
   for (; b + 2 <= nb; b += 2) {
     const uint8_t *b0 = (const uint8_t *)w + (uint64_t)b * bs, *b1 = b0 + bs;
-    uint16_t h0, h1;
+    uint16_t h0, h1, g0 = 0, g1 = 0;
     memcpy(&h0, b0, 2);
     memcpy(&h1, b1, 2);
-    const float d0 = _cvtsh_ss(h0), d1 = _cvtsh_ss(h1);
-    const __m512i v = cat256(b32_quants_avx2(type, b0), b32_quants_avx2(type, b1)), av = _mm512_abs_epi8(v);
-    const __mmask64 neg = _mm512_movepi8_mask(v);
+    if (with_min) memcpy(&g0, b0 + 2, 2), memcpy(&g1, b1 + 2, 2);
+    const float d0 = _cvtsh_ss(h0), d1 = _cvtsh_ss(h1), m0 = _cvtsh_ss(g0), m1 = _cvtsh_ss(g1);
+    const __m512i v = cat256(b32_quants_avx2(type, b0), b32_quants_avx2(type, b1));
+    const __m512i av = with_min ? v : _mm512_abs_epi8(v);
+    const __mmask64 neg = with_min ? 0 : _mm512_movepi8_mask(v);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
       const __m512i xv = cat256(_mm256_loadu_si256((const __m256i *)x[0].qs), _mm256_loadu_si256((const __m256i *)x[1].qs));
-      const __m512i p = _mm512_dpbusd_epi32(zero, av, _mm512_mask_sub_epi8(xv, neg, zero, xv));
+      const __m512i p = _mm512_dpbusd_epi32(zero, av, with_min ? xv : _mm512_mask_sub_epi8(xv, neg, zero, xv));
       const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0 * x[0].d), _mm512_set1_ps(d1 * x[1].d));
       acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
+      if (with_min) {
+        const __m512 sm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(m0 * x[0].d), _mm512_set1_ps(m1 * x[1].d));
+        acc[t] = _mm512_fmadd_ps(sm, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ones8, xv)), acc[t]);
+      }
     }
   }
   if (b < nb) { /* an odd last block (b even): lanes 0..7 only */
     const uint8_t *b0 = (const uint8_t *)w + (uint64_t)b * bs;
-    uint16_t h0;
+    uint16_t h0, g0 = 0;
     memcpy(&h0, b0, 2);
-    const float d0 = _cvtsh_ss(h0);
-    const __m256i v = b32_quants_avx2(type, b0), av = _mm256_abs_epi8(v);
+    if (with_min) memcpy(&g0, b0 + 2, 2);
+    const float d0 = _cvtsh_ss(h0), m0 = _cvtsh_ss(g0);
+    const __m256i v = b32_quants_avx2(type, b0), av = with_min ? v : _mm256_abs_epi8(v);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
-      const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), v);
-      const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), av, sx);
+      const __m256i xv = _mm256_loadu_si256((const __m256i *)x->qs);
+      const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), av, with_min ? xv : _mm256_sign_epi8(xv, v));
       acc[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(d0 * x->d), _mm512_castps256_ps512(_mm256_cvtepi32_ps(p)), acc[t],
                                      0x00FF);
+      if (with_min) {
+        const __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), xv);
+        acc[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(m0 * x->d), _mm512_castps256_ps512(_mm256_cvtepi32_ps(sx)), acc[t],
+                                       0x00FF);
+      }
     }
   }
   for (int t = 0; t < nt; t++)
     out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+}
+
+/* Groups 2c and 2c + 1 of a K super-block as 64 bytes in weight order (the VNNI counterpart of
+ * k_group_avx2, with one 512-bit decode per pair: each 256-bit half takes its own shift). qhs:
+ * Q5_K's qh shifted by 0 (low half) and 1 (high half); Q6_K's qh of half c / 2 shifted by 0 and 2. */
+static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t type, const uint8_t *bb, int c,
+                                                                      __m512i qhs) {
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
+    /* groups 2c, 2c + 1: bits 2 (2c % 4) and + 2 of qs[32 (c / 2) ..]; Q3_K: bit 2c of hmask,
+     * qhs = hmask shifted by 0 (low half) and 1 (high half), moved to bit 2 */
+    const int k3 = type == ST_TYPE_Q3_K;
+    const uint8_t *qs = k3 ? ((const st_block_q3_K *)(const void *)bb)->qs : ((const st_block_q2_K *)(const void *)bb)->qs;
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))), _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
+    __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3));
+    if (k3)
+      v = _mm512_or_si512(v, _mm512_and_si512(c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
+                                              _mm512_set1_epi8(0x04)));
+    return v;
+  }
+  if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
+    const int k5 = type == ST_TYPE_Q5_K;
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bb + (k5 ? 48 : 16) + 32 * c)));
+    __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), m4);
+    if (k5) /* bit 2c (low half) or 2c + 1 (high half, pre-shifted by 1) of qh, moved to bit 4 */
+      v = _mm512_or_si512(v, _mm512_and_si512(c <= 2 ? _mm512_slli_epi16(qhs, 4 - 2 * c) : _mm512_srli_epi16(qhs, 2),
+                                              _mm512_set1_epi8(0x10)));
+    return v;
+  }
+  if (type == ST_TYPE_Q6_K) {
+    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+    const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * (c / 2)));
+    const __m512i lo = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(l, 4) : l, m4);
+    const __m512i hi = _mm512_and_si512(c & 1 ? qhs : _mm512_slli_epi16(qhs, 4), _mm512_set1_epi8(0x30));
+    return _mm512_or_si512(lo, hi);
+  }
+  /* IQ4_XS: 16 bytes per group, low nibbles then high nibbles; 128-bit lanes q0 q0 q1 q1 */
+  const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
+  const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c)));
+  const __m512i qq = _mm512_shuffle_i64x2(q, q, 0x50);
+  const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                         0x0004000400040004, 0, 0);
+  const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
+  return _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
+}
+
+/* S (and M) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and the bsums term. */
+static inline __attribute__((always_inline)) VNNI void k_sums_vnni(uint32_t type, __m512i is, __m256i bm, int32_t *S,
+                                                                   int32_t *M) {
+  __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
+  if (type == ST_TYPE_IQ4_XS) {
+    *S = hsum_epi32_avx2(s8), *M = 0;
+    return;
+  }
+  if (k_has_offset(type)) {
+    *S = hsum_epi32_avx2(_mm256_sub_epi32(s8, bm)), *M = 0;
+    return;
+  }
+  const __m256i h = _mm256_hadd_epi32(s8, bm); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
+  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+  *S = _mm_cvtsi128_si32(r), *M = _mm_extract_epi32(r, 2);
 }
 
 static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint32_t type, const void *w, const uint8_t *xq,
@@ -1387,10 +1583,20 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     const struct kvec k = k_vec_avx2(type, bb);
     const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
+    __m512i qhs = zero;
+    if (type == ST_TYPE_Q5_K || type == ST_TYPE_Q3_K) {
+      const uint8_t *qh = type == ST_TYPE_Q5_K ? bb + 16 : ((const st_block_q3_K *)(const void *)bb)->hmask;
+      qhs = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
+                              _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
+    }
     __m512i is[ST_TILE];
     for (int t = 0; t < nt; t++) is[t] = zero;
     for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
-      const __m512i v = cat256(k_group_avx2(type, bb, 2 * c), k_group_avx2(type, bb, 2 * c + 1));
+      if (type == ST_TYPE_Q6_K && c % 2 == 0) {
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
+        qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
+      }
+      const __m512i v = k_pair_vnni(type, bb, c, qhs);
       const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
       const __m512i av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
       const __mmask64 neg = type == ST_TYPE_IQ4_XS ? _mm512_movepi8_mask(v) : 0;
@@ -1403,10 +1609,10 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
     }
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      int32_t S = _mm512_reduce_add_epi32(is[t]), M = 0;
-      if (type != ST_TYPE_IQ4_XS)
-        M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
-      if (type == ST_TYPE_Q6_K) S -= M;
+      const __m256i bm = type == ST_TYPE_IQ4_XS ? _mm256_setzero_si256()
+                                                : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+      int32_t S, M;
+      k_sums_vnni(type, is[t], bm, &S, &M);
       acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
     }
   }
@@ -1419,6 +1625,11 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, const uint8_t *xq, i
   case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q8_0); break;
   case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q4_0); break;
   case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_IQ4_NL); break;
+  case ST_TYPE_Q4_1: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q4_1); break;
+  case ST_TYPE_Q5_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q5_0); break;
+  case ST_TYPE_Q5_1: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q5_1); break;
+  case ST_TYPE_Q2_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q2_K); break;
+  case ST_TYPE_Q3_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q3_K); break;
   case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q4_K); break;
   case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q5_K); break;
   case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q6_K); break;
