@@ -2,7 +2,8 @@
  * (Q8_0, expert FFN 512, the Qwen3 vocabulary of the fixtures): the CPU pool's FFN split
  * (two 256-row slices summed by the combine) against the unsplit expert (STRATA_FF_SLICE=0),
  * the expert-profile file round trip and its refusals, the tiers' fill plan, and the host expert
- * arena (its plan, layout, exactness against the mmap-only engine, RAM refusal). Prints what it
+ * arena (its plan, layout, exactness against the mmap-only engine, RAM refusal, resident memory
+ * with --resident-experts on a mapped file). Prints what it
  * compared. */
 #include <math.h>
 #include <stdio.h>
@@ -380,6 +381,84 @@ static void test_arena_exact(struct st_model *m) {
   unsetenv("STRATA_MEMAVAILABLE_GIB");
 }
 
+/* Resident memory in --resident-experts mode (issue #7), on a model of 102 MiB of expert pairs
+ * (4 layers, 32 experts, hidden 256, expert FFN 1024, Q8_0) mapped from a file: every expert page
+ * read first (the worst case: the mmap-only engine's reads, or a GPU cache fill before its
+ * releases), the pairs of a fake cache owner (3 in 4) released as a cache fill does, then the
+ * arena of the rest. Bounds: RssFile ends within 2 MiB of what it was before the reads, the
+ * expert pages still mapped are at most the 2 edge pages of each of the 12 expert tensors
+ * (shared with a neighbour, never released), and RssAnon grows by at most the arena's size plus
+ * 4 MiB (transparent huge pages do not inflate it). */
+static void test_arena_rss(const char *fixtures) {
+  char vocab_path[4096], path[] = "/tmp/strata-test-arena-rss-XXXXXX";
+  snprintf(vocab_path, sizeof vocab_path, "%s/tokenizer/vocab-qwen3.gguf", fixtures);
+  struct st_mkmodel_config cfg;
+  struct st_mkmodel_vocab vocab;
+  struct st_model *m = NULL;
+  int fd = mkstemp(path), rc = fd < 0 ? st_set_error(ST_EIO, "mkstemp") : 0;
+  if (fd >= 0) close(fd);
+  if (!rc) rc = st_mkmodel_preset("tiny", &cfg);
+  if (!rc) rc = st_mkmodel_vocab_load(vocab_path, &vocab);
+  if (!rc) {
+    cfg.n_layer = 4;
+    cfg.n_expert = 32;
+    cfg.n_embd = 256;
+    cfg.n_ff_exp = 1024;
+    cfg.type = ST_TYPE_Q8_0;
+    cfg.progress = 0;
+    rc = st_mkmodel_write(&cfg, &vocab, path, NULL);
+    st_mkmodel_vocab_free(&vocab);
+  }
+  if (!rc) rc = st_model_load(path, &m);
+  double g[3];
+  if (rc || st_memory_status_gib("RssFile") < 0 || st_memory_file_pages(m, NULL, NULL, g)) {
+    printf("SKIP arena resident memory: %s\n", rc ? st_last_error() : "no /proc/self/status RssFile or pagemap");
+    st_model_free(m);
+    unlink(path);
+    return;
+  }
+  const uint32_t L = m->hp.n_layer, E = m->hp.n_expert;
+  const double MiB = 1.0 / 1024, file0 = st_memory_status_gib("RssFile"), anon0 = st_memory_status_gib("RssAnon");
+  uint64_t expert_bytes = 0, sum = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    const struct st_weight *ws[3] = {&m->layers[l].gate_exps, &m->layers[l].up_exps, &m->layers[l].down_exps};
+    for (int i = 0; i < 3; i++) {
+      const uint8_t *p = ws[i]->data;
+      expert_bytes += st_expert_bytes(ws[i]) * E;
+      for (uint64_t b = 0; b < st_expert_bytes(ws[i]) * E; b += 512) sum += p[b];
+    }
+  }
+  const double read = st_memory_status_gib("RssFile") - file0, gib = expert_bytes / 1073741824.0;
+  uint8_t *tier = malloc((size_t)L * E), *keep = malloc((size_t)L * E);
+  for (size_t i = 0; i < (size_t)L * E; i++) tier[i] = i % 4 ? 1 : 0; /* 3 in 4 pairs on a fake GPU cache */
+  st_host_arena_plan(tier, (size_t)L * E, 1, keep);
+  for (uint32_t l = 0; l < L; l++)
+    for (uint32_t x = 0; x < E; x++)
+      if (tier[(size_t)l * E + x]) st_host_arena_release_pair(NULL, m, l, x); /* the fill's releases */
+  st_memory_file_pages(m, NULL, tier, g);
+  const double cached_after_fill = g[2];
+  struct st_host_arena a;
+  const struct st_host_arena_conf conf = {.off = 0, .pin_gib = -1, .memavailable_gib = -1};
+  rc = st_host_arena_create(&a, m, keep, 1, &conf, 0);
+  const double file = st_memory_status_gib("RssFile") - file0, anon = st_memory_status_gib("RssAnon") - anon0;
+  st_memory_file_pages(m, &a, NULL, g);
+  const double edges = 2.0 * 3 * L * (double)sysconf(_SC_PAGESIZE) / 1073741824.0;
+  CHECK(!rc && read >= 0.9 * gib && cached_after_fill <= edges && file <= 2 * MiB && g[1] + g[2] <= edges &&
+            anon <= a.bytes / 1073741824.0 + 4 * MiB,
+        "arena resident memory, --resident-experts (%u of %u pairs in RAM): reading every expert page raised RssFile "
+        "by %.1f MiB (%.1f MiB of pairs); after the fake cache's releases %.0f KiB of its pairs stay mapped; after "
+        "the arena RssFile is %+.2f MiB from the start (bound 2 MiB), %.0f KiB of expert pages mapped (bound %.0f KiB), "
+        "RssAnon %+.1f MiB for an arena of %.1f MiB (bound +4 MiB)%s%s (checksum %llu)",
+        a.n_copied, L * E, read / MiB, gib / MiB, cached_after_fill / MiB * 1024, file / MiB,
+        (g[1] + g[2]) / MiB * 1024, edges / MiB * 1024, anon / MiB, a.bytes / 1048576.0, rc ? ": " : "",
+        rc ? st_last_error() : "", (unsigned long long)(sum & 0xff));
+  st_host_arena_free(&a);
+  free(tier);
+  free(keep);
+  st_model_free(m);
+  unlink(path);
+}
+
 static void test_arena(const char *fixtures) {
   char path[] = "/tmp/strata-test-arena-XXXXXX";
   struct st_model *m = NULL;
@@ -402,6 +481,7 @@ int main(void) {
   test_ff_split(fx);
   test_partial_sums(fx);
   test_arena(fx);
+  test_arena_rss(fx);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }

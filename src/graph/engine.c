@@ -521,9 +521,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
         e->h_kv[i] = reg(e->kv + i * (size_t)e->n_ctx * hp->head_dim, (uint64_t)e->n_ctx * hp->head_dim, 4);
       }
   }
+  st_memory_log("before the cache fill", m, NULL, NULL); /* STRATA_MEMORY_LOG=1 (tiers/arena.h) */
   if (!rc) rc = setup_tiers(e, o);
+  if (!rc) st_memory_log("after the cache fill", m, NULL, e->placement.tier);
   if (!rc) rc = setup_host_arena(e, o, &arena_conf);
   if (!rc) register_expert_handles(e);
+  if (!rc) st_memory_log("after registering the expert handles", m, &e->arena, e->placement.tier);
   if (!rc) rc = make_names(e);
   if (!rc && o->trace_dir) rc = st_recorder_open(o->trace_dir, &e->rec);
   if (rc) {
@@ -1133,6 +1136,13 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     e->tokens_since_adapt += T;
   }
   collect_bus(e);
+  static int prompt_logged; /* the memory log's line after the process's first prompt */
+  if (n > 1 && !prompt_logged && st_memory_log_on()) {
+    char stage[64];
+    snprintf(stage, sizeof stage, "after the first prompt (%d tokens)", n);
+    st_memory_log(stage, e->model, &e->arena, e->placement.tier);
+    prompt_logged = 1;
+  }
   if ((e->adapt_swaps > 0 || e->peer_adapt_swaps > 0) && e->tokens_since_adapt >= e->adapt_interval) {
     int rc = st_engine_adapt(e);
     if (rc < 0) return rc;

@@ -456,15 +456,16 @@ void st_gguf_close(struct st_gguf *g) {
   free_handle((struct gguf_priv *)g);
 }
 
-void st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n) {
+int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n) {
   const struct gguf_priv *gp = (const struct gguf_priv *)g;
-  if (!gp->mapped || !g->map) return;
+  if (!gp->mapped || !g->map) return 0;
   const uintptr_t lo = (uintptr_t)g->map, hi = lo + g->size, page = (uintptr_t)sysconf(_SC_PAGESIZE);
   uintptr_t a = (uintptr_t)p, b = a + n;
-  if (a < lo || b > hi || b <= a) return;
+  if (a < lo || b > hi || b <= a) return 0;
   a = (a + page - 1) & ~(page - 1);
   b &= ~(page - 1);
-  if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+  if (b > a && madvise((void *)a, b - a, MADV_DONTNEED)) return errno;
+  return 0;
 }
 
 static int str_eq(struct st_gguf_str s, const char *z) {

@@ -92,8 +92,9 @@ void st_gguf_close(struct st_gguf *g);
 /* Drops the process's pages of the mapping that lie wholly inside [p, p + n) (madvise
  * MADV_DONTNEED on the read-only private mapping: the data stays valid and is read again from the
  * page cache on the next access), so a copied region stops counting in resident memory. A no-op
- * for a buffer handle (st_gguf_open_buffer) or a range outside the mapping. */
-void st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n);
+ * for a buffer handle (st_gguf_open_buffer) or a range outside the mapping. Returns 0, or the
+ * errno of a failed madvise (the pages then stay resident; callers count it, the memory log shows it). */
+int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n);
 
 /* Lookups: NULL / -1 when absent. */
 const struct st_gguf_kv *st_gguf_find_kv(const struct st_gguf *g, const char *key);

@@ -88,4 +88,27 @@ int st_host_arena_streamable(const struct st_host_arena *a, uint32_t layer, uint
 void st_host_arena_release_pair(const struct st_host_arena *a, const struct st_model *m, uint32_t layer,
                                 uint32_t expert);
 
+/* STRATA_MEMORY_LOG=1 (doc/tuning.md): whether the memory log is on (read once). */
+int st_memory_log_on(void);
+
+/* The value of `key` ("VmRSS", "RssFile", ...) in /proc/self/status, GiB; -1 when absent. */
+double st_memory_status_gib(const char *key);
+
+/* The model file's pages mapped into the process (/proc/self/pagemap), GiB: gib[0] all of them,
+ * gib[1] and gib[2] those of expert pairs, split as the memory log below does (with `tier`: tier 0
+ * and the rest; else pairs the arena a holds and those it left in the file). 0, or -1 when
+ * pagemap cannot be read (gib[] are then -1). */
+int st_memory_file_pages(const struct st_model *m, const struct st_host_arena *a, const uint8_t *tier, double gib[3]);
+
+/* When the memory log is on, prints one line on stderr, "strata: memory: <stage>: ...", with
+ * VmRSS, VmHWM (the peak so far, what ru_maxrss reports), RssAnon, RssFile, RssShmem, VmLck and
+ * VmPin of /proc/self/status; then, from /proc/self/pagemap, the model file's pages mapped into
+ * the process split into dense weights and expert pairs: with `tier` (placement.h's table, may be
+ * NULL) those of the CPU pool (tier 0) and those a GPU cache owns, else with an active arena those
+ * it holds and those left in the file; from /proc/self/smaps the file mapping's copied-on-write
+ * (anonymous) and locked pages, the arena's resident bytes and transparent huge pages, and the
+ * largest other mappings by name; and the releases of file pages (madvise) that failed so far.
+ * m and a may be NULL. A no-op when the log is off; parts that cannot be read are left out. */
+void st_memory_log(const char *stage, const struct st_model *m, const struct st_host_arena *a, const uint8_t *tier);
+
 #endif
