@@ -1,5 +1,6 @@
-// Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS and
-// Q4_0 weight rows times up to 8 float32 token rows, for matmul.cu's plain and grouped products.
+// Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS, Q4_0,
+// Q4_1, Q5_0, Q5_1 and IQ4_NL weight rows times up to 8 float32 token rows, for matmul.cu's plain
+// and grouped products.
 // A warp takes two weight rows and walks them in chunks of 1024 weights: it copies a chunk's
 // packed bytes of both rows into shared memory with 16-byte loads (consecutive lanes, consecutive
 // segments), then lane l decodes the scales of the chunk's 32-weight sub-block l once, and in 8
@@ -43,6 +44,18 @@ template <> struct mmv_format<ST_TYPE_Q6_K> {
 template <> struct mmv_format<ST_TYPE_IQ4_XS> {
   enum { QK = 256, BS = 136, ALIGN = 4, MIN = 0 };
 };
+template <> struct mmv_format<ST_TYPE_Q4_1> {
+  enum { QK = 32, BS = 20, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_Q5_0> {
+  enum { QK = 32, BS = 22, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_Q5_1> {
+  enum { QK = 32, BS = 24, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ4_NL> {
+  enum { QK = 32, BS = 18, ALIGN = 2, MIN = 0 };
+};
 
 // 16-byte segments of one row's staged chunk: its bytes plus a misaligned start.
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_segs() {
@@ -79,16 +92,24 @@ __host__ __device__ __forceinline__ uint32_t mmv_u32_a2(const uint8_t *p) { // 2
   const uint16_t *h = (const uint16_t *)p;
   return h[0] | (uint32_t)h[1] << 16;
 }
+// 4 bytes at p, with the loads the format's ALIGN allows.
+template <uint32_t TYPE> __host__ __device__ __forceinline__ uint32_t mmv_u32_at(const uint8_t *p) {
+  return mmv_format<TYPE>::ALIGN == 4 ? mmv_u32(p) : mmv_u32_a2(p);
+}
 
 // The scales of sub-block l (weights 32 l .. 32 l + 31) of a chunk whose first block is at ch:
-// weight = s0 * q (Q8_0, Q4_0, IQ4_XS with q its table value), s0 * q - s1 (Q4_K, Q5_K), s0 * q
-// for the first 16 weights and s1 * q for the last 16 (Q6_K); as st_dev_weight computes them.
+// weight = s0 * q (Q8_0, Q4_0, IQ4_XS and IQ4_NL with q its table value), s0 * q + s1 (Q4_1,
+// Q5_1; Q5_0 with s1 = 0), s0 * q - s1 (Q4_K, Q5_K), s0 * q for the first 16 weights and s1 * q for
+// the last 16 (Q6_K); as st_dev_weight computes them.
 template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, float &s0, float &s1) {
   constexpr int BS = mmv_format<TYPE>::BS;
   s1 = 0.0f;
-  if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0) {
+  if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0 || TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_IQ4_NL) {
     s0 = mmv_f16(ch + l * BS);
+  } else if constexpr (TYPE == ST_TYPE_Q4_1 || TYPE == ST_TYPE_Q5_1) {
+    s0 = mmv_f16(ch + l * BS);
+    s1 = mmv_f16(ch + l * BS + 2);
   } else if constexpr (TYPE == ST_TYPE_Q4_K || TYPE == ST_TYPE_Q5_K) {
     const uint8_t *b = ch + (l >> 3) * BS, *sc = b + 4;
     const int is = l & 7;
@@ -116,8 +137,11 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
   }
 }
 
-// Weights o .. o + 3 of the chunk at ch (o a multiple of 4), with their sub-block's scales.
-// kv: IQ4_XS's value table as floats.
+// Weights o .. o + 3 of the chunk at ch (o a multiple of 4), with their sub-block's scales, bit for
+// bit as st_dequantize_row computes them: a scale times a quant is exact in float32 (an fp16 scale,
+// or one times an integer of at most 6 bits, times at most 6 bits), so an fma with the min or
+// offset rounds as the CPU's product-then-add does.
+// kv: IQ4_XS's and IQ4_NL's value table as floats.
 template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, float s0, float s1,
                                                       const float *kv, float w[4]) {
@@ -159,14 +183,37 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
     w[1] = s * mmv_byte<1>(q, 32.0f);
     w[2] = s * mmv_byte<2>(q, 32.0f);
     w[3] = s * mmv_byte<3>(q, 32.0f);
-  } else { // IQ4_XS: per 32 weights 16 bytes of qs, laid out as Q4_0's
-    const int r = o & 255, j = r & 31;
-    const uint32_t q =
-        (mmv_u32(ch + (o >> 8) * BS + 8 + 16 * (r >> 5) + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+  } else if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
+    // per 32 weights 16 bytes of qs, laid out as Q4_0's (IQ4_XS: 8 sub-blocks after 8 bytes of
+    // scales; IQ4_NL: one block after its scale)
+    const int r = TYPE == ST_TYPE_IQ4_XS ? o & 255 : o & 31, j = r & 31;
+    const uint8_t *qs = TYPE == ST_TYPE_IQ4_XS ? ch + (o >> 8) * BS + 8 + 16 * (r >> 5) : ch + (o >> 5) * BS + 2;
+    const uint32_t q = (mmv_u32_at<TYPE>(qs + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
     w[0] = s0 * kv[q & 15];
     w[1] = s0 * kv[(q >> 8) & 15];
     w[2] = s0 * kv[(q >> 16) & 15];
     w[3] = s0 * kv[q >> 24];
+  } else if constexpr (TYPE == ST_TYPE_Q4_1) { // qs after d and m, laid out as Q4_0's
+    const int j = o & 31;
+    const uint32_t q = (mmv_u32(ch + (o >> 5) * BS + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+    w[0] = fmaf(s0, mmv_byte<0>(q, 0.0f), s1);
+    w[1] = fmaf(s0, mmv_byte<1>(q, 0.0f), s1);
+    w[2] = fmaf(s0, mmv_byte<2>(q, 0.0f), s1);
+    w[3] = fmaf(s0, mmv_byte<3>(q, 0.0f), s1);
+  } else if constexpr (TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_Q5_1) {
+    // the low nibbles as Q4_0's; the fifth bit of weight j is bit j of qh, the 4 bytes after the
+    // scales: bits j .. j + 3 spread to bit 4 of bytes 0..3 by one multiply (no carries)
+    constexpr int H = TYPE == ST_TYPE_Q5_0 ? 2 : 4;
+    const uint8_t *b = ch + (o >> 5) * BS;
+    const int j = o & 31;
+    const uint32_t lo = (mmv_u32_at<TYPE>(b + H + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+    const uint32_t hi = ((((mmv_u32_at<TYPE>(b + H) >> j) & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
+    const uint32_t q = lo | hi;
+    const float bias = TYPE == ST_TYPE_Q5_0 ? 16.0f : 0.0f;
+    w[0] = fmaf(s0, mmv_byte<0>(q, bias), s1); // Q5_0: s1 = +0, as the CPU adds its m = 0
+    w[1] = fmaf(s0, mmv_byte<1>(q, bias), s1);
+    w[2] = fmaf(s0, mmv_byte<2>(q, bias), s1);
+    w[3] = fmaf(s0, mmv_byte<3>(q, bias), s1);
   }
   (void)s1;
   (void)kv;
@@ -268,9 +315,9 @@ __device__ __forceinline__ void mmv_rows(const uint8_t *const *w, const float *x
       if (t < nt) acc[r][t] = st_warp_sum(acc[r][t]);
 }
 
-// IQ4_XS's value table as floats in shared memory (before any thread leaves the block).
+// IQ4_XS's and IQ4_NL's value table as floats in shared memory (before any thread leaves the block).
 template <uint32_t TYPE> __device__ __forceinline__ void mmv_table(float *kv) {
-  if constexpr (TYPE == ST_TYPE_IQ4_XS) {
+  if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
     const int i = threadIdx.y * 32 + threadIdx.x;
     if (i < 16) kv[i] = (float)st_dev_kvalues_iq4nl[i];
     __syncthreads();
@@ -343,7 +390,8 @@ static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t 
 }
 
 #define MMV_TYPES(X)                                                                                         \
-  X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)
+  X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
+  X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL)
 
 // st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
 static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
