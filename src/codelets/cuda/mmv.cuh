@@ -1,6 +1,6 @@
 // Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS, Q4_0,
-// Q4_1, Q5_0, Q5_1 and IQ4_NL weight rows times up to 8 float32 token rows, for matmul.cu's plain
-// and grouped products.
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K and Q3_K weight rows times up to 8 float32 token rows, for
+// matmul.cu's plain and grouped products.
 // A warp takes two weight rows and walks them in chunks of 1024 weights: it copies a chunk's
 // packed bytes of both rows into shared memory with 16-byte loads (consecutive lanes, consecutive
 // segments), then lane l decodes the scales of the chunk's 32-weight sub-block l once, and in 8
@@ -56,6 +56,12 @@ template <> struct mmv_format<ST_TYPE_Q5_1> {
 template <> struct mmv_format<ST_TYPE_IQ4_NL> {
   enum { QK = 32, BS = 18, ALIGN = 2, MIN = 0 };
 };
+template <> struct mmv_format<ST_TYPE_Q2_K> {
+  enum { QK = 256, BS = 84, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_Q3_K> {
+  enum { QK = 256, BS = 110, ALIGN = 2, MIN = 1 };
+};
 
 // 16-byte segments of one row's staged chunk: its bytes plus a misaligned start.
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_segs() {
@@ -100,7 +106,8 @@ template <uint32_t TYPE> __host__ __device__ __forceinline__ uint32_t mmv_u32_at
 // The scales of sub-block l (weights 32 l .. 32 l + 31) of a chunk whose first block is at ch:
 // weight = s0 * q (Q8_0, Q4_0, IQ4_XS and IQ4_NL with q its table value), s0 * q + s1 (Q4_1,
 // Q5_1; Q5_0 with s1 = 0), s0 * q - s1 (Q4_K, Q5_K), s0 * q for the first 16 weights and s1 * q for
-// the last 16 (Q6_K); as st_dev_weight computes them.
+// the last 16 (Q6_K, Q3_K); as st_dev_weight computes them. Q2_K has a scale and a min per 16
+// weights: s0 and s1 are its super-block's d and dmin, mmv_weights4 applies the 4-bit factors.
 template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, float &s0, float &s1) {
   constexpr int BS = mmv_format<TYPE>::BS;
@@ -129,11 +136,28 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
     const float d = mmv_f16(b + 208);
     s0 = d * (float)sc[0];
     s1 = d * (float)sc[1];
-  } else { // IQ4_XS
+  } else if constexpr (TYPE == ST_TYPE_IQ4_XS) {
     const uint8_t *b = ch + (l >> 3) * BS;
     const int ib = l & 7, sh = b[2] | b[3] << 8;
     const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
     s0 = mmv_f16(b) * (float)(ls - 32);
+  } else if constexpr (TYPE == ST_TYPE_Q2_K) {
+    const uint8_t *b = ch + (l >> 3) * BS;
+    s0 = mmv_f16(b + 80);
+    s1 = mmv_f16(b + 82);
+  } else if constexpr (TYPE == ST_TYPE_Q3_K) {
+    // scales 2 (l & 7) and 2 (l & 7) + 1 of the 16 6-bit ones: low 4 bits in bytes 0..7 (scale
+    // is: byte is % 8, nibble is / 8), high 2 bits in bytes 8..11 (byte is % 4, bits 2 (is / 4))
+    const uint8_t *b = ch + (l >> 3) * BS, *sc = b + 96;
+    const float d = mmv_f16(b + 108);
+    int s[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int is = 2 * (l & 7) + h, g = is >> 2, bb = is & 3;
+      s[h] = (((sc[(g & 1) * 4 + bb] >> (4 * (g >> 1))) & 0xF) | (((sc[8 + bb] >> (2 * g)) & 3) << 4)) - 32;
+    }
+    s0 = d * (float)s[0];
+    s1 = d * (float)s[1];
   }
 }
 
@@ -214,6 +238,29 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
     w[1] = fmaf(s0, mmv_byte<1>(q, bias), s1);
     w[2] = fmaf(s0, mmv_byte<2>(q, bias), s1);
     w[3] = fmaf(s0, mmv_byte<3>(q, bias), s1);
+  } else if constexpr (TYPE == ST_TYPE_Q2_K || TYPE == ST_TYPE_Q3_K) {
+    // per 128 weights 32 bytes of 2-bit quants (Q2_K's after 16 bytes of scales, Q3_K's after the
+    // 32 bytes of hmask), weights 32 s + [0, 32) of them in bits 2 s of bytes 0..31; Q3_K's third
+    // bit (clear: minus 4) is bit 4 (r / 128) + s of hmask[r % 32]. Scale r / 16 per 16 weights.
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, n = r >> 7, s = (r >> 5) & 3;
+    constexpr int Q = TYPE == ST_TYPE_Q2_K ? 16 : 32;
+    uint32_t q = (mmv_u32_at<TYPE>(b + Q + 32 * n + (r & 31)) >> (2 * s)) & 0x03030303u;
+    if constexpr (TYPE == ST_TYPE_Q2_K) {
+      const uint32_t sc = b[r >> 4];
+      const float dl = s0 * mmv_byte<0>(sc & 0xFu, 0.0f), ml = s1 * mmv_byte<0>(sc >> 4, 0.0f);
+      w[0] = fmaf(dl, mmv_byte<0>(q, 0.0f), -ml);
+      w[1] = fmaf(dl, mmv_byte<1>(q, 0.0f), -ml);
+      w[2] = fmaf(dl, mmv_byte<2>(q, 0.0f), -ml);
+      w[3] = fmaf(dl, mmv_byte<3>(q, 0.0f), -ml);
+    } else {
+      q |= ((mmv_u32_a2(b + (r & 31)) >> (4 * n + s)) & 0x01010101u) << 2;
+      const float dl = r & 16 ? s1 : s0;
+      w[0] = dl * mmv_byte<0>(q, 4.0f);
+      w[1] = dl * mmv_byte<1>(q, 4.0f);
+      w[2] = dl * mmv_byte<2>(q, 4.0f);
+      w[3] = dl * mmv_byte<3>(q, 4.0f);
+    }
   }
   (void)s1;
   (void)kv;
@@ -391,7 +438,7 @@ static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t 
 
 #define MMV_TYPES(X)                                                                                         \
   X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
-  X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL)
+  X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)
 
 // st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
 static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
