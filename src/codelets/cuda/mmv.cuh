@@ -1,6 +1,6 @@
 // Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS, Q4_0,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K and Q3_K weight rows times up to 8 float32 token rows, for
-// matmul.cu's plain and grouped products.
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S and IQ2_XS weight rows times up to 8
+// float32 token rows, for matmul.cu's plain and grouped products.
 // A warp takes two weight rows and walks them in chunks of 1024 weights: it copies a chunk's
 // packed bytes of both rows into shared memory with 16-byte loads (consecutive lanes, consecutive
 // segments), then lane l decodes the scales of the chunk's 32-weight sub-block l once, and in 8
@@ -62,6 +62,18 @@ template <> struct mmv_format<ST_TYPE_Q2_K> {
 template <> struct mmv_format<ST_TYPE_Q3_K> {
   enum { QK = 256, BS = 110, ALIGN = 2, MIN = 1 };
 };
+template <> struct mmv_format<ST_TYPE_IQ3_S> {
+  enum { QK = 256, BS = 110, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_IQ3_XXS> {
+  enum { QK = 256, BS = 98, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_IQ2_S> {
+  enum { QK = 256, BS = 82, ALIGN = 2, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ2_XS> {
+  enum { QK = 256, BS = 74, ALIGN = 2, MIN = 1 };
+};
 
 // 16-byte segments of one row's staged chunk: its bytes plus a misaligned start.
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_segs() {
@@ -88,6 +100,38 @@ template <int J> __host__ __device__ __forceinline__ float mmv_byte(uint32_t q, 
   return mmv_as_float(m) - (8388608.0f + bias);
 }
 
+__host__ __device__ __forceinline__ uint32_t mmv_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+// x negated when bit 0 of s is set: exactly the CPU's x * -1.0f, with one integer op.
+__host__ __device__ __forceinline__ float mmv_signed(float x, uint32_t s) {
+  return mmv_as_float(mmv_bits(x) ^ (s & 1u) << 31);
+}
+
+// The i-quant grids: common.cuh's device copies (as st_dev_iq_weight reads them), and quant.c's
+// tables when this file is compiled as host code (a decoder emulation).
+#ifdef __CUDA_ARCH__
+#define MMV_GRID(name) st_dev_##name
+#else
+#define MMV_GRID(name) st_##name
+#endif
+
+// The IQ2_XS/IQ3_XXS sign byte of a 7-bit field (quant.h st_iq_signs).
+__host__ __device__ __forceinline__ uint32_t mmv_iq_signs(uint32_t f) {
+#ifdef __CUDA_ARCH__
+  return st_dev_iq_signs(f);
+#else
+  return st_iq_signs(f);
+#endif
+}
+
 __host__ __device__ __forceinline__ float mmv_f16(const uint8_t *p) {
   return __half2float(__ushort_as_half(*(const uint16_t *)p));
 }
@@ -108,6 +152,8 @@ template <uint32_t TYPE> __host__ __device__ __forceinline__ uint32_t mmv_u32_at
 // Q5_1; Q5_0 with s1 = 0), s0 * q - s1 (Q4_K, Q5_K), s0 * q for the first 16 weights and s1 * q for
 // the last 16 (Q6_K, Q3_K); as st_dev_weight computes them. Q2_K has a scale and a min per 16
 // weights: s0 and s1 are its super-block's d and dmin, mmv_weights4 applies the 4-bit factors.
+// The grid formats: weight = s0 * magnitude * sign (IQ3_S, IQ3_XXS), s0 or s1 for the first or
+// last 16 weights (IQ2_S, IQ2_XS).
 template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, float &s0, float &s1) {
   constexpr int BS = mmv_format<TYPE>::BS;
@@ -158,6 +204,20 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
     }
     s0 = d * (float)s[0];
     s1 = d * (float)s[1];
+  } else if constexpr (TYPE == ST_TYPE_IQ2_XS || TYPE == ST_TYPE_IQ2_S) {
+    // two 4-bit scales s per 32 weights (low nibble: the first 16), d * (0.5 + s) / 4
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const int sc = b[(TYPE == ST_TYPE_IQ2_XS ? 66 : 74) + (l & 7)];
+    const float d = mmv_f16(b);
+    s0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
+    s1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+  } else if constexpr (TYPE == ST_TYPE_IQ3_XXS) { // s in the top 4 bits of the sub-block's uint32
+    const uint8_t *b = ch + (l >> 3) * BS;
+    s0 = mmv_f16(b) * (0.5f + (float)(mmv_u32_a2(b + 66 + 4 * (l & 7)) >> 28)) * 0.5f;
+  } else if constexpr (TYPE == ST_TYPE_IQ3_S) { // 4-bit s, two per byte: d * (1 + 2 s)
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const int ib = l & 7;
+    s0 = mmv_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));
   }
 }
 
@@ -261,6 +321,46 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
       w[2] = dl * mmv_byte<2>(q, 4.0f);
       w[3] = dl * mmv_byte<3>(q, 4.0f);
     }
+  } else if constexpr (TYPE == ST_TYPE_IQ2_XS || TYPE == ST_TYPE_IQ2_S) {
+    // group g = r / 8: a grid entry of 8 magnitudes and a sign byte (IQ2_XS: the uint16 qs[g],
+    // 9-bit index | 7 sign bits << 9; IQ2_S: index byte qs[g] and 2 top bits in qh[r / 32], sign
+    // byte qs[32 + g]); these 4 weights are its half (r / 4) % 2
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, g = r >> 3, hf = (r >> 2) & 1;
+    uint64_t grid;
+    uint32_t signs;
+    if constexpr (TYPE == ST_TYPE_IQ2_XS) {
+      const uint32_t q = *(const uint16_t *)(b + 2 + 2 * g);
+      grid = MMV_GRID(iq2xs_grid)[q & 511];
+      signs = mmv_iq_signs(q >> 9);
+    } else {
+      grid = MMV_GRID(iq2s_grid)[b[2 + g] | ((b[66 + (r >> 5)] >> (2 * (g & 3))) & 3) << 8];
+      signs = b[34 + g];
+    }
+    const uint32_t m = (uint32_t)(grid >> (32 * hf)), sg = signs >> (4 * hf);
+    const float dl = r & 16 ? s1 : s0;
+    w[0] = mmv_signed(dl * mmv_byte<0>(m, 0.0f), sg);
+    w[1] = mmv_signed(dl * mmv_byte<1>(m, 0.0f), sg >> 1);
+    w[2] = mmv_signed(dl * mmv_byte<2>(m, 0.0f), sg >> 2);
+    w[3] = mmv_signed(dl * mmv_byte<3>(m, 0.0f), sg >> 3);
+  } else if constexpr (TYPE == ST_TYPE_IQ3_XXS || TYPE == ST_TYPE_IQ3_S) {
+    // one grid entry of 4 magnitudes per 4 weights, index byte qs[r / 4] (IQ3_S: ninth bit
+    // (r / 4) % 8 of qh[r / 32]); signs: IQ3_XXS's 7-bit field (r / 8) % 4 of the sub-block's
+    // uint32, IQ3_S's nibble (r / 4) % 2 of signs[r / 8]
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, k = (r >> 2) & 7;
+    uint32_t m, sg;
+    if constexpr (TYPE == ST_TYPE_IQ3_XXS) {
+      m = MMV_GRID(iq3xxs_grid)[b[2 + (r >> 2)]];
+      sg = mmv_iq_signs((mmv_u32_a2(b + 66 + 4 * (r >> 5)) >> (7 * ((r >> 3) & 3))) & 127) >> (4 * (k & 1));
+    } else {
+      m = MMV_GRID(iq3s_grid)[b[2 + (r >> 2)] | ((b[66 + (r >> 5)] >> k) & 1) << 8];
+      sg = b[74 + (r >> 3)] >> (4 * (k & 1));
+    }
+    w[0] = mmv_signed(s0 * mmv_byte<0>(m, 0.0f), sg);
+    w[1] = mmv_signed(s0 * mmv_byte<1>(m, 0.0f), sg >> 1);
+    w[2] = mmv_signed(s0 * mmv_byte<2>(m, 0.0f), sg >> 2);
+    w[3] = mmv_signed(s0 * mmv_byte<3>(m, 0.0f), sg >> 3);
   }
   (void)s1;
   (void)kv;
@@ -438,7 +538,8 @@ static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t 
 
 #define MMV_TYPES(X)                                                                                         \
   X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
-  X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)
+  X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)           \
+  X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS)
 
 // st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
 static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
