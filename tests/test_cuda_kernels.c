@@ -126,11 +126,14 @@ int main(void) {
    * the plain product and by the grouped expert product. 37 rows (not a multiple of the 8 rows of
    * a thread block nor of a warp's 2), a row of 1280 weights (a chunk of 1024 and a partial one;
    * 1312 for the 32-weight blocks, whose last chunk then ends inside a warp step), rows whose
-   * bytes are not 16-byte aligned for Q6_K, IQ4_XS, Q8_0 and Q4_0. Against the CPU's product at
+   * bytes are not 16-byte aligned for every format but Q4_K and Q5_K (Q5_0's, IQ4_NL's, Q3_K's and
+   * the IQ2/IQ3 grid formats' not even 4-byte aligned). Against the CPU's product at
    * T = 1, 3 and 8 (error measured against sum_j |w_j x_j|, as above); then bitwise: each token
    * alone (T = 1) gives the bits it gets inside the T = 8 batch, and a second launch repeats them. */
-  static const uint32_t mmv_types[] = {ST_TYPE_Q4_K, ST_TYPE_Q6_K, ST_TYPE_Q8_0,
-                                       ST_TYPE_Q5_K, ST_TYPE_IQ4_XS, ST_TYPE_Q4_0};
+  static const uint32_t mmv_types[] = {ST_TYPE_Q4_K, ST_TYPE_Q6_K, ST_TYPE_Q8_0, ST_TYPE_Q5_K, ST_TYPE_IQ4_XS,
+                                       ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_IQ4_NL,
+                                       ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S,
+                                       ST_TYPE_IQ2_XS};
   for (size_t k = 0; k < sizeof mmv_types / sizeof mmv_types[0]; k++) {
     enum { R = 37, TM = 8 };
     const uint32_t t = mmv_types[k];

@@ -1,8 +1,10 @@
 // Float32 matrix products over dequantised weights (common.cuh): a warp per output row, each
 // lane striding over the row, TT activation rows per warp so a weight row is read once per TT
-// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run. Q4_K, Q6_K,
-// Q8_0, Q5_K, IQ4_XS and Q4_0 go to the kernels specialised on their blocks (mmv.cuh); the other
-// block formats decode one weight at a time through st_dev_weight.
+// tokens; warp-shuffle reductions in a fixed order, so results repeat run to run. The block
+// formats of mmv.cuh's MMV_TYPES (Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+// Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS) go to the kernels specialised on their blocks; the
+// other block formats (and rows these kernels cannot take: mmv_fits) decode one weight at a time
+// through st_dev_weight.
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/mmv.cuh"
 

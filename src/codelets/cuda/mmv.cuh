@@ -1,5 +1,6 @@
-// Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS and
-// Q4_0 weight rows times up to 8 float32 token rows, for matmul.cu's plain and grouped products.
+// Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS, Q4_0,
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S and IQ2_XS weight rows times up to 8
+// float32 token rows, for matmul.cu's plain and grouped products.
 // A warp takes two weight rows and walks them in chunks of 1024 weights: it copies a chunk's
 // packed bytes of both rows into shared memory with 16-byte loads (consecutive lanes, consecutive
 // segments), then lane l decodes the scales of the chunk's 32-weight sub-block l once, and in 8
@@ -43,6 +44,36 @@ template <> struct mmv_format<ST_TYPE_Q6_K> {
 template <> struct mmv_format<ST_TYPE_IQ4_XS> {
   enum { QK = 256, BS = 136, ALIGN = 4, MIN = 0 };
 };
+template <> struct mmv_format<ST_TYPE_Q4_1> {
+  enum { QK = 32, BS = 20, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_Q5_0> {
+  enum { QK = 32, BS = 22, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_Q5_1> {
+  enum { QK = 32, BS = 24, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ4_NL> {
+  enum { QK = 32, BS = 18, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_Q2_K> {
+  enum { QK = 256, BS = 84, ALIGN = 4, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_Q3_K> {
+  enum { QK = 256, BS = 110, ALIGN = 2, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ3_S> {
+  enum { QK = 256, BS = 110, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_IQ3_XXS> {
+  enum { QK = 256, BS = 98, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_IQ2_S> {
+  enum { QK = 256, BS = 82, ALIGN = 2, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ2_XS> {
+  enum { QK = 256, BS = 74, ALIGN = 2, MIN = 1 };
+};
 
 // 16-byte segments of one row's staged chunk: its bytes plus a misaligned start.
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_segs() {
@@ -69,6 +100,38 @@ template <int J> __host__ __device__ __forceinline__ float mmv_byte(uint32_t q, 
   return mmv_as_float(m) - (8388608.0f + bias);
 }
 
+__host__ __device__ __forceinline__ uint32_t mmv_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+// x negated when bit 0 of s is set: exactly the CPU's x * -1.0f, with one integer op.
+__host__ __device__ __forceinline__ float mmv_signed(float x, uint32_t s) {
+  return mmv_as_float(mmv_bits(x) ^ (s & 1u) << 31);
+}
+
+// The i-quant grids: common.cuh's device copies (as st_dev_iq_weight reads them), and quant.c's
+// tables when this file is compiled as host code (a decoder emulation).
+#ifdef __CUDA_ARCH__
+#define MMV_GRID(name) st_dev_##name
+#else
+#define MMV_GRID(name) st_##name
+#endif
+
+// The IQ2_XS/IQ3_XXS sign byte of a 7-bit field (quant.h st_iq_signs).
+__host__ __device__ __forceinline__ uint32_t mmv_iq_signs(uint32_t f) {
+#ifdef __CUDA_ARCH__
+  return st_dev_iq_signs(f);
+#else
+  return st_iq_signs(f);
+#endif
+}
+
 __host__ __device__ __forceinline__ float mmv_f16(const uint8_t *p) {
   return __half2float(__ushort_as_half(*(const uint16_t *)p));
 }
@@ -79,16 +142,27 @@ __host__ __device__ __forceinline__ uint32_t mmv_u32_a2(const uint8_t *p) { // 2
   const uint16_t *h = (const uint16_t *)p;
   return h[0] | (uint32_t)h[1] << 16;
 }
+// 4 bytes at p, with the loads the format's ALIGN allows.
+template <uint32_t TYPE> __host__ __device__ __forceinline__ uint32_t mmv_u32_at(const uint8_t *p) {
+  return mmv_format<TYPE>::ALIGN == 4 ? mmv_u32(p) : mmv_u32_a2(p);
+}
 
 // The scales of sub-block l (weights 32 l .. 32 l + 31) of a chunk whose first block is at ch:
-// weight = s0 * q (Q8_0, Q4_0, IQ4_XS with q its table value), s0 * q - s1 (Q4_K, Q5_K), s0 * q
-// for the first 16 weights and s1 * q for the last 16 (Q6_K); as st_dev_weight computes them.
+// weight = s0 * q (Q8_0, Q4_0, IQ4_XS and IQ4_NL with q its table value), s0 * q + s1 (Q4_1,
+// Q5_1; Q5_0 with s1 = 0), s0 * q - s1 (Q4_K, Q5_K), s0 * q for the first 16 weights and s1 * q for
+// the last 16 (Q6_K, Q3_K); as st_dev_weight computes them. Q2_K has a scale and a min per 16
+// weights: s0 and s1 are its super-block's d and dmin, mmv_weights4 applies the 4-bit factors.
+// The grid formats: weight = s0 * magnitude * sign (IQ3_S, IQ3_XXS), s0 or s1 for the first or
+// last 16 weights (IQ2_S, IQ2_XS).
 template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, float &s0, float &s1) {
   constexpr int BS = mmv_format<TYPE>::BS;
   s1 = 0.0f;
-  if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0) {
+  if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0 || TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_IQ4_NL) {
     s0 = mmv_f16(ch + l * BS);
+  } else if constexpr (TYPE == ST_TYPE_Q4_1 || TYPE == ST_TYPE_Q5_1) {
+    s0 = mmv_f16(ch + l * BS);
+    s1 = mmv_f16(ch + l * BS + 2);
   } else if constexpr (TYPE == ST_TYPE_Q4_K || TYPE == ST_TYPE_Q5_K) {
     const uint8_t *b = ch + (l >> 3) * BS, *sc = b + 4;
     const int is = l & 7;
@@ -108,16 +182,50 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
     const float d = mmv_f16(b + 208);
     s0 = d * (float)sc[0];
     s1 = d * (float)sc[1];
-  } else { // IQ4_XS
+  } else if constexpr (TYPE == ST_TYPE_IQ4_XS) {
     const uint8_t *b = ch + (l >> 3) * BS;
     const int ib = l & 7, sh = b[2] | b[3] << 8;
     const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
     s0 = mmv_f16(b) * (float)(ls - 32);
+  } else if constexpr (TYPE == ST_TYPE_Q2_K) {
+    const uint8_t *b = ch + (l >> 3) * BS;
+    s0 = mmv_f16(b + 80);
+    s1 = mmv_f16(b + 82);
+  } else if constexpr (TYPE == ST_TYPE_Q3_K) {
+    // scales 2 (l & 7) and 2 (l & 7) + 1 of the 16 6-bit ones: low 4 bits in bytes 0..7 (scale
+    // is: byte is % 8, nibble is / 8), high 2 bits in bytes 8..11 (byte is % 4, bits 2 (is / 4))
+    const uint8_t *b = ch + (l >> 3) * BS, *sc = b + 96;
+    const float d = mmv_f16(b + 108);
+    int s[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int is = 2 * (l & 7) + h, g = is >> 2, bb = is & 3;
+      s[h] = (((sc[(g & 1) * 4 + bb] >> (4 * (g >> 1))) & 0xF) | (((sc[8 + bb] >> (2 * g)) & 3) << 4)) - 32;
+    }
+    s0 = d * (float)s[0];
+    s1 = d * (float)s[1];
+  } else if constexpr (TYPE == ST_TYPE_IQ2_XS || TYPE == ST_TYPE_IQ2_S) {
+    // two 4-bit scales s per 32 weights (low nibble: the first 16), d * (0.5 + s) / 4
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const int sc = b[(TYPE == ST_TYPE_IQ2_XS ? 66 : 74) + (l & 7)];
+    const float d = mmv_f16(b);
+    s0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
+    s1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+  } else if constexpr (TYPE == ST_TYPE_IQ3_XXS) { // s in the top 4 bits of the sub-block's uint32
+    const uint8_t *b = ch + (l >> 3) * BS;
+    s0 = mmv_f16(b) * (0.5f + (float)(mmv_u32_a2(b + 66 + 4 * (l & 7)) >> 28)) * 0.5f;
+  } else if constexpr (TYPE == ST_TYPE_IQ3_S) { // 4-bit s, two per byte: d * (1 + 2 s)
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const int ib = l & 7;
+    s0 = mmv_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));
   }
 }
 
-// Weights o .. o + 3 of the chunk at ch (o a multiple of 4), with their sub-block's scales.
-// kv: IQ4_XS's value table as floats.
+// Weights o .. o + 3 of the chunk at ch (o a multiple of 4), with their sub-block's scales, bit for
+// bit as st_dequantize_row computes them: a scale times a quant is exact in float32 (an fp16 scale,
+// or one times an integer of at most 6 bits, times at most 6 bits), so an fma with the min or
+// offset rounds as the CPU's product-then-add does.
+// kv: IQ4_XS's and IQ4_NL's value table as floats.
 template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, float s0, float s1,
                                                       const float *kv, float w[4]) {
@@ -159,14 +267,100 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
     w[1] = s * mmv_byte<1>(q, 32.0f);
     w[2] = s * mmv_byte<2>(q, 32.0f);
     w[3] = s * mmv_byte<3>(q, 32.0f);
-  } else { // IQ4_XS: per 32 weights 16 bytes of qs, laid out as Q4_0's
-    const int r = o & 255, j = r & 31;
-    const uint32_t q =
-        (mmv_u32(ch + (o >> 8) * BS + 8 + 16 * (r >> 5) + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+  } else if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
+    // per 32 weights 16 bytes of qs, laid out as Q4_0's (IQ4_XS: 8 sub-blocks after 8 bytes of
+    // scales; IQ4_NL: one block after its scale)
+    const int r = TYPE == ST_TYPE_IQ4_XS ? o & 255 : o & 31, j = r & 31;
+    const uint8_t *qs = TYPE == ST_TYPE_IQ4_XS ? ch + (o >> 8) * BS + 8 + 16 * (r >> 5) : ch + (o >> 5) * BS + 2;
+    const uint32_t q = (mmv_u32_at<TYPE>(qs + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
     w[0] = s0 * kv[q & 15];
     w[1] = s0 * kv[(q >> 8) & 15];
     w[2] = s0 * kv[(q >> 16) & 15];
     w[3] = s0 * kv[q >> 24];
+  } else if constexpr (TYPE == ST_TYPE_Q4_1) { // qs after d and m, laid out as Q4_0's
+    const int j = o & 31;
+    const uint32_t q = (mmv_u32(ch + (o >> 5) * BS + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+    w[0] = fmaf(s0, mmv_byte<0>(q, 0.0f), s1);
+    w[1] = fmaf(s0, mmv_byte<1>(q, 0.0f), s1);
+    w[2] = fmaf(s0, mmv_byte<2>(q, 0.0f), s1);
+    w[3] = fmaf(s0, mmv_byte<3>(q, 0.0f), s1);
+  } else if constexpr (TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_Q5_1) {
+    // the low nibbles as Q4_0's; the fifth bit of weight j is bit j of qh, the 4 bytes after the
+    // scales: bits j .. j + 3 spread to bit 4 of bytes 0..3 by one multiply (no carries)
+    constexpr int H = TYPE == ST_TYPE_Q5_0 ? 2 : 4;
+    const uint8_t *b = ch + (o >> 5) * BS;
+    const int j = o & 31;
+    const uint32_t lo = (mmv_u32_at<TYPE>(b + H + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
+    const uint32_t hi = ((((mmv_u32_at<TYPE>(b + H) >> j) & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
+    const uint32_t q = lo | hi;
+    const float bias = TYPE == ST_TYPE_Q5_0 ? 16.0f : 0.0f;
+    w[0] = fmaf(s0, mmv_byte<0>(q, bias), s1); // Q5_0: s1 = +0, as the CPU adds its m = 0
+    w[1] = fmaf(s0, mmv_byte<1>(q, bias), s1);
+    w[2] = fmaf(s0, mmv_byte<2>(q, bias), s1);
+    w[3] = fmaf(s0, mmv_byte<3>(q, bias), s1);
+  } else if constexpr (TYPE == ST_TYPE_Q2_K || TYPE == ST_TYPE_Q3_K) {
+    // per 128 weights 32 bytes of 2-bit quants (Q2_K's after 16 bytes of scales, Q3_K's after the
+    // 32 bytes of hmask), weights 32 s + [0, 32) of them in bits 2 s of bytes 0..31; Q3_K's third
+    // bit (clear: minus 4) is bit 4 (r / 128) + s of hmask[r % 32]. Scale r / 16 per 16 weights.
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, n = r >> 7, s = (r >> 5) & 3;
+    constexpr int Q = TYPE == ST_TYPE_Q2_K ? 16 : 32;
+    uint32_t q = (mmv_u32_at<TYPE>(b + Q + 32 * n + (r & 31)) >> (2 * s)) & 0x03030303u;
+    if constexpr (TYPE == ST_TYPE_Q2_K) {
+      const uint32_t sc = b[r >> 4];
+      const float dl = s0 * mmv_byte<0>(sc & 0xFu, 0.0f), ml = s1 * mmv_byte<0>(sc >> 4, 0.0f);
+      w[0] = fmaf(dl, mmv_byte<0>(q, 0.0f), -ml);
+      w[1] = fmaf(dl, mmv_byte<1>(q, 0.0f), -ml);
+      w[2] = fmaf(dl, mmv_byte<2>(q, 0.0f), -ml);
+      w[3] = fmaf(dl, mmv_byte<3>(q, 0.0f), -ml);
+    } else {
+      q |= ((mmv_u32_a2(b + (r & 31)) >> (4 * n + s)) & 0x01010101u) << 2;
+      const float dl = r & 16 ? s1 : s0;
+      w[0] = dl * mmv_byte<0>(q, 4.0f);
+      w[1] = dl * mmv_byte<1>(q, 4.0f);
+      w[2] = dl * mmv_byte<2>(q, 4.0f);
+      w[3] = dl * mmv_byte<3>(q, 4.0f);
+    }
+  } else if constexpr (TYPE == ST_TYPE_IQ2_XS || TYPE == ST_TYPE_IQ2_S) {
+    // group g = r / 8: a grid entry of 8 magnitudes and a sign byte (IQ2_XS: the uint16 qs[g],
+    // 9-bit index | 7 sign bits << 9; IQ2_S: index byte qs[g] and 2 top bits in qh[r / 32], sign
+    // byte qs[32 + g]); these 4 weights are its half (r / 4) % 2
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, g = r >> 3, hf = (r >> 2) & 1;
+    uint64_t grid;
+    uint32_t signs;
+    if constexpr (TYPE == ST_TYPE_IQ2_XS) {
+      const uint32_t q = *(const uint16_t *)(b + 2 + 2 * g);
+      grid = MMV_GRID(iq2xs_grid)[q & 511];
+      signs = mmv_iq_signs(q >> 9);
+    } else {
+      grid = MMV_GRID(iq2s_grid)[b[2 + g] | ((b[66 + (r >> 5)] >> (2 * (g & 3))) & 3) << 8];
+      signs = b[34 + g];
+    }
+    const uint32_t m = (uint32_t)(grid >> (32 * hf)), sg = signs >> (4 * hf);
+    const float dl = r & 16 ? s1 : s0;
+    w[0] = mmv_signed(dl * mmv_byte<0>(m, 0.0f), sg);
+    w[1] = mmv_signed(dl * mmv_byte<1>(m, 0.0f), sg >> 1);
+    w[2] = mmv_signed(dl * mmv_byte<2>(m, 0.0f), sg >> 2);
+    w[3] = mmv_signed(dl * mmv_byte<3>(m, 0.0f), sg >> 3);
+  } else if constexpr (TYPE == ST_TYPE_IQ3_XXS || TYPE == ST_TYPE_IQ3_S) {
+    // one grid entry of 4 magnitudes per 4 weights, index byte qs[r / 4] (IQ3_S: ninth bit
+    // (r / 4) % 8 of qh[r / 32]); signs: IQ3_XXS's 7-bit field (r / 8) % 4 of the sub-block's
+    // uint32, IQ3_S's nibble (r / 4) % 2 of signs[r / 8]
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, k = (r >> 2) & 7;
+    uint32_t m, sg;
+    if constexpr (TYPE == ST_TYPE_IQ3_XXS) {
+      m = MMV_GRID(iq3xxs_grid)[b[2 + (r >> 2)]];
+      sg = mmv_iq_signs((mmv_u32_a2(b + 66 + 4 * (r >> 5)) >> (7 * ((r >> 3) & 3))) & 127) >> (4 * (k & 1));
+    } else {
+      m = MMV_GRID(iq3s_grid)[b[2 + (r >> 2)] | ((b[66 + (r >> 5)] >> k) & 1) << 8];
+      sg = b[74 + (r >> 3)] >> (4 * (k & 1));
+    }
+    w[0] = mmv_signed(s0 * mmv_byte<0>(m, 0.0f), sg);
+    w[1] = mmv_signed(s0 * mmv_byte<1>(m, 0.0f), sg >> 1);
+    w[2] = mmv_signed(s0 * mmv_byte<2>(m, 0.0f), sg >> 2);
+    w[3] = mmv_signed(s0 * mmv_byte<3>(m, 0.0f), sg >> 3);
   }
   (void)s1;
   (void)kv;
@@ -268,9 +462,9 @@ __device__ __forceinline__ void mmv_rows(const uint8_t *const *w, const float *x
       if (t < nt) acc[r][t] = st_warp_sum(acc[r][t]);
 }
 
-// IQ4_XS's value table as floats in shared memory (before any thread leaves the block).
+// IQ4_XS's and IQ4_NL's value table as floats in shared memory (before any thread leaves the block).
 template <uint32_t TYPE> __device__ __forceinline__ void mmv_table(float *kv) {
-  if constexpr (TYPE == ST_TYPE_IQ4_XS) {
+  if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
     const int i = threadIdx.y * 32 + threadIdx.x;
     if (i < 16) kv[i] = (float)st_dev_kvalues_iq4nl[i];
     __syncthreads();
@@ -343,7 +537,9 @@ static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t 
 }
 
 #define MMV_TYPES(X)                                                                                         \
-  X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)
+  X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
+  X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)           \
+  X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS)
 
 // st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
 static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
