@@ -352,16 +352,28 @@ static int setup_host_arena(struct st_engine *e, const struct st_engine_opts *o,
 /* One handle per matrix of every pair, home in main RAM over its source: the arena's copy, or the
  * mapping for a pair left in the file. A pair's source never changes (swaps copy from it and
  * leave it in place), so the handles stay registered until st_engine_destroy. */
-static void register_expert_handles(struct st_engine *e) {
-  for (uint32_t l = 0; l < e->hp.n_layer; l++) {
+/* The CPU pool's handles of expert pair (l, x), registered on first use over the pair's source
+ * (the arena copy, or the mapped file). Registration is lazy because StarPU touches a buffer's first
+ * page when it is registered: over a file mapped with huge folios that maps 2 MiB per matrix, and
+ * registering the pairs the GPU caches hold (in --resident-experts mode, left in the file) would
+ * bring ~2 MiB x 3 of each back into memory (measured: 36.6 instead of ~12 GiB resident on the
+ * qwen3-30b-a3b preset with 4,000 pairs cached, bench/RESULTS.md). */
+static const starpu_data_handle_t *expert_handles(struct st_engine *e, uint32_t l, uint32_t x) {
+  starpu_data_handle_t *he = e->h_expert + ((size_t)l * e->hp.n_expert + x) * 3;
+  if (!he[0]) {
     const struct st_layer *L = &e->model->layers[l];
     const struct st_weight *w[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
-    for (uint32_t x = 0; x < e->hp.n_expert; x++) {
-      starpu_data_handle_t *he = e->h_expert + ((size_t)l * e->hp.n_expert + x) * 3;
-      for (int i = 0; i < 3; i++)
-        he[i] = reg(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
-    }
+    for (int i = 0; i < 3; i++) he[i] = reg(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
   }
+  return he;
+}
+
+/* Registers the handles of the pairs the CPU pool computes at start; the GPU caches' pairs get
+ * theirs when they first run on the CPU pool or stream (expert_handles). */
+static void register_expert_handles(struct st_engine *e) {
+  for (uint32_t l = 0; l < e->hp.n_layer; l++)
+    for (uint32_t x = 0; x < e->hp.n_expert; x++)
+      if (st_placement_tier(&e->placement, l, x) == ST_TIER_CPU_POOL) expert_handles(e, l, x);
 }
 
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
@@ -818,7 +830,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     *ea = base;
     ADD_EXPERT(x, count[x], n);
     memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n);
-    const starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
+    const starpu_data_handle_t *he = expert_handles(e, l, (uint32_t)x);
     outs[1 + n_out] = reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
     starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
     rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_PRIMARY)),
@@ -838,7 +850,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       ADD_EXPERT(x, s, n);
       for (int r = 0; r < n; r++) ca->src[order[s + r]].parts = parts;
       memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n);
-      const starpu_data_handle_t *he = e->h_expert + ((size_t)l * E + x) * 3;
+      const starpu_data_handle_t *he = expert_handles(e, l, (uint32_t)x);
       for (int p = 0; p < parts && !rc; p++) {
         ea->ff0 = p * (int)hp->n_ff_exp / parts;
         ea->ff1 = (p + 1) * (int)hp->n_ff_exp / parts;

@@ -79,7 +79,8 @@ struct st_engine {
   starpu_data_handle_t h_output_norm, h_output;
   starpu_data_handle_t *h_layer;   /* [n_layer][9]: attn_norm wq wk wv wo q_norm k_norm ffn_norm router */
   starpu_data_handle_t *h_expert;  /* [n_layer][n_expert][3]: gate up down, over the host expert
-                                      arena's copy of the pair, or over the mapping when it has none */
+                                      arena's copy of the pair, or over the mapping when it has none;
+                                      NULL until the CPU pool first needs the pair (engine.c) */
   float *kv;                       /* [n_layer][n_head_kv][2][n_ctx][head_dim] */
   starpu_data_handle_t *h_kv;      /* [n_layer][n_head_kv][2] */
 
