@@ -132,7 +132,8 @@ int st_cmd_bench(int argc, char **argv) {
              "  -m, --model FILE       qwen3moe GGUF\n"
              "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
              "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
-             "      --depth LIST       context depths in tokens before decoding (default 0)\n"
+             "      --depth LIST       context depths in tokens before decoding (default 0); a depth equal to\n"
+             "                         the last --prompt size decodes in that prompt's context (no second prefill)\n"
              "      --json             print JSON instead of the table\n"
              "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
              "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
@@ -190,6 +191,8 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc) rc = st_engine_eval(e, ids, (int)(need < 32 ? need : 32), logits, 0);
   if (!rc) st_engine_reset(e);
   for (long i = 0; i < 2 && i < need && !rc; i++) rc = st_engine_eval(e, ids + i, 1, logits, 0);
+  long held = 0; /* the engine's context holds ids[0..held) from the last prompt test */
+  int32_t held_next = ids ? ids[0] : 0;
   for (int i = 0; i < n_prompts && !rc; i++) {
     if (prompts[i] == 0) continue;
     st_engine_reset(e);
@@ -197,13 +200,29 @@ int st_cmd_bench(int argc, char **argv) {
     const double t0 = st_now();
     rc = st_engine_eval(e, ids, (int)prompts[i], logits, 0);
     res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats), -1, {0}};
+    if (!rc) held = prompts[i], held_next = st_argmax(logits, (int32_t)m->hp.n_vocab);
   }
-  for (int i = 0; i < n_depths && n_decode > 0 && !rc; i++)
+  /* a depth equal to the last prompt's size decodes first, in that prompt's context: the prefill
+   * would evaluate the same ids in the same chunks, so it is not run a second time */
+  int order[MAX_SIZES];
+  for (int i = 0; i < n_depths; i++) order[i] = i;
+  for (int i = 1; i < n_depths; i++)
+    if (held > 0 && depths[order[i]] == held && depths[order[0]] != held) {
+      const int t = order[0];
+      order[0] = order[i];
+      order[i] = t;
+    }
+  for (int oi = 0; oi < n_depths && n_decode > 0 && !rc; oi++)
     for (int pass = graphs_both ? 0 : 1; pass < 2 && !rc; pass++) {
+      const int i = order[oi];
       const int graphs = graphs_both ? st_engine_set_cuda_graphs(e, pass) : e->cuda_graphs;
-      st_engine_reset(e);
       int32_t id = ids[0];
-      if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+      if (oi == 0 && held > 0 && depths[i] == held && e->n_past == held) {
+        id = held_next;
+      } else {
+        st_engine_reset(e);
+        if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+      }
       const struct st_engine_stats before = e->stats;
       const struct st_cuda_graph_stats gbefore = graph_stats_now();
       const double t0 = st_now();
