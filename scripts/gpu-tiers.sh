@@ -6,7 +6,8 @@
 #                                caching them all; the host route vs P2P; remote-expert-opt
 #   scripts/gpu-tiers.sh exact   the same gates on a qwen3-30b-a3b-preset Q8_0 model (made once
 #                                into models/, kept while the machine stays warm)
-#   scripts/gpu-tiers.sh table [PROMPT DEPTHS REPS]  strata bench per setup, each card's cache
+#   scripts/gpu-tiers.sh table [PROMPT DEPTHS REPS]  strata bench per setup (ONLY=REGEX picks setups;
+#                                e.g. table 32768 32768,1024 3: the 32K decode reuses the prompt), each card's cache
 #                                limited to 4000 pairs (18.7 GiB: a 24 GB card with the dense
 #                                weights and KV cache, as in the single-GPU bench), median of REPS
 # Prints a short table last.
@@ -89,8 +90,9 @@ table)
   PR=${2:-4096}; DEPTHS=${3:-1024,4096}; REPS=${4:-1}
   # (STARPU_LIMIT_CUDA_MEM=24576 was tried: StarPU then reclaims buffers every step at the edge of
   # the limit and decode falls to ~6 tok/s on every setup; explicit slot counts emulate the card)
-  bench() {
+  bench() { # ONLY=REGEX runs the setups whose name matches (to split the table over calls)
     local name=$1; shift
+    [[ "$name" =~ ${ONLY:-.} ]] || return 0
     for r in $(seq "$REPS"); do
       timeout 300 env "${BENV[@]}" "$S" bench -m $M --prompt "$PR" --decode 32 --depth "$DEPTHS" --expert-profile $P "$@" \
         > "$out/b.txt" 2> "$out/b.err" || { rows+=("$name: failed: $(tail -n 1 "$out/b.err")"); return; }
