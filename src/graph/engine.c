@@ -6,6 +6,7 @@
  * identical under any scheduler or worker count. */
 #include "graph/engine.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,30 +27,53 @@
 enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
 
 #define ROWS_PER_EXPERT_TASK 64 /* an expert with more rows in a batch is split into tasks */
-#define FF_SLICE 256            /* a CPU-pool expert's FFN is split into slices of this many rows */
 
-/* FFN slices per CPU-pool expert task (STRATA_FF_SLICE rows each, default FF_SLICE; 0 = no
- * split): a fixed function of the model and that setting, never of the workers, so the
- * summation order (and the logits) stay the same under any scheduler. */
-static int ff_parts_for(const struct st_hparams *hp) {
-  const char *env = getenv("STRATA_FF_SLICE");
-  const long slice = env ? strtol(env, NULL, 10) : FF_SLICE;
-  if (slice <= 0 || slice % 32 || hp->n_ff_exp < 2 * slice || hp->n_ff_exp % slice) return 1;
+/* The engine's STRATA_ switches (doc/tuning.md), read once, here, and refused when malformed:
+ * a typo must not silently change what runs. */
+struct env_conf {
+  long ff_slice;       /* STRATA_FF_SLICE: FFN rows per CPU-pool slice, 0 = no split */
+  long cublas;         /* STRATA_CUBLAS: 0 never, 1 from CUBLAS_ROWS token rows, N >= 2 from N */
+  long int8_dot;       /* STRATA_INT8_DOT: 0 or 1 */
+  long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
+  int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
+};
+#define FF_SLICE 256    /* a CPU-pool expert's FFN is split into slices of this many rows */
+#define CUBLAS_ROWS 32
+
+/* A whole number in [lo, hi] from `name`, def when unset; ST_EINVAL naming the variable. */
+static int env_long(const char *name, long lo, long hi, long def, long *out) {
+  const char *v = getenv(name);
+  *out = def;
+  if (!v) return 0;
+  char *end;
+  errno = 0;
+  const long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return st_set_error(ST_EINVAL, "%s=%s: expected a whole number %ld..%ld (doc/tuning.md)", name, v, lo, hi);
+  *out = x;
+  return 0;
+}
+
+static int read_env(struct env_conf *c) {
+  int rc = env_long("STRATA_FF_SLICE", 0, 1 << 20, FF_SLICE, &c->ff_slice);
+  if (!rc && c->ff_slice % 32)
+    rc = st_set_error(ST_EINVAL, "STRATA_FF_SLICE=%ld: expected 0 or a multiple of 32 (doc/tuning.md)", c->ff_slice);
+  if (!rc) rc = env_long("STRATA_CUBLAS", 0, 1 << 20, 1, &c->cublas);
+  if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 0, &c->int8_dot);
+  if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
+  c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
+  return rc;
+}
+
+/* FFN slices per CPU-pool expert task (STRATA_FF_SLICE rows each; 0 = no split; a slice that does
+ * not divide the FFN, or more than half of it, does not split either): a fixed function of the
+ * model and that setting, never of the workers, so the summation order (and the logits) stay the
+ * same under any scheduler. */
+static int ff_parts_for(const struct st_hparams *hp, long slice) {
+  if (slice <= 0 || hp->n_ff_exp < 2 * slice || hp->n_ff_exp % slice) return 1;
   return (int)(hp->n_ff_exp / slice);
 }
-/* STRATA_CUBLAS (doc/tuning.md): unset or 1: CUBLAS_ROWS; 0: never; N >= 2: from N token rows. */
-#define CUBLAS_ROWS 32
-static int cublas_rows_from_env(void) {
-  const char *env = getenv("STRATA_CUBLAS");
-  const long v = env ? strtol(env, NULL, 10) : 1;
-  return v <= 0 ? 0 : v == 1 ? CUBLAS_ROWS : v > 1 << 20 ? 1 << 20 : (int)v;
-}
-/* STRATA_INT8_DOT (doc/tuning.md): 1 = CPU expert-row tasks quantise their activations to int8
- * and use the integer kernels (st_matmul_q8) where the weight type has them; unset or 0 = float32. */
-static int int8_dot_from_env(void) {
-  const char *env = getenv("STRATA_INT8_DOT");
-  return env && strtol(env, NULL, 10) == 1;
-}
+
 #define HEAD_SLICE_ROWS 4096    /* output-head rows per task */
 #define O_SLICE_ROWS 512        /* attention-output rows per task */
 
@@ -388,7 +412,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
   e->prefill_cap = e->prefill;
 
-  int rc = 0;
+  struct env_conf env;
+  int rc = read_env(&env);
+  if (rc) {
+    free(e);
+    return rc;
+  }
   const size_t T = (size_t)e->prefill, d = hp->n_embd, k = hp->n_expert_used;
   const size_t qw = (size_t)hp->n_head * hp->head_dim;
   const size_t kv_floats = (size_t)hp->n_layer * hp->n_head_kv * 2 * (size_t)e->n_ctx * hp->head_dim;
@@ -399,7 +428,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->ffn_in = malloc(sizeof(float) * T * d);
     e->xo = malloc(sizeof(float) * T * d);
     e->attn = malloc(sizeof(float) * T * qw);
-    e->ff_parts = ff_parts_for(hp);
+    e->ff_parts = ff_parts_for(hp, env.ff_slice);
     e->expert_out = malloc(sizeof(float) * T * k * d * (size_t)e->ff_parts);
     e->logits = malloc(sizeof(float) * T * hp->n_vocab);
     e->routing = malloc(sizeof(struct st_route) * T * k);
@@ -438,8 +467,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* the second-GPU switches, read once here (doc/tuning.md) */
   const char *env_primary = getenv("STRATA_PRIMARY_DEVICE");
   const int primary_device = env_primary ? atoi(env_primary) : 0;
-  const int cublas_rows = cublas_rows_from_env();
-  e->int8_dot = int8_dot_from_env();
+  const int cublas_rows = env.cublas == 1 ? CUBLAS_ROWS : (int)env.cublas;
+  e->int8_dot = (int)env.int8_dot;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
