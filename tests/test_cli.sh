@@ -73,9 +73,16 @@ expect_error "helper tiers out of order" "expert-cache-device2 needs --expert-ca
 expect_error "remote-expert-opt without a helper" "remote-expert-opt needs a helper cache" \
   "$STRATA" generate -m "$tiny" -p hi --remote-expert-opt
 expect_error "peer flags without a peer" "need --peer-device N" "$STRATA" generate -m "$tiny" -p hi --peer-slots 8
+expect_error "--trace into a file" "not a directory" "$STRATA" generate -m "$tiny" -p hi --trace "$tiny"
+for v in STRATA_CUBLAS=abc STRATA_INT8_DOT=2 STRATA_PRIMARY_DEVICE=x STRATA_FF_SLICE=7; do
+  expect_error "malformed $v" "${v%%=*}=" env "$v" "$STRATA" generate -m "$tiny" -p hi -n 1
+done
 expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
+printf 'The quick brown fox jumps over the lazy dog.\n' > "$tmp/calib.txt"
+"$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/tiny.profile" 2>/dev/null || bad "profile for the tier refusals"
+expect_error "a profile that is not one" "not an expert profile" "$STRATA" generate -m "$tiny" -p hi --expert-profile "$tmp/calib.txt"
 expect_error "peer device not there" "peer-device needs a CUDA device, and StarPU found none" \
-  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache 4 --peer-device 1
+  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile "$tmp/tiny.profile" --expert-cache 4 --peer-device 1
 # the host expert arena's RAM check at start (STRATA_MEMAVAILABLE_GIB stands in for MemAvailable)
 expect_error "arena RAM refusal" "needs 0.00[1-9] GiB of RAM for 64 expert pairs and 0.00 GiB are available (STRATA_MEMAVAILABLE_GIB): --resident-experts lowers it" \
   env STRATA_MEMAVAILABLE_GIB=0 "$STRATA" generate -m "$tiny" -p hi -n 1
@@ -84,7 +91,7 @@ expect_error "arena RAM refusal, resident" "for 64 expert pairs .*: a larger --e
 expect_error "bad STRATA_ARENA_PIN_GIB" "STRATA_ARENA_PIN_GIB=lots: expected a number of GiB >= 0" \
   env STRATA_ARENA_PIN_GIB=lots "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "helper device not there" "expert-cache-device1 needs a CUDA device, and StarPU found none" \
-  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache-device1 auto
+  env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --expert-profile "$tmp/tiny.profile" --expert-cache-device1 auto
 expect_error "layer split without GPUs" "layer-split needs a CUDA device" \
   env STARPU_NCUDA=0 "$STRATA" generate -m "$tiny" -p hi --layer-split auto
 # 6. --cuda-graphs: parsed by every model-running command; without a GPU it changes nothing

@@ -229,6 +229,12 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
     if (o->helper_cache[h])
       return st_set_error(ST_EINVAL, "--expert-cache-device%d needs --expert-cache-device%d: tiers must be enabled in order",
                           h + 1, h);
+  if (o->expert_profile) { /* a bad profile is refused even when no cache will read it */
+    struct st_profile check;
+    int rc = st_profile_load(o->expert_profile, hp->n_layer, E, &check);
+    if (rc) return rc;
+    st_profile_free(&check);
+  }
   if (!o->expert_cache && !n_helpers && o->peer_device <= 0 && !o->layer_split) return 0;
   if (o->layer_split && (n_helpers || o->peer_device > 0))
     return st_set_error(ST_EINVAL, "--layer-split cannot be combined with helper caches or the peer tier");
@@ -450,6 +456,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
 
   /* StarPU's FxT trace only when recording (a FxT build writes one by default, at a cost);
    * a user's own STARPU_FXT_TRACE wins. */
+  if (o->trace_dir && (rc = st_recorder_check_dir(o->trace_dir))) {
+    st_engine_destroy(e);
+    return rc;
+  }
   if (o->trace_dir) {
     char prefix[4200];
     snprintf(prefix, sizeof prefix, "%s/", o->trace_dir);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "codelets/codelets.h"
@@ -47,9 +48,18 @@ static int mkdir_p(const char *path) {
   return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
 }
 
+int st_recorder_check_dir(const char *dir) {
+  if (mkdir_p(dir)) return st_set_error(ST_EIO, "--trace %s: cannot create the directory: %s", dir, strerror(errno));
+  struct stat sb;
+  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) return st_set_error(ST_EIO, "--trace %s: not a directory", dir);
+  if (access(dir, W_OK)) return st_set_error(ST_EIO, "--trace %s: cannot write there: %s", dir, strerror(errno));
+  return 0;
+}
+
 int st_recorder_open(const char *dir, struct st_recorder **out) {
   *out = NULL;
-  if (mkdir_p(dir)) return st_set_error(ST_EIO, "--trace %s: cannot create the directory: %s", dir, strerror(errno));
+  int rc = st_recorder_check_dir(dir);
+  if (rc) return rc;
   struct st_recorder *r = calloc(1, sizeof *r);
   if (!r || !(r->dir = strdup(dir))) {
     free(r);

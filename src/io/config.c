@@ -106,8 +106,8 @@ static int parse(const char *path, const cJSON *root, struct st_config *c) {
       free(c->host);
       if (!(c->host = dup_str(it->valuestring))) return st_set_error(ST_ENOMEM, "out of memory");
     } else if (!strcmp(k, "port")) {
-      if (!whole_number(it, 1, 65535, &v))
-        return st_set_error(ST_EFORMAT, "%s: \"port\" must be a whole number 1..65535", path);
+      if (!whole_number(it, 0, 65535, &v))
+        return st_set_error(ST_EFORMAT, "%s: \"port\" must be a whole number 0..65535 (0: any free port)", path);
       c->port = (int)v;
     } else if (!strcmp(k, "name")) {
       if (!cJSON_IsString(it) || !*it->valuestring)
