@@ -73,7 +73,8 @@ static int parse_u32(const char *s, uint32_t *out) {
   return 0;
 }
 
-/* Default tokenizer.json: environment, then the current directory, then beside the binary. */
+/* Default tokenizer.json: environment, then the current directory, then the binary's directory
+ * (an in-place build: ./strata) and its parent (an installed bin/). */
 static int find_tokenizer(char *out, size_t n) {
   const char *env = getenv("STRATA_TOKENIZER_JSON");
   if (env && *env) {
@@ -89,6 +90,8 @@ static int find_tokenizer(char *out, size_t n) {
     char *slash = strrchr(exe, '/');
     if (slash) {
       *slash = 0;
+      snprintf(out, n, "%s/%s", exe, TOKENIZER_REL);
+      if (!access(out, R_OK)) return 0;
       snprintf(out, n, "%s/../%s", exe, TOKENIZER_REL);
       if (!access(out, R_OK)) return 0;
     }

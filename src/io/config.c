@@ -80,6 +80,7 @@ static int parse(const char *path, const cJSON *root, struct st_config *c) {
       if (!cJSON_IsArray(it))
         return st_set_error(ST_EFORMAT, "%s: \"gpu\" must be an array of device numbers (as nvidia-smi numbers them)", path);
       c->n_gpu = 0;
+      c->gpu_listed = 1;
       for (const cJSON *g = it->child; g; g = g->next) {
         if (!whole_number(g, 0, 1023, &v))
           return st_set_error(ST_EFORMAT, "%s: \"gpu\" must hold whole device numbers 0..1023", path);
@@ -209,6 +210,11 @@ int st_config_apply_gpus(struct st_config *c) {
   if (peer && (c->n_gpu < 2 || peer < 0 || pos < 1 || pos >= c->n_gpu))
     return st_set_error(ST_EINVAL, "--peer-device N counts positions in \"gpu\": [%s], so it needs a second GPU there and N in 1..%d",
                         list, c->n_gpu > 1 ? c->n_gpu - 1 : 1);
+  if (c->gpu_listed && c->n_gpu == 0) {
+    if (setenv("CUDA_VISIBLE_DEVICES", "", 1) || setenv("STARPU_NCUDA", "0", 1))
+      return st_set_error(ST_ERUNTIME, "cannot set CUDA_VISIBLE_DEVICES: %s", strerror(errno));
+    fprintf(stderr, "strata serve: \"gpu\": []: no GPU, the CPU pool computes everything (STARPU_NCUDA=0)\n");
+  }
   if (c->n_gpu > 0) {
     /* nvidia-smi numbers cards in PCI bus order; CUDA's default order is fastest first. */
     if (setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1) || setenv("CUDA_VISIBLE_DEVICES", list, 1))

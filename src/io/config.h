@@ -11,7 +11,8 @@
 struct st_config {
   char *model;            /* "model": GGUF path (required) */
   int gpu[ST_CONFIG_MAX_GPUS]; /* "gpu": device numbers as nvidia-smi numbers them */
-  int n_gpu;              /* 0 when "gpu" is absent (the devices the process sees are used) */
+  int n_gpu;              /* 0 when "gpu" is absent (the devices the process sees are used) or [] */
+  int gpu_listed;         /* "gpu" is present; [] then means no GPU: the CPU pool only */
   char **args;            /* "args": engine flags, as on the command line; n_args entries */
   int n_args;
   char *host;             /* "host" (default "127.0.0.1") */

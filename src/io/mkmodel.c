@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "codelets/quant.h"
@@ -724,6 +725,19 @@ int st_mkmodel_write(const struct st_mkmodel_config *c, const struct st_mkmodel_
     P.slot_job[s] = UINT64_MAX;
     if (!(P.slot[s] = malloc(max_chunk ? max_chunk : 1))) {
       rc = st_set_error(ST_ENOMEM, "out of memory (%u chunk buffers of %zu bytes)", P.n_slots, max_chunk);
+      goto out;
+    }
+  }
+  { /* refuse up front when the tensors alone would not fit on the file system */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+    else snprintf(dir, sizeof dir, ".");
+    struct statvfs fs;
+    if (!statvfs(dir, &fs) && (uint64_t)fs.f_bavail * fs.f_frsize < total) {
+      rc = st_set_error(ST_EIO, "%s: the model needs %.2f GiB and %s has %.2f GiB free", path, total / 1073741824.0, dir,
+                        (double)fs.f_bavail * fs.f_frsize / 1073741824.0);
       goto out;
     }
   }
