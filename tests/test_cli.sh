@@ -77,6 +77,10 @@ expect_error "--trace into a file" "not a directory" "$STRATA" generate -m "$tin
 for v in STRATA_CUBLAS=abc STRATA_INT8_DOT=2 STRATA_PRIMARY_DEVICE=x STRATA_FF_SLICE=7; do
   expect_error "malformed $v" "${v%%=*}=" env "$v" "$STRATA" generate -m "$tiny" -p hi -n 1
 done
+expect_error "empty id in --prompt-ids" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "1,,3"
+expect_error "--all-logits without a file" "all-logits writes to --logits-out" "$STRATA" eval -m "$tiny" -p hi --all-logits
+expect_error "STARPU_NCPU=abc" "STARPU_NCPU=abc: expected a whole number" env STARPU_NCPU=abc "$STRATA" generate -m "$tiny" -p hi -n 1
+expect_error "STARPU_NCPU=0" "needs at least one CPU worker" env STARPU_NCPU=0 "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
 printf 'The quick brown fox jumps over the lazy dog.\n' > "$tmp/calib.txt"
 "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/tiny.profile" 2>/dev/null || bad "profile for the tier refusals"

@@ -288,6 +288,7 @@ int st_cmd_eval(int argc, char **argv) {
   struct run_opts o;
   int rc = parse_run_opts(argc, argv, &o);
   if (rc == 1) return 0;
+  if (!rc && o.all_logits && !o.logits_out) rc = st_set_error(ST_EINVAL, "--all-logits writes to --logits-out FILE, and none was given");
   struct session s = {0};
   if (!rc) rc = session_open(&o, &s);
   float *logits = NULL;

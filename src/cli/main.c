@@ -108,7 +108,15 @@ int st_parse_ids(const char *s, int32_t **ids, size_t *n) {
     }
     v[m++] = (int32_t)x;
     p = end;
-    while (*p == ' ' || *p == ',' || *p == '\n') p++;
+    while (*p == ' ' || *p == '\n') p++;
+    if (*p == ',') { /* one comma between ids: "1,,3" is refused, not read as [1, 3] */
+      p++;
+      while (*p == ' ' || *p == '\n') p++;
+      if (*p == ',' || !*p || *p == ']') {
+        free(v);
+        return st_set_error(ST_EINVAL, "--prompt-ids: expected comma-separated token ids, got '%s'", s);
+      }
+    }
   }
   if (m == 0) {
     free(v);

@@ -414,6 +414,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->hp = m->hp;
   const struct st_hparams *hp = &e->hp;
   e->n_ctx = st_engine_ctx_size(hp, o->n_ctx);
+  if (hp->n_ctx_train && (uint64_t)e->n_ctx > hp->n_ctx_train)
+    fprintf(stderr, "strata: warning: a context of %d tokens is longer than the model was trained for (%llu): "
+            "positions past it are extrapolated\n", e->n_ctx, (unsigned long long)hp->n_ctx_train);
   e->prefill = o->prefill > 0 ? o->prefill : 512;
   if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
   e->prefill_cap = e->prefill;
@@ -504,6 +507,16 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     }
 #endif
   }
+  /* StarPU aborts on a malformed worker count: check the ones a user sets most */
+  static const char *const counts[] = {"STARPU_NCPU", "STARPU_NCUDA"};
+  for (int i = 0; i < 2; i++) {
+    const char *v = getenv(counts[i]);
+    long x;
+    if (v && (rc = env_long(counts[i], i == 0 ? 1 : 0, 4096, 0, &x))) {
+      st_engine_destroy(e);
+      return i == 0 && !strcmp(v, "0") ? st_set_error(ST_EINVAL, "STARPU_NCPU=0: strata needs at least one CPU worker") : rc;
+    }
+  }
   struct starpu_conf conf;
   starpu_conf_init(&conf);
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
@@ -515,6 +528,13 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     return st_set_error(ST_ERUNTIME, "StarPU failed to start (starpu_init returned %d)", sret);
   }
   starpu_profiling_status_set(STARPU_PROFILING_ENABLE); /* per-worker task counts for reports */
+  {
+    const char *want = getenv("STARPU_SCHED");
+    struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0);
+    if (want && *want && pol && pol->policy_name && strcmp(want, pol->policy_name))
+      fprintf(stderr, "strata: STARPU_SCHED=%s is not one of StarPU's schedulers; StarPU uses %s (see doc/tuning.md)\n",
+              want, pol->policy_name);
+  }
   e->started = 1;
   if (starpu_cpu_worker_get_count() == 0) {
     st_engine_destroy(e);
