@@ -24,6 +24,8 @@ static int parse_list(const char *flag, const char *s, long *v, int *n) {
   *n = 0;
   char *copy = strdup(s), *save = NULL;
   int rc = copy ? 0 : st_set_error(ST_ENOMEM, "out of memory");
+  if (!rc && (strstr(s, ",,") || *s == ',' || (*s && s[strlen(s) - 1] == ',')))
+    rc = st_set_error(ST_EINVAL, "%s: an empty size in '%s'", flag, s);
   for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && !rc; tok = strtok_r(NULL, ",", &save)) {
     if (*n == MAX_SIZES) rc = st_set_error(ST_EINVAL, "%s takes at most %d sizes", flag, MAX_SIZES);
     else rc = st_parse_int(flag, tok, 0, 1 << 24, &v[(*n)++]);
@@ -156,6 +158,7 @@ int st_cmd_bench(int argc, char **argv) {
     if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
     return rc ? 1 : 0;
   }
+  if (!rc && threads && !kernels) rc = st_set_error(ST_EINVAL, "--threads applies to --kernels (the model bench uses StarPU's workers: STARPU_NCPU)");
   if (!rc && !model) rc = st_set_error(ST_EINVAL, "no model given (-m FILE)");
   if (eo.cuda_graphs == ST_CUDA_GRAPHS_BOTH) {
     graphs_both = 1;
