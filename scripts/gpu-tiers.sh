@@ -68,6 +68,12 @@ gates() { # pairs = all pairs of the model; half = the primary's share in the sp
   "$S" generate -m "$M" -p hi -n 1 --expert-profile "$P" --expert-cache $half --expert-cache-device1 8 --expert-cache-device2 8 \
     --expert-cache-device3 8 >/dev/null 2>"$out/three.err"
   rows+=("three helpers on two GPUs: exit $? '$(tail -n 1 "$out/three.err")'")
+  # three helpers on two cards: two StarPU workers per device give CUDA1, CUDA0.1 and CUDA1.1
+  q=$((pairs / 4))
+  gate "three helpers (STARPU_NWORKER_PER_CUDA=2), stripe, vs one card" x STARPU_NWORKER_PER_CUDA=2 -- \
+    --expert-cache $q --expert-cache-device1 $q --expert-cache-device2 $q --expert-cache-device3 $((pairs - 3 * q))
+  [ "${QUICK:-0}" = 1 ] || gate "three helpers (STARPU_NWORKER_PER_CUDA=2), layer placement, vs one card" x STARPU_NWORKER_PER_CUDA=2 -- \
+    --expert-cache $q --expert-cache-device1 $pairs --expert-cache-device2 $pairs --expert-cache-device3 $pairs --gpu-placement layer
   [ "${QUICK:-0}" = 1 ] || gate "--remote-expert-opt (not claimed bitwise identical)" x -- --expert-cache $half --expert-cache-device1 $((pairs - half)) --remote-expert-opt
 }
 

@@ -212,6 +212,26 @@ static int nth_other_device(const struct st_placement *pl, int i) {
   return i >= 1 && i <= n ? ids[i - 1] : -1;
 }
 
+/* The CUDA worker of the i-th (1-based) helper: first one worker of each visible device other than
+ * the primary, in device order (the seeds' rule); then, when StarPU runs several workers per device
+ * (STARPU_NWORKER_PER_CUDA > 1, for testing three helpers on fewer cards), the further workers in
+ * (device, worker) order. -1 when there is none. */
+static int nth_helper_worker(const struct st_placement *pl, int i) {
+  for (int round = 0; round < 2; round++) {
+    for (int dev = 0; dev < STARPU_NMAXWORKERS && i > 0; dev++) {
+      int k = 0; /* the k-th worker of this device */
+      for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
+        if (starpu_worker_get_type((int)w) != STARPU_CUDA_WORKER || starpu_worker_get_devid((int)w) != dev) continue;
+        const int first = k++ == 0;
+        if ((int)w == pl->cache[0].worker) continue;
+        if (round == 0 ? !first || dev == pl->cache[0].device : first && dev != pl->cache[0].device) continue;
+        if (--i == 0) return (int)w;
+      }
+    }
+  }
+  return -1;
+}
+
 /* Loads the profile and fills the GPU expert caches: the primary (--expert-cache), the helpers
  * (--expert-cache-device1..3) or the peer tier (--peer-device), or one cache per stage of a layer
  * split (--layer-split), in the seeds' fill order (tiers/plan.h). */
@@ -257,12 +277,12 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
     for (uint32_t l = 0; l < hp->n_layer; l++) pl->layer_stage[l] = (uint8_t)((uint64_t)l * pl->n_stages / hp->n_layer);
   }
   for (int h = 0; h < n_helpers; h++) {
-    const int dev = nth_other_device(pl, h + 1);
-    if (dev < 0)
+    const int w = nth_helper_worker(pl, h + 1);
+    if (w < 0)
       return st_set_error(ST_EINVAL, "--expert-cache-device%d: no CUDA device is visible for it (StarPU has %u CUDA "
                           "worker%s; a helper takes a visible device other than the primary)",
                           h + 1, starpu_cuda_worker_get_count(), starpu_cuda_worker_get_count() == 1 ? "" : "s");
-    int rc = st_placement_add_cache(pl, ST_ROLE_HELPER, dev);
+    int rc = st_placement_add_cache_on_worker(pl, ST_ROLE_HELPER, w);
     if (rc) return rc;
   }
   pl->n_helpers = n_helpers;

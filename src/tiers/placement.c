@@ -44,21 +44,36 @@ int st_placement_init(struct st_placement *p, uint32_t n_layer, uint32_t n_exper
   return 0;
 }
 
-int st_placement_add_cache(struct st_placement *p, enum st_cache_role role, int device) {
+int st_placement_add_cache_on_worker(struct st_placement *p, enum st_cache_role role, int worker) {
   if (p->n_caches == ST_MAX_CACHES) return st_set_error(ST_EINVAL, "more than %d expert caches", ST_MAX_CACHES);
+  if (worker < 0 || starpu_worker_get_type(worker) != STARPU_CUDA_WORKER)
+    return st_set_error(ST_EINVAL, "StarPU worker %d is not a CUDA worker", worker);
+  const int device = starpu_worker_get_devid(worker);
+  int same_device = 0;
+  for (int c = 0; c < p->n_caches; c++) {
+    if (p->cache[c].worker == worker)
+      return st_set_error(ST_EINVAL, "CUDA%d already holds the %s cache", device, c ? "other" : "primary");
+    same_device += p->cache[c].device == device;
+  }
+  struct st_expert_cache *c = &p->cache[p->n_caches++];
+  memset(c, 0, sizeof *c);
+  c->role = role;
+  c->device = device;
+  c->worker = worker;
+  c->node = starpu_worker_get_memory_node((unsigned)worker);
+  /* a second cache on one device (STARPU_NWORKER_PER_CUDA > 1, to test three helpers on fewer cards) */
+  if (same_device) snprintf(c->name, sizeof c->name, "CUDA%d.%d", device, same_device);
+  else snprintf(c->name, sizeof c->name, "CUDA%d", device);
+  return 0;
+}
+
+int st_placement_add_cache(struct st_placement *p, enum st_cache_role role, int device) {
   const int w = st_cuda_worker_of_device(device);
   if (w < 0) return visible_error("expert cache", device);
   for (int c = 0; c < p->n_caches; c++)
     if (p->cache[c].device == device)
       return st_set_error(ST_EINVAL, "CUDA%d already holds the %s cache", device, c ? "other" : "primary");
-  struct st_expert_cache *c = &p->cache[p->n_caches++];
-  memset(c, 0, sizeof *c);
-  c->role = role;
-  c->device = device;
-  c->worker = w;
-  c->node = starpu_worker_get_memory_node((unsigned)w);
-  snprintf(c->name, sizeof c->name, "CUDA%d", device);
-  return 0;
+  return st_placement_add_cache_on_worker(p, role, w);
 }
 
 void st_placement_free(struct st_placement *p) {

@@ -44,7 +44,7 @@ struct st_expert_cache {
   int device;                /* CUDA ordinal (StarPU's devid) */
   int worker;                /* StarPU worker id of that device's CUDA worker */
   unsigned node;             /* its memory node */
-  char name[8];              /* "CUDA1", used in task names, logs and stats */
+  char name[32];             /* "CUDA1" ("CUDA1.1": a second cache on that device), for names, logs, stats */
   int n_slots;
   uint64_t bytes;            /* the allocation: sum of the slot sizes */
   uintptr_t dev;             /* starpu_malloc_on_node(node, bytes) */
@@ -85,6 +85,11 @@ int st_cuda_worker_of_device(int device);
 /* Adds an empty cache of `role` on CUDA ordinal `device` as cache p->n_caches. ST_EINVAL when the
  * device is not visible (naming how many are), or when ST_MAX_CACHES are in use. */
 int st_placement_add_cache(struct st_placement *p, enum st_cache_role role, int device);
+
+/* The same on a given CUDA worker: with STARPU_NWORKER_PER_CUDA > 1 several workers share a device,
+ * and helper caches may then share one (named "CUDA1.1", ...) so that three helpers can be tested on
+ * fewer cards. ST_EINVAL for a worker that is not CUDA or already holds a cache. */
+int st_placement_add_cache_on_worker(struct st_placement *p, enum st_cache_role role, int worker);
 
 static inline enum st_tier st_placement_tier(const struct st_placement *p, uint32_t layer,
                                              uint32_t expert) {
