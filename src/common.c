@@ -17,7 +17,8 @@ int st_set_error(int code, const char *fmt, ...) {
 
 int st_error_context(int code, const char *prefix) {
   char tmp[sizeof st_errbuf];
-  snprintf(tmp, sizeof tmp, "%s: %s", prefix, st_errbuf);
+  if (snprintf(tmp, sizeof tmp, "%s: %s", prefix, st_errbuf) >= (int)sizeof tmp)
+    tmp[sizeof tmp - 2] = '.'; /* cut at the 1 KiB cap, as st_set_error() cuts */
   memcpy(st_errbuf, tmp, sizeof st_errbuf);
   return code;
 }
