@@ -388,7 +388,8 @@ int main(void) {
    * tail), random and quantised blocks, tiles of 1 to 4 tokens */
   const uint32_t int8_types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1,
                                  ST_TYPE_IQ4_NL, ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K,
-                                 ST_TYPE_Q6_K, ST_TYPE_IQ4_XS};
+                                 ST_TYPE_Q6_K, ST_TYPE_IQ4_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S, ST_TYPE_IQ3_XXS,
+                                 ST_TYPE_IQ3_S};
   for (size_t i = 0; i < sizeof int8_types / sizeof int8_types[0]; i++) {
     test_int8(int8_types[i], 2048, 1, 7);
     test_int8(int8_types[i], 768, 0, 6);

@@ -870,14 +870,18 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
  * min m16[k]); S = Σ_k sc16[k] Σ q·x and M = Σ_k m16[k] bsums[k] are exact integers (Q3_K's -4
  * and Q6_K's -32 offsets fold into S as -4 or -32 Σ sc16[k] bsums[k]), then acc = fmaf(dx * d, S, acc) and
- * acc = fmaf(-(dx * dmin), M, acc), one super-block after the other. The scalar, AVX2 and VNNI
- * code below compute exactly these integers and these float operations. */
+ * acc = fmaf(-(dx * dmin), M, acc), one super-block after the other. The grid i-quants (IQ2_XS,
+ * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
+ * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
+ * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The scalar,
+ * AVX2 and VNNI code below compute exactly these integers and these float operations. */
 
 static int q8_family(uint32_t type) {
   switch (type) {
   case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_Q4_1: case ST_TYPE_Q5_0: case ST_TYPE_Q5_1: case ST_TYPE_IQ4_NL:
     return 1;
   case ST_TYPE_Q2_K: case ST_TYPE_Q3_K: case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS:
+  case ST_TYPE_IQ2_XS: case ST_TYPE_IQ2_S: case ST_TYPE_IQ3_XXS: case ST_TYPE_IQ3_S:
     return 2;
   default: return 0;
   }
@@ -1040,6 +1044,68 @@ struct kscales {
   int16_t mv[16]; /* Q4_K/Q5_K: min per 16; Q6_K: 32 * sc (the offset); IQ4_XS: 0 */
 };
 
+/* The grid formats (IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): per 8 or 4 weights a grid entry of unsigned
+ * magnitudes and per weight a sign bit; the sub-block scale is an odd integer 2 s + 1 times d / 8
+ * (IQ2), d / 4 (IQ3_XXS) or d (IQ3_S), the power of two folded into the float scale. */
+static inline int k_is_grid(uint32_t type) {
+  return type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;
+}
+static inline float grid_d_mul(uint32_t type) {
+  return type == ST_TYPE_IQ3_S ? 1.0f : type == ST_TYPE_IQ3_XXS ? 0.25f : 0.125f;
+}
+
+/* The odd integer scale 2 s + 1 of 32-weight sub-block s of a grid block, for its first (h = 0)
+ * and second (h = 1) 16 weights. */
+static inline int16_t grid_sub_scale(uint32_t type, const uint8_t *bb, int s, int h) {
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S) {
+    const uint8_t *sc = type == ST_TYPE_IQ2_XS ? ((const st_block_iq2_xs *)(const void *)bb)->scales
+                                               : ((const st_block_iq2_s *)(const void *)bb)->scales;
+    return (int16_t)(2 * ((sc[s] >> (4 * h)) & 0xF) + 1);
+  }
+  if (type == ST_TYPE_IQ3_XXS) {
+    uint32_t aux;
+    memcpy(&aux, bb + offsetof(st_block_iq3_xxs, qs) + 64 + 4 * s, 4);
+    return (int16_t)(2 * (aux >> 28) + 1);
+  }
+  const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+  return (int16_t)(2 * ((b->scales[s / 2] >> (4 * (s % 2))) & 0xF) + 1);
+}
+
+/* Sub-block s of a grid block: the 32 magnitudes (bytes, weight order) and the 32 sign bits. */
+static inline void grid_group(uint32_t type, const uint8_t *bb, int s, uint8_t *m, uint32_t *sg) {
+  if (type == ST_TYPE_IQ2_XS) {
+    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
+    uint16_t q[4];
+    memcpy(q, b->qs + 4 * s, 8);
+    *sg = 0;
+    for (int k = 0; k < 4; k++) {
+      const uint64_t g = st_iq2xs_grid[q[k] & 511];
+      memcpy(m + 8 * k, &g, 8);
+      *sg |= (uint32_t)st_iq_signs((uint32_t)q[k] >> 9) << (8 * k);
+    }
+  } else if (type == ST_TYPE_IQ2_S) {
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    const int h = b->qh[s];
+    for (int k = 0; k < 4; k++) {
+      const uint64_t g = st_iq2s_grid[b->qs[4 * s + k] | ((h >> (2 * k)) & 3) << 8];
+      memcpy(m + 8 * k, &g, 8);
+    }
+    memcpy(sg, b->qs + 32 + 4 * s, 4);
+  } else if (type == ST_TYPE_IQ3_XXS) {
+    const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)(const void *)bb;
+    uint32_t aux;
+    memcpy(&aux, b->qs + 64 + 4 * s, 4);
+    for (int k = 0; k < 8; k++) memcpy(m + 4 * k, &st_iq3xxs_grid[b->qs[8 * s + k]], 4);
+    *sg = 0;
+    for (int k = 0; k < 4; k++) *sg |= (uint32_t)st_iq_signs((aux >> (7 * k)) & 127) << (8 * k);
+  } else { /* IQ3_S */
+    const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+    const int h = b->qh[s];
+    for (int k = 0; k < 8; k++) memcpy(m + 4 * k, &st_iq3s_grid[b->qs[8 * s + k] | ((h >> k) & 1) << 8], 4);
+    memcpy(sg, b->signs + 4 * s, 4);
+  }
+}
+
 static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k) {
   uint16_t dh, mh = 0;
   memcpy(&dh, type == ST_TYPE_Q6_K ? bb + offsetof(st_block_q6_K, d) : bb, 2); /* Q2_K, Q3_K: below */
@@ -1064,12 +1130,16 @@ static inline void k_scales(uint32_t type, const uint8_t *bb, struct kscales *k)
     q3k_scales(b->scales, sc);
     for (int j = 0; j < 16; j++) k->sc[j] = (int16_t)(sc[j] - 32), k->mv[j] = (int16_t)(4 * (sc[j] - 32));
     dh = b->d;
+  } else if (k_is_grid(type)) {
+    for (int j = 0; j < 8; j++) k->sc[2 * j] = grid_sub_scale(type, bb, j, 0), k->sc[2 * j + 1] = grid_sub_scale(type, bb, j, 1);
+    memset(k->mv, 0, sizeof k->mv);
   } else { /* IQ4_XS */
     const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
     for (int j = 0; j < 8; j++) k->sc[2 * j] = k->sc[2 * j + 1] = (int16_t)iq4_xs_sub_scale(b, j);
     memset(k->mv, 0, sizeof k->mv);
   }
   k->d = st_fp16_to_f32(dh);
+  if (k_is_grid(type)) k->d *= grid_d_mul(type);
   k->dmin = st_fp16_to_f32(mh);
 }
 
@@ -1080,6 +1150,10 @@ static inline uint64_t k_bytes(uint32_t type) {
   case ST_TYPE_Q4_K: return sizeof(st_block_q4_K);
   case ST_TYPE_Q5_K: return sizeof(st_block_q5_K);
   case ST_TYPE_Q6_K: return sizeof(st_block_q6_K);
+  case ST_TYPE_IQ2_XS: return sizeof(st_block_iq2_xs);
+  case ST_TYPE_IQ2_S: return sizeof(st_block_iq2_s);
+  case ST_TYPE_IQ3_XXS: return sizeof(st_block_iq3_xxs);
+  case ST_TYPE_IQ3_S: return sizeof(st_block_iq3_s);
   default: return sizeof(st_block_iq4_xs);
   }
 }
@@ -1118,7 +1192,14 @@ static void b32_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
 }
 
 static void k_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
-  if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
+  if (k_is_grid(type)) { /* signed magnitudes */
+    for (int s = 0; s < 8; s++) {
+      uint8_t m[32];
+      uint32_t sg;
+      grid_group(type, bb, s, m, &sg);
+      for (int j = 0; j < 32; j++) q[32 * s + j] = (int8_t)((sg >> j) & 1 ? -m[j] : m[j]);
+    }
+  } else if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
     /* weight 128n + 32s + l: bits 2s of qs[32n + l]; Q3_K: + 4 when bit 4n + s of hmask[l] is set */
     const uint8_t *qs = type == ST_TYPE_Q2_K ? ((const st_block_q2_K *)(const void *)bb)->qs
                                              : ((const st_block_q3_K *)(const void *)bb)->qs;
@@ -1315,6 +1396,25 @@ static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_
     k.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
     k.mv16 = _mm256_slli_epi16(k.sc16, 5);
     k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
+  } else if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S) {
+    /* scales[s]: low nibble weights 32s .. + 15, high nibble 32s + 16 .. + 31 */
+    const uint8_t *sc = bb + (type == ST_TYPE_IQ2_XS ? offsetof(st_block_iq2_xs, scales) : offsetof(st_block_iq2_s, scales));
+    const __m128i v = _mm_loadl_epi64((const __m128i *)sc), m4 = _mm_set1_epi8(0xF);
+    const __m128i s = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    k.sc16 = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(s), 1), _mm256_set1_epi16(1));
+    k.mv16 = _mm256_setzero_si256();
+    uint16_t dh;
+    memcpy(&dh, bb, 2);
+    k.d = _cvtsh_ss(dh) * grid_d_mul(type), k.dmin = 0.0f;
+  } else if (k_is_grid(type)) { /* IQ3_XXS, IQ3_S: one scale per 32 weights */
+    int16_t sc[8];
+    for (int j = 0; j < 8; j++) sc[j] = grid_sub_scale(type, bb, j, 0);
+    const __m128i v = _mm_loadu_si128((const __m128i *)sc);
+    k.sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+    k.mv16 = _mm256_setzero_si256();
+    uint16_t dh;
+    memcpy(&dh, bb, 2);
+    k.d = _cvtsh_ss(dh) * grid_d_mul(type), k.dmin = 0.0f;
   } else { /* IQ4_XS */
     const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
     const __m128i v = _mm_setr_epi16((short)iq4_xs_sub_scale(b, 0), (short)iq4_xs_sub_scale(b, 1), (short)iq4_xs_sub_scale(b, 2),
@@ -1367,6 +1467,46 @@ static inline __attribute__((always_inline)) AVX2 __m256i k_group_avx2(uint32_t 
   return _mm256_set_m128i(_mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4x)), _mm_shuffle_epi8(kv, _mm_and_si128(q, m4x)));
 }
 
+/* Sub-block s of a grid block: the 32 magnitudes (weight order) and in *sg the 32 sign bits. */
+static inline __attribute__((always_inline)) AVX2 __m256i grid_group_avx2(uint32_t type, const uint8_t *bb, int s,
+                                                                         uint32_t *sg) {
+  if (type == ST_TYPE_IQ2_XS) {
+    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
+    const uint16_t *q = b->qs + 4 * s;
+    *sg = st_iq_signs(q[0] >> 9) | (uint32_t)st_iq_signs(q[1] >> 9) << 8 | (uint32_t)st_iq_signs(q[2] >> 9) << 16 |
+          (uint32_t)st_iq_signs(q[3] >> 9) << 24;
+    return _mm256_setr_epi64x((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
+                              (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511]);
+  }
+  if (type == ST_TYPE_IQ2_S) {
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    const uint8_t *q = b->qs + 4 * s;
+    const int h = b->qh[s];
+    memcpy(sg, b->qs + 32 + 4 * s, 4);
+    return _mm256_setr_epi64x((long long)st_iq2s_grid[q[0] | (h & 3) << 8], (long long)st_iq2s_grid[q[1] | (h & 12) << 6],
+                              (long long)st_iq2s_grid[q[2] | (h & 48) << 4], (long long)st_iq2s_grid[q[3] | (h & 192) << 2]);
+  }
+  if (type == ST_TYPE_IQ3_XXS) {
+    const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)(const void *)bb;
+    const uint8_t *q = b->qs + 8 * s;
+    uint32_t aux;
+    memcpy(&aux, b->qs + 64 + 4 * s, 4);
+    *sg = st_iq_signs(aux & 127) | (uint32_t)st_iq_signs((aux >> 7) & 127) << 8 |
+          (uint32_t)st_iq_signs((aux >> 14) & 127) << 16 | (uint32_t)st_iq_signs((aux >> 21) & 127) << 24;
+    return _mm256_setr_epi32((int)st_iq3xxs_grid[q[0]], (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[2]],
+                             (int)st_iq3xxs_grid[q[3]], (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[5]],
+                             (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[7]]);
+  }
+  const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+  const uint8_t *q = b->qs + 8 * s;
+  const uint32_t h = b->qh[s];
+  memcpy(sg, b->signs + 4 * s, 4);
+  return _mm256_setr_epi32((int)st_iq3s_grid[q[0] | (h & 1) << 8], (int)st_iq3s_grid[q[1] | (h & 2) << 7],
+                           (int)st_iq3s_grid[q[2] | (h & 4) << 6], (int)st_iq3s_grid[q[3] | (h & 8) << 5],
+                           (int)st_iq3s_grid[q[4] | (h & 16) << 4], (int)st_iq3s_grid[q[5] | (h & 32) << 3],
+                           (int)st_iq3s_grid[q[6] | (h & 64) << 2], (int)st_iq3s_grid[q[7] | (h & 128) << 1]);
+}
+
 static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint32_t type, const void *w, const uint8_t *xq,
                                                                           int64_t ldq, int nt, int64_t n, float *out,
                                                                           int64_t ldo) {
@@ -1378,20 +1518,32 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
   for (int i = 0; i < 4; i++)
     spread[i] = _mm256_set_m128i(_mm_set1_epi16((short)((4 * i + 3) << 8 | (4 * i + 2))),
                                  _mm_set1_epi16((short)((4 * i + 1) << 8 | (4 * i))));
+  /* grid formats: sign bit j of 32 to byte j (-1 where set, else +1), for psignb on the activations */
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), one = _mm256_set1_epi8(1);
+  const __m256i sbytes = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                          3, 3, 3, 3, 3, 3, 3);
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     const struct kvec k = k_vec_avx2(type, bb);
     __m256i is[ST_TILE];
     for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; g++) {
-      const __m256i v = k_group_avx2(type, bb, g);
+      __m256i v, av;
+      if (k_is_grid(type)) {
+        uint32_t sg;
+        av = grid_group_avx2(type, bb, g, &sg);
+        const __m256i sel = _mm256_shuffle_epi8(_mm256_set1_epi32((int)sg), sbytes);
+        v = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sel, bit), bit), one);
+      } else {
+        v = k_group_avx2(type, bb, g);
+        av = type == ST_TYPE_IQ4_XS ? _mm256_abs_epi8(v) : v;
+      }
       const __m128i half = g < 4 ? _mm256_castsi256_si128(k.sc16) : _mm256_extracti128_si256(k.sc16, 1);
       const __m256i sc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(half), spread[g % 4]);
-      const __m256i av = type == ST_TYPE_IQ4_XS ? _mm256_abs_epi8(v) : v;
       for (int t = 0; t < nt; t++) {
         const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
-        if (type == ST_TYPE_IQ4_XS) xv = _mm256_sign_epi8(xv, v);
+        if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm256_sign_epi8(xv, v);
         is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
       }
     }
@@ -1402,7 +1554,7 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
         S = hsum_epi32_avx2(_mm256_sub_epi32(is[t], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16)));
       } else {
         S = hsum_epi32_avx2(is[t]);
-        if (type != ST_TYPE_IQ4_XS)
+        if (k_has_min(type))
           M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
       }
       acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
@@ -1435,6 +1587,10 @@ static AVX2 void q8_tile_avx2(uint32_t type, const void *w, const uint8_t *xq, i
   case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q4_K); break;
   case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q5_K); break;
   case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q6_K); break;
+  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ2_XS); break;
+  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ2_S); break;
+  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ3_XXS); break;
+  case ST_TYPE_IQ3_S: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ3_S); break;
   default: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ4_XS); break;
   }
 }
@@ -1551,11 +1707,63 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
   return _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
 }
 
+/* Sub-blocks 2c and 2c + 1 of a grid block: 64 magnitudes (weight order) and in *neg the 64
+ * sign bits (the float AVX-512 kernel's decode). */
+static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb, int c,
+                                                                         __mmask64 *neg) {
+  uint64_t sg;
+  __m512i g;
+  if (type == ST_TYPE_IQ2_XS) {
+    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
+    const uint16_t *q = b->qs + 8 * c;
+    g = _mm512_setr_epi64((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
+                          (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
+                          (long long)st_iq2xs_grid[q[4] & 511], (long long)st_iq2xs_grid[q[5] & 511],
+                          (long long)st_iq2xs_grid[q[6] & 511], (long long)st_iq2xs_grid[q[7] & 511]);
+    sg = iq_signs8_epi16(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)q), 9));
+  } else if (type == ST_TYPE_IQ2_S) {
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    const uint8_t *q = b->qs + 8 * c;
+    const int h0 = b->qh[2 * c], h1 = b->qh[2 * c + 1];
+    g = _mm512_setr_epi64((long long)st_iq2s_grid[q[0] | (h0 & 3) << 8], (long long)st_iq2s_grid[q[1] | (h0 & 12) << 6],
+                          (long long)st_iq2s_grid[q[2] | (h0 & 48) << 4], (long long)st_iq2s_grid[q[3] | (h0 & 192) << 2],
+                          (long long)st_iq2s_grid[q[4] | (h1 & 3) << 8], (long long)st_iq2s_grid[q[5] | (h1 & 12) << 6],
+                          (long long)st_iq2s_grid[q[6] | (h1 & 48) << 4], (long long)st_iq2s_grid[q[7] | (h1 & 192) << 2]);
+    memcpy(&sg, b->qs + 32 + 8 * c, 8);
+  } else if (type == ST_TYPE_IQ3_XXS) {
+    const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)(const void *)bb;
+    uint32_t aux[2];
+    memcpy(aux, b->qs + 64 + 8 * c, 8);
+    const uint8_t *q = b->qs + 16 * c;
+    g = _mm512_setr_epi32((int)st_iq3xxs_grid[q[0]], (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[2]], (int)st_iq3xxs_grid[q[3]],
+                          (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[5]], (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[7]],
+                          (int)st_iq3xxs_grid[q[8]], (int)st_iq3xxs_grid[q[9]], (int)st_iq3xxs_grid[q[10]], (int)st_iq3xxs_grid[q[11]],
+                          (int)st_iq3xxs_grid[q[12]], (int)st_iq3xxs_grid[q[13]], (int)st_iq3xxs_grid[q[14]], (int)st_iq3xxs_grid[q[15]]);
+    const __m256i f = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_setr_epi32((int)aux[0], (int)aux[0], (int)aux[0], (int)aux[0], (int)aux[1], (int)aux[1],
+                                            (int)aux[1], (int)aux[1]),
+                          _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21)),
+        _mm256_set1_epi32(127));
+    sg = iq_signs8_epi16(_mm256_cvtepi32_epi16(f));
+  } else { /* IQ3_S */
+    const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+    const uint8_t *q = b->qs + 16 * c;
+    const uint32_t h = (uint32_t)(b->qh[2 * c] | b->qh[2 * c + 1] << 8);
+#define G3S(j) (int)st_iq3s_grid[q[j] | ((h >> (j)) & 1) << 8]
+    g = _mm512_setr_epi32(G3S(0), G3S(1), G3S(2), G3S(3), G3S(4), G3S(5), G3S(6), G3S(7), G3S(8), G3S(9), G3S(10),
+                          G3S(11), G3S(12), G3S(13), G3S(14), G3S(15));
+#undef G3S
+    memcpy(&sg, b->signs + 8 * c, 8);
+  }
+  *neg = (__mmask64)sg;
+  return g;
+}
+
 /* S (and M) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and the bsums term. */
 static inline __attribute__((always_inline)) VNNI void k_sums_vnni(uint32_t type, __m512i is, __m256i bm, int32_t *S,
                                                                    int32_t *M) {
   __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
-  if (type == ST_TYPE_IQ4_XS) {
+  if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) {
     *S = hsum_epi32_avx2(s8), *M = 0;
     return;
   }
@@ -1596,20 +1804,26 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
         qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
       }
-      const __m512i v = k_pair_vnni(type, bb, c, qhs);
+      __m512i av;
+      __mmask64 neg = 0;
+      if (k_is_grid(type)) {
+        av = grid_pair_vnni(type, bb, c, &neg);
+      } else {
+        const __m512i v = k_pair_vnni(type, bb, c, qhs);
+        av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
+        if (type == ST_TYPE_IQ4_XS) neg = _mm512_movepi8_mask(v);
+      }
       const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
-      const __m512i av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
-      const __mmask64 neg = type == ST_TYPE_IQ4_XS ? _mm512_movepi8_mask(v) : 0;
       for (int t = 0; t < nt; t++) {
         const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
         __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
-        if (type == ST_TYPE_IQ4_XS) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+        if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
         is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
       }
     }
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      const __m256i bm = type == ST_TYPE_IQ4_XS ? _mm256_setzero_si256()
+      const __m256i bm = type == ST_TYPE_IQ4_XS || k_is_grid(type) ? _mm256_setzero_si256()
                                                 : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
       int32_t S, M;
       k_sums_vnni(type, is[t], bm, &S, &M);
@@ -1633,6 +1847,10 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, const uint8_t *xq, i
   case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q4_K); break;
   case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q5_K); break;
   case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q6_K); break;
+  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ2_XS); break;
+  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ2_S); break;
+  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ3_XXS); break;
+  case ST_TYPE_IQ3_S: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ3_S); break;
   default: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ4_XS); break;
   }
 }
