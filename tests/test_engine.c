@@ -21,15 +21,9 @@
 #include "io/profile.h"
 #include "tiers/arena.h"
 #include "tiers/plan.h"
+#include "testutil.h"
 
 static int n_pass, n_fail;
-#define CHECK(ok, ...)                     \
-  do {                                     \
-    printf("%s ", (ok) ? "PASS" : "FAIL"); \
-    printf(__VA_ARGS__);                   \
-    printf("\n");                          \
-    (ok) ? n_pass++ : n_fail++;            \
-  } while (0)
 
 static int eval_logits(struct st_model *m, const int32_t *ids, int n, float *logits, int *parts) {
   struct st_engine *e = NULL;

@@ -17,13 +17,6 @@
 
 static int n_pass, n_fail;
 
-#define CHECK(ok, ...)                 \
-  do {                                 \
-    printf("%s ", (ok) ? "PASS" : "FAIL"); \
-    printf(__VA_ARGS__);               \
-    printf("\n");                      \
-    (ok) ? n_pass++ : n_fail++;        \
-  } while (0)
 
 static uint64_t rng = 88172645463325252ull;
 static double urand(void) { /* xorshift64, uniform in [-1, 1) */

@@ -192,32 +192,13 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
 
 #define HELPER_KEEP_FREE (512ull << 20) /* the seeds: each helper card keeps at least 512 MiB free */
 
-/* The i-th (1-based) visible CUDA device other than the primary, or -1. */
-static int nth_other_device(const struct st_placement *pl, int i) {
-  int ids[STARPU_NMAXWORKERS], n = 0;
-  const unsigned nw = starpu_worker_get_count();
-  for (unsigned w = 0; w < nw; w++)
-    if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER) {
-      const int dev = starpu_worker_get_devid((int)w);
-      int dup = dev == pl->cache[0].device;
-      for (int j = 0; j < n; j++) dup |= ids[j] == dev;
-      if (!dup) ids[n++] = dev;
-    }
-  for (int a = 1; a < n; a++) /* ascending device order */
-    for (int b = a; b > 0 && ids[b] < ids[b - 1]; b--) {
-      const int t = ids[b];
-      ids[b] = ids[b - 1];
-      ids[b - 1] = t;
-    }
-  return i >= 1 && i <= n ? ids[i - 1] : -1;
-}
-
-/* The CUDA worker of the i-th (1-based) helper: first one worker of each visible device other than
- * the primary, in device order (the seeds' rule); then, when StarPU runs several workers per device
- * (STARPU_NWORKER_PER_CUDA > 1, for testing three helpers on fewer cards), the further workers in
- * (device, worker) order. -1 when there is none. */
-static int nth_helper_worker(const struct st_placement *pl, int i) {
-  for (int round = 0; round < 2; round++) {
+/* The i-th (1-based) CUDA worker other than the primary's: first one worker of each visible device
+ * other than the primary, in device order (the seeds' rule for helpers; a layer split's stages);
+ * then, with more_per_card, when StarPU runs several workers per device (STARPU_NWORKER_PER_CUDA >
+ * 1, for testing three helpers on fewer cards), the further workers in (device, worker) order. -1
+ * when there is none. */
+static int nth_other_worker(const struct st_placement *pl, int i, int more_per_card) {
+  for (int round = 0; round < 1 + more_per_card; round++) {
     for (int dev = 0; dev < STARPU_NMAXWORKERS && i > 0; dev++) {
       int k = 0; /* the k-th worker of this device */
       for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
@@ -235,7 +216,7 @@ static int nth_helper_worker(const struct st_placement *pl, int i) {
 /* Loads the profile and fills the GPU expert caches: the primary (--expert-cache), the helpers
  * (--expert-cache-device1..3) or the peer tier (--peer-device), or one cache per stage of a layer
  * split (--layer-split), in the seeds' fill order (tiers/plan.h). */
-static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
+static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o, const struct st_profile *prof) {
   const struct st_hparams *hp = &e->hp;
   struct st_placement *pl = &e->placement;
   const uint32_t E = hp->n_expert, n_pairs = hp->n_layer * hp->n_expert;
@@ -249,12 +230,6 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
     if (o->helper_cache[h])
       return st_set_error(ST_EINVAL, "--expert-cache-device%d needs --expert-cache-device%d: tiers must be enabled in order",
                           h + 1, h);
-  if (o->expert_profile) { /* a bad profile is refused even when no cache will read it */
-    struct st_profile check;
-    int rc = st_profile_load(o->expert_profile, hp->n_layer, E, &check);
-    if (rc) return rc;
-    st_profile_free(&check);
-  }
   if (!o->expert_cache && !n_helpers && o->peer_device <= 0 && !o->layer_split) return 0;
   if (o->layer_split && (n_helpers || o->peer_device > 0))
     return st_set_error(ST_EINVAL, "--layer-split cannot be combined with helper caches or the peer tier");
@@ -266,8 +241,8 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
   }
   /* devices first: a missing card is refused before anything is copied */
   if (o->layer_split) {
-    for (int i = 1; nth_other_device(pl, i) >= 0; i++) {
-      int rc = st_placement_add_cache(pl, ST_ROLE_STAGE, nth_other_device(pl, i));
+    for (int i = 1, w; (w = nth_other_worker(pl, i, 0)) >= 0; i++) {
+      int rc = st_placement_add_cache_on_worker(pl, ST_ROLE_STAGE, w);
       if (rc) return rc;
     }
     if (pl->n_caches < 2)
@@ -277,7 +252,7 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
     for (uint32_t l = 0; l < hp->n_layer; l++) pl->layer_stage[l] = (uint8_t)((uint64_t)l * pl->n_stages / hp->n_layer);
   }
   for (int h = 0; h < n_helpers; h++) {
-    const int w = nth_helper_worker(pl, h + 1);
+    const int w = nth_other_worker(pl, h + 1, 1);
     if (w < 0)
       return st_set_error(ST_EINVAL, "--expert-cache-device%d: no CUDA device is visible for it (StarPU has %u CUDA "
                           "worker%s; a helper takes a visible device other than the primary)",
@@ -295,18 +270,16 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
   }
   e->remote_opt = o->remote_expert_opt && n_helpers > 0;
   if (!o->expert_cache && !n_helpers && o->peer_device <= 0) return 0; /* a layer split of the dense work only */
-  if (!o->expert_profile)
+  if (!prof)
     return st_set_error(ST_EINVAL, "the expert caches need --expert-profile FILE (`strata profile` writes one)");
 
-  struct st_profile prof;
-  int rc = st_profile_load(o->expert_profile, hp->n_layer, E, &prof);
-  if (rc) return rc;
+  int rc = 0;
   uint32_t *order = malloc(sizeof *order * n_pairs);
   uint8_t *owner = malloc(n_pairs);
   int32_t *list = malloc(sizeof *list * n_pairs);
   uint64_t *layer_bytes = malloc(sizeof *layer_bytes * hp->n_layer);
   if (!order || !owner || !list || !layer_bytes) rc = st_set_error(ST_ENOMEM, "out of memory planning the expert caches");
-  if (!rc) rc = st_plan_order(&prof, hp->n_layer, E, order);
+  if (!rc) rc = st_plan_order(prof, hp->n_layer, E, order);
   for (uint32_t l = 0; !rc && l < hp->n_layer; l++) layer_bytes[l] = st_pair_bytes_aligned(e->model, l);
   if (!rc && pl->n_stages > 1) {
     /* each stage: the ranked pairs of its own layers, --expert-cache of them (auto: what fits) */
@@ -341,7 +314,7 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
       slots[0] = o->peer_slots > 0 && o->peer_slots < fit ? o->peer_slots : fit;
     }
     if (!rc)
-      rc = st_plan_tiers_budget(&prof, hp->n_layer, E, primary, slots, budget, layer_bytes, cards,
+      rc = st_plan_tiers_budget(prof, hp->n_layer, E, primary, slots, budget, layer_bytes, cards,
                                 o->gpu_placement == ST_PLACE_LAYER ? ST_PLACE_LAYER : ST_PLACE_STRIPE, owner);
   }
   /* fill each cache with its pairs in candidate order */
@@ -360,8 +333,8 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
     for (int c = 0; c < pl->n_caches; c++) {
       uint64_t held = 0;
       for (uint32_t i = 0; i < n_pairs; i++)
-        if (pl->tier[prof.pairs[i].layer * E + prof.pairs[i].expert] == 1 + c) held += prof.pairs[i].count;
-      e->cache_mass[c] = prof.total ? (double)held / (double)prof.total : 0.0;
+        if (pl->tier[prof->pairs[i].layer * E + prof->pairs[i].expert] == 1 + c) held += prof->pairs[i].count;
+      e->cache_mass[c] = prof->total ? (double)held / (double)prof->total : 0.0;
       all += e->cache_mass[c];
       fprintf(stderr, "strata: %s expert cache: %d of %u expert pairs on %s (%.2f GiB), %.1f%% of the profile's routed mass\n",
               roles[pl->cache[c].role], pl->cache[c].n_slots, n_pairs, pl->cache[c].name,
@@ -377,6 +350,17 @@ static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
   free(owner);
   free(list);
   free(layer_bytes);
+  return rc;
+}
+
+/* Loads --expert-profile once (a bad profile is refused even when no cache reads it), then places
+ * the tiers. */
+static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
+  if (!o->expert_profile) return setup_tiers_with(e, o, NULL);
+  struct st_profile prof;
+  int rc = st_profile_load(o->expert_profile, e->hp.n_layer, e->hp.n_expert, &prof);
+  if (rc) return rc;
+  rc = setup_tiers_with(e, o, &prof);
   st_profile_free(&prof);
   return rc;
 }
