@@ -10,6 +10,7 @@
 #                                e.g. table 32768 32768,1024 3: the 32K decode reuses the prompt), each card's cache
 #                                limited to 4000 pairs (18.7 GiB: a 24 GB card with the dense
 #                                weights and KV cache, as in the single-GPU bench), median of REPS
+#                                (strata bench -r REPS: one load per setup)
 # Prints a short table last.
 set -u
 C=${CARRY:-carry}
@@ -99,12 +100,15 @@ table)
   bench() { # ONLY=REGEX runs the setups whose name matches (to split the table over calls)
     local name=$1; shift
     [[ "$name" =~ ${ONLY:-.} ]] || return 0
-    for r in $(seq "$REPS"); do
-      timeout 300 env "${BENV[@]}" "$S" bench -m $M --prompt "$PR" --decode 32 --depth "$DEPTHS" --expert-profile $P "$@" \
-        > "$out/b.txt" 2> "$out/b.err" || { rows+=("$name: failed: $(tail -n 1 "$out/b.err")"); return; }
-      awk -v n="$name" -v r=$r '/^(prompt|decode) / {print n "\t" r "\t" $1 "\t" ($1=="prompt"?$2:$3) "\t" $5}' "$out/b.txt" >> "$out/table.tsv"
-    done
-    grep -E "expert cache|^  " "$out/b.err" "$out/b.txt" | head -n 8
+    local t0=$SECONDS
+    timeout 590 env "${BENV[@]}" "$S" bench -m $M --prompt "$PR" --decode 32 --depth "$DEPTHS" -r "$REPS" --expert-profile $P "$@" \
+      > "$out/b.txt" 2> "$out/b.err" || { rows+=("$name: failed: $(tail -n 1 "$out/b.err")"); return; }
+    grep -E "expert cache|^  |runs" "$out/b.err" "$out/b.txt" | head -n 12
+    # the rows are the median runs; "prompt of N" / "decode at depth N" lines list every run
+    awk -v n="$name" '/^(prompt|decode) +[0-9]+ +[0-9]+ / {row[++k] = n "\t" $1 " " ($1=="prompt"?$2:$3) "\t" $5 " tok/s"}
+         / runs \(tok\/s\):/ {sub(/.*:/, ""); run[++j] = " (runs:" $0 ")"}
+         END {for (i = 1; i <= k; i++) print row[i] run[i]}' "$out/b.txt" >> "$out/table.tsv"
+    echo "$name: $((SECONDS - t0)) s"
   }
   : > "$out/table.tsv"
   BENV=(CUDA_VISIBLE_DEVICES=0); bench "single GPU, 4000 slots" --expert-cache 4000
@@ -112,10 +116,7 @@ table)
   bench "helper + --remote-expert-opt" --expert-cache 4000 --expert-cache-device1 4000 --remote-expert-opt
   bench "layer split (4000 per stage)" --layer-split auto --expert-cache 4000
   bench "peer tier (--peer-device 1, 4000 + 4000)" --expert-cache 4000 --peer-device 1 --peer-slots 4000
-  # median over the repetitions of each (setup, test, size)
-  rows+=("$(sort -t$'\t' -k1,1 -k3,3 -k4,4n -k5,5n "$out/table.tsv" | awk -F'\t' '
-    { k=$1 "\t" $3 " " $4; v[k]=v[k] " " $5; c[k]++; if (!(k in seen)) { seen[k]=1; order[++n]=k } }
-    END { for (i=1;i<=n;i++) { split(v[order[i]], a, " "); m=a[int((c[order[i]]+1)/2)]; printf "%s\t%s tok/s (runs:%s)\n", order[i], m, v[order[i]] } }')")
+  rows+=("$(cat "$out/table.tsv")")
   ;;
 esac
 echo "===== summary ($mode)"

@@ -108,6 +108,14 @@ expect_error "--cuda-graphs both outside bench" "\-\-cuda-graphs both is for str
 "$STRATA" bench -m "$tiny" --prompt 0 --decode 2 --json --cuda-graphs both >"$tmp/out" 2>"$tmp/err" \
   && grep -q '"cuda_graphs": "off"' "$tmp/out" && grep -q '"cuda_graphs_compare": \[\]' "$tmp/out" && grep -q "graphs have no effect" "$tmp/err" \
   && ok "bench --cuda-graphs both on CPU: measured once, graphs off, $(cat "$tmp/err")" || bad "bench --cuda-graphs both: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
+"$STRATA" bench -m "$tiny" --prompt 32 --decode 2 --depth 0,32 -r 3 >"$tmp/out" 2>"$tmp/err" \
+  && [ "$(grep -c " runs (tok/s):" "$tmp/out")" = 3 ] && grep -q "each row: the run with the median time" "$tmp/out" \
+  && ok "bench -r 3: three rows, each with its runs: $(grep -m1 " runs (tok/s):" "$tmp/out")" || bad "bench -r 3: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
+"$STRATA" bench -m "$tiny" --prompt 32 --decode 2 -r 2 --json >"$tmp/out" 2>"$tmp/err" \
+  && [ "$(grep -o '"tok_s_runs": \[[0-9.]*, [0-9.]*\]' "$tmp/out" | wc -l)" = 2 ] \
+  && ok "bench -r 2 --json: tok_s_runs has two runs per row" || bad "bench -r 2 --json: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
+expect_error "bench -r 0" "\-\-repetitions" "$STRATA" bench -m "$tiny" -r 0
+expect_error "bench -r with --kernels" "\-\-repetitions applies to the model bench" "$STRATA" bench --kernels -r 2
 for c in generate eval bench serve; do
   "$STRATA" $c --help 2>&1 | grep -q -- "--cuda-graphs on|off" && ok "$c --help shows --cuda-graphs" || bad "$c --help lacks --cuda-graphs"
 done

@@ -3,6 +3,8 @@
  * untimed, then greedy decode steps timed), each with the tier counters of that measurement.
  * With --cuda-graphs both, each decode depth is measured with CUDA graphs off, then on, and the
  * two are compared (tok/s, host time in the dense codelets, graph counters).
+ * With -r N every test runs N times (after one warm-up, in one engine, as llama-bench's -r) and
+ * each row reports the run with the median time, listing every run's tok/s.
  * A table on stdout, or JSON with --json. */
 #include <getopt.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include "io/model.h"
 
 #define MAX_SIZES 16
+#define MAX_REPS 16
 
 static int parse_list(const char *flag, const char *s, long *v, int *n) {
   *n = 0;
@@ -101,19 +104,19 @@ int st_cmd_bench(int argc, char **argv) {
                                       {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
                                       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
                                       {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
-                                      {"threads", required_argument, 0, 'T'},
+                                      {"threads", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
                                       {0, 0, 0, 0}};
   const char *model = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
-  long threads = 0;
+  long threads = 0, reps = 1;
   struct st_engine_opts eo;
   st_engine_opts_init(&eo);
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;
   optind = 1;
-  while (!rc && (c = getopt_long(argc, argv, ":m:c:h", longopts, NULL)) != -1) {
+  while (!rc && (c = getopt_long(argc, argv, ":m:c:r:h", longopts, NULL)) != -1) {
     const int handled = st_engine_opt(c, optarg, &eo);
     if (handled) {
       rc = handled < 0 ? handled : 0;
@@ -128,14 +131,17 @@ int st_cmd_bench(int argc, char **argv) {
     case 'R': roofline = 1; break;
     case 'K': kernels = 1; break;
     case 'T': rc = st_parse_int("--threads", optarg, 1, 256, &threads); break;
+    case 'r': rc = st_parse_int("--repetitions", optarg, 1, MAX_REPS, &reps); break;
     case 'h':
-      printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [--json]\n"
+      printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [-r N] [--json]\n"
              "                    [--cuda-graphs on|off|both] [engine flags]\n\n"
              "  -m, --model FILE       qwen3moe GGUF\n"
              "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
              "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
              "      --depth LIST       context depths in tokens before decoding (default 0); a depth equal to\n"
-             "                         the last --prompt size decodes in that prompt's context (no second prefill)\n"
+"                         the last --prompt size decodes in that prompt's context (no second prefill)\n"
+             "  -r, --repetitions N    run every test N times in the same engine (1..16, default 1); each row\n"
+             "                         is the run with the median time, and every run's tok/s is listed\n"
              "      --json             print JSON instead of the table\n"
              "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
              "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
@@ -153,6 +159,7 @@ int st_cmd_bench(int argc, char **argv) {
   }
   free(longopts);
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
+  if (!rc && reps > 1 && kernels) rc = st_set_error(ST_EINVAL, "--repetitions applies to the model bench, not --kernels");
   if (!rc && kernels) {
     rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json);
     if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
@@ -178,7 +185,7 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc) rc = st_engine_create(m, &eo, &e);
   int32_t *ids = rc ? NULL : malloc(sizeof(int32_t) * (size_t)need);
   float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);
-  struct result res[3 * MAX_SIZES];
+  struct result res[3 * MAX_SIZES * MAX_REPS];
   int n_res = 0;
   if (!rc && (!ids || !logits)) rc = st_set_error(ST_ENOMEM, "out of memory");
   if (!rc) fill_ids(ids, need, m->hp.n_vocab);
@@ -194,48 +201,68 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc) rc = st_engine_eval(e, ids, (int)(need < 32 ? need : 32), logits, 0);
   if (!rc) st_engine_reset(e);
   for (long i = 0; i < 2 && i < need && !rc; i++) rc = st_engine_eval(e, ids + i, 1, logits, 0);
-  long held = 0; /* the engine's context holds ids[0..held) from the last prompt test */
-  int32_t held_next = ids ? ids[0] : 0;
-  for (int i = 0; i < n_prompts && !rc; i++) {
-    if (prompts[i] == 0) continue;
-    st_engine_reset(e);
-    const struct st_engine_stats before = e->stats;
-    const double t0 = st_now();
-    rc = st_engine_eval(e, ids, (int)prompts[i], logits, 0);
-    res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats), -1, {0}};
-    if (!rc) held = prompts[i], held_next = st_argmax(logits, (int32_t)m->hp.n_vocab);
-  }
-  /* a depth equal to the last prompt's size decodes first, in that prompt's context: the prefill
-   * would evaluate the same ids in the same chunks, so it is not run a second time */
-  int order[MAX_SIZES];
-  for (int i = 0; i < n_depths; i++) order[i] = i;
-  for (int i = 1; i < n_depths; i++)
-    if (held > 0 && depths[order[i]] == held && depths[order[0]] != held) {
-      const int t = order[0];
-      order[0] = order[i];
-      order[i] = t;
-    }
-  for (int oi = 0; oi < n_depths && n_decode > 0 && !rc; oi++)
-    for (int pass = graphs_both ? 0 : 1; pass < 2 && !rc; pass++) {
-      const int i = order[oi];
-      const int graphs = graphs_both ? st_engine_set_cuda_graphs(e, pass) : e->cuda_graphs;
-      int32_t id = ids[0];
-      if (oi == 0 && held > 0 && depths[i] == held && e->n_past == held) {
-        id = held_next;
-      } else {
-        st_engine_reset(e);
-        if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
-      }
+  int per_rep = 0; /* results of one repetition; repetition r's are res[r * per_rep ...] */
+  for (long rep = 0; rep < reps && !rc; rep++) {
+    long held = 0; /* the engine's context holds ids[0..held) from the last prompt test */
+    int32_t held_next = ids ? ids[0] : 0;
+    for (int i = 0; i < n_prompts && !rc; i++) {
+      if (prompts[i] == 0) continue;
+      st_engine_reset(e);
       const struct st_engine_stats before = e->stats;
-      const struct st_cuda_graph_stats gbefore = graph_stats_now();
       const double t0 = st_now();
-      for (long s = 0; s < n_decode && !rc; s++) {
-        rc = st_engine_eval(e, &id, 1, logits, 0);
-        id = st_argmax(logits, (int32_t)m->hp.n_vocab);
-      }
-      res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats),
-                                     graphs, graph_stats_delta(&gbefore)};
+      rc = st_engine_eval(e, ids, (int)prompts[i], logits, 0);
+      res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats), -1, {0}};
+      if (!rc) held = prompts[i], held_next = st_argmax(logits, (int32_t)m->hp.n_vocab);
     }
+    /* a depth equal to the last prompt's size decodes first, in that prompt's context: the prefill
+     * would evaluate the same ids in the same chunks, so it is not run a second time */
+    int order[MAX_SIZES];
+    for (int i = 0; i < n_depths; i++) order[i] = i;
+    for (int i = 1; i < n_depths; i++)
+      if (held > 0 && depths[order[i]] == held && depths[order[0]] != held) {
+        const int t = order[0];
+        order[0] = order[i];
+        order[i] = t;
+      }
+    for (int oi = 0; oi < n_depths && n_decode > 0 && !rc; oi++)
+      for (int pass = graphs_both ? 0 : 1; pass < 2 && !rc; pass++) {
+        const int i = order[oi];
+        const int graphs = graphs_both ? st_engine_set_cuda_graphs(e, pass) : e->cuda_graphs;
+        int32_t id = ids[0];
+        if (oi == 0 && held > 0 && depths[i] == held && e->n_past == held) {
+          id = held_next;
+        } else {
+          st_engine_reset(e);
+          if (depths[i] > 0 && !(rc = st_engine_eval(e, ids, (int)depths[i], logits, 0))) id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+        }
+        const struct st_engine_stats before = e->stats;
+        const struct st_cuda_graph_stats gbefore = graph_stats_now();
+        const double t0 = st_now();
+        for (long s = 0; s < n_decode && !rc; s++) {
+          rc = st_engine_eval(e, &id, 1, logits, 0);
+          id = st_argmax(logits, (int32_t)m->hp.n_vocab);
+        }
+        res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats),
+                                       graphs, graph_stats_delta(&gbefore)};
+      }
+    if (rep == 0) per_rep = n_res;
+  }
+  /* each row becomes the repetition with the median time; runs[] keeps every run's tok/s */
+  double runs[3 * MAX_SIZES][MAX_REPS];
+  if (!rc && reps > 1) {
+    for (int j = 0; j < per_rep; j++) {
+      int idx[MAX_REPS];
+      for (int r = 0; r < reps; r++) idx[r] = r * per_rep + j, runs[j][r] = res[idx[r]].tokens / res[idx[r]].seconds;
+      for (int r = 1; r < reps; r++) /* insertion sort of the runs by time */
+        for (int q = r; q > 0 && res[idx[q]].seconds < res[idx[q - 1]].seconds; q--) {
+          const int t = idx[q];
+          idx[q] = idx[q - 1];
+          idx[q - 1] = t;
+        }
+      res[j] = res[idx[(reps - 1) / 2]];
+    }
+    n_res = per_rep;
+  }
   /* Roofline: B = expert bytes read per decode token (top-k pairs of every layer), f = the
    * share of routed entries the GPU cache served in that row, bandwidths measured now. */
   double bw_host = 0, bw_gpu = 0, pair_b = 0;
@@ -257,7 +284,7 @@ int st_cmd_bench(int argc, char **argv) {
              "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
-             "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f}",
+             "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f, \"tok_s_runs\": [",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
@@ -267,6 +294,8 @@ int st_cmd_bench(int argc, char **argv) {
              (unsigned long long)r->gd.instantiations, (unsigned long long)r->gd.reinstantiations,
              (unsigned long long)r->gd.launches, (unsigned long long)r->gd.fallbacks,
              (unsigned long long)r->gd.dense_calls, dense_us(r));
+      for (int q = 0; q < reps; q++) printf("%s%.3f", q ? ", " : "", reps > 1 ? runs[i][q] : r->tokens / r->seconds);
+      printf("]}");
     }
     printf("\n], \"cuda_graphs_compare\": [");
     for (int i = 1, n = 0; graphs_both && i < n_res; i++) {
@@ -280,9 +309,9 @@ int st_cmd_bench(int argc, char **argv) {
     printf("], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f, \"peak_rss_gib\": %.3f}\n",
            bw_host / 1e9, bw_gpu / 1e9, pair_b, st_peak_rss_gib());
   } else if (!rc) {
-    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass\n",
+    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass%s\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
-           100.0 * e->cache_mass_share);
+           100.0 * e->cache_mass_share, reps > 1 ? "; each row: the run with the median time" : "");
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
@@ -315,6 +344,12 @@ int st_cmd_bench(int argc, char **argv) {
       char tiers[1024];
       st_engine_tier_report(e, &res[i].delta, NULL, tiers, sizeof tiers);
       printf("  %s %ld: %s\n", res[i].test, res[i].test[0] == 'p' ? res[i].tokens : res[i].depth, tiers);
+    }
+    for (int i = 0; i < n_res && reps > 1; i++) {
+      printf("%s %s %ld, %ld runs (tok/s):", res[i].test, res[i].test[0] == 'p' ? "of" : "at depth",
+             res[i].test[0] == 'p' ? res[i].tokens : res[i].depth, reps);
+      for (int q = 0; q < reps; q++) printf(" %.2f", runs[i][q]);
+      printf("\n");
     }
     printf("peak resident memory %.2f GiB\n", st_peak_rss_gib());
   }
