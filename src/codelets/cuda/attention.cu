@@ -1,7 +1,8 @@
 // CUDA variant of the attention codelet (codelets.h): RMSNorm, the group's Q/K/V projections
 // (K and V written straight into the KV cache kept on the device; through cuBLAS for prompt
 // chunks of at least cublas_rows tokens, gemm.cu), q/k RMSNorm and NEOX RoPE per
-// head, then causal attention split over the keys (see attend_partial).
+// head, then causal attention: one query at a time split over the keys for decode (T = 1, see
+// attend_partial), a tiled flash-attention kernel for prompt chunks (T > 1, see attend_flash).
 #include <math.h>
 
 #include "codelets/cuda/common.cuh"
@@ -97,9 +98,11 @@ __global__ static void attend_partial(const float *q, int64_t ldq, const float *
 }
 
 // Merges the chunks of (t, h) in chunk order: out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M).
-__global__ static void attend_combine(const float *part, int n_chunks, int hd, int pos0, float *out, int64_t ldo) {
+// Chunks of `chunk` keys: KEY_CHUNK from attend_partial, flash_chunk's from attend_flash.
+__global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, float *out,
+                                      int64_t ldo) {
   const int t = blockIdx.x, h = blockIdx.y;
-  const int used = (pos0 + t + 1 + KEY_CHUNK - 1) / KEY_CHUNK;
+  const int used = (pos0 + t + 1 + chunk - 1) / chunk;
   const float *p = part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2);
   float M = -INFINITY;
   for (int c = 0; c < used; c++) M = fmaxf(M, p[(int64_t)c * (hd + 2)]);
@@ -114,11 +117,230 @@ __global__ static void attend_combine(const float *part, int n_chunks, int hd, i
   }
 }
 
-// Scratch floats of one call: the normed input, one group's queries and the split-K partials.
+// Causal attention of a prompt chunk (T > 1), tiled as in FlashAttention-2 (Dao, 2023), in
+// float32 on the CUDA cores. The group's T x n_q queries are rows r = t * n_q + h (q's layout);
+// block (b, c) takes rows [b * FA_ROWS, (b + 1) * FA_ROWS) over the keys [c * chunk, (c + 1) * chunk)
+// that its last token sees. Each tile of FA_KEYS keys is read once into shared memory and serves
+// all the block's rows (attend_partial reads every key once per query and pays a warp reduction
+// per key): S = Q K^T over slices of FA_DK head dimensions, each row's online softmax, then
+// O += P V over slices of the tile's values. Warp w owns rows 8w..8w+7; lane l owns keys l and
+// l + 32 of S and head dimensions 4g..4g+3 (g = l + 32n) of O, so a row's max and sum are
+// reductions inside one warp. With one chunk the block writes the output itself; otherwise its
+// partials (attend_partial's layout) go to attend_combine. Fixed summation order, no atomics.
+#define FA_ROWS 64                    /* query rows of a block */
+#define FA_KEYS 64                    /* keys of a tile */
+#define FA_DK 32                      /* head dimensions of a Q and K slice */
+#define FA_LD (FA_DK + 4)             /* padded slice row: a float4 phase's 8 lanes hit distinct banks */
+#define FA_THREADS 256                /* 8 warps */
+#define FA_RW (FA_ROWS / (FA_THREADS / 32)) /* rows of a warp */
+#define FA_BUF (2 * FA_ROWS * FA_LD)  /* floats of the Q and K slices, reused for the V slices */
+#define FA_MAX_BLOCKS 2048            /* split the keys no further than this many blocks */
+static_assert(FA_KEYS == 64 && FA_RW == 8, "attend_flash: a lane owns 2 keys of a tile, a warp 8 rows");
+static_assert(sizeof(float) * (FA_BUF + FA_ROWS * FA_KEYS) <= 48 * 1024, "attend_flash: static shared memory");
+
+__device__ __forceinline__ float fa_at(const float4 &v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// NV: float4 groups of head dimensions per lane (1: head_dim <= 128, 2: <= 256).
+template <int NV>
+__global__ static void __launch_bounds__(FA_THREADS, 2)
+    attend_flash(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, int nq, int T, int pos0,
+                 float scale, int chunk, float *part, float *out, int64_t ldo) {
+  __shared__ __align__(16) float buf[FA_BUF];           // Q and K slices, then V slices
+  __shared__ __align__(16) float ps[FA_ROWS * FA_KEYS]; // P of the tile; a warp reads only its own rows
+  __shared__ float rm[FA_ROWS], rl[FA_ROWS]; // each row's running max and sum (registers are short)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows = T * nq, row0 = blockIdx.x * FA_ROWS, c = blockIdx.y, n_split = gridDim.y;
+  const int kbeg = c * chunk, kend = min(kbeg + chunk, pos0 + (min(row0 + FA_ROWS, rows) - 1) / nq + 1);
+  if (kbeg >= kend) return; // the chunk starts after the block's last token: no partial is read
+  float *qs = buf, *ks = buf + FA_ROWS * FA_LD, *vs = buf;
+  int vk = FA_KEYS; // keys of a V slice: as many as buf holds, a power of two so slices tile the tile
+  while (vk * hd > FA_BUF) vk >>= 1;
+  const int hd4 = hd / 4;
+  constexpr int d_unroll = NV == 1 ? FA_DK / 4 : 1; // NV = 2: 128 registers leave no room for unrolled loads
+  const int wrow0 = row0 + warp * FA_RW; // the warp's first row
+  float acc[FA_RW][NV][4];
+#pragma unroll
+  for (int i = 0; i < FA_RW; i++) {
+    if (lane == 0) rm[warp * FA_RW + i] = -INFINITY, rl[warp * FA_RW + i] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NV; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][n][e] = 0.0f;
+  }
+  for (int k0 = kbeg; k0 < kend; k0 += FA_KEYS) {
+    float s[FA_RW][2];
+#pragma unroll
+    for (int i = 0; i < FA_RW; i++) s[i][0] = s[i][1] = 0.0f;
+    for (int d0 = 0; d0 < hd; d0 += FA_DK) {
+      __syncthreads(); // every warp is done with buf (the previous slice, or the previous tile's V)
+      for (int e = threadIdx.x; e < FA_ROWS * FA_DK / 4; e += FA_THREADS) {
+        const int r = e / (FA_DK / 4), d = d0 + 4 * (e % (FA_DK / 4)), row = row0 + r, key = k0 + r;
+        float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv; // zeros past hd, T x n_q or the keys
+        if (row < rows && d < hd) qv = *(const float4 *)(q + (int64_t)(row / nq) * ldq + (int64_t)(row % nq) * hd + d);
+        if (key < kend && d < hd) kv = *(const float4 *)(kc + (int64_t)key * hd + d);
+        *(float4 *)(qs + r * FA_LD + d - d0) = qv;
+        *(float4 *)(ks + r * FA_LD + d - d0) = kv;
+      }
+      __syncthreads();
+      float sd[FA_RW][2]; // the slice's own sums: chains of FA_DK terms, not head_dim (float32 rounding)
+#pragma unroll
+      for (int i = 0; i < FA_RW; i++) sd[i][0] = sd[i][1] = 0.0f;
+#pragma unroll d_unroll
+      for (int d = 0; d < FA_DK; d += 4) {
+        const float4 ka = *(const float4 *)(ks + lane * FA_LD + d);
+        const float4 kb = *(const float4 *)(ks + (lane + 32) * FA_LD + d);
+#pragma unroll
+        for (int i = 0; i < FA_RW; i++) {
+          const float4 qv = *(const float4 *)(qs + (warp * FA_RW + i) * FA_LD + d); // one address: a broadcast
+          sd[i][0] = fmaf(qv.w, ka.w, fmaf(qv.z, ka.z, fmaf(qv.y, ka.y, fmaf(qv.x, ka.x, sd[i][0]))));
+          sd[i][1] = fmaf(qv.w, kb.w, fmaf(qv.z, kb.z, fmaf(qv.y, kb.y, fmaf(qv.x, kb.x, sd[i][1]))));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < FA_RW; i++) s[i][0] += sd[i][0], s[i][1] += sd[i][1];
+    }
+    // Online softmax: rescale what the row has so far to the new max, then P of this tile.
+#pragma unroll
+    for (int i = 0; i < FA_RW; i++) {
+      const int last = wrow0 + i < rows ? pos0 + (wrow0 + i) / nq : -1; // the row's last key (-1: past T x n_q)
+      const float s0 = k0 + lane <= last ? s[i][0] * scale : -INFINITY;
+      const float s1 = k0 + 32 + lane <= last ? s[i][1] * scale : -INFINITY;
+      float mx = fmaxf(s0, s1);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = rm[warp * FA_RW + i], l_old = rl[warp * FA_RW + i];
+      const float m_new = fmaxf(m_old, mx), base = m_new == -INFINITY ? 0.0f : m_new; // no -inf - -inf
+      const float corr = expf(m_old - base), p0 = expf(s0 - base), p1 = expf(s1 - base);
+      float sum = p0 + p1;
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      __syncwarp(); // every lane has read the old max and sum
+      if (lane == 0) rm[warp * FA_RW + i] = m_new, rl[warp * FA_RW + i] = l_old * corr + sum;
+#pragma unroll
+      for (int n = 0; n < NV; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][n][e] *= corr;
+      ps[(warp * FA_RW + i) * FA_KEYS + lane] = p0;
+      ps[(warp * FA_RW + i) * FA_KEYS + lane + 32] = p1;
+    }
+    for (int v0 = 0; v0 < FA_KEYS; v0 += vk) {
+      __syncthreads(); // every warp is done with the Q and K slices (or the previous V slice)
+      for (int e = threadIdx.x; e < vk * hd4; e += FA_THREADS) {
+        const int j = e / hd4, d = 4 * (e % hd4), key = k0 + v0 + j;
+        float4 vv = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // past the keys: the cache may hold NaN there
+        if (key < kend) vv = *(const float4 *)(vc + (int64_t)key * hd + d);
+        *(float4 *)(vs + j * hd + d) = vv;
+      }
+      __syncthreads();
+      for (int j = 0; j < vk; j += 4) {
+        float4 vv[4][NV];
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+          for (int n = 0; n < NV; n++) {
+            const int g = lane + 32 * n;
+            vv[jj][n] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (4 * g < hd) vv[jj][n] = *(const float4 *)(vs + (j + jj) * hd + 4 * g);
+          }
+#pragma unroll
+        for (int i = 0; i < FA_RW; i++) {
+          const float4 p = *(const float4 *)(ps + (warp * FA_RW + i) * FA_KEYS + v0 + j); // a broadcast
+#pragma unroll
+          for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+            for (int n = 0; n < NV; n++) {
+              const float pj = fa_at(p, jj);
+              acc[i][n][0] = fmaf(pj, vv[jj][n].x, acc[i][n][0]);
+              acc[i][n][1] = fmaf(pj, vv[jj][n].y, acc[i][n][1]);
+              acc[i][n][2] = fmaf(pj, vv[jj][n].z, acc[i][n][2]);
+              acc[i][n][3] = fmaf(pj, vv[jj][n].w, acc[i][n][3]);
+            }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < FA_RW; i++) {
+    __syncwarp(); // lane 0's last max and sum are visible
+    const float M = rm[warp * FA_RW + i], L = rl[warp * FA_RW + i];
+    const int r = wrow0 + i;
+    if (r >= rows) continue;
+    const int t = r / nq, h = r % nq;
+    if (n_split == 1) { // every key of the rows: L >= 1 (the max's own term)
+      float *o = out + (int64_t)t * ldo + (int64_t)h * hd;
+#pragma unroll
+      for (int n = 0; n < NV; n++) {
+        const int g = lane + 32 * n;
+        if (4 * g < hd)
+          *(float4 *)(o + 4 * g) =
+              make_float4(acc[i][n][0] / L, acc[i][n][1] / L, acc[i][n][2] / L, acc[i][n][3] / L);
+      }
+    } else { // a row whose keys end before the chunk writes (-inf, 0); attend_combine skips it
+      float *o = part + ((int64_t)r * n_split + c) * (hd + 2);
+      if (lane == 0) o[0] = M, o[1] = L;
+#pragma unroll
+      for (int n = 0; n < NV; n++) {
+        const int g = lane + 32 * n;
+        if (4 * g < hd)
+#pragma unroll
+          for (int e = 0; e < 4; e++) o[2 + 4 * g + e] = acc[i][n][e];
+      }
+    }
+  }
+}
+
+// Keys per block of attend_flash: one tile, doubled while the grid would exceed FA_MAX_BLOCKS
+// (several waves of an H200's 132 SMs), so that long contexts spread over the SMs even for a few
+// tokens, with no more partials than that needs. A function of the shape only: deterministic.
+static int flash_chunk(int T, int nq, int pos0) {
+  const int64_t tiles = (T * nq + FA_ROWS - 1) / FA_ROWS;
+  const int keys = pos0 + T;
+  int chunk = FA_KEYS;
+  while (chunk < keys && tiles * ((keys + chunk - 1) / chunk) > FA_MAX_BLOCKS) chunk *= 2;
+  return chunk;
+}
+
+// Whether attend_flash takes these buffers: float4 rows (head_dim a multiple of 4, 16-byte
+// aligned pointers and row strides) of at most 256 dimensions (the engine refuses more).
+static int flash_fits(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, const float *out,
+                      int64_t ldo) {
+  const uintptr_t ptrs = (uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)out;
+  return hd % 4 == 0 && hd <= 256 && ptrs % 16 == 0 && ldq % 4 == 0 && ldo % 4 == 0;
+}
+
+// Floats of the partials either kernel writes: T x n_q rows of (max, sum, head_dim values) per chunk
+// (decode's stay as they were: its graphs keep their scratch).
+static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
+  const int keys = pos0 + T, n_chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK, chunk = flash_chunk(T, nq, pos0);
+  const int n_split = T > 1 ? (keys + chunk - 1) / chunk : 0;
+  return (size_t)T * nq * (size_t)(n_chunks > n_split ? n_chunks : n_split) * (size_t)(hd + 2);
+}
+
+// Causal attention of T tokens' nq query heads (q [T][ldq], head h at h * hd) over the keys and
+// values kc, vc [pos0 + T][hd], into out [T][ldo]; part holds attention_part_floats. flash != 0
+// (the caller checked flash_fits) takes attend_flash, else attend_partial and attend_combine.
+static void attend(const float *q, int64_t ldq, const float *kc, const float *vc, int T, int pos0, int nq, int hd,
+                   float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
+  const float scale = 1.0f / sqrtf((float)hd);
+  if (!flash) {
+    const int n_chunks = (pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
+    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, scale, n_chunks, part);
+    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, pos0, out, ldo);
+    return;
+  }
+  const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
+  const dim3 grid((T * nq + FA_ROWS - 1) / FA_ROWS, n_split);
+  if (hd <= 128)
+    attend_flash<1><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
+  else
+    attend_flash<2><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
+  if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
+}
+
+// Scratch floats of one call: the normed input, one group's queries and the attention partials.
 static size_t attention_scratch_bytes(const st_attention_args *a) {
-  const int n_chunks = (a->pos0 + a->T + KEY_CHUNK - 1) / KEY_CHUNK;
   return sizeof(float) * ((size_t)a->T * a->n_embd + (size_t)a->T * a->n_q * a->head_dim +
-                          (size_t)a->T * a->n_q * n_chunks * (a->head_dim + 2));
+                          attention_part_floats(a->T, a->pos0, a->n_q, a->head_dim));
 }
 
 static void attention_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
@@ -132,7 +354,6 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
   const float *k_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[6]);
   const int T = a->T, d = a->n_embd, hd = a->head_dim, nq = a->n_q, qw = nq * hd;
 
-  const int n_chunks = (a->pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
   float *xn = (float *)scratch;
   float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
@@ -151,9 +372,8 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
                    d, vdst, hd, st);
     qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
-    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, qw, kc, vc, hd, a->pos0, 1.0f / sqrtf((float)hd),
-                                                              n_chunks, part);
-    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, hd, a->pos0, out, qw);
+    // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
+    attend(q, qw, kc, vc, T, a->pos0, nq, hd, part, out, qw, T > 1 && flash_fits(q, qw, kc, vc, hd, out, qw), st);
   }
   ST_CUDA_CHECK(cudaGetLastError());
 }
@@ -162,4 +382,44 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
   const st_attention_args *a = (const st_attention_args *)cl_arg;
   const int decode = a->T == 1;
   st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, attention_scratch_bytes(a), decode, attention_body);
+}
+
+// For tests (cuda_codelets.h): attend on host data, on the legacy default stream.
+extern "C" int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T, int pos0, int nq, int hd,
+                                      int flash, int reps, float *out, double *ms) {
+  const size_t qn = (size_t)T * nq * hd, kn = (size_t)(pos0 + T) * hd;
+  const size_t pn = attention_part_floats(T, pos0, nq, hd);
+  float *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dpart = NULL;
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  int ok = cudaMalloc(&dq, sizeof(float) * qn) == cudaSuccess && cudaMalloc(&dk, sizeof(float) * kn) == cudaSuccess &&
+           cudaMalloc(&dv, sizeof(float) * kn) == cudaSuccess &&
+           cudaMalloc(&dout, sizeof(float) * qn) == cudaSuccess &&
+           cudaMalloc(&dpart, sizeof(float) * pn) == cudaSuccess &&
+           cudaMemcpy(dq, q, sizeof(float) * qn, cudaMemcpyHostToDevice) == cudaSuccess &&
+           cudaMemcpy(dk, k, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess &&
+           cudaMemcpy(dv, v, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess;
+  const int64_t ld = (int64_t)nq * hd;
+  if (ok) {
+    const int use_flash = flash && T > 1 && flash_fits(dq, ld, dk, dv, hd, dout, ld);
+    attend(dq, ld, dk, dv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
+    ok = cudaGetLastError() == cudaSuccess &&
+         cudaMemcpy(out, dout, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+    if (ok && reps > 0 && ms) {
+      float elapsed = 0.0f;
+      ok = cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
+           cudaEventRecord(e0, 0) == cudaSuccess;
+      for (int r = 0; ok && r < reps; r++) attend(dq, ld, dk, dv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
+      ok = ok && cudaEventRecord(e1, 0) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+           cudaGetLastError() == cudaSuccess && cudaEventElapsedTime(&elapsed, e0, e1) == cudaSuccess;
+      *ms = (double)elapsed / reps;
+    }
+  }
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  cudaFree(dq);
+  cudaFree(dk);
+  cudaFree(dv);
+  cudaFree(dout);
+  cudaFree(dpart);
+  return ok ? 0 : -1;
 }

@@ -33,6 +33,15 @@ int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_
 int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
                       int64_t n, float *out);
 
+/* Causal attention of T tokens at positions pos0..pos0+T-1 for the nq query heads of one KV head
+ * (a GQA group), in host memory: q [T][nq * hd], k and v [pos0 + T][hd], out [T][nq * hd]; token t
+ * sees keys 0..pos0 + t, scores scaled by 1/sqrt(hd). flash != 0: the prompt path's tiled kernel
+ * (attention.cu attend_flash; only for T > 1), 0: the decode path's split-K kernels. With
+ * reps > 0, then runs it reps more times and stores the mean milliseconds per call in *ms (for
+ * tests). 0, or -1 on a CUDA error. */
+int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T, int pos0, int nq, int hd,
+                           int flash, int reps, float *out, double *ms);
+
 /* Seconds per mat-vec (one token) over `rows` rows of n weights of `type` on the current device,
  * averaged over `reps` launches after a warm-up (for strata bench --kernels); < 0 on a CUDA error. */
 double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps);
