@@ -40,9 +40,17 @@ int st_engine_opts_check(const struct st_engine_opts *eo);
 /* The engine flags' lines for --help. */
 void st_engine_opts_help(FILE *f);
 
-/* Host read bandwidth with `threads` threads over a `bytes` buffer, bytes/s (best of 3; 0 when
- * the buffer cannot be allocated). membw.c */
+/* Host read bandwidth with `threads` threads over a `bytes` buffer (2 MiB aligned, huge pages
+ * asked for, as the host expert arena), bytes/s (best of 5 on one thread team; 0 when the buffer
+ * cannot be allocated). membw.c */
 double st_host_read_bandwidth(int threads, size_t bytes);
+/* Runs fn(args + i * arg_size) on `threads` (1..256) threads created once, `reps` times, each
+ * repetition started on all threads at once (a barrier) and timed until the last returns: the best
+ * repetition's seconds, or -1 when a thread or barrier cannot be made. membw.c */
+double st_team_best_seconds(int threads, void *(*fn)(void *), void *args, size_t arg_size, int reps);
+/* A buffer of `bytes` for bandwidth measurements: 2 MiB aligned, MADV_HUGEPAGE asked for (a hint).
+ * Freed with free(); NULL when out of memory. membw.c */
+void *st_bench_buffer(size_t bytes);
 /* Device-to-device copy bandwidth of the current CUDA device, bytes read + written per second
  * (best of 3 after a warm-up); 0 without CUDA or memory. */
 double st_cuda_copy_bandwidth(size_t bytes);

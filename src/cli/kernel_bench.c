@@ -4,7 +4,6 @@
  * measured in the same run; and on a GPU the CUDA mat-vec against its copy bandwidth. For the
  * formats with integer kernels (st_matmul_q8, STRATA_INT8_DOT) the same mat-vec with quantised
  * activations, each thread quantising the token first as a CPU-pool task does. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,27 +40,17 @@ static void *run_part(void *arg) {
   return NULL;
 }
 
-/* Seconds for one mat-vec of `rows` rows with `threads` threads (best of reps); with `int8`, the
- * integer kernels on activations each thread quantises (xq: threads rows of
- * st_q8_row_bytes(type, n) bytes). */
+/* Seconds for one mat-vec of `rows` rows with `threads` threads (best of reps, on one thread team
+ * created once, as the CPU pool's long-lived workers); with `int8`, the integer kernels on
+ * activations each thread quantises (xq: threads rows of st_q8_row_bytes(type, n) bytes). */
 static double cpu_matvec(uint32_t type, const uint8_t *w, uint64_t row_bytes, int64_t rows, int64_t n, const float *x,
                          float *out, int threads, int reps, uint8_t *xq) {
-  double best = 1e30;
   struct part parts[256];
-  pthread_t tid[256];
   const uint64_t qb = xq ? st_q8_row_bytes(type, n) : 0;
-  for (int r = 0; r < reps; r++) {
-    const double t0 = st_now();
-    for (int i = 0; i < threads; i++) {
-      parts[i] = (struct part){type, w, row_bytes, rows * i / threads, rows * (i + 1) / threads, n, x, out,
-                               xq ? xq + qb * (uint64_t)i : NULL};
-      pthread_create(&tid[i], NULL, run_part, &parts[i]);
-    }
-    for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
-    const double dt = st_now() - t0;
-    best = dt < best ? dt : best;
-  }
-  return best;
+  for (int i = 0; i < threads; i++)
+    parts[i] = (struct part){type, w, row_bytes, rows * i / threads, rows * (i + 1) / threads, n, x, out,
+                             xq ? xq + qb * (uint64_t)i : NULL};
+  return st_team_best_seconds(threads, run_part, parts, sizeof parts[0], reps);
 }
 
 int st_kernel_bench(int threads, int json) {
@@ -105,18 +94,18 @@ int st_kernel_bench(int threads, int json) {
     const uint32_t t = types[k];
     const uint64_t rb = st_row_bytes(t, (uint64_t)n);
     const int64_t rows = (int64_t)(target / rb);
-    uint8_t *w = malloc(rb * (uint64_t)rows);
+    uint8_t *w = st_bench_buffer(rb * (uint64_t)rows);
     if (!w) continue;
     float *row = malloc(sizeof(float) * (size_t)n); /* every row a quantised copy of one row */
     for (int64_t i = 0; i < n; i++) row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
     st_quantize_row(t, row, w, n);
     for (int64_t r = 1; r < rows; r++) memcpy(w + (uint64_t)r * rb, w, rb);
     free(row);
-    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 3, NULL);
-    const double gbs = (double)rb * (double)rows / sec / 1e9;
-    double int8_gbs = 0.0;
-    if (st_q8_row_bytes(t, n) > 0)
-      int8_gbs = (double)rb * (double)rows / cpu_matvec(t, w, rb, rows, n, x, out, threads, 3, xq) / 1e9;
+    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, NULL);
+    const double gbs = sec > 0 ? (double)rb * (double)rows / sec / 1e9 : 0.0;
+    double int8_gbs = 0.0, sec8 = 0.0;
+    if (st_q8_row_bytes(t, n) > 0 && (sec8 = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, xq)) > 0)
+      int8_gbs = (double)rb * (double)rows / sec8 / 1e9;
     double gpu_gbs = 0.0;
 #ifdef ST_HAVE_CUDA
     if (bw_gpu > 0) {
