@@ -158,6 +158,24 @@ static void test_plan(void) {
   st_profile_free(&p);
 }
 
+/* Which rows a cache computes itself (st_placement_rows_budget). Without a peer (peer = 0) the
+ * primary keeps every row of a prompt chunk: the budget once applied the peer's half to cache 0,
+ * and the primary then streamed half of its own cached experts' weights from the host per chunk
+ * (bench/RESULTS.md, session 3). */
+static void test_rows_budget(void) {
+  struct st_placement none = {.n_caches = 1, .peer = 0}, peer = {.n_caches = 2, .peer = 1};
+  CHECK(st_placement_rows_budget(&none, 0, 512, 8, -1) == 4096, "rows budget, no peer: the primary computes all 512 x 8 prompt rows: %d",
+        st_placement_rows_budget(&none, 0, 512, 8, -1));
+  CHECK(st_placement_rows_budget(&peer, 0, 512, 8, -1) == 4096, "rows budget, with a peer: the primary computes all its rows: %d",
+        st_placement_rows_budget(&peer, 0, 512, 8, -1));
+  CHECK(st_placement_rows_budget(&peer, 1, 512, 8, -1) == 2048, "rows budget, the peer on a prompt chunk, --peer-prefill-rows -1: half of 512 x 8: %d",
+        st_placement_rows_budget(&peer, 1, 512, 8, -1));
+  CHECK(st_placement_rows_budget(&peer, 1, 512, 8, 0) == 0, "rows budget, the peer with --peer-prefill-rows 0: none: %d",
+        st_placement_rows_budget(&peer, 1, 512, 8, 0));
+  CHECK(st_placement_rows_budget(&peer, 1, 1, 8, 0) == 8, "rows budget, the peer at decode (T = 1): all 8 rows: %d",
+        st_placement_rows_budget(&peer, 1, 1, 8, 0));
+}
+
 /* --remote-expert-opt's partial sums (codelets.h, expert_rows with n_out_rows > 0): on the tiny
  * Q8_0 fixture's layer 0, experts 0 and 1 over three tokens; each token's sum must equal, bit for
  * bit, its packed rows added in the listed order. */
@@ -471,6 +489,7 @@ int main(void) {
   const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
   test_profile();
   test_plan();
+  test_rows_budget();
   test_arena_plan();
   test_ff_split(fx);
   test_partial_sums(fx);

@@ -818,8 +818,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     const struct st_expert_cache *C = &pl->cache[c];
     const int tier = 1 + c;
     if (C->n_slots == 0) continue;
-    int budget = T * k;
-    if (c == pl->peer && T > 1) budget = e->peer_prefill_rows < 0 ? T * k / 2 : e->peer_prefill_rows;
+    int budget = st_placement_rows_budget(pl, c, T, k, e->peer_prefill_rows);
     *ea = base;
     for (int x = 0; x < E; x++)
       if (count[x + 1] > count[x] && (int)st_placement_tier(pl, l, (uint32_t)x) == tier) {

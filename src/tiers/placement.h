@@ -96,6 +96,15 @@ static inline enum st_tier st_placement_tier(const struct st_placement *p, uint3
   return (enum st_tier)p->tier[(uint64_t)layer * p->n_expert + expert];
 }
 
+/* Routed rows (entries) of a batch of T tokens, top-k each, that cache c computes itself; the
+ * rest of its experts' rows run on the primary, their weights streamed there. T x k (all) except
+ * for the peer tier on the prompt path (T > 1): --peer-prefill-rows, -1 = half of T x k (the
+ * seeds' peer-tier-pull-request.txt). p->peer = 0 means no peer: cache 0 is the primary then. */
+static inline int st_placement_rows_budget(const struct st_placement *p, int c, int T, int k, int peer_prefill_rows) {
+  if (p->peer > 0 && c == p->peer && T > 1) return peer_prefill_rows < 0 ? T * k / 2 : peer_prefill_rows;
+  return T * k;
+}
+
 /* Short name of a tier, used in task names, logs and stats: "CPU", "CUDA0", "CUDA1", ... */
 const char *st_placement_tier_name(const struct st_placement *p, int tier);
 
