@@ -11,7 +11,10 @@
 #                                limited to 4000 pairs (18.7 GiB: a 24 GB card with the dense
 #                                weights and KV cache, as in the single-GPU bench), median of REPS
 #                                (strata bench -r REPS: one load per setup)
-# Prints a short table last.
+# Prints a short table last. The 32K table takes ~16 minutes, longer than one device call: start it
+# detached at the end of a call, then wait in the next calls (each within the machine's idle window):
+#   (OUT=/tmp/tab setsid nohup scripts/gpu-tiers.sh table 32768 32768,1024 3 > /tmp/tab.log 2>&1 &)
+#   for i in $(seq 57); do sleep 10; grep -q "===== summary" /tmp/tab.log && break; done; cat /tmp/tab/table.tsv
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
