@@ -141,7 +141,8 @@ int st_cmd_bench(int argc, char **argv) {
              "      --depth LIST       context depths in tokens before decoding (default 0); a depth equal to\n"
 "                         the last --prompt size decodes in that prompt's context (no second prefill)\n"
              "  -r, --repetitions N    run every test N times in the same engine (1..16, default 1); each row\n"
-             "                         is the run with the median time, and every run's tok/s is listed\n"
+             "                         is the run with the median time (the lower one for an even N), and\n"
+             "                         every run's tok/s is listed\n"
              "      --json             print JSON instead of the table\n"
              "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
              "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
@@ -346,8 +347,9 @@ int st_cmd_bench(int argc, char **argv) {
       printf("  %s %ld: %s\n", res[i].test, res[i].test[0] == 'p' ? res[i].tokens : res[i].depth, tiers);
     }
     for (int i = 0; i < n_res && reps > 1; i++) {
-      printf("%s %s %ld, %ld runs (tok/s):", res[i].test, res[i].test[0] == 'p' ? "of" : "at depth",
-             res[i].test[0] == 'p' ? res[i].tokens : res[i].depth, reps);
+      printf("%s %s %ld%s, %ld runs (tok/s):", res[i].test, res[i].test[0] == 'p' ? "of" : "at depth",
+             res[i].test[0] == 'p' ? res[i].tokens : res[i].depth,
+             graphs_both && res[i].graphs >= 0 ? (res[i].graphs ? " (graphs on)" : " (graphs off)") : "", reps);
       for (int q = 0; q < reps; q++) printf(" %.2f", runs[i][q]);
       printf("\n");
     }

@@ -63,6 +63,7 @@ int st_kernel_bench(int threads, int json) {
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
   const double bw_host = st_host_read_bandwidth(threads, (size_t)1 << 30);
+  if (bw_host <= 0) return st_set_error(ST_ENOMEM, "measuring the host read bandwidth failed (1 GiB buffer or %d threads)", threads);
   double bw_gpu = 0.0;
 #ifdef ST_HAVE_CUDA
   int ndev = 0;
@@ -102,6 +103,13 @@ int st_kernel_bench(int threads, int json) {
     for (int64_t r = 1; r < rows; r++) memcpy(w + (uint64_t)r * rb, w, rb);
     free(row);
     const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, NULL);
+    if (sec <= 0) {
+      free(w);
+      free(xq);
+      free(x);
+      free(out);
+      return st_set_error(ST_ERUNTIME, "%d CPU threads could not be started", threads);
+    }
     const double gbs = sec > 0 ? (double)rb * (double)rows / sec / 1e9 : 0.0;
     double int8_gbs = 0.0, sec8 = 0.0;
     if (st_q8_row_bytes(t, n) > 0 && (sec8 = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, xq)) > 0)

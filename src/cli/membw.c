@@ -20,7 +20,8 @@
  * pool's StarPU workers are long-lived threads too). */
 struct team {
   pthread_barrier_t start, end;
-  int reps;
+  pthread_mutex_t gate; /* held by the creator until every thread exists (or one failed) */
+  int reps;             /* read under the gate: 0 when a thread could not be created */
   void *(*fn)(void *);
 };
 
@@ -31,7 +32,10 @@ struct member {
 
 static void *member_run(void *arg) {
   const struct member *m = arg;
-  for (int r = 0; r < m->t->reps; r++) {
+  pthread_mutex_lock(&m->t->gate);
+  const int reps = m->t->reps;
+  pthread_mutex_unlock(&m->t->gate);
+  for (int r = 0; r < reps; r++) {
     pthread_barrier_wait(&m->t->start);
     m->t->fn(m->arg);
     pthread_barrier_wait(&m->t->end);
@@ -44,16 +48,24 @@ double st_team_best_seconds(int threads, void *(*fn)(void *), void *args, size_t
   struct team t = {.reps = reps, .fn = fn};
   struct member m[256];
   pthread_t tid[256];
-  if (pthread_barrier_init(&t.start, NULL, (unsigned)threads + 1)) return -1.0;
+  if (pthread_mutex_init(&t.gate, NULL)) return -1.0;
+  if (pthread_barrier_init(&t.start, NULL, (unsigned)threads + 1)) {
+    pthread_mutex_destroy(&t.gate);
+    return -1.0;
+  }
   if (pthread_barrier_init(&t.end, NULL, (unsigned)threads + 1)) {
     pthread_barrier_destroy(&t.start);
+    pthread_mutex_destroy(&t.gate);
     return -1.0;
   }
   int started = 0;
+  pthread_mutex_lock(&t.gate);
   for (; started < threads; started++) {
     m[started] = (struct member){&t, (char *)args + arg_size * (size_t)started};
     if (pthread_create(&tid[started], NULL, member_run, &m[started])) break;
   }
+  if (started < threads) t.reps = 0; /* the threads that exist leave without waiting on a barrier */
+  pthread_mutex_unlock(&t.gate);
   double best = -1.0;
   if (started == threads) {
     for (int r = 0; r < reps; r++) {
@@ -63,12 +75,11 @@ double st_team_best_seconds(int threads, void *(*fn)(void *), void *args, size_t
       const double dt = st_now() - t0;
       best = best < 0 || dt < best ? dt : best;
     }
-  } else { /* a thread could not be created: run the others' repetitions alone, report failure */
-    t.reps = 0;
   }
   for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
   pthread_barrier_destroy(&t.start);
   pthread_barrier_destroy(&t.end);
+  pthread_mutex_destroy(&t.gate);
   return best;
 }
 
