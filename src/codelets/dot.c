@@ -627,25 +627,32 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_iq_avx512_impl
   default: impl(ty, w, x, ldx, 4, n, out, ldo); break;                                                       \
   }
 
+/* One switch over a family's types per kernel, whatever the ISA: `cases` is ST_TILE_CASES or
+ * ST_Q8_TILE_CASES, `impl` the family's always-inline body (the last type is the default). */
+#define ST_B32_DISPATCH(cases, impl)                                                                         \
+  switch (type) {                                                                                            \
+  case ST_TYPE_Q4_0: cases(impl, ST_TYPE_Q4_0); break;                                                       \
+  case ST_TYPE_Q4_1: cases(impl, ST_TYPE_Q4_1); break;                                                       \
+  case ST_TYPE_Q5_0: cases(impl, ST_TYPE_Q5_0); break;                                                       \
+  case ST_TYPE_Q5_1: cases(impl, ST_TYPE_Q5_1); break;                                                       \
+  default: cases(impl, ST_TYPE_IQ4_NL); break;                                                               \
+  }
+#define ST_GRID_DISPATCH(cases, impl)                                                                        \
+  switch (type) {                                                                                            \
+  case ST_TYPE_IQ2_XS: cases(impl, ST_TYPE_IQ2_XS); break;                                                   \
+  case ST_TYPE_IQ2_S: cases(impl, ST_TYPE_IQ2_S); break;                                                     \
+  case ST_TYPE_IQ3_XXS: cases(impl, ST_TYPE_IQ3_XXS); break;                                                 \
+  default: cases(impl, ST_TYPE_IQ3_S); break;                                                                \
+  }
+
 static AVX512 void row_tile_b_avx512(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
                                      float *out, int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_Q4_0: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q4_0); break;
-  case ST_TYPE_Q4_1: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q4_1); break;
-  case ST_TYPE_Q5_0: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q5_0); break;
-  case ST_TYPE_Q5_1: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_Q5_1); break;
-  default: ST_TILE_CASES(row_tile_b_avx512_impl, ST_TYPE_IQ4_NL); break;
-  }
+  ST_B32_DISPATCH(ST_TILE_CASES, row_tile_b_avx512_impl)
 }
 
 static AVX512 void row_tile_iq_avx512(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
                                       float *out, int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_IQ2_XS: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ2_XS); break;
-  case ST_TYPE_IQ2_S: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ2_S); break;
-  case ST_TYPE_IQ3_XXS: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ3_XXS); break;
-  default: ST_TILE_CASES(row_tile_iq_avx512_impl, ST_TYPE_IQ3_S); break;
-  }
+  ST_GRID_DISPATCH(ST_TILE_CASES, row_tile_iq_avx512_impl)
 }
 
 /* AVX2: the same blocks, eight weights per vector. */
@@ -766,23 +773,12 @@ static inline __attribute__((always_inline)) AVX2 void row_tile_iq_avx2_impl(uin
 
 static AVX2 void row_tile_b_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
                                  float *out, int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_Q4_0: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q4_0); break;
-  case ST_TYPE_Q4_1: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q4_1); break;
-  case ST_TYPE_Q5_0: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q5_0); break;
-  case ST_TYPE_Q5_1: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_Q5_1); break;
-  default: ST_TILE_CASES(row_tile_b_avx2_impl, ST_TYPE_IQ4_NL); break;
-  }
+  ST_B32_DISPATCH(ST_TILE_CASES, row_tile_b_avx2_impl)
 }
 
 static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
                                   float *out, int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_IQ2_XS: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ2_XS); break;
-  case ST_TYPE_IQ2_S: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ2_S); break;
-  case ST_TYPE_IQ3_XXS: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ3_XXS); break;
-  default: ST_TILE_CASES(row_tile_iq_avx2_impl, ST_TYPE_IQ3_S); break;
-  }
+  ST_GRID_DISPATCH(ST_TILE_CASES, row_tile_iq_avx2_impl)
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
@@ -1573,26 +1569,30 @@ typedef void (*q8_tile_fn)(uint32_t, const void *, const uint8_t *, int64_t, int
   default: impl(ty, w, xq, ldq, 4, n, out, ldo); break;                                                      \
   }
 
+/* The integer kernels' switch: the 32-blocks on `b32`, the 256-super-blocks on `k`. */
+#define ST_Q8_DISPATCH(b32, k)                                                                               \
+  switch (type) {                                                                                            \
+  case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(b32, ST_TYPE_Q8_0); break;                                             \
+  case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(b32, ST_TYPE_Q4_0); break;                                             \
+  case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(b32, ST_TYPE_IQ4_NL); break;                                         \
+  case ST_TYPE_Q4_1: ST_Q8_TILE_CASES(b32, ST_TYPE_Q4_1); break;                                             \
+  case ST_TYPE_Q5_0: ST_Q8_TILE_CASES(b32, ST_TYPE_Q5_0); break;                                             \
+  case ST_TYPE_Q5_1: ST_Q8_TILE_CASES(b32, ST_TYPE_Q5_1); break;                                             \
+  case ST_TYPE_Q2_K: ST_Q8_TILE_CASES(k, ST_TYPE_Q2_K); break;                                               \
+  case ST_TYPE_Q3_K: ST_Q8_TILE_CASES(k, ST_TYPE_Q3_K); break;                                               \
+  case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(k, ST_TYPE_Q4_K); break;                                               \
+  case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(k, ST_TYPE_Q5_K); break;                                               \
+  case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(k, ST_TYPE_Q6_K); break;                                               \
+  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(k, ST_TYPE_IQ2_XS); break;                                           \
+  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(k, ST_TYPE_IQ2_S); break;                                             \
+  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(k, ST_TYPE_IQ3_XXS); break;                                         \
+  case ST_TYPE_IQ3_S: ST_Q8_TILE_CASES(k, ST_TYPE_IQ3_S); break;                                             \
+  default: ST_Q8_TILE_CASES(k, ST_TYPE_IQ4_XS); break;                                                       \
+  }
+
 static AVX2 void q8_tile_avx2(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
                               int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q8_0); break;
-  case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q4_0); break;
-  case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_IQ4_NL); break;
-  case ST_TYPE_Q4_1: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q4_1); break;
-  case ST_TYPE_Q5_0: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q5_0); break;
-  case ST_TYPE_Q5_1: ST_Q8_TILE_CASES(q8_tile_b32_avx2_impl, ST_TYPE_Q5_1); break;
-  case ST_TYPE_Q2_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q2_K); break;
-  case ST_TYPE_Q3_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q3_K); break;
-  case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q4_K); break;
-  case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q5_K); break;
-  case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_Q6_K); break;
-  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ2_XS); break;
-  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ2_S); break;
-  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ3_XXS); break;
-  case ST_TYPE_IQ3_S: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ3_S); break;
-  default: ST_Q8_TILE_CASES(q8_tile_k_avx2_impl, ST_TYPE_IQ4_XS); break;
-  }
+  ST_Q8_DISPATCH(q8_tile_b32_avx2_impl, q8_tile_k_avx2_impl)
 }
 
 /* AVX-512 VNNI: 64 weights per vector; vpdpbusd (u8 × s8, four products per int32 lane) for the
@@ -1835,24 +1835,7 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
                               int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_Q8_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q8_0); break;
-  case ST_TYPE_Q4_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q4_0); break;
-  case ST_TYPE_IQ4_NL: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_IQ4_NL); break;
-  case ST_TYPE_Q4_1: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q4_1); break;
-  case ST_TYPE_Q5_0: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q5_0); break;
-  case ST_TYPE_Q5_1: ST_Q8_TILE_CASES(q8_tile_b32_vnni_impl, ST_TYPE_Q5_1); break;
-  case ST_TYPE_Q2_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q2_K); break;
-  case ST_TYPE_Q3_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q3_K); break;
-  case ST_TYPE_Q4_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q4_K); break;
-  case ST_TYPE_Q5_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q5_K); break;
-  case ST_TYPE_Q6_K: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_Q6_K); break;
-  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ2_XS); break;
-  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ2_S); break;
-  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ3_XXS); break;
-  case ST_TYPE_IQ3_S: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ3_S); break;
-  default: ST_Q8_TILE_CASES(q8_tile_k_vnni_impl, ST_TYPE_IQ4_XS); break;
-  }
+  ST_Q8_DISPATCH(q8_tile_b32_vnni_impl, q8_tile_k_vnni_impl)
 }
 
 /* 0 scalar, 1 avx2, 2 avx512vnni: the integer kernels at the current level. */

@@ -28,6 +28,18 @@ __device__ __forceinline__ uint32_t st_dev_u32(const uint8_t *p) {
 }
 __device__ __forceinline__ float st_dev_f16at(const uint8_t *p) { return st_dev_half((uint16_t)(p[0] | (p[1] << 8))); }
 
+// Q4_K/Q5_K: the 6-bit scale and min of sub-block is (0..7) from the 12 packed bytes (ggml's
+// get_scale_min_k4), for the generic decoder and the mat-vec kernels alike.
+__host__ __device__ __forceinline__ void st_dev_k45_scale_min(const uint8_t *scales, int is, int *sc, int *m) {
+  if (is < 4) {
+    *sc = scales[is] & 63;
+    *m = scales[is + 4] & 63;
+  } else {
+    *sc = (scales[is + 4] & 0xF) | ((scales[is - 4] >> 6) << 4);
+    *m = (scales[is + 4] >> 4) | ((scales[is] >> 6) << 4);
+  }
+}
+
 // The i-quants' lookup tables in device memory (one copy per translation unit, as ggml's CUDA
 // backend keeps them), from the same initialiser lists as quant.c's.
 static __device__ const int8_t st_dev_kvalues_iq4nl[16] = ST_KVALUES_IQ4NL_VALUES;
@@ -147,13 +159,7 @@ __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row
     const uint8_t *b = row + (i / 256) * (type == ST_TYPE_Q4_K ? 144 : 176), *scales = b + 4;
     const uint8_t *qs = b + (type == ST_TYPE_Q4_K ? 16 : 48);
     int sc, m;
-    if (is < 4) {
-      sc = scales[is] & 63;
-      m = scales[is + 4] & 63;
-    } else {
-      sc = (scales[is + 4] & 0xF) | ((scales[is - 4] >> 6) << 4);
-      m = (scales[is + 4] >> 4) | ((scales[is] >> 6) << 4);
-    }
+    st_dev_k45_scale_min(scales, is, &sc, &m);
     int q = sub ? qs[j64 * 32 + l] >> 4 : qs[j64 * 32 + l] & 0xF;
     if (type == ST_TYPE_Q5_K && (b[16 + l] & (1 << is))) q += 16;
     return st_dev_f16at(b) * (float)sc * (float)q - st_dev_f16at(b + 2) * (float)m;

@@ -167,13 +167,7 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
     const uint8_t *b = ch + (l >> 3) * BS, *sc = b + 4;
     const int is = l & 7;
     int s, m;
-    if (is < 4) {
-      s = sc[is] & 63;
-      m = sc[is + 4] & 63;
-    } else {
-      s = (sc[is + 4] & 0xF) | ((sc[is - 4] >> 6) << 4);
-      m = (sc[is + 4] >> 4) | ((sc[is] >> 6) << 4);
-    }
+    st_dev_k45_scale_min(sc, is, &s, &m);
     s0 = mmv_f16(b) * (float)s;
     s1 = mmv_f16(b + 2) * (float)m;
   } else if constexpr (TYPE == ST_TYPE_Q6_K) {
