@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "codelets/dot.h"
@@ -53,17 +54,31 @@ static double cpu_matvec(uint32_t type, const uint8_t *w, uint64_t row_bytes, in
   return st_team_best_seconds(threads, run_part, parts, sizeof parts[0], reps);
 }
 
+/* Bytes of weights per format, and of the reference read: at least 1 GiB and four times the
+ * last-level cache, so that neither is served from it (the GPU host's Xeon has a 300 MiB L3, and
+ * 256 MiB of weights read partly from it, up to 124 % of the memory bandwidth). */
+static uint64_t bench_bytes(void) {
+  uint64_t bytes = (uint64_t)1 << 30;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l3 > 0 && 4 * (uint64_t)l3 > bytes) bytes = 4 * (uint64_t)l3;
+#endif
+  return bytes;
+}
+
 int st_kernel_bench(int threads, int json) {
   static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
                                    ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
                                    ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS,
                                    ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S, ST_TYPE_IQ2_XS};
   const int64_t n = 4096;
-  const uint64_t target = (uint64_t)256 << 20; /* bytes of weights per format */
+  const uint64_t target = bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
-  const double bw_host = st_host_read_bandwidth(threads, (size_t)1 << 30);
-  if (bw_host <= 0) return st_set_error(ST_ENOMEM, "measuring the host read bandwidth failed (1 GiB buffer or %d threads)", threads);
+  const double bw_host = st_host_read_bandwidth(threads, (size_t)target);
+  if (bw_host <= 0)
+    return st_set_error(ST_ENOMEM, "measuring the host read bandwidth failed (%llu MiB buffer or %d threads)",
+                        (unsigned long long)(target >> 20), threads);
   double bw_gpu = 0.0;
 #ifdef ST_HAVE_CUDA
   int ndev = 0;
