@@ -1288,10 +1288,11 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
 
 /* Software prefetch in the integer kernels (AVX2 and VNNI; results do not change): each CPU-pool
  * thread streams its weight rows once, and on the GPU host's Xeon the hardware prefetchers alone
- * kept a 16-thread mat-vec at ~72 % of the read loop's bandwidth for q4_K and q6_K; asking for the
- * lines ST_PREFETCH_AHEAD bytes ahead of the block being decoded raised both to 86-112 % of it in
- * the same experiment (bench/RESULTS.md, 2026-11-30). Rows lie back to back, so running ahead
- * crosses into the next row; a prefetch past the end of the weights never faults. */
+ * did not keep enough misses in flight: asking for the lines ST_PREFETCH_AHEAD bytes ahead of the
+ * block being decoded made a 16-thread mat-vec 1.3-1.5x faster for q8_0, q4_K, q5_K and q6_K
+ * (q4_K 48-62 -> 79-82 GB/s; 1 and 4 KiB did no better; bench/RESULTS.md, 2026-11-30). Rows lie
+ * back to back, so running ahead crosses into the next row; a prefetch past the end of the
+ * weights never faults. */
 #ifndef ST_PREFETCH_AHEAD /* bytes; -DST_PREFETCH_AHEAD=0 turns it off */
 #define ST_PREFETCH_AHEAD 2048
 #endif
