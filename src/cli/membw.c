@@ -153,21 +153,23 @@ static void *read_part(void *arg) {
   return NULL;
 }
 
+double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads) {
+  if (!buf || threads < 1 || threads > 256) return 0.0;
+  struct reader r[256];
+  const size_t n = bytes / sizeof(uint64_t), per = n / (size_t)threads / 32 * 32; /* whole 256-byte steps */
+  for (int i = 0; i < threads; i++) r[i] = (struct reader){(const uint64_t *)buf + (size_t)i * per, per, 0};
+  const double sec = st_team_best_seconds(threads, read_part, r, sizeof r[0], 5);
+  return sec > 0 ? (double)(per * (size_t)threads * sizeof(uint64_t)) / sec : 0.0;
+}
+
 double st_host_read_bandwidth(int threads, size_t bytes) {
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
   uint64_t *buf = st_bench_buffer(bytes);
-  struct reader *r = calloc((size_t)threads, sizeof *r);
-  double best = 0.0;
-  if (buf && r) {
-    memset(buf, 1, bytes);
-    const size_t n = bytes / sizeof(uint64_t), per = n / (size_t)threads / 32 * 32; /* whole 256-byte steps */
-    for (int i = 0; i < threads; i++) r[i] = (struct reader){buf + (size_t)i * per, per, 0};
-    const double sec = st_team_best_seconds(threads, read_part, r, sizeof *r, 5);
-    if (sec > 0) best = (double)(per * (size_t)threads * sizeof(uint64_t)) / sec;
-  }
+  if (!buf) return 0.0;
+  memset(buf, 1, bytes);
+  const double best = st_host_read_bandwidth_of(buf, bytes, threads);
   free(buf);
-  free(r);
   return best;
 }
 
