@@ -1237,8 +1237,8 @@ static void k_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
   }
 }
 
-static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                           int64_t ldo) {
+static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
+                          int64_t ldo) {
   int8_t q[256];
   if (q8_family(type) == 1) {
     const uint64_t bs = b32_bytes(type);
@@ -1288,6 +1288,11 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
     }
     out[t * ldo] = acc;
   }
+}
+
+static void q8_tile_scalar(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                           int nt, int64_t n, float *out, int64_t ldo) {
+  for (int64_t r = 0; r < nr; r++) q8_row_scalar(type, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo);
 }
 
 /* Software prefetch in the integer kernels (AVX2 and VNNI; results do not change): each CPU-pool
@@ -1588,14 +1593,25 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
   for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
 }
 
-typedef void (*q8_tile_fn)(uint32_t, const void *, const uint8_t *, int64_t, int, int64_t, float *, int64_t);
+/* The integer kernels take a group of up to 64 weight rows (row_bytes apart; row r's outputs at
+ * out + r), so that a kernel can prepare the activations once for all of them. */
+typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t, float *,
+                           int64_t);
 
 #define ST_Q8_TILE_CASES(impl, ty)                                                                           \
   switch (nt) {                                                                                              \
-  case 1: impl(ty, w, xq, ldq, 1, n, out, ldo); break;                                                       \
-  case 2: impl(ty, w, xq, ldq, 2, n, out, ldo); break;                                                       \
-  case 3: impl(ty, w, xq, ldq, 3, n, out, ldo); break;                                                       \
-  default: impl(ty, w, xq, ldq, 4, n, out, ldo); break;                                                      \
+  case 1: impl(ty, w, row_bytes, nr, xq, ldq, 1, n, out, ldo); break;                                        \
+  case 2: impl(ty, w, row_bytes, nr, xq, ldq, 2, n, out, ldo); break;                                        \
+  case 3: impl(ty, w, row_bytes, nr, xq, ldq, 3, n, out, ldo); break;                                        \
+  default: impl(ty, w, row_bytes, nr, xq, ldq, 4, n, out, ldo); break;                                       \
+  }
+
+/* A one-row kernel `row` as a group kernel `name`. */
+#define ST_Q8_EACH_ROW(name, row, attr)                                                                      \
+  static inline __attribute__((always_inline)) attr void name(uint32_t ty, const void *w, uint64_t row_bytes,  \
+                                                              int64_t nr, const uint8_t *xq, int64_t ldq,     \
+                                                              int nt, int64_t n, float *out, int64_t ldo) {   \
+    for (int64_t r = 0; r < nr; r++) row(ty, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo); \
   }
 
 /* The integer kernels' switch: the 32-blocks on `b32`, the 256-super-blocks on `k`. */
@@ -1619,9 +1635,12 @@ typedef void (*q8_tile_fn)(uint32_t, const void *, const uint8_t *, int64_t, int
   default: ST_Q8_TILE_CASES(k, ST_TYPE_IQ4_XS); break;                                                       \
   }
 
-static AVX2 void q8_tile_avx2(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                              int64_t ldo) {
-  ST_Q8_DISPATCH(q8_tile_b32_avx2_impl, q8_tile_k_avx2_impl)
+ST_Q8_EACH_ROW(q8_rows_b32_avx2, q8_tile_b32_avx2_impl, AVX2)
+ST_Q8_EACH_ROW(q8_rows_k_avx2, q8_tile_k_avx2_impl, AVX2)
+
+static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                              int nt, int64_t n, float *out, int64_t ldo) {
+  ST_Q8_DISPATCH(q8_rows_b32_avx2, q8_rows_k_avx2)
 }
 
 /* AVX-512 VNNI: 64 weights per vector; vpdpbusd (u8 × s8, four products per int32 lane) for the
@@ -1711,45 +1730,80 @@ static inline VNNI __m512 spread4(__m128 s) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
 }
 
-/* One quad (cnt blocks from block b) into acc[0..nt-1]. */
-static inline __attribute__((always_inline)) VNNI void b32_quad_dot_vnni(uint32_t type, const uint8_t *bb, int cnt,
-                                                                        const uint8_t *xq, int64_t ldq, int nt,
-                                                                        int64_t b, __m512 *acc) {
-  const struct b32_quad q = b32_quad_vnni(type, bb, cnt);
-  const int off = b32_offset(type), with_min = b32_has_min(type);
-  const __m512i zero = _mm512_setzero_si512(), offv = _mm512_set1_epi8((char)off), ones8 = _mm512_set1_epi8(1);
-  const __mmask16 lanes = (__mmask16)((1u << (4 * cnt)) - 1);
-  for (int t = 0; t < nt; t++) {
-    const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
-    const __m512i xlo = lanes4((const uint8_t *)x->qs, sizeof *x, cnt),
-                  xhi = lanes4((const uint8_t *)x->qs + 16, sizeof *x, cnt);
-    const __m128 dxv = _mm_setr_ps(x[0].d, cnt > 1 ? x[1].d : 0.0f, cnt > 2 ? x[2].d : 0.0f, cnt > 3 ? x[3].d : 0.0f);
-    __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, q.lo, xlo), q.hi, xhi);
-    if (off) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offv, xlo), offv, xhi));
-    acc[t] = _mm512_mask3_fmadd_ps(spread4(_mm_mul_ps(q.d, dxv)), _mm512_cvtepi32_ps(p), acc[t], lanes);
-    if (with_min) {
-      const __m512i sx = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ones8, xlo), ones8, xhi);
-      acc[t] = _mm512_mask3_fmadd_ps(spread4(_mm_mul_ps(q.m, dxv)), _mm512_cvtepi32_ps(sx), acc[t], lanes);
-    }
+/* The activations of up to B32_CHUNK quads of blocks of one token, laid out for
+ * b32_quad_step_vnni: the quants as the weights' lo and hi, per lane the correction for the
+ * weights' offset (-offset times the sum of its eight activation quants, int32) or, for Q4_1 and
+ * Q5_1, that sum as a float, and each block's scale in its four lanes. Absent blocks are zero. */
+enum { B32_CHUNK = 16 };
+struct b32_act {
+  __m512i lo[B32_CHUNK], hi[B32_CHUNK], sx[B32_CHUNK];
+  __m512 dx[B32_CHUNK];
+};
+
+static inline __attribute__((always_inline)) VNNI void b32_repack_vnni(uint32_t type, const st_act_q8_0 *x, int64_t nblk,
+                                                                      struct b32_act *xa) {
+  const int off = b32_offset(type);
+  const __m512i zero = _mm512_setzero_si512(), sum_by = _mm512_set1_epi8((char)(off ? off : 1));
+  for (int q = 0; 4 * q < nblk; q++, x += 4) {
+    const int cnt = nblk - 4 * q < 4 ? (int)(nblk - 4 * q) : 4;
+    const __m512i lo = lanes4((const uint8_t *)x->qs, sizeof *x, cnt), hi = lanes4((const uint8_t *)x->qs + 16, sizeof *x, cnt);
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, sum_by, lo), sum_by, hi);
+    xa->lo[q] = lo, xa->hi[q] = hi;
+    xa->sx[q] = off ? _mm512_sub_epi32(zero, s) : _mm512_castps_si512(_mm512_cvtepi32_ps(s));
+    xa->dx[q] = spread4(_mm_setr_ps(x[0].d, cnt > 1 ? x[1].d : 0.0f, cnt > 2 ? x[2].d : 0.0f, cnt > 3 ? x[3].d : 0.0f));
   }
 }
 
-static inline __attribute__((always_inline)) VNNI void q8_tile_b32_vnni_impl(uint32_t type, const void *w,
-                                                                            const uint8_t *xq, int64_t ldq, int nt,
-                                                                            int64_t n, float *out, int64_t ldo) {
-  __m512 acc[ST_TILE]; /* lane i: A[i] */
-  for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+/* Quad q of a chunk (cnt blocks at bb) into the nt tokens' accumulators. */
+static inline __attribute__((always_inline)) VNNI void b32_quad_step_vnni(uint32_t type, const uint8_t *bb, int cnt,
+                                                                         const struct b32_act *xa, int q, int nt,
+                                                                         __m512 *acc) {
+  const struct b32_quad w = b32_quad_vnni(type, bb, cnt);
+  const int with_min = b32_has_min(type);
+  const __m512 d = spread4(w.d), m = with_min ? spread4(w.m) : d;
+  const __mmask16 lanes = (__mmask16)((1u << (4 * cnt)) - 1);
+  for (int t = 0; t < nt; t++) {
+    const __m512i p0 = with_min ? _mm512_setzero_si512() : xa[t].sx[q];
+    const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p0, w.lo, xa[t].lo[q]), w.hi, xa[t].hi[q]);
+    acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(d, xa[t].dx[q]), _mm512_cvtepi32_ps(p), acc[t], lanes);
+    if (with_min)
+      acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(m, xa[t].dx[q]), _mm512_castsi512_ps(xa[t].sx[q]), acc[t], lanes);
+  }
+}
+
+/* A group of nr ≤ 64 rows: the activations are repacked once per chunk of 4 B32_CHUNK blocks for
+ * all the rows, and each row's accumulators carried from chunk to chunk. */
+static inline __attribute__((always_inline)) VNNI void q8_rows_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes,
+                                                                       int64_t nr, const uint8_t *xq, int64_t ldq,
+                                                                       int nt, int64_t n, float *out, int64_t ldo) {
+  ST_ASSERT(nr <= 64);
+  __m512 acc[64][ST_TILE]; /* lane i: A[i] of a row and token */
+  struct b32_act xa[ST_TILE];
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
   const uint64_t bs = b32_bytes(type);
   const int64_t nb = n / 32;
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
-    prefetch_ahead(bb, 4 * bs);
-    b32_quad_dot_vnni(type, bb, 4, xq, ldq, nt, b, acc);
+  for (int64_t b0 = 0; b0 < nb; b0 += 4 * B32_CHUNK) {
+    const int64_t nblk = nb - b0 < 4 * B32_CHUNK ? nb - b0 : 4 * B32_CHUNK;
+    const int full = (int)(nblk / 4), tail = (int)(nblk % 4);
+    for (int t = 0; t < nt; t++)
+      b32_repack_vnni(type, (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b0, nblk, &xa[t]);
+    for (int64_t r = 0; r < nr; r++) {
+      const uint8_t *bb = (const uint8_t *)w + r * row_bytes + (uint64_t)b0 * bs;
+      __m512 a[ST_TILE];
+      for (int t = 0; t < nt; t++) a[t] = acc[r][t];
+      for (int q = 0; q < full; q++, bb += 4 * bs) {
+        prefetch_ahead(bb, 4 * bs);
+        b32_quad_step_vnni(type, bb, 4, xa, q, nt, a);
+      }
+      if (tail) b32_quad_step_vnni(type, bb, tail, xa, full, nt, a);
+      for (int t = 0; t < nt; t++) acc[r][t] = a[t];
+    }
   }
-  if (b < nb) b32_quad_dot_vnni(type, (const uint8_t *)w + (uint64_t)b * bs, (int)(nb - b), xq, ldq, nt, b, acc);
-  for (int t = 0; t < nt; t++)
-    out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++)
+      out[t * ldo + r] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[r][t]),
+                                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1))));
 }
 
 /* Groups 2c and 2c + 1 of a K super-block as 64 bytes in weight order (the VNNI counterpart of
@@ -1925,9 +1979,11 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
   for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
 }
 
-static VNNI void q8_tile_vnni(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                              int64_t ldo) {
-  ST_Q8_DISPATCH(q8_tile_b32_vnni_impl, q8_tile_k_vnni_impl)
+ST_Q8_EACH_ROW(q8_rows_k_vnni, q8_tile_k_vnni_impl, VNNI)
+
+static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                              int nt, int64_t n, float *out, int64_t ldo) {
+  ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
 /* 0 scalar, 1 avx2, 2 avx512vnni: the integer kernels at the current level. */
@@ -1952,9 +2008,8 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
     for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
       const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
-      for (int64_t r = rb; r < re; r++)
-        tile(type, (const uint8_t *)W + (uint64_t)r * row_bytes, (const uint8_t *)xq + (uint64_t)t0 * ldq,
-             (int64_t)ldq, nt, n, out + t0 * ldo + (r - r0), ldo);
+      tile(type, (const uint8_t *)W + (uint64_t)rb * row_bytes, row_bytes, re - rb, (const uint8_t *)xq + (uint64_t)t0 * ldq,
+           (int64_t)ldq, nt, n, out + t0 * ldo + (rb - r0), ldo);
     }
   }
 }
