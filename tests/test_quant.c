@@ -389,10 +389,16 @@ int main(void) {
   }
   test_int8(ST_TYPE_Q8_0, 96, 0, 7);
   test_int8(ST_TYPE_Q4_0, 32, 1, 5);
-  /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in the odd last block */
+  /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in a partial last group of four blocks */
   test_int8(ST_TYPE_Q4_1, 96, 1, 7);
   test_int8(ST_TYPE_Q5_0, 96, 1, 5);
   test_int8(ST_TYPE_Q5_1, 32, 0, 6);
+  test_int8(ST_TYPE_IQ4_NL, 224, 1, 4);
+  test_int8(ST_TYPE_Q5_1, 160, 1, 3);
+  test_int8(ST_TYPE_Q8_0, 192, 0, 2);
+  /* rows longer than one chunk of repacked activations (VNNI: 2048 weights), with a partial last group */
+  test_int8(ST_TYPE_Q4_1, 4192, 1, 3);
+  test_int8(ST_TYPE_Q5_0, 4192, 1, 4);
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

@@ -859,10 +859,12 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
 
 /* ---- integer dot products on quantised activations (st_matmul_q8) -------------------------
  * Two families. Blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; st_act_q8_0): each block's
- * 32 weight quants times the activation quants give eight int32 lanes (lane j: weights 4j..4j+3,
- * exact), and lane j of block b updates float accumulator A[8 (b mod 2) + j] = fmaf(dw_b * dx_b,
- * lane, A), for Q4_1/Q5_1 then A = fmaf(mw_b * dx_b, sum of the lane's four activation quants, A);
- * the 16 accumulators are summed by one fixed tree. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
+ * 32 weight quants times the activation quants give four int32 lanes (lane j: weights 4j..4j+3
+ * and 16 + 4j..16 + 4j + 3, exact; a nibble byte's two weights share a lane), and lane j of block
+ * b updates float accumulator A[4 (b mod 4) + j] = fmaf(dw_b * dx_b, lane, A), for Q4_1/Q5_1 then
+ * A = fmaf(mw_b * dx_b, sum of the lane's eight activation quants, A); the 16 accumulators are
+ * summed by one fixed tree. Four blocks fill one 512-bit vector of lanes, so VNNI needs no
+ * horizontal sums per block. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
  * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
  * min m16[k]); S = Σ_k sc16[k] Σ q·x and M = Σ_k m16[k] bsums[k] are exact integers (Q3_K's -4
  * and Q6_K's -32 offsets fold into S as -4 or -32 Σ sc16[k] bsums[k]), then acc = fmaf(dx * d, S, acc) and
@@ -1235,8 +1237,8 @@ static void k_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
   }
 }
 
-static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                           int64_t ldo) {
+static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
+                          int64_t ldo) {
   int8_t q[256];
   if (q8_family(type) == 1) {
     const uint64_t bs = b32_bytes(type);
@@ -1252,11 +1254,13 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
         uint16_t mh = 0;
         if (b32_has_min(type)) memcpy(&mh, bb + 2, 2);
         const float sm = st_fp16_to_f32(mh) * x[b].d;
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 4; j++) {
           int32_t p = 0, sx = 0;
-          for (int i = 4 * j; i < 4 * j + 4; i++) p += q[i] * x[b].qs[i], sx += x[b].qs[i];
-          a[8 * (b & 1) + j] = fmaf(s, (float)p, a[8 * (b & 1) + j]);
-          if (b32_has_min(type)) a[8 * (b & 1) + j] = fmaf(sm, (float)sx, a[8 * (b & 1) + j]);
+          for (int i = 4 * j; i < 4 * j + 4; i++)
+            p += q[i] * x[b].qs[i] + q[i + 16] * x[b].qs[i + 16], sx += x[b].qs[i] + x[b].qs[i + 16];
+          float *aj = &a[4 * (b & 3) + j];
+          *aj = fmaf(s, (float)p, *aj);
+          if (b32_has_min(type)) *aj = fmaf(sm, (float)sx, *aj);
         }
       }
       out[t * ldo] = q8_reduce16(a);
@@ -1284,6 +1288,11 @@ static void q8_tile_scalar(uint32_t type, const void *w, const uint8_t *xq, int6
     }
     out[t * ldo] = acc;
   }
+}
+
+static void q8_tile_scalar(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                           int nt, int64_t n, float *out, int64_t ldo) {
+  for (int64_t r = 0; r < nr; r++) q8_row_scalar(type, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo);
 }
 
 /* Software prefetch in the integer kernels (AVX2 and VNNI; results do not change): each CPU-pool
@@ -1330,11 +1339,17 @@ static inline AVX2 __m256i b32_quants_avx2(uint32_t type, const uint8_t *bb) {
   return v;
 }
 
+/* 32 products of a block folded to its four canonical lanes (lane j: weights 4j..4j+3 and
+ * 16 + 4j..16 + 4j + 3). */
+static inline AVX2 __m128 fold4_avx2(__m256i p) {
+  return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+}
+
 static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uint32_t type, const void *w,
                                                                              const uint8_t *xq, int64_t ldq, int nt,
                                                                              int64_t n, float *out, int64_t ldo) {
-  __m256 acc[2 * ST_TILE]; /* A[0..7] of token t in acc[t], A[8..15] in acc[ST_TILE + t] */
-  for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm256_setzero_ps();
+  __m128 acc[4 * ST_TILE]; /* A[4k..4k+3] of token t in acc[4t + k] */
+  for (int t = 0; t < 4 * ST_TILE; t++) acc[t] = _mm_setzero_ps();
   const uint64_t bs = b32_bytes(type);
   const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
   const int with_min = b32_has_min(type);
@@ -1350,15 +1365,17 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uin
       const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
       const __m256i xv = _mm256_loadu_si256((const __m256i *)x->qs);
       const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, with_min ? xv : _mm256_sign_epi8(xv, v)), ones);
-      __m256 *a = acc + (b & 1) * ST_TILE + t;
-      *a = _mm256_fmadd_ps(_mm256_set1_ps(dw * x->d), _mm256_cvtepi32_ps(p), *a);
+      __m128 *a = acc + 4 * t + (b & 3);
+      *a = _mm_fmadd_ps(_mm_set1_ps(dw * x->d), fold4_avx2(p), *a);
       if (with_min) {
         const __m256i sx = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones);
-        *a = _mm256_fmadd_ps(_mm256_set1_ps(mw * x->d), _mm256_cvtepi32_ps(sx), *a);
+        *a = _mm_fmadd_ps(_mm_set1_ps(mw * x->d), fold4_avx2(sx), *a);
       }
     }
   }
-  for (int t = 0; t < nt; t++) out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t], acc[ST_TILE + t]));
+  for (int t = 0; t < nt; t++)
+    out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm256_set_m128(acc[4 * t + 1], acc[4 * t]),
+                                            _mm256_set_m128(acc[4 * t + 3], acc[4 * t + 2])));
 }
 
 /* A K super-block's scales in registers: the int16 scale of each 16 weights (sc16), the min (or
@@ -1577,14 +1594,25 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
   for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
 }
 
-typedef void (*q8_tile_fn)(uint32_t, const void *, const uint8_t *, int64_t, int, int64_t, float *, int64_t);
+/* The integer kernels take a group of up to 64 weight rows (row_bytes apart; row r's outputs at
+ * out + r), so that a kernel can prepare the activations once for all of them. */
+typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t, float *,
+                           int64_t);
 
 #define ST_Q8_TILE_CASES(impl, ty)                                                                           \
   switch (nt) {                                                                                              \
-  case 1: impl(ty, w, xq, ldq, 1, n, out, ldo); break;                                                       \
-  case 2: impl(ty, w, xq, ldq, 2, n, out, ldo); break;                                                       \
-  case 3: impl(ty, w, xq, ldq, 3, n, out, ldo); break;                                                       \
-  default: impl(ty, w, xq, ldq, 4, n, out, ldo); break;                                                      \
+  case 1: impl(ty, w, row_bytes, nr, xq, ldq, 1, n, out, ldo); break;                                        \
+  case 2: impl(ty, w, row_bytes, nr, xq, ldq, 2, n, out, ldo); break;                                        \
+  case 3: impl(ty, w, row_bytes, nr, xq, ldq, 3, n, out, ldo); break;                                        \
+  default: impl(ty, w, row_bytes, nr, xq, ldq, 4, n, out, ldo); break;                                       \
+  }
+
+/* A one-row kernel `row` as a group kernel `name`. */
+#define ST_Q8_EACH_ROW(name, row, attr)                                                                      \
+  static inline __attribute__((always_inline)) attr void name(uint32_t ty, const void *w, uint64_t row_bytes,  \
+                                                              int64_t nr, const uint8_t *xq, int64_t ldq,     \
+                                                              int nt, int64_t n, float *out, int64_t ldo) {   \
+    for (int64_t r = 0; r < nr; r++) row(ty, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo); \
   }
 
 /* The integer kernels' switch: the 32-blocks on `b32`, the 256-super-blocks on `k`. */
@@ -1608,76 +1636,175 @@ typedef void (*q8_tile_fn)(uint32_t, const void *, const uint8_t *, int64_t, int
   default: ST_Q8_TILE_CASES(k, ST_TYPE_IQ4_XS); break;                                                       \
   }
 
-static AVX2 void q8_tile_avx2(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                              int64_t ldo) {
-  ST_Q8_DISPATCH(q8_tile_b32_avx2_impl, q8_tile_k_avx2_impl)
+ST_Q8_EACH_ROW(q8_rows_b32_avx2, q8_tile_b32_avx2_impl, AVX2)
+ST_Q8_EACH_ROW(q8_rows_k_avx2, q8_tile_k_avx2_impl, AVX2)
+
+static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                              int nt, int64_t n, float *out, int64_t ldo) {
+  ST_Q8_DISPATCH(q8_rows_b32_avx2, q8_rows_k_avx2)
 }
 
 /* AVX-512 VNNI: 64 weights per vector; vpdpbusd (u8 × s8, four products per int32 lane) for the
- * 32-blocks, vpmaddubsw then vpdpwssd (× the int16 scales) for the K formats. Signed weights use
- * the sign trick: |w| as the unsigned operand, x negated where w < 0. */
+ * 32-blocks, four blocks at a time, signed weights made unsigned by an offset whose product with
+ * the activations is taken back out (exact); vpmaddubsw then vpdpwssd (× the int16 scales) for
+ * the K formats, signed weights by the sign trick: |w| as the unsigned operand, x negated where
+ * w < 0. */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-static inline VNNI __m512i cat256(__m256i lo, __m256i hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+/* Bytes 16 h..16 h + 15 of k < cnt consecutive records of `stride` bytes from p in 128-bit
+ * lane k; the lanes of absent records are zero and nothing past them is read. */
+static inline __attribute__((always_inline)) VNNI __m512i lanes4(const uint8_t *p, uint64_t stride, int cnt) {
+  __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
+  if (cnt > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + stride)), 1);
+  if (cnt > 2) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * stride)), 2);
+  if (cnt > 3) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * stride)), 3);
+  return cnt < 4 ? _mm512_maskz_mov_epi32((__mmask16)((1u << (4 * cnt)) - 1), v) : v;
 }
 
-static inline __attribute__((always_inline)) VNNI void q8_tile_b32_vnni_impl(uint32_t type, const void *w,
-                                                                            const uint8_t *xq, int64_t ldq, int nt,
-                                                                            int64_t n, float *out, int64_t ldo) {
-  __m512 acc[ST_TILE]; /* lanes 0..7: A[0..7] (even blocks), 8..15: A[8..15] (odd blocks) */
-  for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+/* Up to four 32-blocks for vpdpbusd: their quants as unsigned bytes, weights 0..15 of block k in
+ * lane k of lo and 16..31 in lane k of hi (the signed formats' quants plus `off`, taken back out
+ * as off times the activation sums), and their fp16 scales d and mins m as floats. */
+struct b32_quad {
+  __m512i lo, hi;
+  __m128 d, m;
+};
+
+static inline int b32_offset(uint32_t type) {
+  return type == ST_TYPE_Q4_0 ? 8 : type == ST_TYPE_Q5_0 ? 16 : b32_has_min(type) ? 0 : 128;
+}
+
+/* Field `at` (2 or 4 bytes) of block k < cnt of a quad, 0 for an absent block. */
+static inline uint32_t quad_field(const uint8_t *bb, uint64_t bs, int k, int cnt, int at, int bytes) {
+  uint32_t v = 0;
+  if (k < cnt) memcpy(&v, bb + k * bs + at, (size_t)bytes);
+  return v;
+}
+
+/* The fifth bits of weights 0..15 (h = 0) or 16..31 (h = 1) of each block as one mask bit per
+ * byte of lo or hi. */
+static inline uint64_t b32_bit5_mask(uint32_t q0, uint32_t q1, uint32_t q2, uint32_t q3, int h) {
+  return (uint64_t)((q0 >> 16 * h) & 0xFFFF) | (uint64_t)((q1 >> 16 * h) & 0xFFFF) << 16 |
+         (uint64_t)((q2 >> 16 * h) & 0xFFFF) << 32 | (uint64_t)((q3 >> 16 * h) & 0xFFFF) << 48;
+}
+
+/* The fp16 field `at` of a quad's blocks as four floats. */
+static inline __attribute__((always_inline)) VNNI __m128 quad_half4(const uint8_t *bb, uint64_t bs, int cnt, int at) {
+  return _mm_cvtph_ps(_mm_setr_epi16((short)quad_field(bb, bs, 0, cnt, at, 2), (short)quad_field(bb, bs, 1, cnt, at, 2),
+                                     (short)quad_field(bb, bs, 2, cnt, at, 2), (short)quad_field(bb, bs, 3, cnt, at, 2), 0,
+                                     0, 0, 0));
+}
+
+static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(uint32_t type, const uint8_t *bb,
+                                                                               int cnt) {
+  const uint64_t bs = b32_bytes(type);
+  struct b32_quad q;
+  q.d = quad_half4(bb, bs, cnt, 0);
+  q.m = b32_has_min(type) ? quad_half4(bb, bs, cnt, 2) : _mm_setzero_ps();
+  if (type == ST_TYPE_Q8_0) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    q.lo = _mm512_xor_si512(lanes4(bb + 2, bs, cnt), flip);
+    q.hi = _mm512_xor_si512(lanes4(bb + 18, bs, cnt), flip);
+    return q;
+  }
+  const __m512i qs = lanes4(bb + b32_qs_at(type), bs, cnt), m4 = _mm512_set1_epi8(0xF);
+  q.lo = _mm512_and_si512(qs, m4);
+  q.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+  if (type == ST_TYPE_IQ4_NL) {
+    const __m512i kv = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
+                                        _mm512_set1_epi8((char)0x80));
+    q.lo = _mm512_shuffle_epi8(kv, q.lo);
+    q.hi = _mm512_shuffle_epi8(kv, q.hi);
+  }
+  if (type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1) {
+    const int at = b32_qh_at(type);
+    const uint32_t h0 = quad_field(bb, bs, 0, cnt, at, 4), h1 = quad_field(bb, bs, 1, cnt, at, 4);
+    const uint32_t h2 = quad_field(bb, bs, 2, cnt, at, 4), h3 = quad_field(bb, bs, 3, cnt, at, 4);
+    const __m512i bit5 = _mm512_set1_epi8(0x10);
+    q.lo = _mm512_mask_add_epi8(q.lo, _cvtu64_mask64(b32_bit5_mask(h0, h1, h2, h3, 0)), q.lo, bit5);
+    q.hi = _mm512_mask_add_epi8(q.hi, _cvtu64_mask64(b32_bit5_mask(h0, h1, h2, h3, 1)), q.hi, bit5);
+  }
+  return q;
+}
+
+/* The four scales of a quad to the four lanes of each block. */
+static inline VNNI __m512 spread4(__m128 s) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
+}
+
+/* The activations of up to B32_CHUNK quads of blocks of one token, laid out for
+ * b32_quad_step_vnni: the quants as the weights' lo and hi, per lane the correction for the
+ * weights' offset (-offset times the sum of its eight activation quants, int32) or, for Q4_1 and
+ * Q5_1, that sum as a float, and each block's scale in its four lanes. Absent blocks are zero. */
+enum { B32_CHUNK = 16 };
+struct b32_act {
+  __m512i lo[B32_CHUNK], hi[B32_CHUNK], sx[B32_CHUNK];
+  __m512 dx[B32_CHUNK];
+};
+
+static inline __attribute__((always_inline)) VNNI void b32_repack_vnni(uint32_t type, const st_act_q8_0 *x, int64_t nblk,
+                                                                      struct b32_act *xa) {
+  const int off = b32_offset(type);
+  const __m512i zero = _mm512_setzero_si512(), sum_by = _mm512_set1_epi8((char)(off ? off : 1));
+  for (int q = 0; 4 * q < nblk; q++, x += 4) {
+    const int cnt = nblk - 4 * q < 4 ? (int)(nblk - 4 * q) : 4;
+    const __m512i lo = lanes4((const uint8_t *)x->qs, sizeof *x, cnt), hi = lanes4((const uint8_t *)x->qs + 16, sizeof *x, cnt);
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, sum_by, lo), sum_by, hi);
+    xa->lo[q] = lo, xa->hi[q] = hi;
+    xa->sx[q] = off ? _mm512_sub_epi32(zero, s) : _mm512_castps_si512(_mm512_cvtepi32_ps(s));
+    xa->dx[q] = spread4(_mm_setr_ps(x[0].d, cnt > 1 ? x[1].d : 0.0f, cnt > 2 ? x[2].d : 0.0f, cnt > 3 ? x[3].d : 0.0f));
+  }
+}
+
+/* Quad q of a chunk (cnt blocks at bb) into the nt tokens' accumulators. */
+static inline __attribute__((always_inline)) VNNI void b32_quad_step_vnni(uint32_t type, const uint8_t *bb, int cnt,
+                                                                         const struct b32_act *xa, int q, int nt,
+                                                                         __m512 *acc) {
+  const struct b32_quad w = b32_quad_vnni(type, bb, cnt);
+  const int with_min = b32_has_min(type);
+  const __m512 d = spread4(w.d), m = with_min ? spread4(w.m) : d;
+  const __mmask16 lanes = (__mmask16)((1u << (4 * cnt)) - 1);
+  for (int t = 0; t < nt; t++) {
+    const __m512i p0 = with_min ? _mm512_setzero_si512() : xa[t].sx[q];
+    const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p0, w.lo, xa[t].lo[q]), w.hi, xa[t].hi[q]);
+    acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(d, xa[t].dx[q]), _mm512_cvtepi32_ps(p), acc[t], lanes);
+    if (with_min)
+      acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(m, xa[t].dx[q]), _mm512_castsi512_ps(xa[t].sx[q]), acc[t], lanes);
+  }
+}
+
+/* A group of nr ≤ 64 rows: the activations are repacked once per chunk of 4 B32_CHUNK blocks for
+ * all the rows, and each row's accumulators carried from chunk to chunk. */
+static inline __attribute__((always_inline)) VNNI void q8_rows_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes,
+                                                                       int64_t nr, const uint8_t *xq, int64_t ldq,
+                                                                       int nt, int64_t n, float *out, int64_t ldo) {
+  ST_ASSERT(nr <= 64);
+  __m512 acc[64][ST_TILE]; /* lane i: A[i] of a row and token */
+  struct b32_act xa[ST_TILE];
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
   const uint64_t bs = b32_bytes(type);
   const int64_t nb = n / 32;
-  const __m512i zero = _mm512_setzero_si512();
-  int64_t b = 0;
-  const __m512i ones8 = _mm512_set1_epi8(1);
-  const int with_min = b32_has_min(type);
-  for (; b + 2 <= nb; b += 2) {
-    const uint8_t *b0 = (const uint8_t *)w + (uint64_t)b * bs, *b1 = b0 + bs;
-    prefetch_ahead(b0, 2 * bs);
-    uint16_t h0, h1, g0 = 0, g1 = 0;
-    memcpy(&h0, b0, 2);
-    memcpy(&h1, b1, 2);
-    if (with_min) memcpy(&g0, b0 + 2, 2), memcpy(&g1, b1 + 2, 2);
-    const float d0 = _cvtsh_ss(h0), d1 = _cvtsh_ss(h1), m0 = _cvtsh_ss(g0), m1 = _cvtsh_ss(g1);
-    const __m512i v = cat256(b32_quants_avx2(type, b0), b32_quants_avx2(type, b1));
-    const __m512i av = with_min ? v : _mm512_abs_epi8(v);
-    const __mmask64 neg = with_min ? 0 : _mm512_movepi8_mask(v);
-    for (int t = 0; t < nt; t++) {
-      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
-      const __m512i xv = cat256(_mm256_loadu_si256((const __m256i *)x[0].qs), _mm256_loadu_si256((const __m256i *)x[1].qs));
-      const __m512i p = _mm512_dpbusd_epi32(zero, av, with_min ? xv : _mm512_mask_sub_epi8(xv, neg, zero, xv));
-      const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0 * x[0].d), _mm512_set1_ps(d1 * x[1].d));
-      acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[t]);
-      if (with_min) {
-        const __m512 sm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(m0 * x[0].d), _mm512_set1_ps(m1 * x[1].d));
-        acc[t] = _mm512_fmadd_ps(sm, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, ones8, xv)), acc[t]);
+  for (int64_t b0 = 0; b0 < nb; b0 += 4 * B32_CHUNK) {
+    const int64_t nblk = nb - b0 < 4 * B32_CHUNK ? nb - b0 : 4 * B32_CHUNK;
+    const int full = (int)(nblk / 4), tail = (int)(nblk % 4);
+    for (int t = 0; t < nt; t++)
+      b32_repack_vnni(type, (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b0, nblk, &xa[t]);
+    for (int64_t r = 0; r < nr; r++) {
+      const uint8_t *bb = (const uint8_t *)w + r * row_bytes + (uint64_t)b0 * bs;
+      __m512 a[ST_TILE];
+      for (int t = 0; t < nt; t++) a[t] = acc[r][t];
+      for (int q = 0; q < full; q++, bb += 4 * bs) {
+        prefetch_ahead(bb, 4 * bs);
+        b32_quad_step_vnni(type, bb, 4, xa, q, nt, a);
       }
+      if (tail) b32_quad_step_vnni(type, bb, tail, xa, full, nt, a);
+      for (int t = 0; t < nt; t++) acc[r][t] = a[t];
     }
   }
-  if (b < nb) { /* an odd last block (b even): lanes 0..7 only */
-    const uint8_t *b0 = (const uint8_t *)w + (uint64_t)b * bs;
-    uint16_t h0, g0 = 0;
-    memcpy(&h0, b0, 2);
-    if (with_min) memcpy(&g0, b0 + 2, 2);
-    const float d0 = _cvtsh_ss(h0), m0 = _cvtsh_ss(g0);
-    const __m256i v = b32_quants_avx2(type, b0), av = with_min ? v : _mm256_abs_epi8(v);
-    for (int t = 0; t < nt; t++) {
-      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
-      const __m256i xv = _mm256_loadu_si256((const __m256i *)x->qs);
-      const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), av, with_min ? xv : _mm256_sign_epi8(xv, v));
-      acc[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(d0 * x->d), _mm512_castps256_ps512(_mm256_cvtepi32_ps(p)), acc[t],
-                                     0x00FF);
-      if (with_min) {
-        const __m256i sx = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), xv);
-        acc[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(m0 * x->d), _mm512_castps256_ps512(_mm256_cvtepi32_ps(sx)), acc[t],
-                                       0x00FF);
-      }
-    }
-  }
-  for (int t = 0; t < nt; t++)
-    out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++)
+      out[t * ldo + r] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[r][t]),
+                                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1))));
 }
 
 /* Groups 2c and 2c + 1 of a K super-block as 64 bytes in weight order (the VNNI counterpart of
@@ -1853,9 +1980,11 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
   for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
 }
 
-static VNNI void q8_tile_vnni(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                              int64_t ldo) {
-  ST_Q8_DISPATCH(q8_tile_b32_vnni_impl, q8_tile_k_vnni_impl)
+ST_Q8_EACH_ROW(q8_rows_k_vnni, q8_tile_k_vnni_impl, VNNI)
+
+static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                              int nt, int64_t n, float *out, int64_t ldo) {
+  ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
 /* 0 scalar, 1 avx2, 2 avx512vnni: the integer kernels at the current level. */
@@ -1880,9 +2009,8 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
     for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
       const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
-      for (int64_t r = rb; r < re; r++)
-        tile(type, (const uint8_t *)W + (uint64_t)r * row_bytes, (const uint8_t *)xq + (uint64_t)t0 * ldq,
-             (int64_t)ldq, nt, n, out + t0 * ldo + (r - r0), ldo);
+      tile(type, (const uint8_t *)W + (uint64_t)rb * row_bytes, row_bytes, re - rb, (const uint8_t *)xq + (uint64_t)t0 * ldq,
+           (int64_t)ldq, nt, n, out + t0 * ldo + (rb - r0), ldo);
     }
   }
 }

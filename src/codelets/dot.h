@@ -31,7 +31,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * AVX2 vpmaddubsw + vpmaddwd, or scalar), as ggml's CPU backend does (ggml-quants.c
  * quantize_row_q8_0 / quantize_row_q8_K and the vec_dot_*_q8_* kernels). Two activation layouts:
  * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL weights pair with blocks of 32 (st_act_q8_0: one float
- * scale; Q4_1's and Q5_1's min term uses the sums of the activation quants, four at a time);
+ * scale; Q4_1's and Q5_1's min term uses the sums of the activation quants, eight at a time);
  * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S weights with super-blocks
  * of 256 (st_act_q8_K: one float scale and the per-16 sums of the quants, which carry the K
  * formats' min and offset terms; the grid i-quants multiply their unsigned grid magnitudes with
