@@ -67,6 +67,21 @@ static inline int iq4_xs_sub_scale(const st_block_iq4_xs *b, int ib) {
   return (((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4)) - 32;
 }
 
+/* The 8 sub-block scales of an IQ4_XS block plus 32 (0..63), byte ib of the result for
+ * sub-block ib: the nibbles and the 2-bit fields spread to bytes without a loop. */
+static inline uint64_t iq4_xs_scales8(const st_block_iq4_xs *b) {
+  uint32_t l32;
+  memcpy(&l32, b->scales_l, 4);
+  uint64_t lo = l32, hi = b->scales_h;
+  lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+  lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+  lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+  hi = (hi | hi << 24) & 0x000000FF000000FFull;
+  hi = (hi | hi << 12) & 0x000F000F000F000Full;
+  hi = (hi | hi << 6) & 0x0303030303030303ull;
+  return lo | hi << 4;
+}
+
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -1398,6 +1413,11 @@ static inline __attribute__((always_inline)) AVX2 __m128i k45_unpack_sse(const u
   return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
 }
 
+/* The 8 signed sub-block scales of an IQ4_XS block, bytes 0..7. */
+static inline __attribute__((always_inline)) AVX2 __m128i iq4_xs_scales_sse(const st_block_iq4_xs *b) {
+  return _mm_sub_epi8(_mm_cvtsi64_si128((long long)iq4_xs_scales8(b)), _mm_set1_epi8(32));
+}
+
 static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_t type, const uint8_t *bb) {
   struct kvec k;
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
@@ -1447,10 +1467,8 @@ static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_
     k.d = _cvtsh_ss(dh) * grid_d_mul(type), k.dmin = 0.0f;
   } else { /* IQ4_XS */
     const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
-    const __m128i v = _mm_setr_epi16((short)iq4_xs_sub_scale(b, 0), (short)iq4_xs_sub_scale(b, 1), (short)iq4_xs_sub_scale(b, 2),
-                                     (short)iq4_xs_sub_scale(b, 3), (short)iq4_xs_sub_scale(b, 4), (short)iq4_xs_sub_scale(b, 5),
-                                     (short)iq4_xs_sub_scale(b, 6), (short)iq4_xs_sub_scale(b, 7));
-    k.sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+    const __m128i v = iq4_xs_scales_sse(b);
+    k.sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v));
     k.mv16 = _mm256_setzero_si256();
     k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
   }
@@ -1905,15 +1923,44 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
   return g;
 }
 
+/* IQ4_XS for vpdpbusd: the levels plus 128 (unsigned, 1..241) in weight order, 64 per vector,
+ * and per vector the int32 scales of its two sub-blocks (lanes 0..7, 8..15). Σ (l + 128) x over
+ * four weights needs no saturating int16 step, and the offset, 128 Σ sc · bsums, is exact. */
+struct iq4v {
+  __m512i w[4], sc[4];
+};
+
+static inline __attribute__((always_inline)) VNNI struct iq4v iq4_xs_block_vnni(const st_block_iq4_xs *b, __m512i kvu,
+                                                                                __m128i s8) {
+  struct iq4v v;
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  /* 128-bit lane g of the low (high) nibbles holds weights 32g .. + 15 (32g + 16 .. + 31) */
+  const __m512i lh = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hh = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  for (int i = 0; i < 2; i++) {
+    const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * i));
+    const __m512i lo = _mm512_shuffle_epi8(kvu, _mm512_and_si512(q, m4));
+    const __m512i hi = _mm512_shuffle_epi8(kvu, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+    v.w[2 * i] = _mm512_permutex2var_epi64(lo, lh, hi);
+    v.w[2 * i + 1] = _mm512_permutex2var_epi64(lo, hh, hi);
+  }
+  const __m512i s32 = _mm512_cvtepi8_epi32(s8);
+  for (int c = 0; c < 4; c++)
+    v.sc[c] = _mm512_permutexvar_epi32(_mm512_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                                        2 * c + 1, 2 * c + 1, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c,
+                                                        2 * c, 2 * c),
+                                       s32);
+  return v;
+}
+
 /* S (and M) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and the bsums term. */
 static inline __attribute__((always_inline)) VNNI void k_sums_vnni(uint32_t type, __m512i is, __m256i bm, int32_t *S,
                                                                    int32_t *M) {
   __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
-  if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) {
+  if (k_is_grid(type)) {
     *S = hsum_epi32_avx2(s8), *M = 0;
     return;
   }
-  if (k_has_offset(type)) {
+  if (k_has_offset(type) || type == ST_TYPE_IQ4_XS) {
     *S = hsum_epi32_avx2(_mm256_sub_epi32(s8, bm)), *M = 0;
     return;
   }
@@ -1933,9 +1980,29 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
    * 4c + i / 8 of sc16 */
   const __m512i entry = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
                                          0, 0, 0, 0, 0, 0);
+  const __m512i kvu = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
+                                       _mm512_set1_epi8((char)0x80));
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     prefetch_ahead(bb, bs);
+    if (type == ST_TYPE_IQ4_XS) {
+      const st_block_iq4_xs *b4 = (const st_block_iq4_xs *)(const void *)bb;
+      const __m128i s8 = iq4_xs_scales_sse(b4);
+      const struct iq4v v = iq4_xs_block_vnni(b4, kvu, s8);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
+      const float d = _cvtsh_ss(b4->d);
+      for (int t = 0; t < nt; t++) {
+        const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+        __m512i is = zero;
+        for (int c = 0; c < 4; c++)
+          is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))), v.sc[c]));
+        const __m256i bm = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
+        int32_t S, M;
+        k_sums_vnni(type, is, bm, &S, &M);
+        acc[t] = k_accumulate(type, d, 0.0f, x->d, S, M, acc[t]);
+      }
+      continue;
+    }
     const struct kvec k = k_vec_avx2(type, bb);
     const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
     __m512i qhs = zero;
