@@ -1418,6 +1418,19 @@ static inline __attribute__((always_inline)) AVX2 __m128i iq4_xs_scales_sse(cons
   return _mm_sub_epi8(_mm_cvtsi64_si128((long long)iq4_xs_scales8(b)), _mm_set1_epi8(32));
 }
 
+/* q3k_scales with byte shuffles (before the - 32): the 12 packed bytes read as the last 16 bytes
+ * up to them (the end of qs first), so the load stays inside the block. */
+static inline __attribute__((always_inline)) AVX2 __m128i q3k_scales_sse(const uint8_t *packed) {
+  const __m128i s = _mm_loadu_si128((const __m128i *)(packed - 4));
+  /* low 4 bits: scales 0..7 the low nibbles of bytes 0..7, scales 8..15 their high nibbles */
+  const __m128i lo = _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i low = _mm_and_si128(_mm_blend_epi32(lo, _mm_srli_epi16(lo, 4), 0xC), _mm_set1_epi8(0xF));
+  /* high 2 bits: scales 4m .. 4m + 3 take bits 2m, 2m + 1 of bytes 8..11 */
+  const __m128i hi = _mm_shuffle_epi8(s, _mm_setr_epi8(12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15));
+  const __m128i high = _mm_and_si128(_mm_srlv_epi32(hi, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+  return _mm_or_si128(low, _mm_slli_epi16(high, 4));
+}
+
 static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_t type, const uint8_t *bb) {
   struct kvec k;
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
@@ -1436,9 +1449,7 @@ static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_
     k.d = _cvtsh_ss(b->d), k.dmin = _cvtsh_ss(b->dmin);
   } else if (type == ST_TYPE_Q3_K) {
     const st_block_q3_K *b = (const st_block_q3_K *)(const void *)bb;
-    int8_t sc[16];
-    q3k_scales(b->scales, sc);
-    k.sc16 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)), _mm256_set1_epi16(32));
+    k.sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales_sse(b->scales)), _mm256_set1_epi16(32));
     k.mv16 = _mm256_slli_epi16(k.sc16, 2);
     k.d = _cvtsh_ss(b->d), k.dmin = 0.0f;
   } else if (type == ST_TYPE_Q6_K) {
