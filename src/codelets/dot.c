@@ -1467,11 +1467,18 @@ static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_
     uint16_t dh;
     memcpy(&dh, bb, 2);
     k.d = _cvtsh_ss(dh) * grid_d_mul(type), k.dmin = 0.0f;
-  } else if (k_is_grid(type)) { /* IQ3_XXS, IQ3_S: one scale per 32 weights */
-    int16_t sc[8];
-    for (int j = 0; j < 8; j++) sc[j] = grid_sub_scale(type, bb, j, 0);
-    const __m128i v = _mm_loadu_si128((const __m128i *)sc);
-    k.sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+  } else if (k_is_grid(type)) { /* IQ3_XXS, IQ3_S: one scale per 32 weights, s in int32 lane s */
+    __m256i s;
+    if (type == ST_TYPE_IQ3_XXS) {
+      s = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)), 28);
+    } else {
+      uint32_t l32;
+      memcpy(&l32, ((const st_block_iq3_s *)(const void *)bb)->scales, 4);
+      s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)l32), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                           _mm256_set1_epi32(0xF));
+    }
+    s = _mm256_add_epi32(_mm256_slli_epi32(s, 1), _mm256_set1_epi32(1));
+    k.sc16 = _mm256_or_si256(s, _mm256_slli_epi32(s, 16)); /* both int16 halves */
     k.mv16 = _mm256_setzero_si256();
     uint16_t dh;
     memcpy(&dh, bb, 2);
@@ -1882,10 +1889,36 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
   return _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
 }
 
-/* Sub-blocks 2c and 2c + 1 of a grid block: 64 magnitudes (weight order) and in *neg the 64
- * sign bits (the float AVX-512 kernel's decode). */
+/* The 256 magnitudes of an IQ3_XXS or IQ3_S block, 64 per vector, one scalar table load per 4
+ * weights, two entries to a 64-bit word (half the vector inserts of one per entry; on Zen 4
+ * vpgatherdd, or writing the entries to memory and reading vectors back, were slower). IQ3_S's
+ * 9-bit indices are formed 32 at a time: bit k of the 64-bit qh is the top bit of index k. */
+static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t type, const uint8_t *bb, __m512i *m) {
+  if (type == ST_TYPE_IQ3_XXS) {
+    const uint8_t *q = ((const st_block_iq3_xxs *)(const void *)bb)->qs;
+#define G2(j) (long long)(st_iq3xxs_grid[q[2 * (j)]] | (uint64_t)st_iq3xxs_grid[q[2 * (j) + 1]] << 32)
+    for (int c = 0; c < 4; c++, q += 16) m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
+#undef G2
+    return;
+  }
+  const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+  uint64_t qh;
+  memcpy(&qh, b->qh, 8);
+  uint16_t idx[64];
+  for (int i = 0; i < 2; i++) {
+    const __m512i lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * i)));
+    _mm512_storeu_si512((void *)(idx + 32 * i), _mm512_mask_add_epi16(lo, (__mmask32)(qh >> (32 * i)), lo, _mm512_set1_epi16(256)));
+  }
+  const uint16_t *q = idx;
+#define G2(j) (long long)(st_iq3s_grid[q[2 * (j)]] | (uint64_t)st_iq3s_grid[q[2 * (j) + 1]] << 32)
+  for (int c = 0; c < 4; c++, q += 16) m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
+#undef G2
+}
+
+/* Sub-blocks 2c and 2c + 1 of a grid block: 64 magnitudes (weight order; IQ3 ones from mags)
+ * and in *neg the 64 sign bits (the float AVX-512 kernel's decode). */
 static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb, int c,
-                                                                         __mmask64 *neg) {
+                                                                         const __m512i *mags, __mmask64 *neg) {
   uint64_t sg;
   __m512i g;
   if (type == ST_TYPE_IQ2_XS) {
@@ -1909,11 +1942,7 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
     const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)(const void *)bb;
     uint32_t aux[2];
     memcpy(aux, b->qs + 64 + 8 * c, 8);
-    const uint8_t *q = b->qs + 16 * c;
-    g = _mm512_setr_epi32((int)st_iq3xxs_grid[q[0]], (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[2]], (int)st_iq3xxs_grid[q[3]],
-                          (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[5]], (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[7]],
-                          (int)st_iq3xxs_grid[q[8]], (int)st_iq3xxs_grid[q[9]], (int)st_iq3xxs_grid[q[10]], (int)st_iq3xxs_grid[q[11]],
-                          (int)st_iq3xxs_grid[q[12]], (int)st_iq3xxs_grid[q[13]], (int)st_iq3xxs_grid[q[14]], (int)st_iq3xxs_grid[q[15]]);
+    g = mags[c];
     const __m256i f = _mm256_and_si256(
         _mm256_srlv_epi32(_mm256_setr_epi32((int)aux[0], (int)aux[0], (int)aux[0], (int)aux[0], (int)aux[1], (int)aux[1],
                                             (int)aux[1], (int)aux[1]),
@@ -1921,14 +1950,8 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
         _mm256_set1_epi32(127));
     sg = iq_signs8_epi16(_mm256_cvtepi32_epi16(f));
   } else { /* IQ3_S */
-    const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
-    const uint8_t *q = b->qs + 16 * c;
-    const uint32_t h = (uint32_t)(b->qh[2 * c] | b->qh[2 * c + 1] << 8);
-#define G3S(j) (int)st_iq3s_grid[q[j] | ((h >> (j)) & 1) << 8]
-    g = _mm512_setr_epi32(G3S(0), G3S(1), G3S(2), G3S(3), G3S(4), G3S(5), G3S(6), G3S(7), G3S(8), G3S(9), G3S(10),
-                          G3S(11), G3S(12), G3S(13), G3S(14), G3S(15));
-#undef G3S
-    memcpy(&sg, b->signs + 8 * c, 8);
+    g = mags[c];
+    memcpy(&sg, ((const st_block_iq3_s *)(const void *)bb)->signs + 8 * c, 8);
   }
   *neg = (__mmask64)sg;
   return g;
@@ -2022,7 +2045,8 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
       qhs = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
                               _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
     }
-    __m512i is[ST_TILE];
+    __m512i is[ST_TILE], mags[4];
+    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
     for (int t = 0; t < nt; t++) is[t] = zero;
     for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
       if (type == ST_TYPE_Q6_K && c % 2 == 0) {
@@ -2032,7 +2056,7 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
       __m512i av;
       __mmask64 neg = 0;
       if (k_is_grid(type)) {
-        av = grid_pair_vnni(type, bb, c, &neg);
+        av = grid_pair_vnni(type, bb, c, mags, &neg);
       } else {
         const __m512i v = k_pair_vnni(type, bb, c, qhs);
         av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
