@@ -1915,10 +1915,31 @@ static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t ty
 #undef G2
 }
 
+/* IQ2_XS/IQ3_XXS: the 32 sign bytes of a block (st_iq_signs of its 7-bit fields, byte k for
+ * weights 8k .. 8k + 7) in one pass instead of eight per pair. */
+static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32_t type, const uint8_t *bb) {
+  __m512i f; /* the fields, one per int16 lane */
+  if (type == ST_TYPE_IQ2_XS) {
+    f = _mm512_srli_epi16(_mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs), 9);
+  } else { /* IQ3_XXS: field k of sub-block s at bits 7k of its uint32 */
+    const __m512i aux = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)));
+    const __m512i shift = _mm512_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21), m7 = _mm512_set1_epi32(127);
+    const __m512i lo = _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), aux), shift);
+    const __m512i hi = _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7), aux), shift);
+    f = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_and_si512(lo, m7))),
+                           _mm512_cvtepi32_epi16(_mm512_and_si512(hi, m7)), 1);
+  }
+  __m512i p = _mm512_xor_si512(f, _mm512_srli_epi16(f, 4));
+  p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
+  p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
+  return _mm512_cvtepi16_epi8(_mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7)));
+}
+
 /* Sub-blocks 2c and 2c + 1 of a grid block: 64 magnitudes (weight order; IQ3 ones from mags)
- * and in *neg the 64 sign bits (the float AVX-512 kernel's decode). */
+ * and in *neg the 64 sign bits (IQ2_XS, IQ3_XXS: signs[c]). */
 static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb, int c,
-                                                                         const __m512i *mags, __mmask64 *neg) {
+                                                                         const __m512i *mags, const uint64_t *signs,
+                                                                         __mmask64 *neg) {
   uint64_t sg;
   __m512i g;
   if (type == ST_TYPE_IQ2_XS) {
@@ -1928,7 +1949,7 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
                           (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
                           (long long)st_iq2xs_grid[q[4] & 511], (long long)st_iq2xs_grid[q[5] & 511],
                           (long long)st_iq2xs_grid[q[6] & 511], (long long)st_iq2xs_grid[q[7] & 511]);
-    sg = iq_signs8_epi16(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)q), 9));
+    sg = signs[c];
   } else if (type == ST_TYPE_IQ2_S) {
     const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
     const uint8_t *q = b->qs + 8 * c;
@@ -1939,16 +1960,8 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
                           (long long)st_iq2s_grid[q[6] | (h1 & 48) << 4], (long long)st_iq2s_grid[q[7] | (h1 & 192) << 2]);
     memcpy(&sg, b->qs + 32 + 8 * c, 8);
   } else if (type == ST_TYPE_IQ3_XXS) {
-    const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)(const void *)bb;
-    uint32_t aux[2];
-    memcpy(aux, b->qs + 64 + 8 * c, 8);
     g = mags[c];
-    const __m256i f = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_setr_epi32((int)aux[0], (int)aux[0], (int)aux[0], (int)aux[0], (int)aux[1], (int)aux[1],
-                                            (int)aux[1], (int)aux[1]),
-                          _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21)),
-        _mm256_set1_epi32(127));
-    sg = iq_signs8_epi16(_mm256_cvtepi32_epi16(f));
+    sg = signs[c];
   } else { /* IQ3_S */
     g = mags[c];
     memcpy(&sg, ((const st_block_iq3_s *)(const void *)bb)->signs + 8 * c, 8);
@@ -2047,6 +2060,8 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
     }
     __m512i is[ST_TILE], mags[4];
     if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
+    uint64_t signs[4];
+    if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS) _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
     for (int t = 0; t < nt; t++) is[t] = zero;
     for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
       if (type == ST_TYPE_Q6_K && c % 2 == 0) {
@@ -2056,7 +2071,7 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
       __m512i av;
       __mmask64 neg = 0;
       if (k_is_grid(type)) {
-        av = grid_pair_vnni(type, bb, c, mags, &neg);
+        av = grid_pair_vnni(type, bb, c, mags, signs, &neg);
       } else {
         const __m512i v = k_pair_vnni(type, bb, c, qhs);
         av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
