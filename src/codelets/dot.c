@@ -1898,6 +1898,7 @@ static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t ty
   if (type == ST_TYPE_IQ3_XXS) {
     const uint8_t *q = ((const st_block_iq3_xxs *)(const void *)bb)->qs;
 #define G2(j) (long long)(st_iq3xxs_grid[q[2 * (j)]] | (uint64_t)st_iq3xxs_grid[q[2 * (j) + 1]] << 32)
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++, q += 16) m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
 #undef G2
     return;
@@ -1912,6 +1913,7 @@ static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t ty
   }
   const uint16_t *q = idx;
 #define G2(j) (long long)(st_iq3s_grid[q[2 * (j)]] | (uint64_t)st_iq3s_grid[q[2 * (j) + 1]] << 32)
+#pragma GCC unroll 4
   for (int c = 0; c < 4; c++, q += 16) m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
 #undef G2
 }
