@@ -1684,8 +1684,8 @@ static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, 
 /* AVX-512 VNNI: 64 weights per vector; vpdpbusd (u8 × s8, four products per int32 lane) for the
  * 32-blocks, four blocks at a time, signed weights made unsigned by an offset whose product with
  * the activations is taken back out (exact); vpmaddubsw then vpdpwssd (× the int16 scales) for
- * the K formats, signed weights by the sign trick: |w| as the unsigned operand, x negated where
- * w < 0. */
+ * the K formats (IQ4_XS: vpdpbusd on its levels + 128, then × the int32 scales), their other
+ * signed weights by the sign trick: |w| as the unsigned operand, x negated where w < 0. */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /* Bytes 16 h..16 h + 15 of k < cnt consecutive records of `stride` bytes from p in 128-bit
