@@ -59,7 +59,7 @@ static int read_env(struct env_conf *c) {
   if (!rc && c->ff_slice % 32)
     rc = st_set_error(ST_EINVAL, "STRATA_FF_SLICE=%ld: expected 0 or a multiple of 32 (doc/tuning.md)", c->ff_slice);
   if (!rc) rc = env_long("STRATA_CUBLAS", 0, 1 << 20, 1, &c->cublas);
-  if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 0, &c->int8_dot);
+  if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
