@@ -202,11 +202,12 @@ int main(int argc, char **argv) {
         snprintf(path_name, sizeof path_name, "CUDA0 float32 kernels");
       snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag, path_name, e->placement.cache[0].n_slots,
                n_pairs);
+      /* int8 where the CPU pool computes experts whose type has integer kernels */
+      const int q8 = e->int8_dot && e->placement.cache[0].n_slots < n_pairs &&
+                     st_q8_row_bytes(m->layers[0].gate_exps.type, (int64_t)m->hp.n_embd) > 0;
       printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s (int8: %s)\n", ptag, path, r.n_prompts,
-             st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa(),
-             e->int8_dot ? st_dot_q8_isa() : "off");
+             st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa(), q8 ? st_dot_q8_isa() : "off");
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
-      const int q8 = e->int8_dot && st_q8_row_bytes(m->layers[0].gate_exps.type, (int64_t)m->hp.n_embd) > 0;
       for (int j = 0; j < r.n_prompts; j++) run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8);
       run_chunking(e, &r, ptag);
       if (pass == 0 && e->placement.cuda0_worker >= 0) {

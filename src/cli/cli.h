@@ -41,8 +41,8 @@ int st_engine_opts_check(const struct st_engine_opts *eo);
 void st_engine_opts_help(FILE *f);
 
 /* Host read bandwidth with `threads` threads over a `bytes` buffer (2 MiB aligned, huge pages
- * asked for, as the host expert arena), bytes/s (best of 5 on one thread team; 0 when the buffer
- * cannot be allocated). membw.c */
+ * asked for, as the host expert arena), bytes/s (best of 5 on one thread team, of a read loop
+ * with and one without software prefetch; 0 when the buffer cannot be allocated). membw.c */
 double st_host_read_bandwidth(int threads, size_t bytes);
 /* The same over a buffer the caller owns (written beforehand, so its pages exist), bytes/s; 0 when
  * buf is NULL or threads is outside 1..256. membw.c */

@@ -90,12 +90,13 @@ int st_kernel_bench(int threads, int json) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
 #endif
-  float *x = malloc(sizeof(float) * (size_t)n);
+  float *x = malloc(sizeof(float) * (size_t)n), *row = malloc(sizeof(float) * (size_t)n);
   float *out = malloc(sizeof(float) * (size_t)(target / 64)); /* enough rows for the smallest format */
   const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
   uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
-  if (!x || !out || !xq) {
+  if (!x || !row || !out || !xq) {
     free(x);
+    free(row);
     free(out);
     free(xq);
     free(ref);
@@ -113,17 +114,20 @@ int st_kernel_bench(int threads, int json) {
     printf("\n%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s", "of host",
            "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }
+  for (int64_t i = 0; i < n; i++) row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+  int printed = 0; /* JSON rows so far */
   for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
     const uint32_t t = types[k];
     const uint64_t rb = st_row_bytes(t, (uint64_t)n);
     const int64_t rows = (int64_t)(target / rb);
     uint8_t *w = st_bench_buffer(rb * (uint64_t)rows);
-    if (!w) continue;
-    float *row = malloc(sizeof(float) * (size_t)n); /* every row a quantised copy of one row */
-    for (int64_t i = 0; i < n; i++) row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
-    st_quantize_row(t, row, w, n);
+    if (!w) {
+      fprintf(stderr, "strata bench --kernels: %s skipped: %llu MiB of weights could not be allocated\n",
+              st_type_info(t)->name, (unsigned long long)(rb * (uint64_t)rows >> 20));
+      continue;
+    }
+    st_quantize_row(t, row, w, n); /* every row a copy of one quantised row */
     for (int64_t r = 1; r < rows; r++) memcpy(w + (uint64_t)r * rb, w, rb);
-    free(row);
     double bw = st_host_read_bandwidth_of(ref, (size_t)target, threads); /* beside this format's figures */
     if (bw <= 0) bw = bw_host;
     const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, NULL);
@@ -132,6 +136,7 @@ int st_kernel_bench(int threads, int json) {
       free(ref);
       free(xq);
       free(x);
+      free(row);
       free(out);
       return st_set_error(ST_ERUNTIME, "%d CPU threads could not be started", threads);
     }
@@ -150,7 +155,7 @@ int st_kernel_bench(int threads, int json) {
     if (json)
       printf("%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"host_read_gbs\": %.2f, \"cpu_gbs\": %.2f, "
              "\"cpu_share\": %.3f, \"int8_gbs\": %.2f, \"int8_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": %.3f}",
-             k ? "," : "", st_type_info(t)->name, bits, bw / 1e9, gbs, gbs * 1e9 / bw, int8_gbs, int8_gbs * 1e9 / bw,
+             printed++ ? "," : "", st_type_info(t)->name, bits, bw / 1e9, gbs, gbs * 1e9 / bw, int8_gbs, int8_gbs * 1e9 / bw,
              gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
     else if (int8_gbs > 0)
       printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, bw / 1e9,
@@ -165,6 +170,7 @@ int st_kernel_bench(int threads, int json) {
   free(ref);
   free(xq);
   free(x);
+  free(row);
   free(out);
   return 0;
 }

@@ -95,13 +95,15 @@ void *st_bench_buffer(size_t bytes) {
 struct reader {
   const uint64_t *p;
   size_t n;
+  int prefetch; /* 1: also ask for the lines 2 KiB ahead, as the integer kernels do */
   uint64_t sum;
 };
 
 /* Sums its share with the widest vector loads the CPU has (AVX-512, AVX2, else SSE2) into
  * independent accumulators that stay in registers, so that the loop is bound by memory and not by
  * issuing loads: the reference must read at least as fast as the kernels it is compared with (a
- * scalar loop read 37 GB/s on two cores where the int8 kernels read more). */
+ * scalar loop read 37 GB/s on two cores where the int8 kernels read more). The AVX loops run with
+ * and without software prefetch, and the faster counts (the kernels prefetch). */
 typedef uint64_t v2u64 __attribute__((vector_size(16)));
 
 static uint64_t sum_sse2(const uint64_t *p, size_t n) {
@@ -117,9 +119,13 @@ static uint64_t sum_sse2(const uint64_t *p, size_t n) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, size_t n) {
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, size_t n, int prefetch) {
   __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
   for (size_t i = 0; i + 16 <= n; i += 16) {
+    if (prefetch) {
+      _mm_prefetch((const char *)(p + i + 256), _MM_HINT_T0);
+      _mm_prefetch((const char *)(p + i + 264), _MM_HINT_T0);
+    }
     s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
     s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 4)));
     s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 8)));
@@ -130,9 +136,11 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, size
   return out[0] + out[1] + out[2] + out[3];
 }
 
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p, size_t n) {
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p, size_t n, int prefetch) {
   __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
   for (size_t i = 0; i + 32 <= n; i += 32) {
+    if (prefetch)
+      for (size_t j = 0; j < 32; j += 8) _mm_prefetch((const char *)(p + i + 256 + j), _MM_HINT_T0);
     s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(p + i)));
     s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(p + i + 8)));
     s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(p + i + 16)));
@@ -145,8 +153,8 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p,
 static void *read_part(void *arg) {
   struct reader *r = arg;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) r->sum = sum_avx512(r->p, r->n);
-  else if (__builtin_cpu_supports("avx2")) r->sum = sum_avx2(r->p, r->n);
+  if (__builtin_cpu_supports("avx512f")) r->sum = sum_avx512(r->p, r->n, r->prefetch);
+  else if (__builtin_cpu_supports("avx2")) r->sum = sum_avx2(r->p, r->n, r->prefetch);
   else
 #endif
     r->sum = sum_sse2(r->p, r->n);
@@ -157,9 +165,14 @@ double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads) {
   if (!buf || threads < 1 || threads > 256) return 0.0;
   struct reader r[256];
   const size_t n = bytes / sizeof(uint64_t), per = n / (size_t)threads / 32 * 32; /* whole 256-byte steps */
-  for (int i = 0; i < threads; i++) r[i] = (struct reader){(const uint64_t *)buf + (size_t)i * per, per, 0};
-  const double sec = st_team_best_seconds(threads, read_part, r, sizeof r[0], 5);
-  return sec > 0 ? (double)(per * (size_t)threads * sizeof(uint64_t)) / sec : 0.0;
+  double best = 0.0;
+  for (int pf = 0; pf < 2; pf++) { /* without, then with software prefetch: the faster counts */
+    for (int i = 0; i < threads; i++) r[i] = (struct reader){(const uint64_t *)buf + (size_t)i * per, per, pf, 0};
+    const double sec = st_team_best_seconds(threads, read_part, r, sizeof r[0], 5);
+    const double bw = sec > 0 ? (double)(per * (size_t)threads * sizeof(uint64_t)) / sec : 0.0;
+    best = bw > best ? bw : best;
+  }
+  return best;
 }
 
 double st_host_read_bandwidth(int threads, size_t bytes) {
