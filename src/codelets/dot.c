@@ -2025,7 +2025,7 @@ static inline __attribute__((always_inline)) VNNI void q2k_block_vnni(const st_b
   }
 }
 
-/* S (lane 0) and M (lane 2) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and
+/* S (lane 0) and M (lane 1) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and
  * the bsums term, left in a vector: the float step converts them there (no trip through a general
  * register on the chain that ends each super-block). */
 static inline __attribute__((always_inline)) VNNI __m128i k_sums_vnni(uint32_t type, __m512i is, __m256i bm) {
@@ -2038,21 +2038,22 @@ static inline __attribute__((always_inline)) VNNI __m128i k_sums_vnni(uint32_t t
   }
   const __m256i h = _mm256_hadd_epi32(s8, bm); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
   const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  return _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+  return _mm_hadd_epi32(r, r);
 }
 
-/* k_accumulate on the sums of k_sums_vnni (the same float operations). */
-static inline __attribute__((always_inline)) VNNI float k_accumulate_vnni(uint32_t type, float d, float dmin, float dx,
-                                                                         __m128i sm, float acc) {
-  const __m128 f = _mm_cvtepi32_ps(sm);
-  __m128 a = _mm_fmadd_ss(_mm_set_ss(dx * d), f, _mm_set_ss(acc));
-  if (k_has_min(type)) a = _mm_fnmadd_ss(_mm_set_ss(dx * dmin), _mm_movehl_ps(f, f), a);
-  return _mm_cvtss_f32(a);
+/* k_accumulate on the sums of k_sums_vnni (the same float operations), the accumulator in lane 0
+ * of a vector; dm holds the block's d and dmin in lanes 0 and 1. */
+static inline __attribute__((always_inline)) VNNI __m128 k_accumulate_vnni(uint32_t type, __m128 dm, float dx, __m128i sm,
+                                                                          __m128 acc) {
+  const __m128 f = _mm_cvtepi32_ps(sm), s = _mm_mul_ps(_mm_set1_ps(dx), dm);
+  acc = _mm_fmadd_ss(s, f, acc);
+  if (k_has_min(type)) acc = _mm_fnmadd_ss(_mm_movehdup_ps(s), _mm_movehdup_ps(f), acc);
+  return acc;
 }
 
 /* Super-block b (at bb) of one row into the nt tokens' accumulators. */
 static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b,
-                                                                   const uint8_t *xq, int64_t ldq, int nt, float *acc) {
+                                                                   const uint8_t *xq, int64_t ldq, int nt, __m128 *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2073,7 +2074,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       for (int c = 0; c < 4; c++)
         is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))), v.sc[c]));
       const __m256i bm = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
-      acc[t] = k_accumulate_vnni(type, d, 0.0f, x->d, k_sums_vnni(type, is, bm), acc[t]);
+      acc[t] = k_accumulate_vnni(type, _mm_set_ss(d), x->d, k_sums_vnni(type, is, bm), acc[t]);
     }
     return;
   }
@@ -2083,14 +2084,16 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     q2k_block_vnni(b2, w2);
     const __m128i sr = _mm_loadu_si128((const __m128i *)b2->scales);
     const __m256i mv16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sr, 4), _mm_set1_epi8(0xF)));
-    const float d = _cvtsh_ss(b2->d), dmin = _cvtsh_ss(b2->dmin);
+    uint32_t dh;
+    memcpy(&dh, &b2->d, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dh)); /* d, dmin */
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i is = zero;
 #pragma GCC unroll 4
       for (int c = 0; c < 4; c++) is = _mm512_dpbusd_epi32(is, w2[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c)));
       const __m256i bm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), mv16);
-      acc[t] = k_accumulate_vnni(type, d, dmin, x->d, k_sums_vnni(type, is, bm), acc[t]);
+      acc[t] = k_accumulate_vnni(type, dm, x->d, k_sums_vnni(type, is, bm), acc[t]);
     }
     return;
   }
@@ -2134,7 +2137,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
     const __m256i bm = type == ST_TYPE_IQ4_XS || k_is_grid(type) ? _mm256_setzero_si256()
                                               : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
-    acc[t] = k_accumulate_vnni(type, k.d, k.dmin, x->d, k_sums_vnni(type, is[t], bm), acc[t]);
+    acc[t] = k_accumulate_vnni(type, _mm_setr_ps(k.d, k.dmin, 0.0f, 0.0f), x->d, k_sums_vnni(type, is[t], bm), acc[t]);
   }
 }
 
@@ -2147,7 +2150,8 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t t
   const uint64_t bs = k_bytes(type);
   int64_t r = 0;
   for (; r + 2 <= nr; r += 2) {
-    float acc[2][ST_TILE] = {{0}};
+    __m128 acc[2][ST_TILE];
+    for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm_setzero_ps();
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
       prefetch_ahead(w0 + b * bs, bs);
@@ -2155,16 +2159,17 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t t
       k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc[0]);
       k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, acc[1]);
     }
-    for (int t = 0; t < nt; t++) out[t * ldo + r] = acc[0][t], out[t * ldo + r + 1] = acc[1][t];
+    for (int t = 0; t < nt; t++) out[t * ldo + r] = _mm_cvtss_f32(acc[0][t]), out[t * ldo + r + 1] = _mm_cvtss_f32(acc[1][t]);
   }
   if (r < nr) {
-    float acc[ST_TILE] = {0};
+    __m128 acc[ST_TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
       prefetch_ahead(w0 + b * bs, bs);
       k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc);
     }
-    for (int t = 0; t < nt; t++) out[t * ldo + r] = acc[t];
+    for (int t = 0; t < nt; t++) out[t * ldo + r] = _mm_cvtss_f32(acc[t]);
   }
 }
 
