@@ -1684,7 +1684,8 @@ static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, 
 /* AVX-512 VNNI: 64 weights per vector; vpdpbusd (u8 × s8, four products per int32 lane) for the
  * 32-blocks, four blocks at a time, signed weights made unsigned by an offset whose product with
  * the activations is taken back out (exact); vpmaddubsw then vpdpwssd (× the int16 scales) for
- * the K formats (IQ4_XS: vpdpbusd on its levels + 128, then × the int32 scales), their other
+ * the K formats (IQ4_XS: vpdpbusd on its levels + 128, then × the int32 scales; Q2_K: vpdpbusd
+ * on its quants times their scales, q2k_block_vnni), their other
  * signed weights by the sign trick: |w| as the unsigned operand, x negated where w < 0. */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
@@ -2006,29 +2007,53 @@ static inline __attribute__((always_inline)) VNNI struct iq4v iq4_xs_block_vnni(
   return v;
 }
 
-/* S (and M) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and the bsums term. */
-static inline __attribute__((always_inline)) VNNI void k_sums_vnni(uint32_t type, __m512i is, __m256i bm, int32_t *S,
-                                                                   int32_t *M) {
-  __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
-  if (k_is_grid(type)) {
-    *S = hsum_epi32_avx2(s8), *M = 0;
-    return;
+/* Q2_K for vpdpbusd: the 256 quants times their scales (0..45, unsigned), 64 per vector in weight
+ * order. One table holds q · sc for all 16 scales (lane j, bytes 4c + q: group 4c + j, the
+ * 16-weight group in lane j of vector c), looked up by q + 4c: the scale multiply costs no
+ * int16 step and no scale spread per vector. */
+static inline __attribute__((always_inline)) VNNI void q2k_block_vnni(const st_block_q2_K *b, __m512i *w) {
+  const __m128i g = _mm_and_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)b->scales),
+                                                   _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)),
+                                  _mm_set1_epi8(0xF));
+  const __m512i tab = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(g), _mm512_set1_epi32(0x03020100));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; c++) { /* groups 2c, 2c + 1: bits 2 (2c % 4) and + 2 of qs[32 (c / 2) ..] */
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))), _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * (c / 2))));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3), _mm512_set1_epi8((char)(4 * c)), 0xEA);
+    w[c] = _mm512_shuffle_epi8(tab, idx);
   }
-  if (k_has_offset(type) || type == ST_TYPE_IQ4_XS) {
-    *S = hsum_epi32_avx2(_mm256_sub_epi32(s8, bm)), *M = 0;
-    return;
-  }
-  const __m256i h = _mm256_hadd_epi32(s8, bm); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
-  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
-  *S = _mm_cvtsi128_si32(r), *M = _mm_extract_epi32(r, 2);
 }
 
-static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint32_t type, const void *w, const uint8_t *xq,
-                                                                          int64_t ldq, int nt, int64_t n, float *out,
-                                                                          int64_t ldo) {
-  float acc[ST_TILE] = {0};
-  const uint64_t bs = k_bytes(type);
+/* S (lane 0) and M (lane 1) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and
+ * the bsums term, left in a vector: the float step converts them there (no trip through a general
+ * register on the chain that ends each super-block). */
+static inline __attribute__((always_inline)) VNNI __m128i k_sums_vnni(uint32_t type, __m512i is, __m256i bm) {
+  __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
+  if (k_has_offset(type) || type == ST_TYPE_IQ4_XS) s8 = _mm256_sub_epi32(s8, bm);
+  if (!k_has_min(type)) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    return _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+  }
+  const __m256i h = _mm256_hadd_epi32(s8, bm); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
+  const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  return _mm_hadd_epi32(r, r);
+}
+
+/* k_accumulate on the sums of k_sums_vnni (the same float operations), the accumulator in lane 0
+ * of a vector; dm holds the block's d and dmin in lanes 0 and 1. */
+static inline __attribute__((always_inline)) VNNI __m128 k_accumulate_vnni(uint32_t type, __m128 dm, float dx, __m128i sm,
+                                                                          __m128 acc) {
+  const __m128 f = _mm_cvtepi32_ps(sm), s = _mm_mul_ps(_mm_set1_ps(dx), dm);
+  acc = _mm_fmadd_ss(s, f, acc);
+  if (k_has_min(type)) acc = _mm_fnmadd_ss(_mm_movehdup_ps(s), _mm_movehdup_ps(f), acc);
+  return acc;
+}
+
+/* Super-block b (at bb) of one row into the nt tokens' accumulators. */
+static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b,
+                                                                   const uint8_t *xq, int64_t ldq, int nt, __m128 *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2036,77 +2061,118 @@ static inline __attribute__((always_inline)) VNNI void q8_tile_k_vnni_impl(uint3
                                          0, 0, 0, 0, 0, 0);
   const __m512i kvu = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
                                        _mm512_set1_epi8((char)0x80));
-  for (int64_t b = 0; b < n / 256; b++) {
-    const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
-    prefetch_ahead(bb, bs);
-    if (type == ST_TYPE_IQ4_XS) {
-      const st_block_iq4_xs *b4 = (const st_block_iq4_xs *)(const void *)bb;
-      const __m128i s8 = iq4_xs_scales_sse(b4);
-      const struct iq4v v = iq4_xs_block_vnni(b4, kvu, s8);
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
-      const float d = _cvtsh_ss(b4->d);
-      for (int t = 0; t < nt; t++) {
-        const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-        __m512i is = zero;
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-          is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))), v.sc[c]));
-        const __m256i bm = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
-        int32_t S, M;
-        k_sums_vnni(type, is, bm, &S, &M);
-        acc[t] = k_accumulate(type, d, 0.0f, x->d, S, M, acc[t]);
-      }
-      continue;
-    }
-    const struct kvec k = k_vec_avx2(type, bb);
-    const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
-    __m512i qhs = zero;
-    if (type == ST_TYPE_Q5_K || type == ST_TYPE_Q3_K) {
-      const uint8_t *qh = type == ST_TYPE_Q5_K ? bb + 16 : ((const st_block_q3_K *)(const void *)bb)->hmask;
-      qhs = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
-                              _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
-    }
-    __m512i is[ST_TILE], mags[4];
-    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
-    uint64_t signs[4];
-    if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS) _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
-    for (int t = 0; t < nt; t++) is[t] = zero;
-#pragma GCC unroll 4 /* as in the AVX2 kernel */
-    for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
-      if (type == ST_TYPE_Q6_K && c % 2 == 0) {
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
-        qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
-      }
-      __m512i av;
-      __mmask64 neg = 0;
-      if (k_is_grid(type)) {
-        av = grid_pair_vnni(type, bb, c, mags, signs, &neg);
-      } else {
-        const __m512i v = k_pair_vnni(type, bb, c, qhs);
-        av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
-        if (type == ST_TYPE_IQ4_XS) neg = _mm512_movepi8_mask(v);
-      }
-      const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
-      for (int t = 0; t < nt; t++) {
-        const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-        __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
-        if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
-        is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
-      }
-    }
+  if (type == ST_TYPE_IQ4_XS) {
+    const st_block_iq4_xs *b4 = (const st_block_iq4_xs *)(const void *)bb;
+    const __m128i s8 = iq4_xs_scales_sse(b4);
+    const struct iq4v v = iq4_xs_block_vnni(b4, kvu, s8);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
+    const float d = _cvtsh_ss(b4->d);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      const __m256i bm = type == ST_TYPE_IQ4_XS || k_is_grid(type) ? _mm256_setzero_si256()
-                                                : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
-      int32_t S, M;
-      k_sums_vnni(type, is[t], bm, &S, &M);
-      acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
+      __m512i is = zero;
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++)
+        is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))), v.sc[c]));
+      const __m256i bm = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
+      acc[t] = k_accumulate_vnni(type, _mm_set_ss(d), x->d, k_sums_vnni(type, is, bm), acc[t]);
+    }
+    return;
+  }
+  if (type == ST_TYPE_Q2_K) {
+    const st_block_q2_K *b2 = (const st_block_q2_K *)(const void *)bb;
+    __m512i w2[4];
+    q2k_block_vnni(b2, w2);
+    const __m128i sr = _mm_loadu_si128((const __m128i *)b2->scales);
+    const __m256i mv16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sr, 4), _mm_set1_epi8(0xF)));
+    uint32_t dh;
+    memcpy(&dh, &b2->d, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dh)); /* d, dmin */
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+      __m512i is = zero;
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++) is = _mm512_dpbusd_epi32(is, w2[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c)));
+      const __m256i bm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), mv16);
+      acc[t] = k_accumulate_vnni(type, dm, x->d, k_sums_vnni(type, is, bm), acc[t]);
+    }
+    return;
+  }
+  const struct kvec k = k_vec_avx2(type, bb);
+  const __m512i sc16 = _mm512_castsi256_si512(k.sc16);
+  __m512i qhs = zero;
+  if (type == ST_TYPE_Q5_K || type == ST_TYPE_Q3_K) {
+    const uint8_t *qh = type == ST_TYPE_Q5_K ? bb + 16 : ((const st_block_q3_K *)(const void *)bb)->hmask;
+    qhs = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
+                            _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
+  }
+  __m512i is[ST_TILE], mags[4];
+  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
+  uint64_t signs[4];
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS) _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
+  for (int t = 0; t < nt; t++) is[t] = zero;
+#pragma GCC unroll 4 /* as in the AVX2 kernel */
+  for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
+    if (type == ST_TYPE_Q6_K && c % 2 == 0) {
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
+      qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
+    }
+    __m512i av;
+    __mmask64 neg = 0;
+    if (k_is_grid(type)) {
+      av = grid_pair_vnni(type, bb, c, mags, signs, &neg);
+    } else {
+      const __m512i v = k_pair_vnni(type, bb, c, qhs);
+      av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
+      if (type == ST_TYPE_IQ4_XS) neg = _mm512_movepi8_mask(v);
+    }
+    const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
+    for (int t = 0; t < nt; t++) {
+      const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+      __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
+      if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+      is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
     }
   }
-  for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
+  for (int t = 0; t < nt; t++) {
+    const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+    const __m256i bm = type == ST_TYPE_IQ4_XS || k_is_grid(type) ? _mm256_setzero_si256()
+                                              : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+    acc[t] = k_accumulate_vnni(type, _mm_setr_ps(k.d, k.dmin, 0.0f, 0.0f), x->d, k_sums_vnni(type, is[t], bm), acc[t]);
+  }
 }
 
-ST_Q8_EACH_ROW(q8_rows_k_vnni, q8_tile_k_vnni_impl, VNNI)
+/* Rows are taken two at a time: the two rows' super-blocks are independent work for the core
+ * while one of them waits at the end of a block (its sums, then the float step), and they share
+ * the activation loads. */
+static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t type, const void *w, uint64_t row_bytes,
+                                                                     int64_t nr, const uint8_t *xq, int64_t ldq, int nt,
+                                                                     int64_t n, float *out, int64_t ldo) {
+  const uint64_t bs = k_bytes(type);
+  int64_t r = 0;
+  for (; r + 2 <= nr; r += 2) {
+    __m128 acc[2][ST_TILE];
+    for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm_setzero_ps();
+    const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;
+    for (int64_t b = 0; b < n / 256; b++) {
+      prefetch_ahead(w0 + b * bs, bs);
+      prefetch_ahead(w1 + b * bs, bs);
+      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc[0]);
+      k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, acc[1]);
+    }
+    for (int t = 0; t < nt; t++) out[t * ldo + r] = _mm_cvtss_f32(acc[0][t]), out[t * ldo + r + 1] = _mm_cvtss_f32(acc[1][t]);
+  }
+  if (r < nr) {
+    __m128 acc[ST_TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;
+    for (int64_t b = 0; b < n / 256; b++) {
+      prefetch_ahead(w0 + b * bs, bs);
+      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc);
+    }
+    for (int t = 0; t < nt; t++) out[t * ldo + r] = _mm_cvtss_f32(acc[t]);
+  }
+}
+
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                               int nt, int64_t n, float *out, int64_t ldo) {
