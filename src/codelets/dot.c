@@ -1021,7 +1021,7 @@ static inline uint64_t b32_bytes(uint32_t type) {
 }
 
 /* Q4_1 and Q5_1 (w = d q + m, q unsigned): the fp16 min at offset 2; lane j of a block also
- * carries m dx times the sum of its four activation quants. */
+ * carries m dx times the sum of its eight activation quants. */
 static inline int b32_has_min(uint32_t type) { return type == ST_TYPE_Q4_1 || type == ST_TYPE_Q5_1; }
 
 /* Offset of the nibbles and (Q5_0/Q5_1) of the 32 fifth bits in a block. */
@@ -1305,18 +1305,11 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
   }
 }
 
-static void q8_tile_scalar(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
-                           int nt, int64_t n, float *out, int64_t ldo) {
-  for (int64_t r = 0; r < nr; r++) q8_row_scalar(type, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo);
-}
-
 /* Software prefetch in the integer kernels (AVX2 and VNNI; results do not change): each CPU-pool
  * thread streams its weight rows once, and on the GPU host's Xeon the hardware prefetchers alone
- * did not keep enough misses in flight: asking for the lines ST_PREFETCH_AHEAD bytes ahead of the
- * block being decoded made a 16-thread mat-vec 1.3-1.5x faster for q8_0, q4_K, q5_K and q6_K
- * (q4_K 48-62 -> 79-82 GB/s; 1 and 4 KiB did no better; bench/RESULTS.md, 2026-11-30). Rows lie
- * back to back, so running ahead crosses into the next row; a prefetch past the end of the
- * weights never faults. */
+ * did not keep enough misses in flight (bench/RESULTS.md, 2026-11-30: 2 KiB ahead, 1.2-1.7x at
+ * 16 threads). Rows lie back to back, so running ahead crosses into the next row; a prefetch past
+ * the end of the weights never faults. */
 #ifndef ST_PREFETCH_AHEAD /* bytes; -DST_PREFETCH_AHEAD=0 turns it off */
 #define ST_PREFETCH_AHEAD 2048
 #endif
@@ -1673,6 +1666,7 @@ typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint
   default: ST_Q8_TILE_CASES(k, ST_TYPE_IQ4_XS); break;                                                       \
   }
 
+ST_Q8_EACH_ROW(q8_tile_scalar, q8_row_scalar, )
 ST_Q8_EACH_ROW(q8_rows_b32_avx2, q8_tile_b32_avx2_impl, AVX2)
 ST_Q8_EACH_ROW(q8_rows_k_avx2, q8_tile_k_avx2_impl, AVX2)
 
@@ -1689,8 +1683,15 @@ static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, 
  * signed weights by the sign trick: |w| as the unsigned operand, x negated where w < 0. */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-/* Bytes 16 h..16 h + 15 of k < cnt consecutive records of `stride` bytes from p in 128-bit
- * lane k; the lanes of absent records are zero and nothing past them is read. */
+/* The IQ4_NL levels plus 128 (unsigned bytes, flipping the sign bit) in every 128-bit lane, for
+ * vpshufb by a nibble then vpdpbusd; the offset comes back out of the activation sums. */
+static inline VNNI __m512i iq4nl_levels_u8_vnni(void) {
+  return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
+                          _mm512_set1_epi8((char)0x80));
+}
+
+/* The 16 bytes at p + k stride (k < cnt consecutive records of `stride` bytes) in 128-bit lane k;
+ * the lanes of absent records are zero and nothing past them is read. */
 static inline __attribute__((always_inline)) VNNI __m512i lanes4(const uint8_t *p, uint64_t stride, int cnt) {
   __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
   if (cnt > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + stride)), 1);
@@ -1748,8 +1749,7 @@ static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(
   q.lo = _mm512_and_si512(qs, m4);
   q.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
   if (type == ST_TYPE_IQ4_NL) {
-    const __m512i kv = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
-                                        _mm512_set1_epi8((char)0x80));
+    const __m512i kv = iq4nl_levels_u8_vnni();
     q.lo = _mm512_shuffle_epi8(kv, q.lo);
     q.hi = _mm512_shuffle_epi8(kv, q.hi);
   }
@@ -1773,10 +1773,9 @@ static inline VNNI __m512 spread4(__m128 s) {
  * b32_quad_step_vnni: the quants as the weights' lo and hi, per lane the correction for the
  * weights' offset (-offset times the sum of its eight activation quants, int32) or, for Q4_1 and
  * Q5_1, that sum as a float, and each block's scale in its four lanes. Absent blocks are zero.
- * A chunk covers 4,096 weights (8 KiB per token): rows of up to that length (the expert matrices
- * of Qwen3-30B-A3B and -235B-A22B) are read in one pass, each from start to end. With 2,048-weight
- * chunks a 4,096-weight row was read as two halves 64 rows apart, and 2 threads on the development
- * machine streamed q4_0 and q8_0 at 51-57 % of the read bandwidth instead of 97-102 %. */
+ * A chunk covers 4,096 weights (8 KiB per token), so that rows up to that length (the expert
+ * matrices of Qwen3-30B-A3B and -235B-A22B) are read in one pass from start to end, as the
+ * prefetchers expect (half-row chunks halved the streaming rate; bench/RESULTS.md). */
 enum { B32_CHUNK = 32 };
 struct b32_act {
   __m512i lo[B32_CHUNK], hi[B32_CHUNK], sx[B32_CHUNK];
@@ -1855,18 +1854,16 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_b32_vnni(uint32_t
 static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t type, const uint8_t *bb, int c,
                                                                       __m512i qhs) {
   const __m512i m4 = _mm512_set1_epi8(0xF);
-  if (type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K) {
-    /* groups 2c, 2c + 1: bits 2 (2c % 4) and + 2 of qs[32 (c / 2) ..]; Q3_K: bit 2c of hmask,
-     * qhs = hmask shifted by 0 (low half) and 1 (high half), moved to bit 2 */
-    const int k3 = type == ST_TYPE_Q3_K;
-    const uint8_t *qs = k3 ? ((const st_block_q3_K *)(const void *)bb)->qs : ((const st_block_q2_K *)(const void *)bb)->qs;
-    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))), _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
+  if (type == ST_TYPE_Q3_K) { /* Q2_K has its own block decode, q2k_block_vnni */
+    /* groups 2c, 2c + 1: bits 2 (2c % 4) and + 2 of qs[32 (c / 2) ..], and bit 2c of hmask
+     * (qhs = hmask shifted by 0 (low half) and 1 (high half)) moved to bit 2 */
+    const uint8_t *qs = ((const st_block_q3_K *)(const void *)bb)->qs;
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))),
+                                             _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
     const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
-    __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3));
-    if (k3)
-      v = _mm512_or_si512(v, _mm512_and_si512(c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
-                                              _mm512_set1_epi8(0x04)));
-    return v;
+    const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3));
+    return _mm512_or_si512(v, _mm512_and_si512(c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
+                                               _mm512_set1_epi8(0x04)));
   }
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     const int k5 = type == ST_TYPE_Q5_K;
@@ -1878,21 +1875,12 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
                                               _mm512_set1_epi8(0x10)));
     return v;
   }
-  if (type == ST_TYPE_Q6_K) {
-    const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
-    const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * (c / 2)));
-    const __m512i lo = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(l, 4) : l, m4);
-    const __m512i hi = _mm512_and_si512(c & 1 ? qhs : _mm512_slli_epi16(qhs, 4), _mm512_set1_epi8(0x30));
-    return _mm512_or_si512(lo, hi);
-  }
-  /* IQ4_XS: 16 bytes per group, low nibbles then high nibbles; 128-bit lanes q0 q0 q1 q1 */
-  const st_block_iq4_xs *b = (const st_block_iq4_xs *)(const void *)bb;
-  const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c)));
-  const __m512i qq = _mm512_shuffle_i64x2(q, q, 0x50);
-  const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
-                                         0x0004000400040004, 0, 0);
-  const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
-  return _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srlv_epi16(qq, shift), m4));
+  /* Q6_K */
+  const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
+  const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * (c / 2)));
+  const __m512i lo = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(l, 4) : l, m4);
+  const __m512i hi = _mm512_and_si512(c & 1 ? qhs : _mm512_slli_epi16(qhs, 4), _mm512_set1_epi8(0x30));
+  return _mm512_or_si512(lo, hi);
 }
 
 /* The 256 magnitudes of an IQ3_XXS or IQ3_S block, 64 per vector, one scalar table load per 4
@@ -2059,8 +2047,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
    * 4c + i / 8 of sc16 */
   const __m512i entry = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
                                          0, 0, 0, 0, 0, 0);
-  const __m512i kvu = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
-                                       _mm512_set1_epi8((char)0x80));
+  const __m512i kvu = iq4nl_levels_u8_vnni();
   if (type == ST_TYPE_IQ4_XS) {
     const st_block_iq4_xs *b4 = (const st_block_iq4_xs *)(const void *)bb;
     const __m128i s8 = iq4_xs_scales_sse(b4);
@@ -2116,27 +2103,20 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
       qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
     }
-    __m512i av;
     __mmask64 neg = 0;
-    if (k_is_grid(type)) {
-      av = grid_pair_vnni(type, bb, c, mags, signs, &neg);
-    } else {
-      const __m512i v = k_pair_vnni(type, bb, c, qhs);
-      av = type == ST_TYPE_IQ4_XS ? _mm512_abs_epi8(v) : v;
-      if (type == ST_TYPE_IQ4_XS) neg = _mm512_movepi8_mask(v);
-    }
+    const __m512i av = k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, &neg) : k_pair_vnni(type, bb, c, qhs);
     const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
-      if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+      if (k_is_grid(type)) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
       is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
     }
   }
   for (int t = 0; t < nt; t++) {
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-    const __m256i bm = type == ST_TYPE_IQ4_XS || k_is_grid(type) ? _mm256_setzero_si256()
-                                              : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+    const __m256i bm = k_is_grid(type) ? _mm256_setzero_si256()
+                                       : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
     acc[t] = k_accumulate_vnni(type, _mm_setr_ps(k.d, k.dmin, 0.0f, 0.0f), x->d, k_sums_vnni(type, is[t], bm), acc[t]);
   }
 }
