@@ -205,10 +205,12 @@ int main(int argc, char **argv) {
       /* int8 where the CPU pool computes experts whose type has integer kernels */
       const int q8 = e->int8_dot && e->placement.cache[0].n_slots < n_pairs &&
                      st_q8_row_bytes(m->layers[0].gate_exps.type, (int64_t)m->hp.n_embd) > 0;
-      printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s (int8: %s)\n", ptag, path, r.n_prompts,
-             st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa(), q8 ? st_dot_q8_isa() : "off");
+      printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s (int8: %s)\n", ptag, path,
+             r.n_prompts, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa(),
+             q8 ? st_dot_q8_isa() : "off");
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
-      for (int j = 0; j < r.n_prompts; j++) run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8);
+      for (int j = 0; j < r.n_prompts; j++)
+        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8);
       run_chunking(e, &r, ptag);
       if (pass == 0 && e->placement.cuda0_worker >= 0) {
         int fd = mkstemp(profile);
@@ -241,7 +243,8 @@ int main(int argc, char **argv) {
         printf("%s: %s, %d prompts, %d CPU workers, int8 %d\n", ptag, path, r.n_prompts, st_engine_n_cpu_workers(e),
                e->int8_dot);
         int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
-        for (int j = 0; j < r.n_prompts; j++) run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, 0);
+        for (int j = 0; j < r.n_prompts; j++)
+          run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, 0);
         free(trace);
         st_engine_destroy(e);
       }

@@ -323,9 +323,11 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     float sub[T_MAX * ROWS];
     st_matmul_q8(type, w, rb, 5, ROWS - 3, xq, T, n, sub, ROWS);
     int sliced = 1;
-    for (int t = 0; t < T; t++) sliced &= memcmp(sub + t * ROWS, out + t * ROWS + 5, sizeof(float) * (ROWS - 8)) == 0;
+    for (int t = 0; t < T; t++)
+      sliced &= memcmp(sub + t * ROWS, out + t * ROWS + 5, sizeof(float) * (ROWS - 8)) == 0;
     CHECK(worst <= 1e-6 && same && as_scalar && sliced,
-          "int8 matmul %s n=%d %s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of dequantised rows × "
+          "int8 matmul %s n=%d %s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of dequantised "
+          "rows × "
           "dequantised activation quants; T=%d vs T=1 %s; rows 5..%d alone %s; %s scalar",
           st_type_info(type)->name, n, st_dot_q8_isa(), quantise ? ", quantised rows" : "", T, ROWS, worst, T,
           same ? "bitwise identical" : "DIFFER", ROWS - 4, sliced ? "bitwise identical" : "DIFFER",

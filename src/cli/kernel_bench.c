@@ -111,10 +111,11 @@ int st_kernel_bench(int threads, int json) {
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
     printf(" (int8: %s kernels)", st_dot_q8_isa());
-    printf("\n%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s", "of host",
-           "int8 GB/s", "of host", "GPU GB/s", "of GPU");
+    printf("\n%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s",
+           "of host", "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }
-  for (int64_t i = 0; i < n; i++) row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+  for (int64_t i = 0; i < n; i++)
+    row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
   int printed = 0; /* JSON rows so far */
   for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
     const uint32_t t = types[k];
@@ -153,17 +154,20 @@ int st_kernel_bench(int threads, int json) {
 #endif
     const double bits = 8.0 * (double)rb / (double)n;
     if (json)
-      printf("%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"host_read_gbs\": %.2f, \"cpu_gbs\": %.2f, "
-             "\"cpu_share\": %.3f, \"int8_gbs\": %.2f, \"int8_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": %.3f}",
-             printed++ ? "," : "", st_type_info(t)->name, bits, bw / 1e9, gbs, gbs * 1e9 / bw, int8_gbs, int8_gbs * 1e9 / bw,
-             gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
+      printf(
+          "%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"host_read_gbs\": %.2f, \"cpu_gbs\": %.2f, "
+          "\"cpu_share\": %.3f, \"int8_gbs\": %.2f, \"int8_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": "
+          "%.3f}",
+          printed++ ? "," : "", st_type_info(t)->name, bits, bw / 1e9, gbs, gbs * 1e9 / bw, int8_gbs,
+          int8_gbs * 1e9 / bw, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
     else if (int8_gbs > 0)
-      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits, bw / 1e9,
-             gbs, 100.0 * gbs * 1e9 / bw, int8_gbs, 100.0 * int8_gbs * 1e9 / bw, gpu_gbs,
+      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
+             bw / 1e9, gbs, 100.0 * gbs * 1e9 / bw, int8_gbs, 100.0 * int8_gbs * 1e9 / bw, gpu_gbs,
              bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     else
-      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits, bw / 1e9, gbs,
-             100.0 * gbs * 1e9 / bw, "-", "", gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
+             bw / 1e9, gbs, 100.0 * gbs * 1e9 / bw, "-", "", gpu_gbs,
+             bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     free(w);
   }
   if (json) printf("\n]}\n");

@@ -140,7 +140,8 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p,
   __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
   for (size_t i = 0; i + 32 <= n; i += 32) {
     if (prefetch)
-      for (size_t j = 0; j < 32; j += 8) _mm_prefetch((const char *)(p + i + 256 + j), _MM_HINT_T0);
+      for (size_t j = 0; j < 32; j += 8)
+        _mm_prefetch((const char *)(p + i + 256 + j), _MM_HINT_T0);
     s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(p + i)));
     s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(p + i + 8)));
     s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(p + i + 16)));
@@ -153,8 +154,10 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p,
 static void *read_part(void *arg) {
   struct reader *r = arg;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) r->sum = sum_avx512(r->p, r->n, r->prefetch);
-  else if (__builtin_cpu_supports("avx2")) r->sum = sum_avx2(r->p, r->n, r->prefetch);
+  if (__builtin_cpu_supports("avx512f"))
+    r->sum = sum_avx512(r->p, r->n, r->prefetch);
+  else if (__builtin_cpu_supports("avx2"))
+    r->sum = sum_avx2(r->p, r->n, r->prefetch);
   else
 #endif
     r->sum = sum_sse2(r->p, r->n);
@@ -167,7 +170,8 @@ double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads) {
   const size_t n = bytes / sizeof(uint64_t), per = n / (size_t)threads / 32 * 32; /* whole 256-byte steps */
   double best = 0.0;
   for (int pf = 0; pf < 2; pf++) { /* without, then with software prefetch: the faster counts */
-    for (int i = 0; i < threads; i++) r[i] = (struct reader){(const uint64_t *)buf + (size_t)i * per, per, pf, 0};
+    for (int i = 0; i < threads; i++)
+      r[i] = (struct reader){(const uint64_t *)buf + (size_t)i * per, per, pf, 0};
     const double sec = st_team_best_seconds(threads, read_part, r, sizeof r[0], 5);
     const double bw = sec > 0 ? (double)(per * (size_t)threads * sizeof(uint64_t)) / sec : 0.0;
     best = bw > best ? bw : best;

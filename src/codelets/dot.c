@@ -1252,8 +1252,8 @@ static void k_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
   }
 }
 
-static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
-                          int64_t ldo) {
+static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64_t ldq, int nt, int64_t n,
+                          float *out, int64_t ldo) {
   int8_t q[256];
   if (q8_family(type) == 1) {
     const uint64_t bs = b32_bytes(type);
@@ -1316,7 +1316,8 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
 
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *block, uint64_t bytes) {
   if (ST_PREFETCH_AHEAD <= 0) return;
-  for (uint64_t j = 0; j < bytes; j += 64) _mm_prefetch((const char *)block + ST_PREFETCH_AHEAD + j, _MM_HINT_T0);
+  for (uint64_t j = 0; j < bytes; j += 64)
+    _mm_prefetch((const char *)block + ST_PREFETCH_AHEAD + j, _MM_HINT_T0);
 }
 
 /* AVX2 */
@@ -1357,7 +1358,8 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uin
                                                                              const uint8_t *xq, int64_t ldq, int nt,
                                                                              int64_t n, float *out, int64_t ldo) {
   __m128 acc[4 * ST_TILE]; /* A[4k..4k+3] of token t in acc[4t + k] */
-  for (int t = 0; t < 4 * ST_TILE; t++) acc[t] = _mm_setzero_ps();
+  for (int t = 0; t < 4 * ST_TILE; t++)
+    acc[t] = _mm_setzero_ps();
   const uint64_t bs = b32_bytes(type);
   const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
   const int with_min = b32_has_min(type);
@@ -1419,7 +1421,8 @@ static inline __attribute__((always_inline)) AVX2 __m128i q3k_scales_sse(const u
   const __m128i lo = _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
   const __m128i low = _mm_and_si128(_mm_blend_epi32(lo, _mm_srli_epi16(lo, 4), 0xC), _mm_set1_epi8(0xF));
   /* high 2 bits: scales 4m .. 4m + 3 take bits 2m, 2m + 1 of bytes 8..11 */
-  const __m128i hi = _mm_shuffle_epi8(s, _mm_setr_epi8(12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15));
+  const __m128i hi =
+      _mm_shuffle_epi8(s, _mm_setr_epi8(12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15));
   const __m128i high = _mm_and_si128(_mm_srlv_epi32(hi, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
   return _mm_or_si128(low, _mm_slli_epi16(high, 4));
 }
@@ -1463,12 +1466,14 @@ static inline __attribute__((always_inline)) AVX2 struct kvec k_vec_avx2(uint32_
   } else if (k_is_grid(type)) { /* IQ3_XXS, IQ3_S: one scale per 32 weights, s in int32 lane s */
     __m256i s;
     if (type == ST_TYPE_IQ3_XXS) {
-      s = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)), 28);
+      s = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)),
+                            28);
     } else {
       uint32_t l32;
       memcpy(&l32, ((const st_block_iq3_s *)(const void *)bb)->scales, 4);
-      s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)l32), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                           _mm256_set1_epi32(0xF));
+      s = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32((int)l32), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+          _mm256_set1_epi32(0xF));
     }
     s = _mm256_add_epi32(_mm256_slli_epi32(s, 1), _mm256_set1_epi32(1));
     k.sc16 = _mm256_or_si256(s, _mm256_slli_epi32(s, 16)); /* both int16 halves */
@@ -1626,8 +1631,8 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
 
 /* The integer kernels take a group of up to 64 weight rows (row_bytes apart; row r's outputs at
  * out + r), so that a kernel can prepare the activations once for all of them. */
-typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t, float *,
-                           int64_t);
+typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t,
+                           float *, int64_t);
 
 #define ST_Q8_TILE_CASES(impl, ty)                                                                           \
   switch (nt) {                                                                                              \
@@ -1639,10 +1644,11 @@ typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint
 
 /* A one-row kernel `row` as a group kernel `name`. */
 #define ST_Q8_EACH_ROW(name, row, attr)                                                                      \
-  static inline __attribute__((always_inline)) attr void name(uint32_t ty, const void *w, uint64_t row_bytes,  \
-                                                              int64_t nr, const uint8_t *xq, int64_t ldq,     \
-                                                              int nt, int64_t n, float *out, int64_t ldo) {   \
-    for (int64_t r = 0; r < nr; r++) row(ty, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo); \
+  static inline __attribute__((always_inline)) attr void name(                                               \
+      uint32_t ty, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,    \
+      int64_t n, float *out, int64_t ldo) {                                                                  \
+    for (int64_t r = 0; r < nr; r++)                                                                         \
+      row(ty, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo);                             \
   }
 
 /* The integer kernels' switch: the 32-blocks on `b32`, the 256-super-blocks on `k`. */
@@ -1670,8 +1676,8 @@ ST_Q8_EACH_ROW(q8_tile_scalar, q8_row_scalar, )
 ST_Q8_EACH_ROW(q8_rows_b32_avx2, q8_tile_b32_avx2_impl, AVX2)
 ST_Q8_EACH_ROW(q8_rows_k_avx2, q8_tile_k_avx2_impl, AVX2)
 
-static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
-                              int nt, int64_t n, float *out, int64_t ldo) {
+static AVX2 void q8_tile_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
+                              int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
   ST_Q8_DISPATCH(q8_rows_b32_avx2, q8_rows_k_avx2)
 }
 
@@ -1727,14 +1733,15 @@ static inline uint64_t b32_bit5_mask(uint32_t q0, uint32_t q1, uint32_t q2, uint
 }
 
 /* The fp16 field `at` of a quad's blocks as four floats. */
-static inline __attribute__((always_inline)) VNNI __m128 quad_half4(const uint8_t *bb, uint64_t bs, int cnt, int at) {
-  return _mm_cvtph_ps(_mm_setr_epi16((short)quad_field(bb, bs, 0, cnt, at, 2), (short)quad_field(bb, bs, 1, cnt, at, 2),
-                                     (short)quad_field(bb, bs, 2, cnt, at, 2), (short)quad_field(bb, bs, 3, cnt, at, 2), 0,
-                                     0, 0, 0));
+static inline __attribute__((always_inline)) VNNI __m128 quad_half4(const uint8_t *bb, uint64_t bs, int cnt,
+                                                                    int at) {
+  return _mm_cvtph_ps(_mm_setr_epi16(
+      (short)quad_field(bb, bs, 0, cnt, at, 2), (short)quad_field(bb, bs, 1, cnt, at, 2),
+      (short)quad_field(bb, bs, 2, cnt, at, 2), (short)quad_field(bb, bs, 3, cnt, at, 2), 0, 0, 0, 0));
 }
 
-static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(uint32_t type, const uint8_t *bb,
-                                                                               int cnt) {
+static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(uint32_t type,
+                                                                                const uint8_t *bb, int cnt) {
   const uint64_t bs = b32_bytes(type);
   struct b32_quad q;
   q.d = quad_half4(bb, bs, cnt, 0);
@@ -1766,7 +1773,8 @@ static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(
 
 /* The four scales of a quad to the four lanes of each block. */
 static inline VNNI __m512 spread4(__m128 s) {
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                               _mm512_castps128_ps512(s));
 }
 
 /* The activations of up to B32_CHUNK quads of blocks of one token, laid out for
@@ -1782,24 +1790,26 @@ struct b32_act {
   __m512 dx[B32_CHUNK];
 };
 
-static inline __attribute__((always_inline)) VNNI void b32_repack_vnni(uint32_t type, const st_act_q8_0 *x, int64_t nblk,
-                                                                      struct b32_act *xa) {
+static inline __attribute__((always_inline)) VNNI void b32_repack_vnni(uint32_t type, const st_act_q8_0 *x,
+                                                                       int64_t nblk, struct b32_act *xa) {
   const int off = b32_offset(type);
   const __m512i zero = _mm512_setzero_si512(), sum_by = _mm512_set1_epi8((char)(off ? off : 1));
   for (int q = 0; 4 * q < nblk; q++, x += 4) {
     const int cnt = nblk - 4 * q < 4 ? (int)(nblk - 4 * q) : 4;
-    const __m512i lo = lanes4((const uint8_t *)x->qs, sizeof *x, cnt), hi = lanes4((const uint8_t *)x->qs + 16, sizeof *x, cnt);
+    const __m512i lo = lanes4((const uint8_t *)x->qs, sizeof *x, cnt),
+                  hi = lanes4((const uint8_t *)x->qs + 16, sizeof *x, cnt);
     const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, sum_by, lo), sum_by, hi);
     xa->lo[q] = lo, xa->hi[q] = hi;
     xa->sx[q] = off ? _mm512_sub_epi32(zero, s) : _mm512_castps_si512(_mm512_cvtepi32_ps(s));
-    xa->dx[q] = spread4(_mm_setr_ps(x[0].d, cnt > 1 ? x[1].d : 0.0f, cnt > 2 ? x[2].d : 0.0f, cnt > 3 ? x[3].d : 0.0f));
+    xa->dx[q] = spread4(
+        _mm_setr_ps(x[0].d, cnt > 1 ? x[1].d : 0.0f, cnt > 2 ? x[2].d : 0.0f, cnt > 3 ? x[3].d : 0.0f));
   }
 }
 
 /* Quad q of a chunk (cnt blocks at bb) into the nt tokens' accumulators. */
-static inline __attribute__((always_inline)) VNNI void b32_quad_step_vnni(uint32_t type, const uint8_t *bb, int cnt,
-                                                                         const struct b32_act *xa, int q, int nt,
-                                                                         __m512 *acc) {
+static inline __attribute__((always_inline)) VNNI void b32_quad_step_vnni(uint32_t type, const uint8_t *bb,
+                                                                          int cnt, const struct b32_act *xa,
+                                                                          int q, int nt, __m512 *acc) {
   const struct b32_quad w = b32_quad_vnni(type, bb, cnt);
   const int with_min = b32_has_min(type);
   const __m512 d = spread4(w.d), m = with_min ? spread4(w.m) : d;
@@ -1809,20 +1819,22 @@ static inline __attribute__((always_inline)) VNNI void b32_quad_step_vnni(uint32
     const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p0, w.lo, xa[t].lo[q]), w.hi, xa[t].hi[q]);
     acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(d, xa[t].dx[q]), _mm512_cvtepi32_ps(p), acc[t], lanes);
     if (with_min)
-      acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(m, xa[t].dx[q]), _mm512_castsi512_ps(xa[t].sx[q]), acc[t], lanes);
+      acc[t] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(m, xa[t].dx[q]), _mm512_castsi512_ps(xa[t].sx[q]), acc[t],
+                                     lanes);
   }
 }
 
 /* A group of nr ≤ 64 rows: the activations are repacked once per chunk of 4 B32_CHUNK blocks for
  * all the rows, and each row's accumulators carried from chunk to chunk. */
-static inline __attribute__((always_inline)) VNNI void q8_rows_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes,
-                                                                       int64_t nr, const uint8_t *xq, int64_t ldq,
-                                                                       int nt, int64_t n, float *out, int64_t ldo) {
+static inline __attribute__((always_inline)) VNNI void
+q8_rows_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                 int nt, int64_t n, float *out, int64_t ldo) {
   ST_ASSERT(nr <= 64);
   __m512 acc[64][ST_TILE]; /* lane i: A[i] of a row and token */
   struct b32_act xa[ST_TILE];
   for (int64_t r = 0; r < nr; r++)
-    for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < nt; t++)
+      acc[r][t] = _mm512_setzero_ps();
   const uint64_t bs = b32_bytes(type);
   const int64_t nb = n / 32;
   for (int64_t b0 = 0; b0 < nb; b0 += 4 * B32_CHUNK) {
@@ -1833,19 +1845,22 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_b32_vnni(uint32_t
     for (int64_t r = 0; r < nr; r++) {
       const uint8_t *bb = (const uint8_t *)w + r * row_bytes + (uint64_t)b0 * bs;
       __m512 a[ST_TILE];
-      for (int t = 0; t < nt; t++) a[t] = acc[r][t];
+      for (int t = 0; t < nt; t++)
+        a[t] = acc[r][t];
       for (int q = 0; q < full; q++, bb += 4 * bs) {
         prefetch_ahead(bb, 4 * bs);
         b32_quad_step_vnni(type, bb, 4, xa, q, nt, a);
       }
       if (tail) b32_quad_step_vnni(type, bb, tail, xa, full, nt, a);
-      for (int t = 0; t < nt; t++) acc[r][t] = a[t];
+      for (int t = 0; t < nt; t++)
+        acc[r][t] = a[t];
     }
   }
   for (int64_t r = 0; r < nr; r++)
     for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[r][t]),
-                                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1))));
+      out[t * ldo + r] =
+          hsum8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[r][t]),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1))));
 }
 
 /* Groups 2c and 2c + 1 of a K super-block as 64 bytes in weight order (the VNNI counterpart of
@@ -1862,8 +1877,9 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
                                              _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
     const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
     const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3));
-    return _mm512_or_si512(v, _mm512_and_si512(c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
-                                               _mm512_set1_epi8(0x04)));
+    return _mm512_or_si512(
+        v, _mm512_and_si512(c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
+                            _mm512_set1_epi8(0x04)));
   }
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     const int k5 = type == ST_TYPE_Q5_K;
@@ -1887,12 +1903,14 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
  * weights, two entries to a 64-bit word (half the vector inserts of one per entry; on Zen 4
  * vpgatherdd, or writing the entries to memory and reading vectors back, were slower). IQ3_S's
  * 9-bit indices are formed 32 at a time: bit k of the 64-bit qh is the top bit of index k. */
-static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t type, const uint8_t *bb, __m512i *m) {
+static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t type, const uint8_t *bb,
+                                                                     __m512i *m) {
   if (type == ST_TYPE_IQ3_XXS) {
     const uint8_t *q = ((const st_block_iq3_xxs *)(const void *)bb)->qs;
 #define G2(j) (long long)(st_iq3xxs_grid[q[2 * (j)]] | (uint64_t)st_iq3xxs_grid[q[2 * (j) + 1]] << 32)
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++, q += 16) m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
+    for (int c = 0; c < 4; c++, q += 16)
+      m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
 #undef G2
     return;
   }
@@ -1902,12 +1920,14 @@ static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t ty
   uint16_t idx[64];
   for (int i = 0; i < 2; i++) {
     const __m512i lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * i)));
-    _mm512_storeu_si512((void *)(idx + 32 * i), _mm512_mask_add_epi16(lo, (__mmask32)(qh >> (32 * i)), lo, _mm512_set1_epi16(256)));
+    _mm512_storeu_si512((void *)(idx + 32 * i),
+                        _mm512_mask_add_epi16(lo, (__mmask32)(qh >> (32 * i)), lo, _mm512_set1_epi16(256)));
   }
   const uint16_t *q = idx;
 #define G2(j) (long long)(st_iq3s_grid[q[2 * (j)]] | (uint64_t)st_iq3s_grid[q[2 * (j) + 1]] << 32)
 #pragma GCC unroll 4
-  for (int c = 0; c < 4; c++, q += 16) m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
+  for (int c = 0; c < 4; c++, q += 16)
+    m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
 #undef G2
 }
 
@@ -1916,25 +1936,34 @@ static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t ty
 static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32_t type, const uint8_t *bb) {
   __m512i f; /* the fields, one per int16 lane */
   if (type == ST_TYPE_IQ2_XS) {
-    f = _mm512_srli_epi16(_mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs), 9);
+    f = _mm512_srli_epi16(_mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs),
+                          9);
   } else { /* IQ3_XXS: field k of sub-block s at bits 7k of its uint32 */
-    const __m512i aux = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)));
-    const __m512i shift = _mm512_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21), m7 = _mm512_set1_epi32(127);
-    const __m512i lo = _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), aux), shift);
-    const __m512i hi = _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7), aux), shift);
+    const __m512i aux = _mm512_castsi256_si512(
+        _mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)));
+    const __m512i shift = _mm512_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21),
+                  m7 = _mm512_set1_epi32(127);
+    const __m512i lo = _mm512_srlv_epi32(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), aux),
+        shift);
+    const __m512i hi = _mm512_srlv_epi32(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7), aux),
+        shift);
     f = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_and_si512(lo, m7))),
                            _mm512_cvtepi32_epi16(_mm512_and_si512(hi, m7)), 1);
   }
   __m512i p = _mm512_xor_si512(f, _mm512_srli_epi16(f, 4));
   p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
   p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
-  return _mm512_cvtepi16_epi8(_mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7)));
+  return _mm512_cvtepi16_epi8(
+      _mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7)));
 }
 
 /* Sub-blocks 2c and 2c + 1 of a grid block: 64 magnitudes (weight order; IQ3 ones from mags)
  * and in *neg the 64 sign bits (IQ2_XS, IQ3_XXS: signs[c]). */
-static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb, int c,
-                                                                         const __m512i *mags, const uint64_t *signs,
+static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb,
+                                                                         int c, const __m512i *mags,
+                                                                         const uint64_t *signs,
                                                                          __mmask64 *neg) {
   uint64_t sg;
   __m512i g;
@@ -1973,12 +2002,13 @@ struct iq4v {
   __m512i w[4], sc[4];
 };
 
-static inline __attribute__((always_inline)) VNNI struct iq4v iq4_xs_block_vnni(const st_block_iq4_xs *b, __m512i kvu,
-                                                                                __m128i s8) {
+static inline __attribute__((always_inline)) VNNI struct iq4v iq4_xs_block_vnni(const st_block_iq4_xs *b,
+                                                                                __m512i kvu, __m128i s8) {
   struct iq4v v;
   const __m512i m4 = _mm512_set1_epi8(0xF);
   /* 128-bit lane g of the low (high) nibbles holds weights 32g .. + 15 (32g + 16 .. + 31) */
-  const __m512i lh = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hh = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  const __m512i lh = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0),
+                hh = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
   for (int i = 0; i < 2; i++) {
     const __m512i q = _mm512_loadu_si512((const void *)(b->qs + 64 * i));
     const __m512i lo = _mm512_shuffle_epi8(kvu, _mm512_and_si512(q, m4));
@@ -1988,9 +2018,9 @@ static inline __attribute__((always_inline)) VNNI struct iq4v iq4_xs_block_vnni(
   }
   const __m512i s32 = _mm512_cvtepi8_epi32(s8);
   for (int c = 0; c < 4; c++)
-    v.sc[c] = _mm512_permutexvar_epi32(_mm512_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
-                                                        2 * c + 1, 2 * c + 1, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c,
-                                                        2 * c, 2 * c),
+    v.sc[c] = _mm512_permutexvar_epi32(_mm512_set_epi32(2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                                        2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c, 2 * c, 2 * c,
+                                                        2 * c, 2 * c, 2 * c, 2 * c, 2 * c),
                                        s32);
   return v;
 }
@@ -2000,15 +2030,18 @@ static inline __attribute__((always_inline)) VNNI struct iq4v iq4_xs_block_vnni(
  * 16-weight group in lane j of vector c), looked up by q + 4c: the scale multiply costs no
  * int16 step and no scale spread per vector. */
 static inline __attribute__((always_inline)) VNNI void q2k_block_vnni(const st_block_q2_K *b, __m512i *w) {
-  const __m128i g = _mm_and_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)b->scales),
-                                                   _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)),
-                                  _mm_set1_epi8(0xF));
+  const __m128i g =
+      _mm_and_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)b->scales),
+                                     _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)),
+                    _mm_set1_epi8(0xF));
   const __m512i tab = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(g), _mm512_set1_epi32(0x03020100));
 #pragma GCC unroll 4
   for (int c = 0; c < 4; c++) { /* groups 2c, 2c + 1: bits 2 (2c % 4) and + 2 of qs[32 (c / 2) ..] */
-    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))), _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))),
+                                             _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
     const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * (c / 2))));
-    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3), _mm512_set1_epi8((char)(4 * c)), 0xEA);
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3),
+                                                  _mm512_set1_epi8((char)(4 * c)), 0xEA);
     w[c] = _mm512_shuffle_epi8(tab, idx);
   }
 }
@@ -2031,8 +2064,8 @@ static inline __attribute__((always_inline)) VNNI __m128i k_sums_vnni(uint32_t t
 
 /* k_accumulate on the sums of k_sums_vnni (the same float operations), the accumulator in lane 0
  * of a vector; dm holds the block's d and dmin in lanes 0 and 1. */
-static inline __attribute__((always_inline)) VNNI __m128 k_accumulate_vnni(uint32_t type, __m128 dm, float dx, __m128i sm,
-                                                                          __m128 acc) {
+static inline __attribute__((always_inline)) VNNI __m128 k_accumulate_vnni(uint32_t type, __m128 dm, float dx,
+                                                                           __m128i sm, __m128 acc) {
   const __m128 f = _mm_cvtepi32_ps(sm), s = _mm_mul_ps(_mm_set1_ps(dx), dm);
   acc = _mm_fmadd_ss(s, f, acc);
   if (k_has_min(type)) acc = _mm_fnmadd_ss(_mm_movehdup_ps(s), _mm_movehdup_ps(f), acc);
@@ -2040,8 +2073,9 @@ static inline __attribute__((always_inline)) VNNI __m128 k_accumulate_vnni(uint3
 }
 
 /* Super-block b (at bb) of one row into the nt tokens' accumulators. */
-static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b,
-                                                                   const uint8_t *xq, int64_t ldq, int nt, __m128 *acc) {
+static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
+                                                                    int64_t b, const uint8_t *xq, int64_t ldq,
+                                                                    int nt, __m128 *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2059,8 +2093,12 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       __m512i is = zero;
 #pragma GCC unroll 4
       for (int c = 0; c < 4; c++)
-        is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))), v.sc[c]));
-      const __m256i bm = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
+        is = _mm512_add_epi32(
+            is, _mm512_mullo_epi32(
+                    _mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))),
+                    v.sc[c]));
+      const __m256i bm =
+          _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
       acc[t] = k_accumulate_vnni(type, _mm_set_ss(d), x->d, k_sums_vnni(type, is, bm), acc[t]);
     }
     return;
@@ -2078,7 +2116,8 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i is = zero;
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; c++) is = _mm512_dpbusd_epi32(is, w2[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c)));
+      for (int c = 0; c < 4; c++)
+        is = _mm512_dpbusd_epi32(is, w2[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c)));
       const __m256i bm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), mv16);
       acc[t] = k_accumulate_vnni(type, dm, x->d, k_sums_vnni(type, is, bm), acc[t]);
     }
@@ -2095,17 +2134,22 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
   __m512i is[ST_TILE], mags[4];
   if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
   uint64_t signs[4];
-  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS) _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
-  for (int t = 0; t < nt; t++) is[t] = zero;
-#pragma GCC unroll 4 /* as in the AVX2 kernel */
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
+    _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
+  for (int t = 0; t < nt; t++)
+    is[t] = zero;
+#pragma GCC unroll 4            /* as in the AVX2 kernel */
   for (int c = 0; c < 4; c++) { /* groups 2c and 2c + 1 */
     if (type == ST_TYPE_Q6_K && c % 2 == 0) {
-      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
+      const __m512i qh = _mm512_broadcast_i64x4(
+          _mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
       qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
     }
     __mmask64 neg = 0;
-    const __m512i av = k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, &neg) : k_pair_vnni(type, bb, c, qhs);
-    const __m512i sc = _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
+    const __m512i av =
+        k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, &neg) : k_pair_vnni(type, bb, c, qhs);
+    const __m512i sc =
+        _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
@@ -2115,23 +2159,27 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
   }
   for (int t = 0; t < nt; t++) {
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-    const __m256i bm = k_is_grid(type) ? _mm256_setzero_si256()
-                                       : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
-    acc[t] = k_accumulate_vnni(type, _mm_setr_ps(k.d, k.dmin, 0.0f, 0.0f), x->d, k_sums_vnni(type, is[t], bm), acc[t]);
+    const __m256i bm = k_is_grid(type)
+                           ? _mm256_setzero_si256()
+                           : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+    acc[t] = k_accumulate_vnni(type, _mm_setr_ps(k.d, k.dmin, 0.0f, 0.0f), x->d, k_sums_vnni(type, is[t], bm),
+                               acc[t]);
   }
 }
 
 /* Rows are taken two at a time: the two rows' super-blocks are independent work for the core
  * while one of them waits at the end of a block (its sums, then the float step), and they share
  * the activation loads. */
-static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t type, const void *w, uint64_t row_bytes,
-                                                                     int64_t nr, const uint8_t *xq, int64_t ldq, int nt,
-                                                                     int64_t n, float *out, int64_t ldo) {
+static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t type, const void *w,
+                                                                      uint64_t row_bytes, int64_t nr,
+                                                                      const uint8_t *xq, int64_t ldq, int nt,
+                                                                      int64_t n, float *out, int64_t ldo) {
   const uint64_t bs = k_bytes(type);
   int64_t r = 0;
   for (; r + 2 <= nr; r += 2) {
     __m128 acc[2][ST_TILE];
-    for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm_setzero_ps();
+    for (int t = 0; t < nt; t++)
+      acc[0][t] = acc[1][t] = _mm_setzero_ps();
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
       prefetch_ahead(w0 + b * bs, bs);
@@ -2139,23 +2187,25 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t t
       k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc[0]);
       k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, acc[1]);
     }
-    for (int t = 0; t < nt; t++) out[t * ldo + r] = _mm_cvtss_f32(acc[0][t]), out[t * ldo + r + 1] = _mm_cvtss_f32(acc[1][t]);
+    for (int t = 0; t < nt; t++)
+      out[t * ldo + r] = _mm_cvtss_f32(acc[0][t]), out[t * ldo + r + 1] = _mm_cvtss_f32(acc[1][t]);
   }
   if (r < nr) {
     __m128 acc[ST_TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    for (int t = 0; t < nt; t++)
+      acc[t] = _mm_setzero_ps();
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
       prefetch_ahead(w0 + b * bs, bs);
       k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc);
     }
-    for (int t = 0; t < nt; t++) out[t * ldo + r] = _mm_cvtss_f32(acc[t]);
+    for (int t = 0; t < nt; t++)
+      out[t * ldo + r] = _mm_cvtss_f32(acc[t]);
   }
 }
 
-
-static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
-                              int nt, int64_t n, float *out, int64_t ldo) {
+static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
+                              int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
@@ -2181,8 +2231,8 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
     for (int64_t t0 = 0; t0 < T; t0 += ST_TILE) {
       const int nt = (int)(T - t0 < ST_TILE ? T - t0 : ST_TILE);
-      tile(type, (const uint8_t *)W + (uint64_t)rb * row_bytes, row_bytes, re - rb, (const uint8_t *)xq + (uint64_t)t0 * ldq,
-           (int64_t)ldq, nt, n, out + t0 * ldo + (rb - r0), ldo);
+      tile(type, (const uint8_t *)W + (uint64_t)rb * row_bytes, row_bytes, re - rb,
+           (const uint8_t *)xq + (uint64_t)t0 * ldq, (int64_t)ldq, nt, n, out + t0 * ldo + (rb - r0), ldo);
     }
   }
 }
