@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codelets/iq_grids.h"
 #include "codelets/quant.h"
 #include "common.h"
 
@@ -1899,36 +1900,77 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
   return _mm512_or_si512(lo, hi);
 }
 
-/* The 256 magnitudes of an IQ3_XXS or IQ3_S block, 64 per vector, one scalar table load per 4
- * weights, two entries to a 64-bit word (half the vector inserts of one per entry; on Zen 4
- * vpgatherdd, or writing the entries to memory and reading vectors back, were slower). IQ3_S's
- * 9-bit indices are formed 32 at a time: bit k of the 64-bit qh is the top bit of index k. */
+/* The IQ3 grids as nibble words (iq_grids.h): the whole IQ3_XXS grid is 8 registers, IQ3_S's 16. */
+static const uint16_t iq3xxs_nibbles[256] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_NIBBLES;
+static const uint16_t iq3s_nibbles[512] __attribute__((aligned(64))) = ST_IQ3S_GRID_NIBBLES;
+
+/* The nibble words of 32 grid entries at the word indices idx (< 32 ntab), looked up in
+ * registers: one vpermi2w reads 64 entries (two table registers, the index's low 6 bits), and
+ * the ntab / 2 results are merged by index bits 6, 7 (and 8) in a tree of blends. Replaces 32
+ * scalar table loads and their vector inserts; the permutes are independent, so the lookup's
+ * latency is one permute and a few blends (a chain of masked permutes was slower on Zen 4). */
+static inline __attribute__((always_inline)) VNNI __m512i iq3_lookup_vnni(const uint16_t *tab, int ntab,
+                                                                          __m512i idx) {
+  __m512i r[8];
+#pragma GCC unroll 8
+  for (int p = 0; p < ntab / 2; p++)
+    r[p] = _mm512_permutex2var_epi16(_mm512_load_si512((const void *)(tab + 64 * p)), idx,
+                                     _mm512_load_si512((const void *)(tab + 64 * p + 32)));
+#pragma GCC unroll 3
+  for (int n = ntab / 2, bit = 64; n > 1; n /= 2, bit *= 2) {
+    const __mmask32 k = _mm512_test_epi16_mask(idx, _mm512_set1_epi16((short)bit));
+#pragma GCC unroll 4
+    for (int p = 0; p < n / 2; p++)
+      r[p] = _mm512_mask_blend_epi16(k, r[2 * p], r[2 * p + 1]);
+  }
+  return r[0];
+}
+
+/* 32 nibble words to their 128 magnitudes, m[0] and m[1] (weight order), through the level table
+ * lut (bytes 0..7). A word's low (high) nibbles are its bytes 0 and 2 (1 and 3), so interleaving
+ * the two looked-up halves bytewise puts each word's 4 bytes in place; the interleave works per
+ * 128-bit lane, which is why the words come in the order iq3_order leaves them. */
+static inline __attribute__((always_inline)) VNNI void iq3_expand_vnni(__m512i words, __m512i lut, __m512i *m) {
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(words, m4));
+  const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(words, 4), m4));
+  m[0] = _mm512_unpacklo_epi8(lo, hi);
+  m[1] = _mm512_unpackhi_epi8(lo, hi);
+}
+
+/* 32 grid indices (one per int16 lane, weight order) in the order iq3_expand_vnni needs: its
+ * unpacks take 4 words from each half of a 128-bit lane, so 64-bit group g of m[0] (m[1]) must
+ * sit in the low (high) half of lane g. */
+static inline __attribute__((always_inline)) VNNI __m512i iq3_order_vnni(__m512i idx) {
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7), idx);
+}
+
+/* The 256 magnitudes of an IQ3_XXS or IQ3_S block, 64 per vector, looked up 32 at a time in the
+ * register-resident nibble grids (on Zen 4 this beat 64 scalar loads with paired inserts, which
+ * had in turn beaten vpgatherdd). IQ3_S's 9-bit indices: bit k of the 64-bit qh is the top bit of
+ * index k. */
 static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t type, const uint8_t *bb,
                                                                      __m512i *m) {
   if (type == ST_TYPE_IQ3_XXS) {
     const uint8_t *q = ((const st_block_iq3_xxs *)(const void *)bb)->qs;
-#define G2(j) (long long)(st_iq3xxs_grid[q[2 * (j)]] | (uint64_t)st_iq3xxs_grid[q[2 * (j) + 1]] << 32)
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++, q += 16)
-      m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
-#undef G2
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+      const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * i)));
+      iq3_expand_vnni(iq3_lookup_vnni(iq3xxs_nibbles, 8, iq3_order_vnni(idx)), lut, m + 2 * i);
+    }
     return;
   }
   const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
   uint64_t qh;
   memcpy(&qh, b->qh, 8);
-  uint16_t idx[64];
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+#pragma GCC unroll 2
   for (int i = 0; i < 2; i++) {
     const __m512i lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * i)));
-    _mm512_storeu_si512((void *)(idx + 32 * i),
-                        _mm512_mask_add_epi16(lo, (__mmask32)(qh >> (32 * i)), lo, _mm512_set1_epi16(256)));
+    const __m512i idx = _mm512_mask_add_epi16(lo, (__mmask32)(qh >> (32 * i)), lo, _mm512_set1_epi16(256));
+    iq3_expand_vnni(iq3_lookup_vnni(iq3s_nibbles, 16, iq3_order_vnni(idx)), lut, m + 2 * i);
   }
-  const uint16_t *q = idx;
-#define G2(j) (long long)(st_iq3s_grid[q[2 * (j)]] | (uint64_t)st_iq3s_grid[q[2 * (j) + 1]] << 32)
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; c++, q += 16)
-    m[c] = _mm512_setr_epi64(G2(0), G2(1), G2(2), G2(3), G2(4), G2(5), G2(6), G2(7));
-#undef G2
 }
 
 /* IQ2_XS/IQ3_XXS: the 32 sign bytes of a block (st_iq_signs of its 7-bit fields, byte k for
