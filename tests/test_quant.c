@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "codelets/dot.h"
+#include "codelets/iq_grids.h"
 #include "codelets/quant.h"
 #include "testutil.h"
 
@@ -249,6 +250,24 @@ static void test_iq_known_blocks(void) {
   check_known(ST_TYPE_IQ3_S, &s3, ks3, 7, "d=0.5, 9-bit indices");
 }
 
+/* The packed IQ3 grids the VNNI kernel looks up in registers (iq_grids.h) against the grids, entry
+ * by entry: nibble k is the level number of byte k. */
+static void test_iq3_packed_grids(void) {
+  static const uint16_t xxs[256] = ST_IQ3XXS_GRID_NIBBLES, s3[512] = ST_IQ3S_GRID_NIBBLES;
+  static const uint8_t xxs_levels[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+  int bad_xxs = 0, bad_s = 0;
+  for (int i = 0; i < 512; i++)
+    for (int k = 0; k < 4; k++) {
+      const int ls = (s3[i] >> (4 * k)) & 0xF, gs = (int)(st_iq3s_grid[i] >> (8 * k)) & 0xFF;
+      bad_s += ls > 7 || gs != 2 * ls + 1;
+      if (i >= 256) continue;
+      const int lx = (xxs[i] >> (4 * k)) & 0xF, gx = (int)(st_iq3xxs_grid[i] >> (8 * k)) & 0xFF;
+      bad_xxs += lx > 7 || gx != xxs_levels[lx];
+    }
+  CHECK(bad_xxs == 0 && bad_s == 0, "packed IQ3 grids: 256 IQ3_XXS and 512 IQ3_S entries × 4 bytes, %d and %d differ from the grids",
+        bad_xxs, bad_s);
+}
+
 static void test_rmsnorm(void) {
   enum { N = 100 };
   float x[N], w[N], y[N];
@@ -407,6 +426,7 @@ int main(void) {
   /* rows longer than one chunk of repacked activations (VNNI: 4096 weights), with a partial last group */
   test_int8(ST_TYPE_Q4_1, 4192, 1, 3);
   test_int8(ST_TYPE_Q5_0, 4192, 1, 4);
+  test_iq3_packed_grids();
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
