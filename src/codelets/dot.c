@@ -1923,7 +1923,7 @@ static inline __attribute__((always_inline)) VNNI __m512i iq3_lookup_vnni(const 
     for (int p = 0; p < n / 2; p++)
       r[p] = _mm512_mask_blend_epi16(k, r[2 * p], r[2 * p + 1]);
   }
-  return r[0];
+  return r[0]; // cppcheck-suppress uninitvar ; r[0] is set: ntab is 8 or 16
 }
 
 /* 32 nibble words to their 128 magnitudes, m[0] and m[1] (weight order), through the level table
