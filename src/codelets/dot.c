@@ -553,6 +553,21 @@ static inline __attribute__((always_inline)) AVX512 __m512 iq16_ps512(__m128i q,
   return _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
 }
 
+/* The 64 magnitudes of sub-blocks 2c, 2c + 1 of an IQ2_XS or IQ2_S block (eight 8-byte grid
+ * entries, weight order); shared by the float and the integer AVX-512 kernels. */
+static inline __attribute__((always_inline)) AVX512 __m512i iq2xs_mags64(const uint16_t *q) {
+  return _mm512_setr_epi64((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
+                           (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
+                           (long long)st_iq2xs_grid[q[4] & 511], (long long)st_iq2xs_grid[q[5] & 511],
+                           (long long)st_iq2xs_grid[q[6] & 511], (long long)st_iq2xs_grid[q[7] & 511]);
+}
+static inline __attribute__((always_inline)) AVX512 __m512i iq2s_mags64(const uint8_t *q, int h0, int h1) {
+  return _mm512_setr_epi64((long long)st_iq2s_grid[q[0] | (h0 & 3) << 8], (long long)st_iq2s_grid[q[1] | (h0 & 12) << 6],
+                           (long long)st_iq2s_grid[q[2] | (h0 & 48) << 4], (long long)st_iq2s_grid[q[3] | (h0 & 192) << 2],
+                           (long long)st_iq2s_grid[q[4] | (h1 & 3) << 8], (long long)st_iq2s_grid[q[5] | (h1 & 12) << 6],
+                           (long long)st_iq2s_grid[q[6] | (h1 & 48) << 4], (long long)st_iq2s_grid[q[7] | (h1 & 192) << 2]);
+}
+
 static inline __attribute__((always_inline)) AVX512 void iq64_avx512(__m512i g, const float *dl, const float *x,
                                                                      int64_t ldx, int nt, int64_t at, __m512 *acc) {
   fma_tokens512(iq16_ps512(_mm512_extracti32x4_epi32(g, 0), dl[0]), x, ldx, nt, at, acc);
@@ -578,10 +593,7 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_iq_avx512_impl
         const float d = _cvtsh_ss(b->d);
         const __m128i raw = _mm_loadu_si128((const __m128i *)(b->qs + 8 * c));
         const uint16_t *q = b->qs + 8 * c;
-        g = _mm512_setr_epi64((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
-                              (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
-                              (long long)st_iq2xs_grid[q[4] & 511], (long long)st_iq2xs_grid[q[5] & 511],
-                              (long long)st_iq2xs_grid[q[6] & 511], (long long)st_iq2xs_grid[q[7] & 511]);
+        g = iq2xs_mags64(q);
         sg = iq_signs8_epi16(_mm_srli_epi16(raw, 9));
         for (int k = 0; k < 4; k++) dl[k] = iq2_sub_scale(d, (b->scales[2 * c + k / 2] >> (4 * (k % 2))) & 0xF);
       } else if (type == ST_TYPE_IQ2_S) {
@@ -589,10 +601,7 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_iq_avx512_impl
         const float d = _cvtsh_ss(b->d);
         const uint8_t *q = b->qs + 8 * c;
         const int h0 = b->qh[2 * c], h1 = b->qh[2 * c + 1];
-        g = _mm512_setr_epi64((long long)st_iq2s_grid[q[0] | (h0 & 3) << 8], (long long)st_iq2s_grid[q[1] | (h0 & 12) << 6],
-                              (long long)st_iq2s_grid[q[2] | (h0 & 48) << 4], (long long)st_iq2s_grid[q[3] | (h0 & 192) << 2],
-                              (long long)st_iq2s_grid[q[4] | (h1 & 3) << 8], (long long)st_iq2s_grid[q[5] | (h1 & 12) << 6],
-                              (long long)st_iq2s_grid[q[6] | (h1 & 48) << 4], (long long)st_iq2s_grid[q[7] | (h1 & 192) << 2]);
+        g = iq2s_mags64(q, h0, h1);
         memcpy(&sg, b->qs + 32 + 8 * c, 8);
         for (int k = 0; k < 4; k++) dl[k] = iq2_sub_scale(d, (b->scales[2 * c + k / 2] >> (4 * (k % 2))) & 0xF);
       } else if (type == ST_TYPE_IQ3_XXS) {
@@ -2011,20 +2020,13 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
   __m512i g;
   if (type == ST_TYPE_IQ2_XS) {
     const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
-    const uint16_t *q = b->qs + 8 * c;
-    g = _mm512_setr_epi64((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
-                          (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
-                          (long long)st_iq2xs_grid[q[4] & 511], (long long)st_iq2xs_grid[q[5] & 511],
-                          (long long)st_iq2xs_grid[q[6] & 511], (long long)st_iq2xs_grid[q[7] & 511]);
+    g = iq2xs_mags64(b->qs + 8 * c);
     sg = signs[c];
   } else if (type == ST_TYPE_IQ2_S) {
     const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
     const uint8_t *q = b->qs + 8 * c;
     const int h0 = b->qh[2 * c], h1 = b->qh[2 * c + 1];
-    g = _mm512_setr_epi64((long long)st_iq2s_grid[q[0] | (h0 & 3) << 8], (long long)st_iq2s_grid[q[1] | (h0 & 12) << 6],
-                          (long long)st_iq2s_grid[q[2] | (h0 & 48) << 4], (long long)st_iq2s_grid[q[3] | (h0 & 192) << 2],
-                          (long long)st_iq2s_grid[q[4] | (h1 & 3) << 8], (long long)st_iq2s_grid[q[5] | (h1 & 12) << 6],
-                          (long long)st_iq2s_grid[q[6] | (h1 & 48) << 4], (long long)st_iq2s_grid[q[7] | (h1 & 192) << 2]);
+    g = iq2s_mags64(q, h0, h1);
     memcpy(&sg, b->qs + 32 + 8 * c, 8);
   } else if (type == ST_TYPE_IQ3_XXS) {
     g = mags[c];
