@@ -44,9 +44,9 @@ void st_engine_opts_help(FILE *f);
  * asked for, as the host expert arena), bytes/s (best of 5 on one thread team, of a read loop
  * with and one without software prefetch; 0 when the buffer cannot be allocated). membw.c */
 double st_host_read_bandwidth(int threads, size_t bytes);
-/* The same over a buffer the caller owns (written beforehand, so its pages exist), bytes/s; 0 when
- * buf is NULL or threads is outside 1..256. membw.c */
-double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads);
+/* The same over a buffer the caller owns (written beforehand, so its pages exist), best of `reps`
+ * (>= 1) per loop, bytes/s; 0 when buf is NULL or threads is outside 1..256. membw.c */
+double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads, int reps);
 /* Runs fn(args + i * arg_size) on `threads` (1..256) threads created once, `reps` times, each
  * repetition started on all threads at once (a barrier) and timed until the last returns: the best
  * repetition's seconds, or -1 when a thread or barrier cannot be made. membw.c */

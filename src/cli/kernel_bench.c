@@ -66,6 +66,46 @@ static uint64_t bench_bytes(void) {
   return bytes;
 }
 
+/* Rounds per format: each round reads the reference, then runs the float and the integer kernels
+ * (best of ROUND_REPS each); a share is the median over rounds of kernel GB/s / the read of the
+ * same round, so that the host's bandwidth moving between seconds (shared hosts: 76-151 GB/s
+ * within one run) moves both sides of each ratio together. */
+enum { ROUNDS = 5, ROUND_REPS = 2, DISTINCT_ROWS = 64 };
+
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++) /* insertion sort: n is ROUNDS */
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      const double t = v[j];
+      v[j] = v[j - 1], v[j - 1] = t;
+    }
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One format's CPU figures: medians over ROUNDS of GB/s and of the per-round shares. */
+struct cpu_figures {
+  double read_gbs, gbs, share, int8_gbs, int8_share;
+};
+
+/* Runs the rounds for weights w (rows of rb bytes); returns -1 when the thread team fails. */
+static int cpu_rounds(uint32_t t, const uint8_t *w, uint64_t rb, int64_t rows, int64_t n, const float *x,
+                      float *out, int threads, uint8_t *xq, const uint8_t *ref, uint64_t ref_bytes,
+                      struct cpu_figures *f) {
+  double rd[ROUNDS], g[ROUNDS], gs[ROUNDS], q[ROUNDS], qs[ROUNDS];
+  const double bytes = (double)rb * (double)rows;
+  const int int8 = st_q8_row_bytes(t, n) > 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    rd[r] = st_host_read_bandwidth_of(ref, (size_t)ref_bytes, threads, ROUND_REPS);
+    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, ROUND_REPS, NULL);
+    const double sec8 = int8 ? cpu_matvec(t, w, rb, rows, n, x, out, threads, ROUND_REPS, xq) : 1.0;
+    if (rd[r] <= 0 || sec <= 0 || sec8 <= 0) return -1;
+    g[r] = bytes / sec, gs[r] = g[r] / rd[r];
+    q[r] = int8 ? bytes / sec8 : 0.0, qs[r] = q[r] / rd[r];
+  }
+  *f = (struct cpu_figures){median(rd, ROUNDS) / 1e9, median(g, ROUNDS) / 1e9, median(gs, ROUNDS),
+                            median(q, ROUNDS) / 1e9, median(qs, ROUNDS)};
+  return 0;
+}
+
 int st_kernel_bench(int threads, int json) {
   static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
                                    ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
@@ -75,11 +115,10 @@ int st_kernel_bench(int threads, int json) {
   const uint64_t target = bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
-  /* the reference buffer stays for the whole run: each format's shares are against a read of it
-   * just before that format (the hosts' bandwidth moves by a third from minute to minute) */
+  /* the reference buffer stays for the whole run: it is read again in every round */
   uint8_t *ref = st_bench_buffer((size_t)target);
   if (ref) memset(ref, 1, (size_t)target);
-  const double bw_host = st_host_read_bandwidth_of(ref, (size_t)target, threads);
+  const double bw_host = st_host_read_bandwidth_of(ref, (size_t)target, threads, 5);
   if (bw_host <= 0) {
     free(ref);
     return st_set_error(ST_ENOMEM, "measuring the host read bandwidth failed (%llu MiB buffer or %d threads)",
@@ -90,32 +129,46 @@ int st_kernel_bench(int threads, int json) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
 #endif
-  float *x = malloc(sizeof(float) * (size_t)n), *row = malloc(sizeof(float) * (size_t)n);
+  float *x = malloc(sizeof(float) * (size_t)n), *rows_f = malloc(sizeof(float) * (size_t)n * DISTINCT_ROWS);
   float *out = malloc(sizeof(float) * (size_t)(target / 64)); /* enough rows for the smallest format */
   const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
   uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
-  if (!x || !row || !out || !xq) {
+  if (!x || !rows_f || !out || !xq) {
     free(x);
-    free(row);
+    free(rows_f);
     free(out);
     free(xq);
     free(ref);
     return st_set_error(ST_ENOMEM, "out of memory");
   }
   for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 17) / 17.0f;
-  if (json) printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, \"formats\": [",
-                   threads, st_dot_isa(), bw_host / 1e9, bw_gpu / 1e9);
+  /* DISTINCT_ROWS different rows (a fixed LCG, roughly Gaussian: sums of four uniforms), tiled over
+   * the matrix: grid indices and scales vary from row to row as in a real expert's matrix */
+  uint32_t lcg = 12345;
+  for (int64_t i = 0; i < n * DISTINCT_ROWS; i++) {
+    float v = 0.0f;
+    for (int k = 0; k < 4; k++) {
+      lcg = lcg * 1664525u + 1013904223u;
+      v += (float)(lcg >> 8) / 16777216.0f - 0.5f;
+    }
+    rows_f[i] = v;
+  }
+  if (json)
+    printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"rounds\": %d, \"host_read_gbs\": %.2f, "
+           "\"gpu_copy_gbs\": %.2f, \"formats\": [",
+           threads, st_dot_isa(), ROUNDS, bw_host / 1e9, bw_gpu / 1e9);
   else {
     printf("strata bench --kernels: mat-vec (1 token) over %llu MiB of weights per format, rows of %lld\n",
            (unsigned long long)(target >> 20), (long long)n);
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
-    printf(" (int8: %s kernels)", st_dot_q8_isa());
-    printf("\n%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s",
-           "of host", "int8 GB/s", "of host", "GPU GB/s", "of GPU");
+    printf(" (int8: %s kernels)\n", st_dot_q8_isa());
+    printf("CPU: %d rounds per format of (host read, float kernel, int8 kernel), best of %d each; medians of\n"
+           "GB/s and of the per-round shares of the read\n",
+           ROUNDS, ROUND_REPS);
+    printf("%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s", "of host",
+           "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }
-  for (int64_t i = 0; i < n; i++)
-    row[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
   int printed = 0; /* JSON rows so far */
   for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
     const uint32_t t = types[k];
@@ -127,24 +180,19 @@ int st_kernel_bench(int threads, int json) {
               st_type_info(t)->name, (unsigned long long)(rb * (uint64_t)rows >> 20));
       continue;
     }
-    st_quantize_row(t, row, w, n); /* every row a copy of one quantised row */
-    for (int64_t r = 1; r < rows; r++) memcpy(w + (uint64_t)r * rb, w, rb);
-    double bw = st_host_read_bandwidth_of(ref, (size_t)target, threads); /* beside this format's figures */
-    if (bw <= 0) bw = bw_host;
-    const double sec = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, NULL);
-    if (sec <= 0) {
+    for (int64_t r = 0; r < DISTINCT_ROWS && r < rows; r++)
+      st_quantize_row(t, rows_f + r * n, w + (uint64_t)r * rb, n);
+    for (int64_t r = DISTINCT_ROWS; r < rows; r++) memcpy(w + (uint64_t)r * rb, w + (uint64_t)(r % DISTINCT_ROWS) * rb, rb);
+    struct cpu_figures f;
+    if (cpu_rounds(t, w, rb, rows, n, x, out, threads, xq, ref, target, &f)) {
       free(w);
       free(ref);
       free(xq);
       free(x);
-      free(row);
+      free(rows_f);
       free(out);
       return st_set_error(ST_ERUNTIME, "%d CPU threads could not be started", threads);
     }
-    const double gbs = sec > 0 ? (double)rb * (double)rows / sec / 1e9 : 0.0;
-    double int8_gbs = 0.0, sec8 = 0.0;
-    if (st_q8_row_bytes(t, n) > 0 && (sec8 = cpu_matvec(t, w, rb, rows, n, x, out, threads, 5, xq)) > 0)
-      int8_gbs = (double)rb * (double)rows / sec8 / 1e9;
     double gpu_gbs = 0.0;
 #ifdef ST_HAVE_CUDA
     if (bw_gpu > 0) {
@@ -158,23 +206,23 @@ int st_kernel_bench(int threads, int json) {
           "%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"host_read_gbs\": %.2f, \"cpu_gbs\": %.2f, "
           "\"cpu_share\": %.3f, \"int8_gbs\": %.2f, \"int8_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": "
           "%.3f}",
-          printed++ ? "," : "", st_type_info(t)->name, bits, bw / 1e9, gbs, gbs * 1e9 / bw, int8_gbs,
-          int8_gbs * 1e9 / bw, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
-    else if (int8_gbs > 0)
+          printed++ ? "," : "", st_type_info(t)->name, bits, f.read_gbs, f.gbs, f.share, f.int8_gbs, f.int8_share,
+          gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
+    else if (f.int8_gbs > 0)
       printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
-             bw / 1e9, gbs, 100.0 * gbs * 1e9 / bw, int8_gbs, 100.0 * int8_gbs * 1e9 / bw, gpu_gbs,
+             f.read_gbs, f.gbs, 100.0 * f.share, f.int8_gbs, 100.0 * f.int8_share, gpu_gbs,
              bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     else
-      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
-             bw / 1e9, gbs, 100.0 * gbs * 1e9 / bw, "-", "", gpu_gbs,
-             bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits, f.read_gbs,
+             f.gbs, 100.0 * f.share, "-", "", gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+    fflush(stdout);
     free(w);
   }
   if (json) printf("\n]}\n");
   free(ref);
   free(xq);
   free(x);
-  free(row);
+  free(rows_f);
   free(out);
   return 0;
 }

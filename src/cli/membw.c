@@ -164,15 +164,15 @@ static void *read_part(void *arg) {
   return NULL;
 }
 
-double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads) {
-  if (!buf || threads < 1 || threads > 256) return 0.0;
+double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads, int reps) {
+  if (!buf || threads < 1 || threads > 256 || reps < 1) return 0.0;
   struct reader r[256];
   const size_t n = bytes / sizeof(uint64_t), per = n / (size_t)threads / 32 * 32; /* whole 256-byte steps */
   double best = 0.0;
   for (int pf = 0; pf < 2; pf++) { /* without, then with software prefetch: the faster counts */
     for (int i = 0; i < threads; i++)
       r[i] = (struct reader){(const uint64_t *)buf + (size_t)i * per, per, pf, 0};
-    const double sec = st_team_best_seconds(threads, read_part, r, sizeof r[0], 5);
+    const double sec = st_team_best_seconds(threads, read_part, r, sizeof r[0], reps);
     const double bw = sec > 0 ? (double)(per * (size_t)threads * sizeof(uint64_t)) / sec : 0.0;
     best = bw > best ? bw : best;
   }
@@ -185,7 +185,7 @@ double st_host_read_bandwidth(int threads, size_t bytes) {
   uint64_t *buf = st_bench_buffer(bytes);
   if (!buf) return 0.0;
   memset(buf, 1, bytes);
-  const double best = st_host_read_bandwidth_of(buf, bytes, threads);
+  const double best = st_host_read_bandwidth_of(buf, bytes, threads, 5);
   free(buf);
   return best;
 }

@@ -1330,6 +1330,19 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
     _mm_prefetch((const char *)block + ST_PREFETCH_AHEAD + j, _MM_HINT_T0);
 }
 
+/* The same for two rows read in step (row r at p0 and row r + 1 at p1, back to back): each asks for
+ * its own offset in the row two ahead, so that the next pair arrives whole. Running 2 KiB ahead of
+ * each instead lands half the requests in row r + 1, which is being read anyway, and never asks
+ * for row r + 3 (seen as K-quants reading 55 % of the memory bandwidth on 2 threads, q4_0 95 %). */
+static inline __attribute__((always_inline)) void prefetch_pair_ahead(const uint8_t *p0, const uint8_t *p1,
+                                                                     uint64_t row_bytes, uint64_t bytes) {
+  if (ST_PREFETCH_AHEAD <= 0) return;
+  for (uint64_t j = 0; j < bytes; j += 64) {
+    _mm_prefetch((const char *)p0 + 2 * row_bytes + j, _MM_HINT_T0);
+    _mm_prefetch((const char *)p1 + 2 * row_bytes + j, _MM_HINT_T0);
+  }
+}
+
 /* AVX2 */
 /* The 32 fifth bits of a Q5_0/Q5_1 block as bytes 0x10 or 0 (ggml's bytes_from_bits_32). */
 static inline AVX2 __m256i b32_bit5_avx2(const uint8_t *qh) {
@@ -2226,8 +2239,7 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t t
       acc[0][t] = acc[1][t] = _mm_setzero_ps();
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
-      prefetch_ahead(w0 + b * bs, bs);
-      prefetch_ahead(w1 + b * bs, bs);
+      prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);
       k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc[0]);
       k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, acc[1]);
     }
