@@ -105,8 +105,8 @@ int st_cmd_bench(int argc, char **argv) {
                                       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
                                       {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
                                       {"threads", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
-                                      {0, 0, 0, 0}};
-  const char *model = NULL;
+                                      {"formats", required_argument, 0, 'F'}, {0, 0, 0, 0}};
+  const char *model = NULL, *formats = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
   long threads = 0, reps = 1;
@@ -131,6 +131,7 @@ int st_cmd_bench(int argc, char **argv) {
     case 'R': roofline = 1; break;
     case 'K': kernels = 1; break;
     case 'T': rc = st_parse_int("--threads", optarg, 1, 256, &threads); break;
+    case 'F': formats = optarg; break;
     case 'r': rc = st_parse_int("--repetitions", optarg, 1, MAX_REPS, &reps); break;
     case 'h':
       printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [-r N] [--json]\n"
@@ -149,6 +150,7 @@ int st_cmd_bench(int argc, char **argv) {
              "      --kernels          no model: mat-vec GB/s per weight format on the CPU (and CUDA), against\n"
              "                         the memory bandwidths measured in the same run\n"
              "      --threads N        CPU threads for --kernels (default: online CPUs)\n"
+             "      --formats LIST     --kernels: only these weight formats, e.g. q4_K,iq3_xxs (default: all)\n"
              "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
              "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
       st_engine_opts_help(stdout);
@@ -161,8 +163,9 @@ int st_cmd_bench(int argc, char **argv) {
   free(longopts);
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
   if (!rc && reps > 1 && kernels) rc = st_set_error(ST_EINVAL, "--repetitions applies to the model bench, not --kernels");
+  if (!rc && formats && !kernels) rc = st_set_error(ST_EINVAL, "--formats applies to --kernels");
   if (!rc && kernels) {
-    rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json);
+    rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json, formats);
     if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
     return rc ? 1 : 0;
   }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -106,11 +107,40 @@ static int cpu_rounds(uint32_t t, const uint8_t *w, uint64_t rb, int64_t rows, i
   return 0;
 }
 
-int st_kernel_bench(int threads, int json) {
+/* Marks in *pick which of the n types `formats` names (comma-separated, case-insensitive GGUF type
+ * names; NULL: all of them); an unknown name is an error that lists the known ones. */
+static int pick_formats(const char *formats, const uint32_t *types, int n, int *pick) {
+  for (int i = 0; i < n; i++) pick[i] = formats == NULL;
+  if (!formats) return 0;
+  char *copy = strdup(formats), *save = NULL;
+  if (!copy) return st_set_error(ST_ENOMEM, "out of memory");
+  int rc = 0, any = 0;
+  for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+    int i = 0;
+    while (i < n && strcasecmp(st_type_info(types[i])->name, tok)) i++;
+    if (i == n) {
+      char known[256] = "";
+      for (int j = 0; j < n; j++) {
+        strncat(known, st_type_info(types[j])->name, sizeof known - strlen(known) - 1);
+        if (j + 1 < n) strncat(known, ", ", sizeof known - strlen(known) - 1);
+      }
+      rc = st_set_error(ST_EINVAL, "--formats: unknown format '%s' (known: %s)", tok, known);
+    } else
+      pick[i] = any = 1;
+  }
+  free(copy);
+  if (!rc && !any) rc = st_set_error(ST_EINVAL, "--formats: no format named in '%s'", formats);
+  return rc;
+}
+
+int st_kernel_bench(int threads, int json, const char *formats) {
   static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
                                    ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
                                    ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS,
                                    ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S, ST_TYPE_IQ2_XS};
+  enum { NTYPES = sizeof types / sizeof types[0] };
+  int pick[NTYPES];
+  if (pick_formats(formats, types, NTYPES, pick)) return ST_EINVAL;
   const int64_t n = 4096;
   const uint64_t target = bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
@@ -170,7 +200,8 @@ int st_kernel_bench(int threads, int json) {
            "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }
   int printed = 0; /* JSON rows so far */
-  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+  for (int k = 0; k < NTYPES; k++) {
+    if (!pick[k]) continue;
     const uint32_t t = types[k];
     const uint64_t rb = st_row_bytes(t, (uint64_t)n);
     const int64_t rows = (int64_t)(target / rb);
