@@ -1186,10 +1186,29 @@ static inline int k_has_offset(uint32_t type) { return type == ST_TYPE_Q3_K || t
 static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K; }
 
 /* The float step of one super-block (the same in every ISA): Q3_K's and Q6_K's offsets are already in S. */
-static inline float k_accumulate(uint32_t type, float d, float dmin, float dx, int32_t S, int32_t M, float acc) {
-  acc = fmaf(dx * d, (float)S, acc);
-  if (k_has_min(type)) acc = fmaf(-(dx * dmin), (float)M, acc);
-  return acc;
+/* The K formats' float step, in lanes: a super-block's integer sums are kept as 16 lanes S (lane L:
+ * the scaled products of weights 64c + 4L .. + 3, c = 0..3, which is what one 512-bit vpdpbusd or
+ * vpdpwssd accumulator holds; 8-lane AVX2 code keeps the even and the odd 32-weight groups apart)
+ * and 8 lanes M of the bsums term (lane j: 16-groups 2j, 2j + 1; Q3_K/Q6_K subtract it from S's
+ * lanes 0..7, the formats with mins take it with -dmin). Each lane accumulates in float across
+ * super-blocks, and k_reduce adds the lanes once per row: every ISA runs these same float
+ * operations, so all give the same bits, with no horizontal sum per super-block. */
+static inline void k_accumulate(uint32_t type, float d, float dmin, float dx, const int32_t *S, const int32_t *M,
+                                float *a, float *am) {
+  for (int L = 0; L < 16; L++) a[L] = fmaf(dx * d, (float)S[L], a[L]);
+  if (k_has_min(type))
+    for (int j = 0; j < 8; j++) am[j] = fmaf(-(dmin * dx), (float)M[j], am[j]);
+}
+
+/* A row's result from k_accumulate's lanes: lanes L and L + 8 (and M's lane L), then the tree of
+ * hsum8_avx2. */
+static inline float k_reduce(uint32_t type, const float *a, const float *am) {
+  float s[8];
+  for (int j = 0; j < 8; j++) {
+    s[j] = a[j] + a[8 + j];
+    if (k_has_min(type)) s[j] += am[j];
+  }
+  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
 /* scalar: the integer quants of a block, then the loops that define the sums */
@@ -1295,23 +1314,21 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
   const uint64_t bs = k_bytes(type);
   for (int t = 0; t < nt; t++) {
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq);
-    float acc = 0.0f;
+    float a[16] = {0}, am[8] = {0};
     for (int64_t b = 0; b < n / 256; b++) {
       const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
       struct kscales k;
       k_scales(type, bb, &k);
       k_quants_scalar(type, bb, q);
-      int32_t S = 0, M = 0;
-      for (int g = 0; g < 16; g++) {
-        int32_t p = 0;
-        for (int i = 16 * g; i < 16 * g + 16; i++) p += q[i] * x[b].qs[i];
-        S += k.sc[g] * p;
-        M += k.mv[g] * x[b].bsums[g];
+      int32_t S[16] = {0}, M[8];
+      for (int i = 0; i < 256; i++) S[i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
+      for (int j = 0; j < 8; j++) {
+        M[j] = k.mv[2 * j] * x[b].bsums[2 * j] + k.mv[2 * j + 1] * x[b].bsums[2 * j + 1];
+        if (k_has_offset(type)) S[j] -= M[j];
       }
-      if (k_has_offset(type)) S -= M;
-      acc = k_accumulate(type, k.d, k.dmin, x[b].d, S, M, acc);
+      k_accumulate(type, k.d, k.dmin, x[b].d, S, M, a, am);
     }
-    out[t * ldo] = acc;
+    out[t * ldo] = k_reduce(type, a, am);
   }
 }
 
@@ -1597,7 +1614,8 @@ static inline __attribute__((always_inline)) AVX2 __m256i grid_group_avx2(uint32
 static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint32_t type, const void *w, const uint8_t *xq,
                                                                           int64_t ldq, int nt, int64_t n, float *out,
                                                                           int64_t ldo) {
-  float acc[ST_TILE] = {0};
+  __m256 acc[ST_TILE][2], accm[ST_TILE]; /* k_accumulate's lanes 0..7, 8..15, and M's */
+  for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
   const uint64_t bs = k_bytes(type);
   /* byte shuffles that spread the scales of group g (int16 entries 2g, 2g + 1 of sc16, in the
    * 128-bit half g / 4) over the 16-weight halves of the group */
@@ -1613,8 +1631,8 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     prefetch_ahead(bb, bs);
     const struct kvec k = k_vec_avx2(type, bb);
-    __m256i is[ST_TILE];
-    for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+    __m256i is[ST_TILE][2]; /* the even and the odd 32-weight groups: k_accumulate's lanes */
+    for (int t = 0; t < nt; t++) is[t][0] = is[t][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8 /* GCC -O2 kept these loops rolled: shifts by a variable, spills; 1.2-1.6x */
     for (int g = 0; g < 8; g++) {
       __m256i v, av;
@@ -1633,23 +1651,27 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
         const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
         if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm256_sign_epi8(xv, v);
-        is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
+        is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
       }
     }
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < nt; t++) { /* k_accumulate */
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      int32_t S, M = 0;
-      if (k_has_offset(type)) {
-        S = hsum_epi32_avx2(_mm256_sub_epi32(is[t], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16)));
-      } else {
-        S = hsum_epi32_avx2(is[t]);
+      const __m256 s = _mm256_set1_ps(x->d * k.d);
+      if (k_has_offset(type) || k_has_min(type)) {
+        const __m256i M = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+        if (k_has_offset(type)) is[t][0] = _mm256_sub_epi32(is[t][0], M);
         if (k_has_min(type))
-          M = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16));
+          accm[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(k.dmin * x->d), accm[t]);
       }
-      acc[t] = k_accumulate(type, k.d, k.dmin, x->d, S, M, acc[t]);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t][0]), s, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t][1]), s, acc[t][1]);
     }
   }
-  for (int t = 0; t < nt; t++) out[t * ldo] = acc[t];
+  for (int t = 0; t < nt; t++) { /* k_reduce */
+    __m256 v = _mm256_add_ps(acc[t][0], acc[t][1]);
+    if (k_has_min(type)) v = _mm256_add_ps(v, accm[t]);
+    out[t * ldo] = hsum8_avx2(v);
+  }
 }
 
 /* The integer kernels take a group of up to 64 weight rows (row_bytes apart; row r's outputs at
@@ -2054,7 +2076,8 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
 
 /* IQ4_XS for vpdpbusd: the levels plus 128 (unsigned, 1..241) in weight order, 64 per vector,
  * and per vector the int32 scales of its two sub-blocks (lanes 0..7, 8..15). Σ (l + 128) x over
- * four weights needs no saturating int16 step, and the offset, 128 Σ sc · bsums, is exact. */
+ * four weights needs no saturating int16 step; the offset's products are taken back out lane by
+ * lane (iq4_xs_offsets_vnni), exactly. */
 struct iq4v {
   __m512i w[4], sc[4];
 };
@@ -2103,36 +2126,35 @@ static inline __attribute__((always_inline)) VNNI void q2k_block_vnni(const st_b
   }
 }
 
-/* S (lane 0) and M (lane 1) of one super-block from the 16 int32 lanes of Σ sc16 · q · x and
- * the bsums term, left in a vector: the float step converts them there (no trip through a general
- * register on the chain that ends each super-block). */
-static inline __attribute__((always_inline)) VNNI __m128i k_sums_vnni(uint32_t type, __m512i is, __m256i bm) {
-  __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(is), _mm512_extracti64x4_epi64(is, 1));
-  if (k_has_offset(type) || type == ST_TYPE_IQ4_XS) s8 = _mm256_sub_epi32(s8, bm);
-  if (!k_has_min(type)) {
-    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
-    return _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
-  }
-  const __m256i h = _mm256_hadd_epi32(s8, bm); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
-  const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  return _mm_hadd_epi32(r, r);
+/* A row's float accumulators for one token: 16 lanes of d · dx · S (S: the int32 lanes of the
+ * integer sums, lane L of the products of weights 64c + 4L .. + 3), and for the formats with
+ * mins 8 lanes of dmin · dx · M (M: the bsums term, lane j of groups 2j, 2j + 1). Accumulating
+ * lanes instead of each super-block's total leaves the horizontal sums to the end of the row. */
+struct kacc {
+  __m512 s;
+  __m256 m;
+};
+
+static inline __attribute__((always_inline)) VNNI void k_lanes_vnni(uint32_t type, float d, float dmin, float dx,
+                                                                   __m512i is, __m256i bm, struct kacc *a) {
+  if (k_has_offset(type)) is = _mm512_sub_epi32(is, _mm512_zextsi256_si512(bm));
+  a->s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(d * dx), a->s);
+  if (k_has_min(type)) a->m = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bm), _mm256_set1_ps(dmin * dx), a->m);
 }
 
-/* k_accumulate on the sums of k_sums_vnni (the same float operations), the accumulator in lane 0
- * of a vector; dm holds the block's d and dmin in lanes 0 and 1. */
-static inline __attribute__((always_inline)) VNNI __m128 k_accumulate_vnni(uint32_t type, __m128 dm, float dx,
-                                                                           __m128i sm, __m128 acc) {
-  const __m128 f = _mm_cvtepi32_ps(sm), s = _mm_mul_ps(_mm_set1_ps(dx), dm);
-  acc = _mm_fmadd_ss(s, f, acc);
-  if (k_has_min(type)) acc = _mm_fnmadd_ss(_mm_movehdup_ps(s), _mm_movehdup_ps(f), acc);
-  return acc;
+/* The row's result from its accumulators: the 16 lanes, then the 8, in a fixed tree. */
+static inline __attribute__((always_inline)) VNNI float k_lanes_total(uint32_t type, struct kacc a) {
+  __m256 v = _mm256_add_ps(_mm512_castps512_ps256(a.s),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.s), 1)));
+  if (k_has_min(type)) v = _mm256_add_ps(v, a.m);
+  return hsum8_avx2(v);
 }
 
 /* Super-block b (at bb) of one row into the nt tokens' accumulators. */
 static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
                                                                     int64_t b, const uint8_t *xq, int64_t ldq,
-                                                                    int nt, __m128 *acc) {
+                                                                    int nt, const __m512i *xoff,
+                                                                    struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2143,20 +2165,17 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     const st_block_iq4_xs *b4 = (const st_block_iq4_xs *)(const void *)bb;
     const __m128i s8 = iq4_xs_scales_sse(b4);
     const struct iq4v v = iq4_xs_block_vnni(b4, kvu, s8);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
     const float d = _cvtsh_ss(b4->d);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i is = zero;
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; c++)
+      for (int c = 0; c < 4; c++) /* each lane's true Σ l x: the offset's products start below zero */
         is = _mm512_add_epi32(
-            is, _mm512_mullo_epi32(
-                    _mm512_dpbusd_epi32(zero, v.w[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c))),
-                    v.sc[c]));
-      const __m256i bm =
-          _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), sc16), 7);
-      acc[t] = k_accumulate_vnni(type, _mm_set_ss(d), x->d, k_sums_vnni(type, is, bm), acc[t]);
+            is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(xoff[4 * t + c], v.w[c],
+                                                       _mm512_loadu_si512((const void *)(x->qs + 64 * c))),
+                                   v.sc[c]));
+      k_lanes_vnni(type, d, 0.0f, x->d, is, _mm256_setzero_si256(), &acc[t]);
     }
     return;
   }
@@ -2169,6 +2188,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     uint32_t dh;
     memcpy(&dh, &b2->d, 4);
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dh)); /* d, dmin */
+    const float d2 = _mm_cvtss_f32(dm), dmin2 = _mm_cvtss_f32(_mm_movehdup_ps(dm));
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i is = zero;
@@ -2176,7 +2196,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       for (int c = 0; c < 4; c++)
         is = _mm512_dpbusd_epi32(is, w2[c], _mm512_loadu_si512((const void *)(x->qs + 64 * c)));
       const __m256i bm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), mv16);
-      acc[t] = k_accumulate_vnni(type, dm, x->d, k_sums_vnni(type, is, bm), acc[t]);
+      k_lanes_vnni(type, d2, dmin2, x->d, is, bm, &acc[t]);
     }
     return;
   }
@@ -2219,8 +2239,24 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     const __m256i bm = k_is_grid(type)
                            ? _mm256_setzero_si256()
                            : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
-    acc[t] = k_accumulate_vnni(type, _mm_setr_ps(k.d, k.dmin, 0.0f, 0.0f), x->d, k_sums_vnni(type, is[t], bm),
-                               acc[t]);
+    k_lanes_vnni(type, k.d, k.dmin, x->d, is[t], bm, &acc[t]);
+  }
+}
+
+/* IQ4_XS: per token and 64-weight vector c of super-block b, -128 times the sums of four
+ * activations, lane by lane: the start of vpdpbusd on the levels + 128, so that each lane ends
+ * with its true Σ l x (k_accumulate's lanes, as the AVX2 and scalar code). Shared by a pair of
+ * rows. */
+static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq, int nt,
+                                                                          int64_t b, __m512i *xoff) {
+  const __m512i zero = _mm512_setzero_si512(), u1 = _mm512_set1_epi8(1);
+  for (int t = 0; t < nt; t++) {
+    const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+      xoff[4 * t + c] = _mm512_sub_epi32(
+          zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, u1, _mm512_loadu_si512((const void *)(x->qs + 64 * c))),
+                                  7));
   }
 }
 
@@ -2234,29 +2270,33 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t t
   const uint64_t bs = k_bytes(type);
   int64_t r = 0;
   for (; r + 2 <= nr; r += 2) {
-    __m128 acc[2][ST_TILE];
+    struct kacc acc[2][ST_TILE];
     for (int t = 0; t < nt; t++)
-      acc[0][t] = acc[1][t] = _mm_setzero_ps();
+      acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
       prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);
-      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc[0]);
-      k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, acc[1]);
+      __m512i xoff[4 * ST_TILE];
+      if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);
+      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, acc[0]);
+      k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, acc[1]);
     }
     for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = _mm_cvtss_f32(acc[0][t]), out[t * ldo + r + 1] = _mm_cvtss_f32(acc[1][t]);
+      out[t * ldo + r] = k_lanes_total(type, acc[0][t]), out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);
   }
   if (r < nr) {
-    __m128 acc[ST_TILE];
+    struct kacc acc[ST_TILE];
     for (int t = 0; t < nt; t++)
-      acc[t] = _mm_setzero_ps();
+      acc[t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};
     const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;
     for (int64_t b = 0; b < n / 256; b++) {
       prefetch_ahead(w0 + b * bs, bs);
-      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, acc);
+      __m512i xoff[4 * ST_TILE];
+      if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);
+      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, acc);
     }
     for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = _mm_cvtss_f32(acc[t]);
+      out[t * ldo + r] = k_lanes_total(type, acc[t]);
   }
 }
 
