@@ -3,9 +3,9 @@
 # after scripts/gather-libs (carry/ travels with the tree); builds nothing. Prints the CPU
 # (lscpu: cores, threads per core, caches, the AVX-512 flags the kernels use), runs
 # tests/test_quant there (scalar / AVX2 / VNNI bitwise equal on that CPU), then
-# `strata bench --kernels` at each thread count of THREADS (default "16"; FORMATS, if set, is
-# passed as --formats), and prints the int8 GB/s and share of the host read per format and
-# thread count last. Full outputs under $OUT (or /tmp).
+# `strata bench --kernels` RUNS times (default 1) at each thread count of THREADS (default "16";
+# FORMATS, if set, is passed as --formats), and prints the int8 GB/s and share of the host read
+# per format, run and thread count last. Full outputs under $OUT (or /tmp).
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1
@@ -16,21 +16,26 @@ echo "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_vnni|avx512vbmi|a
 echo "test_quant: $(tail -n 1 "$out/test_quant.log")"
 fmt=()
 [ -n "${FORMATS:-}" ] && fmt=(--formats "$FORMATS")
-for t in ${THREADS:-16}; do
-  "$C/strata" bench --kernels --threads "$t" "${fmt[@]}" > "$out/kernels-$t.txt" 2>&1
-  echo "threads $t: exit $?"
+runs=${RUNS:-1}
+for r in $(seq "$runs"); do
+  for t in ${THREADS:-16}; do
+    "$C/strata" bench --kernels --threads "$t" "${fmt[@]}" > "$out/kernels-$t-$r.txt" 2>&1
+    echo "threads $t, run $r: exit $?"
+  done
 done
 echo
-echo "int8 GB/s (median share of the read in the same rounds) per thread count"
+echo "int8 GB/s (median share of the read in the same rounds) per thread count and run"
 printf '%-8s' format
-for t in ${THREADS:-16}; do printf ' %20s' "$t threads"; done
+for t in ${THREADS:-16}; do for r in $(seq "$runs"); do printf ' %20s' "$t thr, run $r"; done; done
 echo
 first=${THREADS:-16}
 first=${first%% *}
-for f in $(awk 'NR > 5 && NF >= 9 {print $1}' "$out/kernels-$first.txt"); do
+for f in $(awk 'NR > 5 && NF >= 9 {print $1}' "$out/kernels-$first-1.txt"); do
   printf '%-8s' "$f"
   for t in ${THREADS:-16}; do
-    awk -v f="$f" '$1 == f { if ($6 == "-") printf " %20s", "-"; else printf " %11s (%6s)", $6, $7 }' "$out/kernels-$t.txt"
+    for r in $(seq "$runs"); do
+      awk -v f="$f" '$1 == f { if ($6 == "-") printf " %20s", "-"; else printf " %11s (%6s)", $6, $7 }' "$out/kernels-$t-$r.txt"
+    done
   done
   echo
 done
