@@ -145,13 +145,17 @@ int st_kernel_bench(int threads, int json, const char *formats) {
   const uint64_t target = bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
-  /* the reference buffer stays for the whole run: it is read again in every round */
-  uint8_t *ref = st_bench_buffer((size_t)target);
+  /* the reference buffer stays for the whole run: it is read again in every round; the weights
+   * of every format go into one buffer of the same size, so that all formats read the same pages
+   * (huge or not: a fresh buffer per format got a different share of huge pages each time) */
+  uint8_t *ref = st_bench_buffer((size_t)target), *w = st_bench_buffer((size_t)target);
   if (ref) memset(ref, 1, (size_t)target);
+  if (w) memset(w, 1, (size_t)target);
   const double bw_host = st_host_read_bandwidth_of(ref, (size_t)target, threads, 5);
-  if (bw_host <= 0) {
+  if (bw_host <= 0 || !w) {
     free(ref);
-    return st_set_error(ST_ENOMEM, "measuring the host read bandwidth failed (%llu MiB buffer or %d threads)",
+    free(w);
+    return st_set_error(ST_ENOMEM, "two %llu MiB buffers could not be allocated, or %d threads could not read them",
                         (unsigned long long)(target >> 20), threads);
   }
   double bw_gpu = 0.0;
@@ -164,6 +168,7 @@ int st_kernel_bench(int threads, int json, const char *formats) {
   const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
   uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
   if (!x || !rows_f || !out || !xq) {
+    free(w);
     free(x);
     free(rows_f);
     free(out);
@@ -205,19 +210,13 @@ int st_kernel_bench(int threads, int json, const char *formats) {
     const uint32_t t = types[k];
     const uint64_t rb = st_row_bytes(t, (uint64_t)n);
     const int64_t rows = (int64_t)(target / rb);
-    uint8_t *w = st_bench_buffer(rb * (uint64_t)rows);
-    if (!w) {
-      fprintf(stderr, "strata bench --kernels: %s skipped: %llu MiB of weights could not be allocated\n",
-              st_type_info(t)->name, (unsigned long long)(rb * (uint64_t)rows >> 20));
-      continue;
-    }
     for (int64_t r = 0; r < DISTINCT_ROWS && r < rows; r++)
       st_quantize_row(t, rows_f + r * n, w + (uint64_t)r * rb, n);
     for (int64_t r = DISTINCT_ROWS; r < rows; r++) memcpy(w + (uint64_t)r * rb, w + (uint64_t)(r % DISTINCT_ROWS) * rb, rb);
     struct cpu_figures f;
     if (cpu_rounds(t, w, rb, rows, n, x, out, threads, xq, ref, target, &f)) {
-      free(w);
       free(ref);
+      free(w);
       free(xq);
       free(x);
       free(rows_f);
@@ -247,10 +246,10 @@ int st_kernel_bench(int threads, int json, const char *formats) {
       printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits, f.read_gbs,
              f.gbs, 100.0 * f.share, "-", "", gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     fflush(stdout);
-    free(w);
   }
   if (json) printf("\n]}\n");
   free(ref);
+  free(w);
   free(xq);
   free(x);
   free(rows_f);
