@@ -12,6 +12,7 @@ export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1
 out=${OUT:-/tmp}
 lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|L1d|L2|L3|NUMA node\(s\))" | tee "$out/lscpu.txt"
 echo "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_vnni|avx512vbmi|avx512_vbmi2|avx_vnni|amx_int8|avx512_bf16|avx512_fp16' /proc/cpuinfo | sort -u | tr '\n' ' ')" | tee -a "$out/lscpu.txt"
+echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null), defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)" | tee -a "$out/lscpu.txt"
 "$C/tests/test_quant" > "$out/test_quant.log" 2>&1
 echo "test_quant: $(tail -n 1 "$out/test_quant.log")"
 fmt=()
