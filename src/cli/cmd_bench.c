@@ -100,12 +100,13 @@ static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
 }
 
 int st_cmd_bench(int argc, char **argv) {
-  static const struct option own[] = {{"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
-                                      {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
-                                      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-                                      {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
-                                      {"threads", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
-                                      {"formats", required_argument, 0, 'F'}, {0, 0, 0, 0}};
+  static const struct option own[] = {
+      {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
+      {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
+      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+      {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
+      {"threads", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
+      {"formats", required_argument, 0, 'F'}, {0, 0, 0, 0}};
   const char *model = NULL, *formats = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
@@ -134,25 +135,27 @@ int st_cmd_bench(int argc, char **argv) {
     case 'F': formats = optarg; break;
     case 'r': rc = st_parse_int("--repetitions", optarg, 1, MAX_REPS, &reps); break;
     case 'h':
-      printf("usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [-r N] [--json]\n"
-             "                    [--cuda-graphs on|off|both] [engine flags]\n\n"
-             "  -m, --model FILE       qwen3moe GGUF\n"
-             "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
-             "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
-             "      --depth LIST       context depths in tokens before decoding (default 0); a depth equal to\n"
-"                         the last --prompt size decodes in that prompt's context (no second prefill)\n"
-             "  -r, --repetitions N    run every test N times in the same engine (1..16, default 1); each row\n"
-             "                         is the run with the median time (the lower one for an even N), and\n"
-             "                         every run's tok/s is listed\n"
-             "      --json             print JSON instead of the table\n"
-             "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
-             "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
-             "      --kernels          no model: mat-vec GB/s per weight format on the CPU (and CUDA), against\n"
-             "                         the memory bandwidths measured in the same run\n"
-             "      --threads N        CPU threads for --kernels (default: online CPUs)\n"
-             "      --formats LIST     --kernels: only these weight formats, e.g. q4_K,iq3_xxs (default: all)\n"
-             "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
-             "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
+      printf(
+          "usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [-r N] [--json]\n"
+          "                    [--cuda-graphs on|off|both] [engine flags]\n\n"
+          "  -m, --model FILE       qwen3moe GGUF\n"
+          "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
+          "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
+          "      --depth LIST       context depths in tokens before decoding (default 0); a depth equal to\n"
+          "                         the last --prompt size decodes in that prompt's context (no second "
+          "prefill)\n"
+          "  -r, --repetitions N    run every test N times in the same engine (1..16, default 1); each row\n"
+          "                         is the run with the median time (the lower one for an even N), and\n"
+          "                         every run's tok/s is listed\n"
+          "      --json             print JSON instead of the table\n"
+          "      --roofline         measure host and GPU memory bandwidth and print, per decode row, the\n"
+          "                         expert-bandwidth roofline 1 / ((1-f) B / BW_host + f B / BW_gpu)\n"
+          "      --kernels          no model: mat-vec GB/s per weight format on the CPU (and CUDA), against\n"
+          "                         the memory bandwidths measured in the same run\n"
+          "      --threads N        CPU threads for --kernels (default: online CPUs)\n"
+          "      --formats LIST     --kernels: only these weight formats, e.g. q4_K,iq3_xxs (default: all)\n"
+          "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
+          "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
       st_engine_opts_help(stdout);
       free(longopts);
       return 0;

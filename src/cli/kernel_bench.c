@@ -110,14 +110,16 @@ static int cpu_rounds(uint32_t t, const uint8_t *w, uint64_t rb, int64_t rows, i
 /* Marks in *pick which of the n types `formats` names (comma-separated, case-insensitive GGUF type
  * names; NULL: all of them); an unknown name is an error that lists the known ones. */
 static int pick_formats(const char *formats, const uint32_t *types, int n, int *pick) {
-  for (int i = 0; i < n; i++) pick[i] = formats == NULL;
+  for (int i = 0; i < n; i++)
+    pick[i] = formats == NULL;
   if (!formats) return 0;
   char *copy = strdup(formats), *save = NULL;
   if (!copy) return st_set_error(ST_ENOMEM, "out of memory");
   int rc = 0, any = 0;
   for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
     int i = 0;
-    while (i < n && strcasecmp(st_type_info(types[i])->name, tok)) i++;
+    while (i < n && strcasecmp(st_type_info(types[i])->name, tok))
+      i++;
     if (i == n) {
       char known[256] = "";
       for (int j = 0; j < n; j++) {
@@ -155,7 +157,8 @@ int st_kernel_bench(int threads, int json, const char *formats) {
   if (bw_host <= 0 || !w) {
     free(ref);
     free(w);
-    return st_set_error(ST_ENOMEM, "two %llu MiB buffers could not be allocated, or %d threads could not read them",
+    return st_set_error(ST_ENOMEM,
+                        "two %llu MiB buffers could not be allocated, or %d threads could not read them",
                         (unsigned long long)(target >> 20), threads);
   }
   double bw_gpu = 0.0;
@@ -198,11 +201,12 @@ int st_kernel_bench(int threads, int json, const char *formats) {
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
     printf(" (int8: %s kernels)\n", st_dot_q8_isa());
-    printf("CPU: %d rounds per format of (host read, float kernel, int8 kernel), best of %d each; medians of\n"
-           "GB/s and of the per-round shares of the read\n",
-           ROUNDS, ROUND_REPS);
-    printf("%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s", "of host",
-           "int8 GB/s", "of host", "GPU GB/s", "of GPU");
+    printf(
+        "CPU: %d rounds per format of (host read, float kernel, int8 kernel), best of %d each; medians of\n"
+        "GB/s and of the per-round shares of the read\n",
+        ROUNDS, ROUND_REPS);
+    printf("%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s",
+           "of host", "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }
   int printed = 0; /* JSON rows so far */
   for (int k = 0; k < NTYPES; k++) {
@@ -212,7 +216,8 @@ int st_kernel_bench(int threads, int json, const char *formats) {
     const int64_t rows = (int64_t)(target / rb);
     for (int64_t r = 0; r < DISTINCT_ROWS && r < rows; r++)
       st_quantize_row(t, rows_f + r * n, w + (uint64_t)r * rb, n);
-    for (int64_t r = DISTINCT_ROWS; r < rows; r++) memcpy(w + (uint64_t)r * rb, w + (uint64_t)(r % DISTINCT_ROWS) * rb, rb);
+    for (int64_t r = DISTINCT_ROWS; r < rows; r++)
+      memcpy(w + (uint64_t)r * rb, w + (uint64_t)(r % DISTINCT_ROWS) * rb, rb);
     struct cpu_figures f;
     if (cpu_rounds(t, w, rb, rows, n, x, out, threads, xq, ref, target, &f)) {
       free(ref);
@@ -236,15 +241,16 @@ int st_kernel_bench(int threads, int json, const char *formats) {
           "%s\n  {\"format\": \"%s\", \"bits_per_weight\": %.3f, \"host_read_gbs\": %.2f, \"cpu_gbs\": %.2f, "
           "\"cpu_share\": %.3f, \"int8_gbs\": %.2f, \"int8_share\": %.3f, \"gpu_gbs\": %.2f, \"gpu_share\": "
           "%.3f}",
-          printed++ ? "," : "", st_type_info(t)->name, bits, f.read_gbs, f.gbs, f.share, f.int8_gbs, f.int8_share,
-          gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
+          printed++ ? "," : "", st_type_info(t)->name, bits, f.read_gbs, f.gbs, f.share, f.int8_gbs,
+          f.int8_share, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
     else if (f.int8_gbs > 0)
       printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
              f.read_gbs, f.gbs, 100.0 * f.share, f.int8_gbs, 100.0 * f.int8_share, gpu_gbs,
              bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     else
-      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits, f.read_gbs,
-             f.gbs, 100.0 * f.share, "-", "", gpu_gbs, bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
+             f.read_gbs, f.gbs, 100.0 * f.share, "-", "", gpu_gbs,
+             bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
     fflush(stdout);
   }
   if (json) printf("\n]}\n");

@@ -1193,11 +1193,13 @@ static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type
  * lanes 0..7, the formats with mins take it with -dmin). Each lane accumulates in float across
  * super-blocks, and k_reduce adds the lanes once per row: every ISA runs these same float
  * operations, so all give the same bits, with no horizontal sum per super-block. */
-static inline void k_accumulate(uint32_t type, float d, float dmin, float dx, const int32_t *S, const int32_t *M,
-                                float *a, float *am) {
-  for (int L = 0; L < 16; L++) a[L] = fmaf(dx * d, (float)S[L], a[L]);
+static inline void k_accumulate(uint32_t type, float d, float dmin, float dx, const int32_t *S,
+                                const int32_t *M, float *a, float *am) {
+  for (int L = 0; L < 16; L++)
+    a[L] = fmaf(dx * d, (float)S[L], a[L]);
   if (k_has_min(type))
-    for (int j = 0; j < 8; j++) am[j] = fmaf(-(dmin * dx), (float)M[j], am[j]);
+    for (int j = 0; j < 8; j++)
+      am[j] = fmaf(-(dmin * dx), (float)M[j], am[j]);
 }
 
 /* A row's result from k_accumulate's lanes: lanes L and L + 8 (and M's lane L), then the tree of
@@ -1321,7 +1323,8 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
       k_scales(type, bb, &k);
       k_quants_scalar(type, bb, q);
       int32_t S[16] = {0}, M[8];
-      for (int i = 0; i < 256; i++) S[i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
+      for (int i = 0; i < 256; i++)
+        S[i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
       for (int j = 0; j < 8; j++) {
         M[j] = k.mv[2 * j] * x[b].bsums[2 * j] + k.mv[2 * j + 1] * x[b].bsums[2 * j + 1];
         if (k_has_offset(type)) S[j] -= M[j];
@@ -1352,7 +1355,7 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
  * each instead lands half the requests in row r + 1, which is being read anyway, and never asks
  * for row r + 3 (seen as K-quants reading 55 % of the memory bandwidth on 2 threads, q4_0 95 %). */
 static inline __attribute__((always_inline)) void prefetch_pair_ahead(const uint8_t *p0, const uint8_t *p1,
-                                                                     uint64_t row_bytes, uint64_t bytes) {
+                                                                      uint64_t row_bytes, uint64_t bytes) {
   if (ST_PREFETCH_AHEAD <= 0) return;
   for (uint64_t j = 0; j < bytes; j += 64) {
     _mm_prefetch((const char *)p0 + 2 * row_bytes + j, _MM_HINT_T0);
@@ -1615,7 +1618,8 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
                                                                           int64_t ldq, int nt, int64_t n, float *out,
                                                                           int64_t ldo) {
   __m256 acc[ST_TILE][2], accm[ST_TILE]; /* k_accumulate's lanes 0..7, 8..15, and M's */
-  for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
+  for (int t = 0; t < nt; t++)
+    acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
   const uint64_t bs = k_bytes(type);
   /* byte shuffles that spread the scales of group g (int16 entries 2g, 2g + 1 of sc16, in the
    * 128-bit half g / 4) over the 16-weight halves of the group */
@@ -1632,7 +1636,8 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
     prefetch_ahead(bb, bs);
     const struct kvec k = k_vec_avx2(type, bb);
     __m256i is[ST_TILE][2]; /* the even and the odd 32-weight groups: k_accumulate's lanes */
-    for (int t = 0; t < nt; t++) is[t][0] = is[t][1] = _mm256_setzero_si256();
+    for (int t = 0; t < nt; t++)
+      is[t][0] = is[t][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8 /* GCC -O2 kept these loops rolled: shifts by a variable, spills; 1.2-1.6x */
     for (int g = 0; g < 8; g++) {
       __m256i v, av;
@@ -2135,8 +2140,8 @@ struct kacc {
   __m256 m;
 };
 
-static inline __attribute__((always_inline)) VNNI void k_lanes_vnni(uint32_t type, float d, float dmin, float dx,
-                                                                   __m512i is, __m256i bm, struct kacc *a) {
+static inline __attribute__((always_inline)) VNNI void
+k_lanes_vnni(uint32_t type, float d, float dmin, float dx, __m512i is, __m256i bm, struct kacc *a) {
   if (k_has_offset(type)) is = _mm512_sub_epi32(is, _mm512_zextsi256_si512(bm));
   a->s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(d * dx), a->s);
   if (k_has_min(type)) a->m = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bm), _mm256_set1_ps(dmin * dx), a->m);
@@ -2247,16 +2252,16 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
  * activations, lane by lane: the start of vpdpbusd on the levels + 128, so that each lane ends
  * with its true Σ l x (k_accumulate's lanes, as the AVX2 and scalar code). Shared by a pair of
  * rows. */
-static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq, int nt,
-                                                                          int64_t b, __m512i *xoff) {
+static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq,
+                                                                           int nt, int64_t b, __m512i *xoff) {
   const __m512i zero = _mm512_setzero_si512(), u1 = _mm512_set1_epi8(1);
   for (int t = 0; t < nt; t++) {
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++)
       xoff[4 * t + c] = _mm512_sub_epi32(
-          zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, u1, _mm512_loadu_si512((const void *)(x->qs + 64 * c))),
-                                  7));
+          zero, _mm512_slli_epi32(
+                    _mm512_dpbusd_epi32(zero, u1, _mm512_loadu_si512((const void *)(x->qs + 64 * c))), 7));
   }
 }
 
@@ -2282,7 +2287,8 @@ static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t t
       k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, acc[1]);
     }
     for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = k_lanes_total(type, acc[0][t]), out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);
+      out[t * ldo + r] = k_lanes_total(type, acc[0][t]),
+                    out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);
   }
   if (r < nr) {
     struct kacc acc[ST_TILE];
