@@ -1185,7 +1185,6 @@ static inline uint64_t k_bytes(uint32_t type) {
 static inline int k_has_offset(uint32_t type) { return type == ST_TYPE_Q3_K || type == ST_TYPE_Q6_K; }
 static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K; }
 
-/* The float step of one super-block (the same in every ISA): Q3_K's and Q6_K's offsets are already in S. */
 /* The K formats' float step, in lanes: a super-block's integer sums are kept as 16 lanes S (lane L:
  * the scaled products of weights 64c + 4L .. + 3, c = 0..3, which is what one 512-bit vpdpbusd or
  * vpdpwssd accumulator holds; 8-lane AVX2 code keeps the even and the odd 32-weight groups apart)
@@ -2265,9 +2264,8 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
   }
 }
 
-/* Rows are taken two at a time: the two rows' super-blocks are independent work for the core
- * while one of them waits at the end of a block (its sums, then the float step), and they share
- * the activation loads. */
+/* Rows are taken two at a time: the two rows' super-blocks are independent work for the core,
+ * and they share the activation loads (and IQ4_XS's offsets). */
 static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t type, const void *w,
                                                                       uint64_t row_bytes, int64_t nr,
                                                                       const uint8_t *xq, int64_t ldq, int nt,
