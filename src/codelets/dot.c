@@ -811,11 +811,12 @@ static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
                             int64_t);
 
+/* 3: level 2 and the integer kernels may use AVX-512 VNNI and VBMI (the float kernels run as at 2). */
 static int detected_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    return 2;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") ? 3 : 2;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
     return 1;
@@ -825,10 +826,13 @@ static int detected_level(void) {
 /* -1 until first use; a process-wide constant afterwards (the CPU does not change). */
 static int isa_level = -1;
 
-static int level(void) {
+static int full_level(void) {
   if (isa_level < 0) isa_level = detected_level();
   return isa_level;
 }
+
+/* The float kernels' level: 0..2. */
+static int level(void) { return full_level() > 2 ? 2 : full_level(); }
 
 const char *st_dot_isa(void) {
   static const char *names[] = {"scalar", "avx2", "avx512"};
@@ -837,7 +841,7 @@ const char *st_dot_isa(void) {
 
 int st_dot_force_isa(int l) {
   if (l >= 0 && l <= detected_level()) isa_level = l;
-  return level();
+  return full_level();
 }
 
 void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
@@ -2158,7 +2162,7 @@ static inline __attribute__((always_inline)) VNNI float k_lanes_total(uint32_t t
 static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
                                                                     int64_t b, const uint8_t *xq, int64_t ldq,
                                                                     int nt, const __m512i *xoff,
-                                                                    struct kacc *acc) {
+                                                                    const __m512i *mags, struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2212,8 +2216,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     qhs = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
                             _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
   }
-  __m512i is[ST_TILE], mags[4];
-  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
+  __m512i is[ST_TILE];
   uint64_t signs[4];
   if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
     _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
@@ -2266,63 +2269,138 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
 
 /* Rows are taken two at a time: the two rows' super-blocks are independent work for the core,
  * and they share the activation loads (and IQ4_XS's offsets). */
-static inline __attribute__((always_inline)) VNNI void q8_rows_k_vnni(uint32_t type, const void *w,
-                                                                      uint64_t row_bytes, int64_t nr,
-                                                                      const uint8_t *xq, int64_t ldq, int nt,
-                                                                      int64_t n, float *out, int64_t ldo) {
-  const uint64_t bs = k_bytes(type);
-  int64_t r = 0;
-  for (; r + 2 <= nr; r += 2) {
-    struct kacc acc[2][ST_TILE];
-    for (int t = 0; t < nt; t++)
-      acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};
-    const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;
-    for (int64_t b = 0; b < n / 256; b++) {
-      prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);
-      __m512i xoff[4 * ST_TILE];
-      if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);
-      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, acc[0]);
-      k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, acc[1]);
-    }
-    for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = k_lanes_total(type, acc[0][t]),
-                    out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);
+/* The rows of a group, for an ISA attribute `attr` and the IQ3 magnitude lookup `mags_fn` it
+ * allows (iq3_mags_vnni, or iq3_mags_vbmi with AVX-512 VBMI). */
+#define ST_Q8_ROWS_K(name, attr, mags_fn)                                                                    \
+  static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *w, uint64_t row_bytes, \
+                                                             int64_t nr, const uint8_t *xq, int64_t ldq, int nt, \
+                                                             int64_t n, float *out, int64_t ldo) {           \
+    const uint64_t bs = k_bytes(type);                                                                       \
+    const int iq3 = type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;                                        \
+    int64_t r = 0;                                                                                           \
+    for (; r + 2 <= nr; r += 2) {                                                                            \
+      struct kacc acc[2][ST_TILE];                                                                           \
+      for (int t = 0; t < nt; t++)                                                                           \
+        acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                    \
+      const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                         \
+      for (int64_t b = 0; b < n / 256; b++) {                                                                \
+        prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
+        __m512i xoff[4 * ST_TILE], m0[4], m1[4];                                                             \
+        if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
+        if (iq3) mags_fn(type, w0 + b * bs, m0), mags_fn(type, w1 + b * bs, m1);                            \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, acc[0]);                                   \
+        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, acc[1]);                                   \
+      }                                                                                                      \
+      for (int t = 0; t < nt; t++)                                                                           \
+        out[t * ldo + r] = k_lanes_total(type, acc[0][t]),                                                   \
+                      out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);                                 \
+    }                                                                                                        \
+    if (r < nr) {                                                                                            \
+      struct kacc acc[ST_TILE];                                                                              \
+      for (int t = 0; t < nt; t++)                                                                           \
+        acc[t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                                    \
+      const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;                                                \
+      for (int64_t b = 0; b < n / 256; b++) {                                                                \
+        prefetch_ahead(w0 + b * bs, bs);                                                                     \
+        __m512i xoff[4 * ST_TILE], m0[4];                                                                    \
+        if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
+        if (iq3) mags_fn(type, w0 + b * bs, m0);                                                             \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, acc);                                      \
+      }                                                                                                      \
+      for (int t = 0; t < nt; t++)                                                                           \
+        out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
+    }                                                                                                        \
   }
-  if (r < nr) {
-    struct kacc acc[ST_TILE];
-    for (int t = 0; t < nt; t++)
-      acc[t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};
-    const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;
-    for (int64_t b = 0; b < n / 256; b++) {
-      prefetch_ahead(w0 + b * bs, bs);
-      __m512i xoff[4 * ST_TILE];
-      if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);
-      k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, acc);
-    }
-    for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = k_lanes_total(type, acc[t]);
-  }
-}
+
+ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, iq3_mags_vnni)
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
-/* 0 scalar, 1 avx2, 2 avx512vnni: the integer kernels at the current level. */
+/* AVX-512 VBMI on top: the IQ3 grids looked up with byte permutes (vpermi2b, one instruction on
+ * the Xeons where vpermi2w is three) over the grids' byte planes, 64 entries at a time. The same
+ * magnitudes as iq3_mags_vnni, so the same results. */
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+
+static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
+static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GRID_PLANES;
+
+/* One plane's bytes for 64 indices (bits 0..6 through vpermi2b over 128 entries, bit 7 by hi7;
+ * IQ3_S's bit 8 by hi8). */
+static inline __attribute__((always_inline)) VBMI __m512i iq3_plane_vbmi(const uint8_t *tab, int ntab,
+                                                                        __m512i idx, __mmask64 hi7,
+                                                                        __mmask64 hi8) {
+  const __m512i *t = (const __m512i *)(const void *)tab;
+  const __m512i a = _mm512_mask_blend_epi8(hi7, _mm512_permutex2var_epi8(t[0], idx, t[1]),
+                                           _mm512_permutex2var_epi8(t[2], idx, t[3]));
+  if (ntab == 256) return a;
+  const __m512i b = _mm512_mask_blend_epi8(hi7, _mm512_permutex2var_epi8(t[4], idx, t[5]),
+                                           _mm512_permutex2var_epi8(t[6], idx, t[7]));
+  return _mm512_mask_blend_epi8(hi8, a, b);
+}
+
+/* iq3_mags_vnni with byte permutes. The 64 indices are first reordered (position 16 l + 4 q + i
+ * takes entry 16 q + 4 l + i) so that the per-lane unpacks at the end leave vector q holding
+ * weights 64 q .. 64 q + 63 in order. */
+static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t type, const uint8_t *bb,
+                                                                    __m512i *m) {
+  static const uint8_t order[64] __attribute__((aligned(64))) = {
+      0,  1,  2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4,  5,  6,  7,  20, 21,
+      22, 23, 36, 37, 38, 39, 52, 53, 54, 55, 8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43,
+      56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};
+  const __m512i ord = _mm512_load_si512((const void *)order), m4 = _mm512_set1_epi8(0xF);
+  const int xxs = type == ST_TYPE_IQ3_XXS;
+  const uint8_t *qs = xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs
+                          : ((const st_block_iq3_s *)(const void *)bb)->qs;
+  const __m512i idx = _mm512_permutexvar_epi8(ord, _mm512_loadu_si512((const void *)qs));
+  const __mmask64 hi7 = _mm512_movepi8_mask(idx);
+  __mmask64 hi8 = 0;
+  if (!xxs) { /* bit k of qh is the top bit of index k: reordered as the indices */
+    uint64_t qh;
+    memcpy(&qh, ((const st_block_iq3_s *)(const void *)bb)->qh, 8);
+    hi8 = _mm512_movepi8_mask(_mm512_permutexvar_epi8(ord, _mm512_movm_epi8(_cvtu64_mask64(qh))));
+  }
+  const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
+  const int ntab = xxs ? 256 : 512;
+  const __m512i lo = iq3_plane_vbmi(tab, ntab, idx, hi7, hi8), hi = iq3_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8);
+  const __m512i lut = _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
+                                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+  const __m512i e0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(lo, m4)),
+                e1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4)),
+                e2 = _mm512_shuffle_epi8(lut, _mm512_and_si512(hi, m4)),
+                e3 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
+  const __m512i a = _mm512_unpacklo_epi8(e0, e1), b = _mm512_unpackhi_epi8(e0, e1);
+  const __m512i c = _mm512_unpacklo_epi8(e2, e3), d = _mm512_unpackhi_epi8(e2, e3);
+  m[0] = _mm512_unpacklo_epi16(a, c);
+  m[1] = _mm512_unpackhi_epi16(a, c);
+  m[2] = _mm512_unpacklo_epi16(b, d);
+  m[3] = _mm512_unpackhi_epi16(b, d);
+}
+
+ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, iq3_mags_vbmi)
+
+static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
+                              int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
+  ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi)
+}
+
+/* 0 scalar, 1 avx2, 2 avx512vnni, 3 avx512vnni with VBMI: the integer kernels at the current level. */
 static int q8_level(void) {
-  if (level() == 2 && __builtin_cpu_supports("avx512vnni")) return 2;
-  return level() >= 1 ? 1 : 0;
+  if (full_level() == 3) return 3;
+  if (full_level() == 2 && __builtin_cpu_supports("avx512vnni")) return 2;
+  return full_level() >= 1 ? 1 : 0;
 }
 
 const char *st_dot_q8_isa(void) {
-  static const char *names[] = {"scalar", "avx2", "avx512vnni"};
+  static const char *names[] = {"scalar", "avx2", "avx512vnni", "avx512vbmi"};
   return names[q8_level()];
 }
 
 void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
                   int64_t T, int64_t n, float *out, int64_t ldo) {
-  static const q8_tile_fn fns[] = {q8_tile_scalar, q8_tile_avx2, q8_tile_vnni};
+  static const q8_tile_fn fns[] = {q8_tile_scalar, q8_tile_avx2, q8_tile_vnni, q8_tile_vbmi};
   const uint64_t ldq = st_q8_row_bytes(type, n);
   ST_ASSERT(ldq > 0);
   const q8_tile_fn tile = fns[q8_level()];
