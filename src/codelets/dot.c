@@ -2162,7 +2162,8 @@ static inline __attribute__((always_inline)) VNNI float k_lanes_total(uint32_t t
 static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
                                                                     int64_t b, const uint8_t *xq, int64_t ldq,
                                                                     int nt, const __m512i *xoff,
-                                                                    const __m512i *mags, struct kacc *acc) {
+                                                                    const __m512i *mags, const uint64_t *signs,
+                                                                    struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2217,9 +2218,6 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
                             _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
   }
   __m512i is[ST_TILE];
-  uint64_t signs[4];
-  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
-    _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
   for (int t = 0; t < nt; t++)
     is[t] = zero;
 #pragma GCC unroll 4            /* as in the AVX2 kernel */
@@ -2269,14 +2267,22 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
 
 /* Rows are taken two at a time: the two rows' super-blocks are independent work for the core,
  * and they share the activation loads (and IQ4_XS's offsets). */
-/* The rows of a group, for an ISA attribute `attr` and the IQ3 magnitude lookup `mags_fn` it
- * allows (iq3_mags_vnni, or iq3_mags_vbmi with AVX-512 VBMI). */
-#define ST_Q8_ROWS_K(name, attr, mags_fn)                                                                    \
+/* What a grid block's pairs need before the token loop: the IQ3 magnitudes (mags[4]) and the
+ * IQ2_XS/IQ3_XXS sign bytes (signs[4], 64 sign bits per vector c). */
+static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t type, const uint8_t *bb,
+                                                                      __m512i *mags, uint64_t *signs) {
+  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
+    _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
+}
+
+/* The rows of a group, for an ISA attribute `attr` and the grid preparation `prep_fn` it allows
+ * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI). */
+#define ST_Q8_ROWS_K(name, attr, prep_fn)                                                                    \
   static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *w, uint64_t row_bytes, \
                                                              int64_t nr, const uint8_t *xq, int64_t ldq, int nt, \
                                                              int64_t n, float *out, int64_t ldo) {           \
     const uint64_t bs = k_bytes(type);                                                                       \
-    const int iq3 = type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;                                        \
     int64_t r = 0;                                                                                           \
     for (; r + 2 <= nr; r += 2) {                                                                            \
       struct kacc acc[2][ST_TILE];                                                                           \
@@ -2286,10 +2292,11 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
         __m512i xoff[4 * ST_TILE], m0[4], m1[4];                                                             \
+        uint64_t s0[4], s1[4];                                                                               \
         if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
-        if (iq3) mags_fn(type, w0 + b * bs, m0), mags_fn(type, w1 + b * bs, m1);                            \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, acc[0]);                                   \
-        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, acc[1]);                                   \
+        if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);        \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, acc[0]);                               \
+        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, acc[1]);                               \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[0][t]),                                                   \
@@ -2303,16 +2310,17 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_ahead(w0 + b * bs, bs);                                                                     \
         __m512i xoff[4 * ST_TILE], m0[4];                                                                    \
+        uint64_t s0[4];                                                                                      \
         if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
-        if (iq3) mags_fn(type, w0 + b * bs, m0);                                                             \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, acc);                                      \
+        if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0);                                             \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, acc);                                  \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
     }                                                                                                        \
   }
 
-ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, iq3_mags_vnni)
+ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, grid_prep_vnni)
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
@@ -2379,7 +2387,40 @@ static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t ty
   m[3] = _mm512_unpackhi_epi16(b, d);
 }
 
-ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, iq3_mags_vbmi)
+/* IQ2_XS/IQ3_XXS sign bytes (as iq_signs32_vnni): each 7-bit field to its byte through one byte
+ * permute of the 128-entry table of fields with their parity bit (st_iq_signs), the fields pulled
+ * out of the packed words by vpmultishiftqb (IQ3_XXS) or a shift (IQ2_XS). */
+static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32_t type, const uint8_t *bb) {
+#define ST_SIGNS1(i) ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
+#define ST_SIGNS8(i)                                                                                         \
+  ST_SIGNS1(i), ST_SIGNS1((i) + 1), ST_SIGNS1((i) + 2), ST_SIGNS1((i) + 3), ST_SIGNS1((i) + 4),              \
+      ST_SIGNS1((i) + 5), ST_SIGNS1((i) + 6), ST_SIGNS1((i) + 7)
+#define ST_SIGNS32(i) ST_SIGNS8(i), ST_SIGNS8((i) + 8), ST_SIGNS8((i) + 16), ST_SIGNS8((i) + 24)
+  static const uint8_t ksigns[128] __attribute__((aligned(64))) = {ST_SIGNS32(0), ST_SIGNS32(32), ST_SIGNS32(64),
+                                                                  ST_SIGNS32(96)};
+#undef ST_SIGNS32
+#undef ST_SIGNS8
+#undef ST_SIGNS1
+  const __m512i t0 = _mm512_load_si512((const void *)ksigns), t1 = _mm512_load_si512((const void *)(ksigns + 64));
+  if (type == ST_TYPE_IQ2_XS) { /* field: bits 9..15 of each uint16; the high bytes look up entry 0 */
+    const __m512i f = _mm512_srli_epi16(
+        _mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs), 9);
+    return _mm512_cvtepi16_epi8(_mm512_permutex2var_epi8(t0, f, t1));
+  }
+  /* IQ3_XXS: field k of sub-block s at bits 7k of its uint32; two sub-blocks per qword */
+  const __m256i aux = _mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64));
+  const __m256i f = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(0x352E2720150E0700ll), aux);
+  return _mm512_castsi512_si256(_mm512_permutex2var_epi8(t0, _mm512_castsi256_si512(f), t1)); /* 7 index bits */
+}
+
+static inline __attribute__((always_inline)) VBMI void grid_prep_vbmi(uint32_t type, const uint8_t *bb,
+                                                                      __m512i *mags, uint64_t *signs) {
+  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vbmi(type, bb, mags);
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
+    _mm256_storeu_si256((__m256i *)signs, iq_signs32_vbmi(type, bb));
+}
+
+ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, grid_prep_vbmi)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
