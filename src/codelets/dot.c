@@ -2053,33 +2053,26 @@ static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32
       _mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7)));
 }
 
-/* Sub-blocks 2c and 2c + 1 of a grid block: 64 magnitudes (weight order; IQ3 ones from mags)
- * and in *neg the 64 sign bits (IQ2_XS, IQ3_XXS: signs[c]). */
+/* Sub-blocks 2c and 2c + 1 of a grid block: their 64 magnitudes (weight order: mags[c] from the
+ * block's preparation; IQ2 ones fetched here unless iq2_ready) and in *neg the 64 sign bits. */
 static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb,
                                                                          int c, const __m512i *mags,
-                                                                         const uint64_t *signs,
+                                                                         const uint64_t *signs, int iq2_ready,
                                                                          __mmask64 *neg) {
   uint64_t sg;
-  __m512i g;
-  if (type == ST_TYPE_IQ2_XS) {
-    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
-    g = iq2xs_mags64(b->qs + 8 * c);
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
     sg = signs[c];
-  } else if (type == ST_TYPE_IQ2_S) {
-    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-    const uint8_t *q = b->qs + 8 * c;
-    const int h0 = b->qh[2 * c], h1 = b->qh[2 * c + 1];
-    g = iq2s_mags64(q, h0, h1);
-    memcpy(&sg, b->qs + 32 + 8 * c, 8);
-  } else if (type == ST_TYPE_IQ3_XXS) {
-    g = mags[c];
-    sg = signs[c];
-  } else { /* IQ3_S */
-    g = mags[c];
+  else if (type == ST_TYPE_IQ2_S)
+    memcpy(&sg, ((const st_block_iq2_s *)(const void *)bb)->qs + 32 + 8 * c, 8);
+  else /* IQ3_S */
     memcpy(&sg, ((const st_block_iq3_s *)(const void *)bb)->signs + 8 * c, 8);
-  }
   *neg = (__mmask64)sg;
-  return g;
+  if (!iq2_ready && type == ST_TYPE_IQ2_XS) return iq2xs_mags64(((const st_block_iq2_xs *)(const void *)bb)->qs + 8 * c);
+  if (!iq2_ready && type == ST_TYPE_IQ2_S) {
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    return iq2s_mags64(b->qs + 8 * c, b->qh[2 * c], b->qh[2 * c + 1]);
+  }
+  return mags[c];
 }
 
 /* IQ4_XS for vpdpbusd: the levels plus 128 (unsigned, 1..241) in weight order, 64 per vector,
@@ -2163,7 +2156,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
                                                                     int64_t b, const uint8_t *xq, int64_t ldq,
                                                                     int nt, const __m512i *xoff,
                                                                     const __m512i *mags, const uint64_t *signs,
-                                                                    struct kacc *acc) {
+                                                                    int iq2_ready, struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2229,7 +2222,8 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     }
     __mmask64 neg = 0;
     const __m512i av =
-        k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, &neg) : k_pair_vnni(type, bb, c, qhs);
+        k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, iq2_ready, &neg)
+                        : k_pair_vnni(type, bb, c, qhs);
     const __m512i sc =
         _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
     for (int t = 0; t < nt; t++) {
@@ -2267,8 +2261,9 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
 
 /* Rows are taken two at a time: the two rows' super-blocks are independent work for the core,
  * and they share the activation loads (and IQ4_XS's offsets). */
-/* What a grid block's pairs need before the token loop: the IQ3 magnitudes (mags[4]) and the
- * IQ2_XS/IQ3_XXS sign bytes (signs[4], 64 sign bits per vector c). */
+/* What a grid block's pairs need before the token loop: the IQ3 magnitudes (mags[c]: weights
+ * 64c .. 64c + 63; the IQ2 ones are fetched pair by pair, which was faster here than all at once)
+ * and the IQ2_XS/IQ3_XXS sign bytes (signs[c]: their 64 sign bits). */
 static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t type, const uint8_t *bb,
                                                                       __m512i *mags, uint64_t *signs) {
   if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
@@ -2278,7 +2273,7 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
 
 /* The rows of a group, for an ISA attribute `attr` and the grid preparation `prep_fn` it allows
  * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI). */
-#define ST_Q8_ROWS_K(name, attr, prep_fn)                                                                    \
+#define ST_Q8_ROWS_K(name, attr, prep_fn, iq2_ready)                                                                    \
   static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *w, uint64_t row_bytes, \
                                                              int64_t nr, const uint8_t *xq, int64_t ldq, int nt, \
                                                              int64_t n, float *out, int64_t ldo) {           \
@@ -2295,8 +2290,8 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         uint64_t s0[4], s1[4];                                                                               \
         if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);        \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, acc[0]);                               \
-        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, acc[1]);                               \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2_ready, acc[0]);                             \
+        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2_ready, acc[1]);                             \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[0][t]),                                                   \
@@ -2313,14 +2308,14 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         uint64_t s0[4];                                                                                      \
         if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0);                                             \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, acc);                                  \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2_ready, acc);                             \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
     }                                                                                                        \
   }
 
-ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, grid_prep_vnni)
+ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, grid_prep_vnni, 0)
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
@@ -2330,23 +2325,29 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 /* AVX-512 VBMI on top: the IQ3 grids looked up with byte permutes (vpermi2b, one instruction on
  * the Xeons where vpermi2w is three) over the grids' byte planes, 64 entries at a time. The same
  * magnitudes as iq3_mags_vnni, so the same results. */
-#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c,bmi2")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
 static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GRID_PLANES;
 
-/* One plane's bytes for 64 indices (bits 0..6 through vpermi2b over 128 entries, bit 7 by hi7;
- * IQ3_S's bit 8 by hi8). */
-static inline __attribute__((always_inline)) VBMI __m512i iq3_plane_vbmi(const uint8_t *tab, int ntab,
-                                                                        __m512i idx, __mmask64 hi7,
-                                                                        __mmask64 hi8) {
+/* One plane of a grid (ntab = 256, 512 or 1024 entries, 128 per register pair) at the indices
+ * idx: bits 0..6 through vpermi2b, bits 7, 8, 9 as the masks h7, h8, h9 (a tree of blends). */
+static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const uint8_t *tab, int ntab,
+                                                                         __m512i idx, __mmask64 h7,
+                                                                         __mmask64 h8, __mmask64 h9) {
   const __m512i *t = (const __m512i *)(const void *)tab;
-  const __m512i a = _mm512_mask_blend_epi8(hi7, _mm512_permutex2var_epi8(t[0], idx, t[1]),
-                                           _mm512_permutex2var_epi8(t[2], idx, t[3]));
-  if (ntab == 256) return a;
-  const __m512i b = _mm512_mask_blend_epi8(hi7, _mm512_permutex2var_epi8(t[4], idx, t[5]),
-                                           _mm512_permutex2var_epi8(t[6], idx, t[7]));
-  return _mm512_mask_blend_epi8(hi8, a, b);
+  __m512i r[8];
+#pragma GCC unroll 8
+  for (int p = 0; p < ntab / 128; p++)
+    r[p] = _mm512_permutex2var_epi8(t[2 * p], idx, t[2 * p + 1]);
+#pragma GCC unroll 4
+  for (int p = 0; p < ntab / 256; p++)
+    r[p] = _mm512_mask_blend_epi8(h7, r[2 * p], r[2 * p + 1]);
+#pragma GCC unroll 2
+  for (int p = 0; p < ntab / 512; p++)
+    r[p] = _mm512_mask_blend_epi8(h8, r[2 * p], r[2 * p + 1]);
+  if (ntab == 1024) r[0] = _mm512_mask_blend_epi8(h9, r[0], r[1]);
+  return r[0];
 }
 
 /* iq3_mags_vnni with byte permutes. The 64 indices are first reordered (position 16 l + 4 q + i
@@ -2372,7 +2373,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t ty
   }
   const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
   const int ntab = xxs ? 256 : 512;
-  const __m512i lo = iq3_plane_vbmi(tab, ntab, idx, hi7, hi8), hi = iq3_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8);
+  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0), hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
   const __m512i lut = _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
                                                  : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
   const __m512i e0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(lo, m4)),
@@ -2413,14 +2414,55 @@ static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32
   return _mm512_castsi512_si256(_mm512_permutex2var_epi8(t0, _mm512_castsi256_si512(f), t1)); /* 7 index bits */
 }
 
+static const uint8_t iq2xs_planes[1024] __attribute__((aligned(64))) = ST_IQ2XS_GRID_PLANES;
+static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GRID_PLANES;
+
+/* The 256 magnitudes of an IQ2_XS or IQ2_S block (as iq2xs_mags64 / iq2s_mags64, four vectors in
+ * weight order) from the grids' 2-bit code planes: both planes looked up for the block's 32
+ * indices, then per vector c each entry's two code bytes moved into its own 64-bit lane
+ * (vpermb), its eight codes spread to bytes (vpmultishiftqb) and turned into levels (vpermb of a
+ * table repeating 8, 25, 43 every four bytes, so the bits above a code do not matter). */
+static inline __attribute__((always_inline)) VBMI void iq2_mags_vbmi(uint32_t type, const uint8_t *bb,
+                                                                    __m512i *m) {
+  __m512i lo, hi;
+  if (type == ST_TYPE_IQ2_XS) { /* 9-bit indices: bits 0..8 of each uint16 */
+    const __m512i q = _mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs);
+    const __m512i idx = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(q));
+    const __mmask64 h7 = _mm512_movepi8_mask(idx),
+                    h8 = (__mmask64)_mm512_test_epi16_mask(q, _mm512_set1_epi16(0x100));
+    lo = grid_plane_vbmi(iq2xs_planes, 512, idx, h7, h8, 0);
+    hi = grid_plane_vbmi(iq2xs_planes + 512, 512, idx, h7, h8, 0);
+  } else { /* IQ2_S: 10-bit indices, bits 8, 9 of index k at bits 2k, 2k + 1 of qh */
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    uint64_t qh;
+    memcpy(&qh, b->qh, 8);
+    const __m512i idx = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs));
+    const __mmask64 h7 = _mm512_movepi8_mask(idx), h8 = _pext_u64(qh, 0x5555555555555555ull),
+                    h9 = _pext_u64(qh, 0xAAAAAAAAAAAAAAAAull);
+    lo = grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9);
+    hi = grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9);
+  }
+  const __m512i v = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1); /* entry k: bytes k, k + 32 */
+  const __m512i pick = _mm512_set1_epi64(0x2000), shifts = _mm512_set1_epi64(0x0E0C0A0806040200ll),
+                lut = _mm512_set1_epi32(0x002B1908);
+  const __m512i lane = _mm512_setr_epi64(0, 0x101, 0x202, 0x303, 0x404, 0x505, 0x606, 0x707);
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; c++) {
+    const __m512i at = _mm512_add_epi8(_mm512_add_epi8(pick, lane), _mm512_set1_epi8((char)(8 * c)));
+    const __m512i codes = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(at, v));
+    m[c] = _mm512_permutexvar_epi8(codes, lut);
+  }
+}
+
 static inline __attribute__((always_inline)) VBMI void grid_prep_vbmi(uint32_t type, const uint8_t *bb,
                                                                       __m512i *mags, uint64_t *signs) {
   if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vbmi(type, bb, mags);
+  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S) iq2_mags_vbmi(type, bb, mags);
   if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
     _mm256_storeu_si256((__m256i *)signs, iq_signs32_vbmi(type, bb));
 }
 
-ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, grid_prep_vbmi)
+ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, grid_prep_vbmi, 1)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
