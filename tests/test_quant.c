@@ -268,6 +268,33 @@ static void test_iq3_packed_grids(void) {
         bad_xxs, bad_s);
 }
 
+/* The byte planes the VBMI kernels look grids up in (iq_grids.h): the IQ3 planes against the
+ * nibble words (checked above against the grids), the IQ2 code planes against the grids, entry
+ * by entry and byte by byte (code c of byte j: level 8, 25 or 43). */
+static void test_grid_planes(void) {
+  static const uint16_t xxs[256] = ST_IQ3XXS_GRID_NIBBLES, s3[512] = ST_IQ3S_GRID_NIBBLES;
+  static const uint8_t pxxs[512] = ST_IQ3XXS_GRID_PLANES, ps3[1024] = ST_IQ3S_GRID_PLANES;
+  static const uint8_t p2xs[1024] = ST_IQ2XS_GRID_PLANES, p2s[2048] = ST_IQ2S_GRID_PLANES;
+  static const uint8_t levels[4] = {8, 25, 43, 0};
+  int bad3 = 0, bad2 = 0;
+  for (int i = 0; i < 512; i++) {
+    bad3 += ps3[i] != (s3[i] & 0xFF) || ps3[512 + i] != s3[i] >> 8;
+    if (i < 256) bad3 += pxxs[i] != (xxs[i] & 0xFF) || pxxs[256 + i] != xxs[i] >> 8;
+  }
+  for (int i = 0; i < 1024; i++)
+    for (int j = 0; j < 8; j++) {
+      const int cs = ((j < 4 ? p2s[i] : p2s[1024 + i]) >> (2 * (j % 4))) & 3;
+      bad2 += levels[cs] != ((st_iq2s_grid[i] >> (8 * j)) & 0xFF);
+      if (i >= 512) continue;
+      const int cx = ((j < 4 ? p2xs[i] : p2xs[512 + i]) >> (2 * (j % 4))) & 3;
+      bad2 += levels[cx] != ((st_iq2xs_grid[i] >> (8 * j)) & 0xFF);
+    }
+  CHECK(bad3 == 0 && bad2 == 0,
+        "grid byte planes: IQ3 (256 + 512 entries × 2 bytes) %d differ from the nibble words; IQ2 codes (512 + 1024 "
+        "entries × 8 bytes) %d differ from the grids",
+        bad3, bad2);
+}
+
 static void test_rmsnorm(void) {
   enum { N = 100 };
   float x[N], w[N], y[N];
@@ -426,7 +453,10 @@ int main(void) {
   /* rows longer than one chunk of repacked activations (VNNI: 4096 weights), with a partial last group */
   test_int8(ST_TYPE_Q4_1, 4192, 1, 3);
   test_int8(ST_TYPE_Q5_0, 4192, 1, 4);
+  /* IQ4_XS rows of more than 16 super-blocks (VNNI: offsets per row instead of per group of rows) */
+  test_int8(ST_TYPE_IQ4_XS, 4352, 1, 4);
   test_iq3_packed_grids();
+  test_grid_planes();
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

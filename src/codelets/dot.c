@@ -895,9 +895,11 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * summed by one fixed tree. Four blocks fill one 512-bit vector of lanes, so VNNI needs no
  * horizontal sums per block. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
  * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
- * min m16[k]); S = Σ_k sc16[k] Σ q·x and M = Σ_k m16[k] bsums[k] are exact integers (Q3_K's -4
- * and Q6_K's -32 offsets fold into S as -4 or -32 Σ sc16[k] bsums[k]), then acc = fmaf(dx * d, S, acc) and
- * acc = fmaf(-(dx * dmin), M, acc), one super-block after the other. The grid i-quants (IQ2_XS,
+ * min m16[k]); the exact integer sums are kept in lanes (16 of Σ sc16 · q · x, lane L over
+ * weights 64c + 4L .. + 3, and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32 offsets fold into the
+ * first 8 lanes as -4 or -32 sc16 · bsums), each lane accumulated in float across super-blocks
+ * (fmaf(dx * d, S_L, a_L), fmaf(-(dx * dmin), M_j, am_j)) and the lanes added once per row by a
+ * fixed tree (k_accumulate, k_reduce). The grid i-quants (IQ2_XS,
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
  * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The scalar,
@@ -1343,7 +1345,7 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
  * did not keep enough misses in flight (bench/RESULTS.md, 2026-11-30: 2 KiB ahead, 1.2-1.7x at
  * 16 threads). Rows lie back to back, so running ahead crosses into the next row; a prefetch past
  * the end of the weights never faults. */
-#ifndef ST_PREFETCH_AHEAD /* bytes; -DST_PREFETCH_AHEAD=0 turns it off */
+#ifndef ST_PREFETCH_AHEAD /* bytes (two-row reads: at least this far, in whole pairs); 0 turns it off */
 #define ST_PREFETCH_AHEAD 2048
 #endif
 
@@ -1354,15 +1356,17 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
 }
 
 /* The same for two rows read in step (row r at p0 and row r + 1 at p1, back to back): each asks for
- * its own offset in the row two ahead, so that the next pair arrives whole. Running 2 KiB ahead of
- * each instead lands half the requests in row r + 1, which is being read anyway, and never asks
- * for row r + 3 (seen as K-quants reading 55 % of the memory bandwidth on 2 threads, q4_0 95 %). */
+ * its own offset in a later pair, the first pair at least ST_PREFETCH_AHEAD bytes ahead, so that
+ * later pairs arrive whole. Running 2 KiB ahead of each row instead lands half the requests in
+ * the other row of the pair when rows are about 2 KiB, and never asks for row r + 3 (seen as
+ * K-quants reading 55 % of the memory bandwidth on 2 threads with rows of 2,304 bytes, q4_0 95 %). */
 static inline __attribute__((always_inline)) void prefetch_pair_ahead(const uint8_t *p0, const uint8_t *p1,
                                                                       uint64_t row_bytes, uint64_t bytes) {
   if (ST_PREFETCH_AHEAD <= 0) return;
+  const uint64_t pair = 2 * row_bytes, ahead = (ST_PREFETCH_AHEAD + pair - 1) / pair * pair;
   for (uint64_t j = 0; j < bytes; j += 64) {
-    _mm_prefetch((const char *)p0 + 2 * row_bytes + j, _MM_HINT_T0);
-    _mm_prefetch((const char *)p1 + 2 * row_bytes + j, _MM_HINT_T0);
+    _mm_prefetch((const char *)p0 + ahead + j, _MM_HINT_T0);
+    _mm_prefetch((const char *)p1 + ahead + j, _MM_HINT_T0);
   }
 }
 
@@ -2151,6 +2155,26 @@ static inline __attribute__((always_inline)) VNNI float k_lanes_total(uint32_t t
   return hsum8_avx2(v);
 }
 
+/* IQ4_XS: -128 times the sums of four activations, lane by lane, of the 64 activation quants xv:
+ * the start of vpdpbusd on the levels + 128, so that each lane ends with its true Σ l x
+ * (k_accumulate's lanes, as the AVX2 and scalar code). */
+static inline __attribute__((always_inline)) VNNI __m512i iq4_xs_offset_vnni(__m512i xv) {
+  const __m512i zero = _mm512_setzero_si512();
+  return _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xv), 7));
+}
+
+/* The same for every token and vector c of super-block b (xoff[4 t + c]), computed once per group
+ * of rows (held per pair of rows, with 3 or 4 tokens they spilled registers); rows longer than 16
+ * super-blocks take their own in k_block_vnni. */
+static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq, int nt,
+                                                                          int64_t b, __m512i *xoff) {
+  for (int t = 0; t < nt; t++) {
+    const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) xoff[4 * t + c] = iq4_xs_offset_vnni(_mm512_loadu_si512((const void *)(x->qs + 64 * c)));
+  }
+}
+
 /* Super-block b (at bb) of one row into the nt tokens' accumulators. */
 static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
                                                                     int64_t b, const uint8_t *xq, int64_t ldq,
@@ -2172,11 +2196,11 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       __m512i is = zero;
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; c++) /* each lane's true Σ l x: the offset's products start below zero */
-        is = _mm512_add_epi32(
-            is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(xoff[4 * t + c], v.w[c],
-                                                       _mm512_loadu_si512((const void *)(x->qs + 64 * c))),
-                                   v.sc[c]));
+      for (int c = 0; c < 4; c++) { /* each lane's true Σ l x: the offset's products start below zero */
+        const __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
+        const __m512i off = xoff ? xoff[4 * t + c] : iq4_xs_offset_vnni(xv);
+        is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_dpbusd_epi32(off, v.w[c], xv), v.sc[c]));
+      }
       k_lanes_vnni(type, d, 0.0f, x->d, is, _mm256_setzero_si256(), &acc[t]);
     }
     return;
@@ -2242,25 +2266,6 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
   }
 }
 
-/* IQ4_XS: per token and 64-weight vector c of super-block b, -128 times the sums of four
- * activations, lane by lane: the start of vpdpbusd on the levels + 128, so that each lane ends
- * with its true Σ l x (k_accumulate's lanes, as the AVX2 and scalar code). Shared by a pair of
- * rows. */
-static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq,
-                                                                           int nt, int64_t b, __m512i *xoff) {
-  const __m512i zero = _mm512_setzero_si512(), u1 = _mm512_set1_epi8(1);
-  for (int t = 0; t < nt; t++) {
-    const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++)
-      xoff[4 * t + c] = _mm512_sub_epi32(
-          zero, _mm512_slli_epi32(
-                    _mm512_dpbusd_epi32(zero, u1, _mm512_loadu_si512((const void *)(x->qs + 64 * c))), 7));
-  }
-}
-
-/* Rows are taken two at a time: the two rows' super-blocks are independent work for the core,
- * and they share the activation loads (and IQ4_XS's offsets). */
 /* What a grid block's pairs need before the token loop: the IQ3 magnitudes (mags[c]: weights
  * 64c .. 64c + 63; the IQ2 ones are fetched pair by pair, which was faster here than all at once)
  * and the IQ2_XS/IQ3_XXS sign bytes (signs[c]: their 64 sign bits). */
@@ -2278,37 +2283,43 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
                                                              int64_t nr, const uint8_t *xq, int64_t ldq, int nt, \
                                                              int64_t n, float *out, int64_t ldo) {           \
     const uint64_t bs = k_bytes(type);                                                                       \
+    /* IQ4_XS: every token's offsets for rows of up to 16 super-blocks, once for the whole group */         \
+    __m512i xo[16 * ST_TILE * 4] __attribute__((aligned(64)));                                               \
+    const int cached = type == ST_TYPE_IQ4_XS && n / 256 <= 16;                                              \
+    if (cached)                                                                                              \
+      for (int64_t b = 0; b < n / 256; b++) iq4_xs_offsets_vnni(xq, ldq, nt, b, xo + b * ST_TILE * 4);      \
     int64_t r = 0;                                                                                           \
-    for (; r + 2 <= nr; r += 2) {                                                                            \
+    for (; nt <= 2 && r + 2 <= nr; r += 2) { /* with more tokens, one row at a time (registers) */          \
       struct kacc acc[2][ST_TILE];                                                                           \
       for (int t = 0; t < nt; t++)                                                                           \
         acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                    \
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                         \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
-        __m512i xoff[4 * ST_TILE], m0[4], m1[4];                                                             \
+        __m512i m0[4], m1[4];                                                                                \
         uint64_t s0[4], s1[4];                                                                               \
-        if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
+        const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : NULL;                                          \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);        \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2_ready, acc[0]);                             \
-        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2_ready, acc[1]);                             \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2_ready, acc[0]);                    \
+        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2_ready, acc[1]);                    \
       }                                                                                                      \
-      for (int t = 0; t < nt; t++)                                                                           \
-        out[t * ldo + r] = k_lanes_total(type, acc[0][t]),                                                   \
-                      out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);                                 \
+      for (int t = 0; t < nt; t++) {                                                                         \
+        out[t * ldo + r] = k_lanes_total(type, acc[0][t]);                                                   \
+        out[t * ldo + r + 1] = k_lanes_total(type, acc[1][t]);                                               \
+      }                                                                                                      \
     }                                                                                                        \
-    if (r < nr) {                                                                                            \
+    for (; r < nr; r++) {                                                                                    \
       struct kacc acc[ST_TILE];                                                                              \
       for (int t = 0; t < nt; t++)                                                                           \
         acc[t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                                    \
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;                                                \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_ahead(w0 + b * bs, bs);                                                                     \
-        __m512i xoff[4 * ST_TILE], m0[4];                                                                    \
+        __m512i m0[4];                                                                                       \
         uint64_t s0[4];                                                                                      \
-        if (type == ST_TYPE_IQ4_XS) iq4_xs_offsets_vnni(xq, ldq, nt, b, xoff);                               \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0);                                             \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2_ready, acc);                             \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, cached ? xo + b * ST_TILE * 4 : NULL, m0, s0,        \
+                     iq2_ready, acc);                                                                        \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
