@@ -4,7 +4,7 @@
 # (lscpu: cores, threads per core, caches, the AVX-512 flags the kernels use), runs
 # tests/test_quant there (scalar / AVX2 / VNNI bitwise equal on that CPU), then
 # `strata bench --kernels` RUNS times (default 1) at each thread count of THREADS (default "16";
-# FORMATS, if set, is passed as --formats), and prints the int8 GB/s and share of the host read
+# FORMATS, ISA and ROW, if set, are passed as --formats, --isa and --row-length), and prints the int8 GB/s and share of the host read
 # per format, run and thread count last. Full outputs under $OUT (or /tmp).
 set -u
 C=${CARRY:-carry}
@@ -16,11 +16,13 @@ echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 
 "$C/tests/test_quant" > "$out/test_quant.log" 2>&1
 echo "test_quant: $(tail -n 1 "$out/test_quant.log")"
 fmt=()
-[ -n "${FORMATS:-}" ] && fmt=(--formats "$FORMATS")
+[ -n "${FORMATS:-}" ] && fmt+=(--formats "$FORMATS")
+[ -n "${ISA:-}" ] && fmt+=(--isa "$ISA")
+[ -n "${ROW:-}" ] && fmt+=(--row-length "$ROW")
 runs=${RUNS:-1}
 for r in $(seq "$runs"); do
   for t in ${THREADS:-16}; do
-    "$C/strata" bench --kernels --threads "$t" "${fmt[@]}" > "$out/kernels-$t-$r.txt" 2>&1
+    "$C/strata" bench --kernels --threads "$t" ${fmt[@]+"${fmt[@]}"} > "$out/kernels-$t-$r.txt" 2>&1
     echo "threads $t, run $r: exit $?"
   done
 done
@@ -31,7 +33,8 @@ for t in ${THREADS:-16}; do for r in $(seq "$runs"); do printf ' %20s' "$t thr, 
 echo
 first=${THREADS:-16}
 first=${first%% *}
-for f in $(awk 'NR > 5 && NF >= 9 {print $1}' "$out/kernels-$first-1.txt"); do
+# the format rows: a name, then bits per weight (a number)
+for f in $(awk 'NF >= 9 && $2 ~ /^[0-9]+[.][0-9]+$/ {print $1}' "$out/kernels-$first-1.txt"); do
   printf '%-8s' "$f"
   for t in ${THREADS:-16}; do
     for r in $(seq "$runs"); do

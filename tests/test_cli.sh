@@ -116,6 +116,13 @@ expect_error "--cuda-graphs both outside bench" "\-\-cuda-graphs both is for str
   && ok "bench -r 2 --json: tok_s_runs has two runs per row" || bad "bench -r 2 --json: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
 expect_error "bench -r 0" "\-\-repetitions" "$STRATA" bench -m "$tiny" -r 0
 expect_error "bench -r with --kernels" "\-\-repetitions applies to the model bench" "$STRATA" bench --kernels -r 2
+expect_error "bench --kernels --formats with an unknown format" "unknown format 'q9_K' (known: f32" "$STRATA" bench --kernels --formats q4_K,q9_K
+expect_error "bench --kernels --formats empty" "no format named in ''" "$STRATA" bench --kernels --formats ""
+expect_error "bench --kernels --formats ','" "no format named in ','" "$STRATA" bench --kernels --formats ,
+expect_error "bench --formats without --kernels" "\-\-formats applies to \-\-kernels" "$STRATA" bench -m "$tiny" --formats q4_K
+expect_error "bench --kernels --isa unknown" "\-\-isa must be scalar, avx2, avx512 or avx512vbmi" "$STRATA" bench --kernels --isa sse9
+expect_error "bench --kernels --row-length not a multiple of 256" "\-\-row-length must be a multiple of 256" "$STRATA" bench --kernels --row-length 300
+expect_error "bench --isa without --kernels" "\-\-isa applies to \-\-kernels" "$STRATA" bench -m "$tiny" --isa avx2
 for c in generate eval bench serve; do
   "$STRATA" $c --help 2>&1 | grep -q -- "--cuda-graphs on|off" && ok "$c --help shows --cuda-graphs" || bad "$c --help lacks --cuda-graphs"
 done

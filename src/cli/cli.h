@@ -60,9 +60,10 @@ double st_cuda_copy_bandwidth(size_t bytes);
 
 /* strata bench --kernels (kernel_bench.c): a table (or JSON) of mat-vec GB/s per weight format on
  * `threads` CPU threads and, when there is a GPU, on CUDA, against bandwidths measured in the run.
- * formats: comma-separated type names to run (NULL: every format). Returns 0, ST_EINVAL for an
- * unknown format name, ST_ENOMEM / ST_ERUNTIME when buffers or threads cannot be had. */
-int st_kernel_bench(int threads, int json, const char *formats);
+ * formats: comma-separated type names to run (NULL: every format); n: weights per row (a multiple
+ * of 256, 256..65536). Returns 0, ST_EINVAL for an unknown format name or a bad n, ST_ENOMEM /
+ * ST_ERUNTIME when buffers or threads cannot be had. */
+int st_kernel_bench(int threads, int json, const char *formats, int64_t n);
 
 /* The process's peak resident memory so far (getrusage ru_maxrss), GiB; 0 when unknown. */
 double st_peak_rss_gib(void);

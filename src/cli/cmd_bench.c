@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "codelets/dot.h"
 #include "codelets/cuda/cuda_codelets.h" /* struct st_cuda_graph_stats (C only, no CUDA headers) */
 #include "common.h"
 #include "config.h"
@@ -99,6 +100,18 @@ static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
   for (long i = 0; i < n; i++) ids[i] = (int32_t)((1000 + (i * 37) % 5000) % vocab);
 }
 
+/* --isa NAME: the kernels' SIMD level (st_dot_force_isa), refused when this CPU lacks it. */
+static int force_isa(const char *name) {
+  static const char *names[] = {"scalar", "avx2", "avx512", "avx512vbmi"};
+  int l = 0;
+  while (l < 4 && strcmp(names[l], name)) l++;
+  if (l == 4) return st_set_error(ST_EINVAL, "--isa must be scalar, avx2, avx512 or avx512vbmi, got '%s'", name);
+  const int top = st_dot_force_isa(3);
+  if (l > top) return st_set_error(ST_EINVAL, "--isa %s: this CPU has up to %s", name, names[top]);
+  st_dot_force_isa(l);
+  return 0;
+}
+
 int st_cmd_bench(int argc, char **argv) {
   static const struct option own[] = {
       {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
@@ -106,11 +119,12 @@ int st_cmd_bench(int argc, char **argv) {
       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
       {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
       {"threads", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
-      {"formats", required_argument, 0, 'F'}, {0, 0, 0, 0}};
-  const char *model = NULL, *formats = NULL;
+      {"formats", required_argument, 0, 'F'}, {"isa", required_argument, 0, 'I'}, {"row-length", required_argument, 0, 'L'},
+      {0, 0, 0, 0}};
+  const char *model = NULL, *formats = NULL, *isa = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
-  long threads = 0, reps = 1;
+  long threads = 0, reps = 1, row_length = 0;
   struct st_engine_opts eo;
   st_engine_opts_init(&eo);
   struct option *longopts = st_engine_longopts_with(own);
@@ -133,6 +147,8 @@ int st_cmd_bench(int argc, char **argv) {
     case 'K': kernels = 1; break;
     case 'T': rc = st_parse_int("--threads", optarg, 1, 256, &threads); break;
     case 'F': formats = optarg; break;
+    case 'I': isa = optarg; break;
+    case 'L': rc = st_parse_int("--row-length", optarg, 256, 65536, &row_length); break;
     case 'r': rc = st_parse_int("--repetitions", optarg, 1, MAX_REPS, &reps); break;
     case 'h':
       printf(
@@ -154,6 +170,9 @@ int st_cmd_bench(int argc, char **argv) {
           "                         the memory bandwidths measured in the same run\n"
           "      --threads N        CPU threads for --kernels (default: online CPUs)\n"
           "      --formats LIST     --kernels: only these weight formats, e.g. q4_K,iq3_xxs (default: all)\n"
+          "      --isa NAME         --kernels: cap the CPU kernels at scalar, avx2, avx512 or avx512vbmi\n"
+          "                         (default: the best this CPU has)\n"
+          "      --row-length N     --kernels: weights per row, a multiple of 256 (default 4096)\n"
           "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
           "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
       st_engine_opts_help(stdout);
@@ -167,8 +186,12 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
   if (!rc && reps > 1 && kernels) rc = st_set_error(ST_EINVAL, "--repetitions applies to the model bench, not --kernels");
   if (!rc && formats && !kernels) rc = st_set_error(ST_EINVAL, "--formats applies to --kernels");
+  if (!rc && isa && !kernels) rc = st_set_error(ST_EINVAL, "--isa applies to --kernels");
+  if (!rc && row_length && !kernels) rc = st_set_error(ST_EINVAL, "--row-length applies to --kernels");
+  if (!rc && isa) rc = force_isa(isa);
   if (!rc && kernels) {
-    rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json, formats);
+    rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json, formats,
+                         row_length ? row_length : 4096);
     if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());
     return rc ? 1 : 0;
   }

@@ -135,15 +135,17 @@ static int pick_formats(const char *formats, const uint32_t *types, int n, int *
   return rc;
 }
 
-int st_kernel_bench(int threads, int json, const char *formats) {
+int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
                                    ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
                                    ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS,
                                    ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S, ST_TYPE_IQ2_XS};
   enum { NTYPES = sizeof types / sizeof types[0] };
   int pick[NTYPES];
-  if (pick_formats(formats, types, NTYPES, pick)) return ST_EINVAL;
-  const int64_t n = 4096;
+  const int prc = pick_formats(formats, types, NTYPES, pick);
+  if (prc) return prc;
+  if (n < 256 || n > 65536 || n % 256)
+    return st_set_error(ST_EINVAL, "--row-length must be a multiple of 256 from 256 to 65536, got %lld", (long long)n);
   const uint64_t target = bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
@@ -167,7 +169,10 @@ int st_kernel_bench(int threads, int json, const char *formats) {
   if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
 #endif
   float *x = malloc(sizeof(float) * (size_t)n), *rows_f = malloc(sizeof(float) * (size_t)n * DISTINCT_ROWS);
-  float *out = malloc(sizeof(float) * (size_t)(target / 64)); /* enough rows for the smallest format */
+  uint64_t rb_min = UINT64_MAX; /* the smallest row: the most rows */
+  for (int k = 0; k < NTYPES; k++)
+    if (st_row_bytes(types[k], (uint64_t)n) < rb_min) rb_min = st_row_bytes(types[k], (uint64_t)n);
+  float *out = malloc(sizeof(float) * (size_t)(target / rb_min + 1));
   const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
   uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
   if (!x || !rows_f || !out || !xq) {
@@ -192,9 +197,9 @@ int st_kernel_bench(int threads, int json, const char *formats) {
     rows_f[i] = v;
   }
   if (json)
-    printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"rounds\": %d, \"host_read_gbs\": %.2f, "
-           "\"gpu_copy_gbs\": %.2f, \"formats\": [",
-           threads, st_dot_isa(), ROUNDS, bw_host / 1e9, bw_gpu / 1e9);
+    printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"int8_kernels\": \"%s\", \"row_length\": %lld, "
+           "\"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, \"formats\": [",
+           threads, st_dot_isa(), st_dot_q8_isa(), (long long)n, ROUNDS, bw_host / 1e9, bw_gpu / 1e9);
   else {
     printf("strata bench --kernels: mat-vec (1 token) over %llu MiB of weights per format, rows of %lld\n",
            (unsigned long long)(target >> 20), (long long)n);
@@ -202,9 +207,9 @@ int st_kernel_bench(int threads, int json, const char *formats) {
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
     printf(" (int8: %s kernels)\n", st_dot_q8_isa());
     printf(
-        "CPU: %d rounds per format of (host read, float kernel, int8 kernel), best of %d each; medians of\n"
-        "GB/s and of the per-round shares of the read\n",
-        ROUNDS, ROUND_REPS);
+        "CPU: %d rounds per format of (host read: best of %d with and %d without prefetch; float kernel,\n"
+        "int8 kernel: best of %d each); medians of GB/s and of the per-round shares of the read\n",
+        ROUNDS, ROUND_REPS, ROUND_REPS, ROUND_REPS);
     printf("%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s",
            "of host", "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }
@@ -214,8 +219,18 @@ int st_kernel_bench(int threads, int json, const char *formats) {
     const uint32_t t = types[k];
     const uint64_t rb = st_row_bytes(t, (uint64_t)n);
     const int64_t rows = (int64_t)(target / rb);
-    for (int64_t r = 0; r < DISTINCT_ROWS && r < rows; r++)
-      st_quantize_row(t, rows_f + r * n, w + (uint64_t)r * rb, n);
+    int qrc = 0;
+    for (int64_t r = 0; r < DISTINCT_ROWS && r < rows && !qrc; r++)
+      qrc = st_quantize_row(t, rows_f + r * n, w + (uint64_t)r * rb, n);
+    if (qrc) {
+      free(ref);
+      free(w);
+      free(xq);
+      free(x);
+      free(rows_f);
+      free(out);
+      return st_set_error(ST_ERUNTIME, "quantising a %s row failed", st_type_info(t)->name);
+    }
     for (int64_t r = DISTINCT_ROWS; r < rows; r++)
       memcpy(w + (uint64_t)r * rb, w + (uint64_t)(r % DISTINCT_ROWS) * rb, rb);
     struct cpu_figures f;
