@@ -2058,10 +2058,11 @@ static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32
 }
 
 /* Sub-blocks 2c and 2c + 1 of a grid block: their 64 magnitudes (weight order: mags[c] from the
- * block's preparation; IQ2 ones fetched here unless iq2_ready) and in *neg the 64 sign bits. */
+ * block's preparation; IQ2_XS ones, and IQ2_S ones unless iq2s_ready, fetched here) and in *neg
+ * the 64 sign bits. */
 static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb,
                                                                          int c, const __m512i *mags,
-                                                                         const uint64_t *signs, int iq2_ready,
+                                                                         const uint64_t *signs, int iq2s_ready,
                                                                          __mmask64 *neg) {
   uint64_t sg;
   if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
@@ -2071,8 +2072,8 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
   else /* IQ3_S */
     memcpy(&sg, ((const st_block_iq3_s *)(const void *)bb)->signs + 8 * c, 8);
   *neg = (__mmask64)sg;
-  if (!iq2_ready && type == ST_TYPE_IQ2_XS) return iq2xs_mags64(((const st_block_iq2_xs *)(const void *)bb)->qs + 8 * c);
-  if (!iq2_ready && type == ST_TYPE_IQ2_S) {
+  if (type == ST_TYPE_IQ2_XS) return iq2xs_mags64(((const st_block_iq2_xs *)(const void *)bb)->qs + 8 * c);
+  if (!iq2s_ready && type == ST_TYPE_IQ2_S) {
     const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
     return iq2s_mags64(b->qs + 8 * c, b->qh[2 * c], b->qh[2 * c + 1]);
   }
@@ -2180,7 +2181,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
                                                                     int64_t b, const uint8_t *xq, int64_t ldq,
                                                                     int nt, const __m512i *xoff,
                                                                     const __m512i *mags, const uint64_t *signs,
-                                                                    int iq2_ready, struct kacc *acc) {
+                                                                    int iq2s_ready, struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2246,7 +2247,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
     }
     __mmask64 neg = 0;
     const __m512i av =
-        k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, iq2_ready, &neg)
+        k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, iq2s_ready, &neg)
                         : k_pair_vnni(type, bb, c, qhs);
     const __m512i sc =
         _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
@@ -2278,7 +2279,7 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
 
 /* The rows of a group, for an ISA attribute `attr` and the grid preparation `prep_fn` it allows
  * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI). */
-#define ST_Q8_ROWS_K(name, attr, prep_fn, iq2_ready)                                                                    \
+#define ST_Q8_ROWS_K(name, attr, prep_fn, iq2s_ready)                                                                    \
   static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *w, uint64_t row_bytes, \
                                                              int64_t nr, const uint8_t *xq, int64_t ldq, int nt, \
                                                              int64_t n, float *out, int64_t ldo) {           \
@@ -2300,8 +2301,8 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         uint64_t s0[4], s1[4];                                                                               \
         const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : NULL;                                          \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);        \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2_ready, acc[0]);                    \
-        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2_ready, acc[1]);                    \
+        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2s_ready, acc[0]);                   \
+        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2s_ready, acc[1]);                   \
       }                                                                                                      \
       for (int t = 0; t < nt; t++) {                                                                         \
         out[t * ldo + r] = k_lanes_total(type, acc[0][t]);                                                   \
@@ -2319,7 +2320,7 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         uint64_t s0[4];                                                                                      \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0);                                             \
         k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, cached ? xo + b * ST_TILE * 4 : NULL, m0, s0,        \
-                     iq2_ready, acc);                                                                        \
+                     iq2s_ready, acc);                                                                       \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
@@ -2425,34 +2426,24 @@ static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32
   return _mm512_castsi512_si256(_mm512_permutex2var_epi8(t0, _mm512_castsi256_si512(f), t1)); /* 7 index bits */
 }
 
-static const uint8_t iq2xs_planes[1024] __attribute__((aligned(64))) = ST_IQ2XS_GRID_PLANES;
 static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GRID_PLANES;
 
-/* The 256 magnitudes of an IQ2_XS or IQ2_S block (as iq2xs_mags64 / iq2s_mags64, four vectors in
- * weight order) from the grids' 2-bit code planes: both planes looked up for the block's 32
- * indices, then per vector c each entry's two code bytes moved into its own 64-bit lane
- * (vpermb), its eight codes spread to bytes (vpmultishiftqb) and turned into levels (vpermb of a
- * table repeating 8, 25, 43 every four bytes, so the bits above a code do not matter). */
-static inline __attribute__((always_inline)) VBMI void iq2_mags_vbmi(uint32_t type, const uint8_t *bb,
-                                                                    __m512i *m) {
-  __m512i lo, hi;
-  if (type == ST_TYPE_IQ2_XS) { /* 9-bit indices: bits 0..8 of each uint16 */
-    const __m512i q = _mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs);
-    const __m512i idx = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(q));
-    const __mmask64 h7 = _mm512_movepi8_mask(idx),
-                    h8 = (__mmask64)_mm512_test_epi16_mask(q, _mm512_set1_epi16(0x100));
-    lo = grid_plane_vbmi(iq2xs_planes, 512, idx, h7, h8, 0);
-    hi = grid_plane_vbmi(iq2xs_planes + 512, 512, idx, h7, h8, 0);
-  } else { /* IQ2_S: 10-bit indices, bits 8, 9 of index k at bits 2k, 2k + 1 of qh */
-    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-    uint64_t qh;
-    memcpy(&qh, b->qh, 8);
-    const __m512i idx = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs));
-    const __mmask64 h7 = _mm512_movepi8_mask(idx), h8 = _pext_u64(qh, 0x5555555555555555ull),
-                    h9 = _pext_u64(qh, 0xAAAAAAAAAAAAAAAAull);
-    lo = grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9);
-    hi = grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9);
-  }
+/* The 256 magnitudes of an IQ2_S block (as iq2s_mags64, four vectors in weight order) from the
+ * grid's 2-bit code planes: both planes looked up for the block's 32 indices, then per vector c
+ * each entry's two code bytes moved into its own 64-bit lane (vpermb), its eight codes spread to
+ * bytes (vpmultishiftqb) and turned into levels (vpermb of a table repeating 8, 25, 43 every four
+ * bytes, so the bits above a code do not matter). IQ2_XS's 512-entry grid did not gain from this
+ * on the Xeon or on Zen 4 (its 8-byte entries load directly), so it is fetched pair by pair. */
+static inline __attribute__((always_inline)) VBMI void iq2s_mags_vbmi(const uint8_t *bb, __m512i *m) {
+  /* 10-bit indices: bits 8, 9 of index k at bits 2k, 2k + 1 of qh */
+  const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+  uint64_t qh;
+  memcpy(&qh, b->qh, 8);
+  const __m512i idx = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs));
+  const __mmask64 h7 = _mm512_movepi8_mask(idx), h8 = _pext_u64(qh, 0x5555555555555555ull),
+                  h9 = _pext_u64(qh, 0xAAAAAAAAAAAAAAAAull);
+  const __m512i lo = grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
+                hi = grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9);
   const __m512i v = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1); /* entry k: bytes k, k + 32 */
   const __m512i pick = _mm512_set1_epi64(0x2000), shifts = _mm512_set1_epi64(0x0E0C0A0806040200ll),
                 lut = _mm512_set1_epi32(0x002B1908);
@@ -2468,7 +2459,7 @@ static inline __attribute__((always_inline)) VBMI void iq2_mags_vbmi(uint32_t ty
 static inline __attribute__((always_inline)) VBMI void grid_prep_vbmi(uint32_t type, const uint8_t *bb,
                                                                       __m512i *mags, uint64_t *signs) {
   if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vbmi(type, bb, mags);
-  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S) iq2_mags_vbmi(type, bb, mags);
+  if (type == ST_TYPE_IQ2_S) iq2s_mags_vbmi(bb, mags);
   if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
     _mm256_storeu_si256((__m256i *)signs, iq_signs32_vbmi(type, bb));
 }
