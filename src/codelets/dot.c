@@ -1348,11 +1348,14 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
 #ifndef ST_PREFETCH_AHEAD /* bytes (two-row reads: at least this far, in whole pairs); 0 turns it off */
 #define ST_PREFETCH_AHEAD 2048
 #endif
+#ifndef ST_PREFETCH_HINT /* the cache level asked for: _MM_HINT_T0 (L1) or _MM_HINT_T1 (L2) */
+#define ST_PREFETCH_HINT _MM_HINT_T0
+#endif
 
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *block, uint64_t bytes) {
   if (ST_PREFETCH_AHEAD <= 0) return;
   for (uint64_t j = 0; j < bytes; j += 64)
-    _mm_prefetch((const char *)block + ST_PREFETCH_AHEAD + j, _MM_HINT_T0);
+    _mm_prefetch((const char *)block + ST_PREFETCH_AHEAD + j, ST_PREFETCH_HINT);
 }
 
 /* The same for two rows read in step (row r at p0 and row r + 1 at p1, back to back): each asks for
@@ -1365,8 +1368,8 @@ static inline __attribute__((always_inline)) void prefetch_pair_ahead(const uint
   if (ST_PREFETCH_AHEAD <= 0) return;
   const uint64_t pair = 2 * row_bytes, ahead = (ST_PREFETCH_AHEAD + pair - 1) / pair * pair;
   for (uint64_t j = 0; j < bytes; j += 64) {
-    _mm_prefetch((const char *)p0 + ahead + j, _MM_HINT_T0);
-    _mm_prefetch((const char *)p1 + ahead + j, _MM_HINT_T0);
+    _mm_prefetch((const char *)p0 + ahead + j, ST_PREFETCH_HINT);
+    _mm_prefetch((const char *)p1 + ahead + j, ST_PREFETCH_HINT);
   }
 }
 
