@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "codelets/dot.h"
 #include "codelets/cuda/cuda_codelets.h" /* struct st_cuda_graph_stats (C only, no CUDA headers) */
+#include "codelets/dot.h"
 #include "common.h"
 #include "config.h"
 #include "graph/engine.h"
@@ -104,8 +104,10 @@ static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
 static int force_isa(const char *name) {
   static const char *names[] = {"scalar", "avx2", "avx512", "avx512vbmi"};
   int l = 0;
-  while (l < 4 && strcmp(names[l], name)) l++;
-  if (l == 4) return st_set_error(ST_EINVAL, "--isa must be scalar, avx2, avx512 or avx512vbmi, got '%s'", name);
+  while (l < 4 && strcmp(names[l], name))
+    l++;
+  if (l == 4)
+    return st_set_error(ST_EINVAL, "--isa must be scalar, avx2, avx512 or avx512vbmi, got '%s'", name);
   const int top = st_dot_force_isa(3);
   if (l > top) return st_set_error(ST_EINVAL, "--isa %s: this CPU has up to %s", name, names[top]);
   st_dot_force_isa(l);
@@ -113,14 +115,20 @@ static int force_isa(const char *name) {
 }
 
 int st_cmd_bench(int argc, char **argv) {
-  static const struct option own[] = {
-      {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
-      {"decode", required_argument, 0, 'D'},  {"depth", required_argument, 0, 'd'},
-      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-      {"roofline", no_argument, 0, 'R'},      {"kernels", no_argument, 0, 'K'},
-      {"threads", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
-      {"formats", required_argument, 0, 'F'}, {"isa", required_argument, 0, 'I'}, {"row-length", required_argument, 0, 'L'},
-      {0, 0, 0, 0}};
+  static const struct option own[] = {{"model", required_argument, 0, 'm'},
+                                      {"prompt", required_argument, 0, 'P'},
+                                      {"decode", required_argument, 0, 'D'},
+                                      {"depth", required_argument, 0, 'd'},
+                                      {"json", no_argument, 0, 'j'},
+                                      {"help", no_argument, 0, 'h'},
+                                      {"roofline", no_argument, 0, 'R'},
+                                      {"kernels", no_argument, 0, 'K'},
+                                      {"threads", required_argument, 0, 'T'},
+                                      {"repetitions", required_argument, 0, 'r'},
+                                      {"formats", required_argument, 0, 'F'},
+                                      {"isa", required_argument, 0, 'I'},
+                                      {"row-length", required_argument, 0, 'L'},
+                                      {0, 0, 0, 0}};
   const char *model = NULL, *formats = NULL, *isa = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;

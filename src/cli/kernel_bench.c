@@ -145,7 +145,8 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   const int prc = pick_formats(formats, types, NTYPES, pick);
   if (prc) return prc;
   if (n < 256 || n > 65536 || n % 256)
-    return st_set_error(ST_EINVAL, "--row-length must be a multiple of 256 from 256 to 65536, got %lld", (long long)n);
+    return st_set_error(ST_EINVAL, "--row-length must be a multiple of 256 from 256 to 65536, got %lld",
+                        (long long)n);
   const uint64_t target = bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
@@ -206,10 +207,9 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
     printf(" (int8: %s kernels)\n", st_dot_q8_isa());
-    printf(
-        "CPU: %d rounds per format of (host read: best of %d with and %d without prefetch; float kernel,\n"
-        "int8 kernel: best of %d each); medians of GB/s and of the per-round shares of the read\n",
-        ROUNDS, ROUND_REPS, ROUND_REPS, ROUND_REPS);
+    printf("CPU: %d rounds per format of (host read: best of %d with and %d without prefetch; float kernel,\n"
+           "int8 kernel: best of %d each); medians of GB/s and of the per-round shares of the read\n",
+           ROUNDS, ROUND_REPS, ROUND_REPS, ROUND_REPS);
     printf("%-8s %10s %10s %10s %9s %10s %9s %10s %9s\n", "format", "bits/w", "host GB/s", "CPU GB/s",
            "of host", "int8 GB/s", "of host", "GPU GB/s", "of GPU");
   }

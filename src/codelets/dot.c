@@ -832,7 +832,9 @@ static int full_level(void) {
 }
 
 /* The float kernels' level: 0..2. */
-static int level(void) { return full_level() > 2 ? 2 : full_level(); }
+static int level(void) {
+  return full_level() > 2 ? 2 : full_level();
+}
 
 const char *st_dot_isa(void) {
   static const char *names[] = {"scalar", "avx2", "avx512"};
@@ -2065,8 +2067,8 @@ static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32
  * the 64 sign bits. */
 static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb,
                                                                          int c, const __m512i *mags,
-                                                                         const uint64_t *signs, int iq2s_ready,
-                                                                         __mmask64 *neg) {
+                                                                         const uint64_t *signs,
+                                                                         int iq2s_ready, __mmask64 *neg) {
   uint64_t sg;
   if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
     sg = signs[c];
@@ -2170,21 +2172,21 @@ static inline __attribute__((always_inline)) VNNI __m512i iq4_xs_offset_vnni(__m
 /* The same for every token and vector c of super-block b (xoff[4 t + c]), computed once per group
  * of rows (held per pair of rows, with 3 or 4 tokens they spilled registers); rows longer than 16
  * super-blocks take their own in k_block_vnni. */
-static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq, int nt,
-                                                                          int64_t b, __m512i *xoff) {
+static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq,
+                                                                           int nt, int64_t b, __m512i *xoff) {
   for (int t = 0; t < nt; t++) {
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) xoff[4 * t + c] = iq4_xs_offset_vnni(_mm512_loadu_si512((const void *)(x->qs + 64 * c)));
+    for (int c = 0; c < 4; c++)
+      xoff[4 * t + c] = iq4_xs_offset_vnni(_mm512_loadu_si512((const void *)(x->qs + 64 * c)));
   }
 }
 
 /* Super-block b (at bb) of one row into the nt tokens' accumulators. */
-static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
-                                                                    int64_t b, const uint8_t *xq, int64_t ldq,
-                                                                    int nt, const __m512i *xoff,
-                                                                    const __m512i *mags, const uint64_t *signs,
-                                                                    int iq2s_ready, struct kacc *acc) {
+static inline __attribute__((always_inline)) VNNI void
+k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
+             const __m512i *xoff, const __m512i *mags, const uint64_t *signs, int iq2s_ready,
+             struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2249,9 +2251,8 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
     }
     __mmask64 neg = 0;
-    const __m512i av =
-        k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, iq2s_ready, &neg)
-                        : k_pair_vnni(type, bb, c, qhs);
+    const __m512i av = k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, iq2s_ready, &neg)
+                                       : k_pair_vnni(type, bb, c, qhs);
     const __m512i sc =
         _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
     for (int t = 0; t < nt; t++) {
@@ -2282,28 +2283,29 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
 
 /* The rows of a group, for an ISA attribute `attr` and the grid preparation `prep_fn` it allows
  * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI). */
-#define ST_Q8_ROWS_K(name, attr, prep_fn, iq2s_ready)                                                                    \
-  static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *w, uint64_t row_bytes, \
-                                                             int64_t nr, const uint8_t *xq, int64_t ldq, int nt, \
-                                                             int64_t n, float *out, int64_t ldo) {           \
+#define ST_Q8_ROWS_K(name, attr, prep_fn, iq2s_ready)                                                        \
+  static inline __attribute__((always_inline)) attr void name(                                               \
+      uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,  \
+      int64_t n, float *out, int64_t ldo) {                                                                  \
     const uint64_t bs = k_bytes(type);                                                                       \
-    /* IQ4_XS: every token's offsets for rows of up to 16 super-blocks, once for the whole group */         \
+    /* IQ4_XS: every token's offsets for rows of up to 16 super-blocks, once for the whole group */          \
     __m512i xo[16 * ST_TILE * 4] __attribute__((aligned(64)));                                               \
     const int cached = type == ST_TYPE_IQ4_XS && n / 256 <= 16;                                              \
     if (cached)                                                                                              \
-      for (int64_t b = 0; b < n / 256; b++) iq4_xs_offsets_vnni(xq, ldq, nt, b, xo + b * ST_TILE * 4);      \
+      for (int64_t b = 0; b < n / 256; b++)                                                                  \
+        iq4_xs_offsets_vnni(xq, ldq, nt, b, xo + b * ST_TILE * 4);                                           \
     int64_t r = 0;                                                                                           \
-    for (; nt <= 2 && r + 2 <= nr; r += 2) { /* with more tokens, one row at a time (registers) */          \
+    for (; nt <= 2 && r + 2 <= nr; r += 2) { /* with more tokens, one row at a time (registers) */           \
       struct kacc acc[2][ST_TILE];                                                                           \
       for (int t = 0; t < nt; t++)                                                                           \
-        acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                    \
-      const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                         \
+        acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                     \
+      const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                          \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
         __m512i m0[4], m1[4];                                                                                \
         uint64_t s0[4], s1[4];                                                                               \
         const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : NULL;                                          \
-        if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);        \
+        if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);         \
         k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2s_ready, acc[0]);                   \
         k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2s_ready, acc[1]);                   \
       }                                                                                                      \
@@ -2348,8 +2350,8 @@ static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GR
 /* One plane of a grid (ntab = 256, 512 or 1024 entries, 128 per register pair) at the indices
  * idx: bits 0..6 through vpermi2b, bits 7, 8, 9 as the masks h7, h8, h9 (a tree of blends). */
 static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const uint8_t *tab, int ntab,
-                                                                         __m512i idx, __mmask64 h7,
-                                                                         __mmask64 h8, __mmask64 h9) {
+                                                                          __m512i idx, __mmask64 h7,
+                                                                          __mmask64 h8, __mmask64 h9) {
   const __m512i *t = (const __m512i *)(const void *)tab;
   __m512i r[8];
 #pragma GCC unroll 8
@@ -2369,15 +2371,15 @@ static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const 
  * takes entry 16 q + 4 l + i) so that the per-lane unpacks at the end leave vector q holding
  * weights 64 q .. 64 q + 63 in order. */
 static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t type, const uint8_t *bb,
-                                                                    __m512i *m) {
+                                                                     __m512i *m) {
   static const uint8_t order[64] __attribute__((aligned(64))) = {
       0,  1,  2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4,  5,  6,  7,  20, 21,
       22, 23, 36, 37, 38, 39, 52, 53, 54, 55, 8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43,
       56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};
   const __m512i ord = _mm512_load_si512((const void *)order), m4 = _mm512_set1_epi8(0xF);
   const int xxs = type == ST_TYPE_IQ3_XXS;
-  const uint8_t *qs = xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs
-                          : ((const st_block_iq3_s *)(const void *)bb)->qs;
+  const uint8_t *qs =
+      xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs : ((const st_block_iq3_s *)(const void *)bb)->qs;
   const __m512i idx = _mm512_permutexvar_epi8(ord, _mm512_loadu_si512((const void *)qs));
   const __mmask64 hi7 = _mm512_movepi8_mask(idx);
   __mmask64 hi8 = 0;
@@ -2388,9 +2390,11 @@ static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t ty
   }
   const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
   const int ntab = xxs ? 256 : 512;
-  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0), hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
-  const __m512i lut = _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
-                                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0),
+                hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
+  const __m512i lut =
+      _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
+                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
   const __m512i e0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(lo, m4)),
                 e1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4)),
                 e2 = _mm512_shuffle_epi8(lut, _mm512_and_si512(hi, m4)),
@@ -2407,17 +2411,19 @@ static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t ty
  * permute of the 128-entry table of fields with their parity bit (st_iq_signs), the fields pulled
  * out of the packed words by vpmultishiftqb (IQ3_XXS) or a shift (IQ2_XS). */
 static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32_t type, const uint8_t *bb) {
-#define ST_SIGNS1(i) ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
+#define ST_SIGNS1(i)                                                                                         \
+  ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
 #define ST_SIGNS8(i)                                                                                         \
   ST_SIGNS1(i), ST_SIGNS1((i) + 1), ST_SIGNS1((i) + 2), ST_SIGNS1((i) + 3), ST_SIGNS1((i) + 4),              \
       ST_SIGNS1((i) + 5), ST_SIGNS1((i) + 6), ST_SIGNS1((i) + 7)
 #define ST_SIGNS32(i) ST_SIGNS8(i), ST_SIGNS8((i) + 8), ST_SIGNS8((i) + 16), ST_SIGNS8((i) + 24)
-  static const uint8_t ksigns[128] __attribute__((aligned(64))) = {ST_SIGNS32(0), ST_SIGNS32(32), ST_SIGNS32(64),
-                                                                  ST_SIGNS32(96)};
+  static const uint8_t ksigns[128]
+      __attribute__((aligned(64))) = {ST_SIGNS32(0), ST_SIGNS32(32), ST_SIGNS32(64), ST_SIGNS32(96)};
 #undef ST_SIGNS32
 #undef ST_SIGNS8
 #undef ST_SIGNS1
-  const __m512i t0 = _mm512_load_si512((const void *)ksigns), t1 = _mm512_load_si512((const void *)(ksigns + 64));
+  const __m512i t0 = _mm512_load_si512((const void *)ksigns),
+                t1 = _mm512_load_si512((const void *)(ksigns + 64));
   if (type == ST_TYPE_IQ2_XS) { /* field: bits 9..15 of each uint16; the high bytes look up entry 0 */
     const __m512i f = _mm512_srli_epi16(
         _mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs), 9);
@@ -2426,7 +2432,8 @@ static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32
   /* IQ3_XXS: field k of sub-block s at bits 7k of its uint32; two sub-blocks per qword */
   const __m256i aux = _mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64));
   const __m256i f = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(0x352E2720150E0700ll), aux);
-  return _mm512_castsi512_si256(_mm512_permutex2var_epi8(t0, _mm512_castsi256_si512(f), t1)); /* 7 index bits */
+  return _mm512_castsi512_si256(
+      _mm512_permutex2var_epi8(t0, _mm512_castsi256_si512(f), t1)); /* 7 index bits */
 }
 
 static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GRID_PLANES;
