@@ -2,10 +2,11 @@
 # The CPU expert-row kernels on a GPU host (issue #5's 80 % target): run from the repository root
 # after scripts/gather-libs (carry/ travels with the tree); builds nothing. Prints the CPU
 # (lscpu: cores, threads per core, caches, the AVX-512 flags the kernels use), runs
-# tests/test_quant there (scalar / AVX2 / VNNI bitwise equal on that CPU), then
+# tests/test_quant there (scalar / AVX2 / VNNI / VNNI + VBMI bitwise equal on that CPU), then
 # `strata bench --kernels` RUNS times (default 1) at each thread count of THREADS (default "16";
-# FORMATS, ISA and ROW, if set, are passed as --formats, --isa and --row-length), and prints the int8 GB/s and share of the host read
-# per format, run and thread count last. Full outputs under $OUT (or /tmp).
+# FORMATS, ISA and ROW, if set, are passed as --formats, --isa and --row-length), and prints the
+# int8 GB/s and share of the host read per format, run and thread count last. Full outputs under
+# $OUT (or /tmp).
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1

@@ -122,6 +122,7 @@ expect_error "bench --kernels --formats ','" "no format named in ','" "$STRATA" 
 expect_error "bench --formats without --kernels" "\-\-formats applies to \-\-kernels" "$STRATA" bench -m "$tiny" --formats q4_K
 expect_error "bench --kernels --isa unknown" "\-\-isa must be scalar, avx2, avx512 or avx512vbmi" "$STRATA" bench --kernels --isa sse9
 expect_error "bench --kernels --row-length not a multiple of 256" "\-\-row-length must be a multiple of 256" "$STRATA" bench --kernels --row-length 300
+expect_error "bench --row-length without --kernels" "\-\-row-length applies to \-\-kernels" "$STRATA" bench -m "$tiny" --row-length 512
 expect_error "bench --isa without --kernels" "\-\-isa applies to \-\-kernels" "$STRATA" bench -m "$tiny" --isa avx2
 for c in generate eval bench serve; do
   "$STRATA" $c --help 2>&1 | grep -q -- "--cuda-graphs on|off" && ok "$c --help shows --cuda-graphs" || bad "$c --help lacks --cuda-graphs"

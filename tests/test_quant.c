@@ -287,9 +287,8 @@ static void test_grid_planes(void) {
       bad2 += levels[cs] != ((st_iq2s_grid[i] >> (8 * j)) & 0xFF);
     }
   CHECK(bad3 == 0 && bad2 == 0,
-        "grid byte planes: IQ3 (256 + 512 entries × 2 bytes) %d differ from the nibble words; IQ2_S codes "
-        "(1024 "
-        "entries × 8 bytes) %d differ from the grid",
+        "grid byte planes: IQ3 (256 + 512 entries × 2 bytes) %d differ from the nibble words; "
+        "IQ2_S codes (1024 entries × 8 bytes) %d differ from the grid",
         bad3, bad2);
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -104,7 +105,7 @@ static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
 static int force_isa(const char *name) {
   static const char *names[] = {"scalar", "avx2", "avx512", "avx512vbmi"};
   int l = 0;
-  while (l < 4 && strcmp(names[l], name))
+  while (l < 4 && strcasecmp(names[l], name))
     l++;
   if (l == 4)
     return st_set_error(ST_EINVAL, "--isa must be scalar, avx2, avx512 or avx512vbmi, got '%s'", name);

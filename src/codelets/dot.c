@@ -811,12 +811,15 @@ static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
                             int64_t);
 
-/* 3: level 2 and the integer kernels may use AVX-512 VNNI and VBMI (the float kernels run as at 2). */
+/* 3: level 2 and the integer kernels may use AVX-512 VNNI, VBMI and BMI2 (the float kernels run as at 2). */
 static int detected_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") ? 3 : 2;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+                   __builtin_cpu_supports("bmi2")
+               ? 3
+               : 2;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
     return 1;
@@ -905,7 +908,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
  * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The scalar,
- * AVX2 and VNNI code below compute exactly these integers and these float operations. */
+ * AVX2, VNNI and VNNI + VBMI code below compute exactly these integers and these float operations. */
 
 static int q8_family(uint32_t type) {
   switch (type) {
@@ -2169,9 +2172,9 @@ static inline __attribute__((always_inline)) VNNI __m512i iq4_xs_offset_vnni(__m
   return _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xv), 7));
 }
 
-/* The same for every token and vector c of super-block b (xoff[4 t + c]), computed once per group
- * of rows (held per pair of rows, with 3 or 4 tokens they spilled registers); rows longer than 16
- * super-blocks take their own in k_block_vnni. */
+/* The same for every token and vector c of super-block b (xoff[4 t + c]): computed once per group
+ * of rows for rows of up to 16 super-blocks (held per pair of rows, with 3 or 4 tokens they
+ * spilled registers), else once per pair of rows, or in k_block_vnni for a row alone. */
 static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const uint8_t *xq, int64_t ldq,
                                                                            int nt, int64_t b, __m512i *xoff) {
   for (int t = 0; t < nt; t++) {
@@ -2282,7 +2285,8 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
 }
 
 /* The rows of a group, for an ISA attribute `attr` and the grid preparation `prep_fn` it allows
- * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI). */
+ * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI); iq2s_ready: prep_fn fills IQ2_S's
+ * magnitudes (else the block kernel fetches them pair by pair). */
 #define ST_Q8_ROWS_K(name, attr, prep_fn, iq2s_ready)                                                        \
   static inline __attribute__((always_inline)) attr void name(                                               \
       uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,  \
@@ -2304,7 +2308,9 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
         __m512i m0[4], m1[4];                                                                                \
         uint64_t s0[4], s1[4];                                                                               \
-        const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : NULL;                                          \
+        __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */              \
+        if (type == ST_TYPE_IQ4_XS && !cached) iq4_xs_offsets_vnni(xq, ldq, nt, b, xb);                      \
+        const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : xb;                                            \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);         \
         k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2s_ready, acc[0]);                   \
         k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2s_ready, acc[1]);                   \
@@ -2339,9 +2345,10 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
-/* AVX-512 VBMI on top: the IQ3 grids looked up with byte permutes (vpermi2b, one instruction on
- * the Xeons where vpermi2w is three) over the grids' byte planes, 64 entries at a time. The same
- * magnitudes as iq3_mags_vnni, so the same results. */
+/* AVX-512 VBMI on top: the IQ3 and IQ2_S grids looked up with byte permutes (vpermi2b, one
+ * instruction on the Xeons where vpermi2w is three) over the grids' byte planes, 64 entries at a
+ * time, and the IQ2_XS/IQ3_XXS sign bytes from one permute of the parity table. The same
+ * magnitudes and sign bytes as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c,bmi2")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
