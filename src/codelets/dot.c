@@ -2308,7 +2308,7 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
         __m512i m0[4], m1[4];                                                                                \
         uint64_t s0[4], s1[4];                                                                               \
-        __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */              \
+        __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */                \
         if (type == ST_TYPE_IQ4_XS && !cached) iq4_xs_offsets_vnni(xq, ldq, nt, b, xb);                      \
         const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : xb;                                            \
         if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);         \
