@@ -51,6 +51,8 @@ double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads, int
  * repetition started on all threads at once (a barrier) and timed until the last returns: the best
  * repetition's seconds, or -1 when a thread or barrier cannot be made. membw.c */
 double st_team_best_seconds(int threads, void *(*fn)(void *), void *args, size_t arg_size, int reps);
+/* The median of v[0..n) (n >= 1; the lower middle one for an even n), sorting v in place. membw.c */
+double st_median(double *v, int n);
 /* A buffer of `bytes` for bandwidth measurements: 2 MiB aligned, MADV_HUGEPAGE asked for (a hint).
  * Freed with free(); NULL when out of memory. membw.c */
 void *st_bench_buffer(size_t bytes);

@@ -247,11 +247,6 @@ static void run_once(struct run *r, char **gen_argv, int timeout_s, double *prom
   free(out);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static int by_rank(const void *a, const void *b) {
   const struct run *x = a, *y = b;
   if (x->ok != y->ok) return x->ok ? -1 : 1;
@@ -391,10 +386,8 @@ int st_cmd_tune(int argc, char **argv) {
         }
       }
       if (!r->error[0] && got == repeat) {
-        qsort(pt, (size_t)repeat, sizeof *pt, cmp_double);
-        qsort(dt, (size_t)repeat, sizeof *dt, cmp_double);
-        r->prompt_tps = pt[(repeat - 1) / 2];
-        r->decode_tps = dt[(repeat - 1) / 2];
+        r->prompt_tps = st_median(pt, (int)repeat);
+        r->decode_tps = st_median(dt, (int)repeat);
         r->ok = 1;
       }
     }

@@ -71,16 +71,7 @@ static uint64_t bench_bytes(void) {
  * (best of ROUND_REPS each); a share is the median over rounds of kernel GB/s / the read of the
  * same round, so that the host's bandwidth moving between seconds (shared hosts: 76-151 GB/s
  * within one run) moves both sides of each ratio together. */
-enum { ROUNDS = 5, ROUND_REPS = 2, DISTINCT_ROWS = 64 };
-
-static double median(double *v, int n) {
-  for (int i = 1; i < n; i++) /* insertion sort: n is ROUNDS */
-    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-      const double t = v[j];
-      v[j] = v[j - 1], v[j - 1] = t;
-    }
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+enum { ROUNDS = 5, ROUND_REPS = 2, DISTINCT_ROWS = 64 }; /* ROUNDS odd: a true median */
 
 /* One format's CPU figures: medians over ROUNDS of GB/s and of the per-round shares. */
 struct cpu_figures {
@@ -102,8 +93,8 @@ static int cpu_rounds(uint32_t t, const uint8_t *w, uint64_t rb, int64_t rows, i
     g[r] = bytes / sec, gs[r] = g[r] / rd[r];
     q[r] = int8 ? bytes / sec8 : 0.0, qs[r] = q[r] / rd[r];
   }
-  *f = (struct cpu_figures){median(rd, ROUNDS) / 1e9, median(g, ROUNDS) / 1e9, median(gs, ROUNDS),
-                            median(q, ROUNDS) / 1e9, median(qs, ROUNDS)};
+  *f = (struct cpu_figures){st_median(rd, ROUNDS) / 1e9, st_median(g, ROUNDS) / 1e9, st_median(gs, ROUNDS),
+                            st_median(q, ROUNDS) / 1e9, st_median(qs, ROUNDS)};
   return 0;
 }
 
@@ -169,6 +160,7 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
 #endif
+  int rc = 0;
   float *x = malloc(sizeof(float) * (size_t)n), *rows_f = malloc(sizeof(float) * (size_t)n * DISTINCT_ROWS);
   uint64_t rb_min = UINT64_MAX; /* the smallest row: the most rows */
   for (int k = 0; k < NTYPES; k++)
@@ -177,13 +169,8 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
   uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
   if (!x || !rows_f || !out || !xq) {
-    free(w);
-    free(x);
-    free(rows_f);
-    free(out);
-    free(xq);
-    free(ref);
-    return st_set_error(ST_ENOMEM, "out of memory");
+    rc = st_set_error(ST_ENOMEM, "out of memory");
+    goto done;
   }
   for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 17) / 17.0f;
   /* DISTINCT_ROWS different rows (a fixed LCG, roughly Gaussian: sums of four uniforms), tiled over
@@ -223,25 +210,15 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     for (int64_t r = 0; r < DISTINCT_ROWS && r < rows && !qrc; r++)
       qrc = st_quantize_row(t, rows_f + r * n, w + (uint64_t)r * rb, n);
     if (qrc) {
-      free(ref);
-      free(w);
-      free(xq);
-      free(x);
-      free(rows_f);
-      free(out);
-      return st_set_error(ST_ERUNTIME, "quantising a %s row failed", st_type_info(t)->name);
+      rc = st_set_error(ST_ERUNTIME, "quantising a %s row failed", st_type_info(t)->name);
+      goto done;
     }
     for (int64_t r = DISTINCT_ROWS; r < rows; r++)
       memcpy(w + (uint64_t)r * rb, w + (uint64_t)(r % DISTINCT_ROWS) * rb, rb);
     struct cpu_figures f;
     if (cpu_rounds(t, w, rb, rows, n, x, out, threads, xq, ref, target, &f)) {
-      free(ref);
-      free(w);
-      free(xq);
-      free(x);
-      free(rows_f);
-      free(out);
-      return st_set_error(ST_ERUNTIME, "%d CPU threads could not be started", threads);
+      rc = st_set_error(ST_ERUNTIME, "%d CPU threads could not be started", threads);
+      goto done;
     }
     double gpu_gbs = 0.0;
 #ifdef ST_HAVE_CUDA
@@ -269,11 +246,12 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     fflush(stdout);
   }
   if (json) printf("\n]}\n");
+done:
   free(ref);
   free(w);
   free(xq);
   free(x);
   free(rows_f);
   free(out);
-  return 0;
+  return rc;
 }

@@ -83,6 +83,16 @@ double st_team_best_seconds(int threads, void *(*fn)(void *), void *args, size_t
   return best;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double st_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[(n - 1) / 2];
+}
+
 void *st_bench_buffer(size_t bytes) {
   void *p = NULL;
   if (posix_memalign(&p, (size_t)2 << 20, bytes)) return NULL;

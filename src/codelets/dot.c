@@ -1368,10 +1368,15 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
  * later pairs arrive whole. Running 2 KiB ahead of each row instead lands half the requests in
  * the other row of the pair when rows are about 2 KiB, and never asks for row r + 3 (seen as
  * K-quants reading 55 % of the memory bandwidth on 2 threads with rows of 2,304 bytes, q4_0 95 %). */
+static inline uint64_t pair_ahead(uint64_t row_bytes) {
+  const uint64_t pair = 2 * row_bytes;
+  return (ST_PREFETCH_AHEAD + pair - 1) / pair * pair;
+}
+
+/* ahead: pair_ahead(row_bytes), computed once per group of rows */
 static inline __attribute__((always_inline)) void prefetch_pair_ahead(const uint8_t *p0, const uint8_t *p1,
-                                                                      uint64_t row_bytes, uint64_t bytes) {
+                                                                      uint64_t ahead, uint64_t bytes) {
   if (ST_PREFETCH_AHEAD <= 0) return;
-  const uint64_t pair = 2 * row_bytes, ahead = (ST_PREFETCH_AHEAD + pair - 1) / pair * pair;
   for (uint64_t j = 0; j < bytes; j += 64) {
     _mm_prefetch((const char *)p0 + ahead + j, ST_PREFETCH_HINT);
     _mm_prefetch((const char *)p1 + ahead + j, ST_PREFETCH_HINT);
@@ -2291,7 +2296,7 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
   static inline __attribute__((always_inline)) attr void name(                                               \
       uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,  \
       int64_t n, float *out, int64_t ldo) {                                                                  \
-    const uint64_t bs = k_bytes(type);                                                                       \
+    const uint64_t bs = k_bytes(type), ahead = pair_ahead(row_bytes);                                       \
     /* IQ4_XS: every token's offsets for rows of up to 16 super-blocks, once for the whole group */          \
     __m512i xo[16 * ST_TILE * 4] __attribute__((aligned(64)));                                               \
     const int cached = type == ST_TYPE_IQ4_XS && n / 256 <= 16;                                              \
@@ -2305,7 +2310,7 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
         acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                     \
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                          \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
-        prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, row_bytes, bs);                                        \
+        prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, ahead, bs);                                           \
         __m512i m0[4], m1[4];                                                                                \
         uint64_t s0[4], s1[4];                                                                               \
         __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */                \
