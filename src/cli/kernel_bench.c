@@ -166,8 +166,10 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   for (int k = 0; k < NTYPES; k++)
     if (st_row_bytes(types[k], (uint64_t)n) < rb_min) rb_min = st_row_bytes(types[k], (uint64_t)n);
   float *out = malloc(sizeof(float) * (size_t)(target / rb_min + 1));
-  const uint64_t qb0 = st_q8_row_bytes(ST_TYPE_Q8_0, n), qbk = st_q8_row_bytes(ST_TYPE_Q4_K, n);
-  uint8_t *xq = malloc((qb0 > qbk ? qb0 : qbk) * (size_t)threads); /* the larger of the two layouts */
+  uint64_t qb = 0; /* the largest activation layout */
+  for (int k = 0; k < NTYPES; k++)
+    if (st_q8_row_bytes(types[k], n) > qb) qb = st_q8_row_bytes(types[k], n);
+  uint8_t *xq = malloc(qb * (size_t)threads);
   if (!x || !rows_f || !out || !xq) {
     rc = st_set_error(ST_ENOMEM, "out of memory");
     goto done;

@@ -901,13 +901,15 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * horizontal sums per block. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
  * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
  * min m16[k]); the exact integer sums are kept in lanes (16 of Σ sc16 · q · x, lane L over
- * weights 64c + 4L .. + 3, and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32 offsets fold into the
+ * weights 64c + 4L .. + 3 (IQ3: 16L .. 16L + 15), and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32 offsets fold into the
  * first 8 lanes as -4 or -32 sc16 · bsums), each lane accumulated in float across super-blocks
  * (fmaf(dx * d, S_L, a_L), fmaf(-(dx * dmin), M_j, am_j)) and the lanes added once per row by a
  * fixed tree (k_accumulate, k_reduce). The grid i-quants (IQ2_XS,
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
- * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The scalar,
+ * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The IQ3
+ * activation rows also carry their quants in plane order (iq3_planes_at), for the AVX-512 kernels,
+ * which look the grid up one byte plane at a time. The scalar,
  * AVX2, VNNI and VNNI + VBMI code below compute exactly these integers and these float operations. */
 
 static int q8_family(uint32_t type) {
@@ -921,11 +923,23 @@ static int q8_family(uint32_t type) {
   }
 }
 
+/* IQ3_XXS and IQ3_S: grid entries of 4 weights, whose activations also come in plane order. */
+static inline int k_is_iq3(uint32_t type) { return type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S; }
+
 uint64_t st_q8_row_bytes(uint32_t type, int64_t n) {
   const int f = q8_family(type);
   if (f == 1 && n > 0 && n % 32 == 0) return (uint64_t)(n / 32) * sizeof(st_act_q8_0);
-  if (f == 2 && n > 0 && n % 256 == 0) return (uint64_t)(n / 256) * sizeof(st_act_q8_K);
+  if (f == 2 && n > 0 && n % 256 == 0)
+    return (uint64_t)(n / 256) * (sizeof(st_act_q8_K) + (k_is_iq3(type) ? 256 : 0));
   return 0;
+}
+
+/* Where the plane-order copy of super-block b's quants starts in an IQ3 activation row of n values
+ * (after the n / 256 st_act_q8_K): byte
+ * 64 q + k is quant 4 k + q, so that plane q holds the activations of byte q of the block's 64
+ * grid entries (the VBMI kernel looks up the grid one byte plane at a time). */
+static inline uint64_t iq3_planes_at(int64_t n, int64_t b) {
+  return (uint64_t)(n / 256) * sizeof(st_act_q8_K) + 256 * (uint64_t)b;
 }
 
 /* d = max|x| / 127 and the quants round(x / d) (to nearest, ties to even, by the float magic-number
@@ -1014,6 +1028,10 @@ void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int6
       for (int64_t i = 0; i < n / 256; i++) {
         b[i].d = quant(xt + 256 * i, 256, b[i].qs);
         bsums(b[i].qs, b[i].bsums);
+        if (k_is_iq3(type)) {
+          int8_t *pl = (int8_t *)(void *)(row + iq3_planes_at(n, i));
+          for (int k = 0; k < 256; k++) pl[k % 4 * 64 + k / 4] = b[i].qs[k];
+        }
       }
     }
   }
@@ -1198,7 +1216,9 @@ static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type
 
 /* The K formats' float step, in lanes: a super-block's integer sums are kept as 16 lanes S (lane L:
  * the scaled products of weights 64c + 4L .. + 3, c = 0..3, which is what one 512-bit vpdpbusd or
- * vpdpwssd accumulator holds; 8-lane AVX2 code keeps the even and the odd 32-weight groups apart)
+ * vpdpwssd accumulator holds; 8-lane AVX2 code keeps the even and the odd 32-weight groups apart;
+ * for IQ3_XXS and IQ3_S weights 16L .. 16L + 15, what their plane-order kernel holds, which the
+ * AVX2 code makes by horizontal adds)
  * and 8 lanes M of the bsums term (lane j: 16-groups 2j, 2j + 1; Q3_K/Q6_K subtract it from S's
  * lanes 0..7, the formats with mins take it with -dmin). Each lane accumulates in float across
  * super-blocks, and k_reduce adds the lanes once per row: every ISA runs these same float
@@ -1334,7 +1354,7 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
       k_quants_scalar(type, bb, q);
       int32_t S[16] = {0}, M[8];
       for (int i = 0; i < 256; i++)
-        S[i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
+        S[k_is_iq3(type) ? i / 16 : i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
       for (int j = 0; j < 8; j++) {
         M[j] = k.mv[2 * j] * x[b].bsums[2 * j] + k.mv[2 * j + 1] * x[b].bsums[2 * j + 1];
         if (k_has_offset(type)) S[j] -= M[j];
@@ -1656,8 +1676,9 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
     prefetch_ahead(bb, bs);
     const struct kvec k = k_vec_avx2(type, bb);
     __m256i is[ST_TILE][2]; /* the even and the odd 32-weight groups: k_accumulate's lanes */
+    __m256i pend[ST_TILE], h[ST_TILE]; /* IQ3: group 2j's products, groups 4j .. + 1 summed by pairs */
     for (int t = 0; t < nt; t++)
-      is[t][0] = is[t][1] = _mm256_setzero_si256();
+      is[t][0] = is[t][1] = pend[t] = h[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8 /* GCC -O2 kept these loops rolled: shifts by a variable, spills; 1.2-1.6x */
     for (int g = 0; g < 8; g++) {
       __m256i v, av;
@@ -1676,7 +1697,17 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
         const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
         if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm256_sign_epi8(xv, v);
-        is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc);
+        if (!k_is_iq3(type)) {
+          is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], p);
+        } else if (g % 2 == 0) {
+          pend[t] = p;
+        } else if (g % 4 == 1) { /* IQ3 (lanes of 16 weights): lane j of p holds weights 32 g + 4 j .. + 3 */
+          h[t] = _mm256_hadd_epi32(pend[t], p);
+        } else { /* lanes 8 (g / 4) .. + 7, which the hadds leave in the order 0, 2, 4, 6, 1, 3, 5, 7 */
+          is[t][g / 4] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h[t], _mm256_hadd_epi32(pend[t], p)),
+                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        }
       }
     }
     for (int t = 0; t < nt; t++) { /* k_accumulate */
@@ -1995,53 +2026,6 @@ static inline __attribute__((always_inline)) VNNI __m512i iq3_lookup_vnni(const 
   return r[0]; // cppcheck-suppress uninitvar ; r[0] is set: ntab is 8 or 16
 }
 
-/* 32 nibble words to their 128 magnitudes, m[0] and m[1] (weight order), through the level table
- * lut (bytes 0..7). A word's low (high) nibbles are its bytes 0 and 2 (1 and 3), so interleaving
- * the two looked-up halves bytewise puts each word's 4 bytes in place; the interleave works per
- * 128-bit lane, which is why the words come in the order iq3_order leaves them. */
-static inline __attribute__((always_inline)) VNNI void iq3_expand_vnni(__m512i words, __m512i lut, __m512i *m) {
-  const __m512i m4 = _mm512_set1_epi8(0xF);
-  const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(words, m4));
-  const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(words, 4), m4));
-  m[0] = _mm512_unpacklo_epi8(lo, hi);
-  m[1] = _mm512_unpackhi_epi8(lo, hi);
-}
-
-/* 32 grid indices (one per int16 lane, weight order) in the order iq3_expand_vnni needs: its
- * unpacks take 4 words from each half of a 128-bit lane, so 64-bit group g of m[0] (m[1]) must
- * sit in the low (high) half of lane g. */
-static inline __attribute__((always_inline)) VNNI __m512i iq3_order_vnni(__m512i idx) {
-  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7), idx);
-}
-
-/* The 256 magnitudes of an IQ3_XXS or IQ3_S block, 64 per vector, looked up 32 at a time in the
- * register-resident nibble grids (on Zen 4 this beat 64 scalar loads with paired inserts, which
- * had in turn beaten vpgatherdd). IQ3_S's 9-bit indices: bit k of the 64-bit qh is the top bit of
- * index k. */
-static inline __attribute__((always_inline)) VNNI void iq3_mags_vnni(uint32_t type, const uint8_t *bb,
-                                                                     __m512i *m) {
-  if (type == ST_TYPE_IQ3_XXS) {
-    const uint8_t *q = ((const st_block_iq3_xxs *)(const void *)bb)->qs;
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0));
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-      const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * i)));
-      iq3_expand_vnni(iq3_lookup_vnni(iq3xxs_nibbles, 8, iq3_order_vnni(idx)), lut, m + 2 * i);
-    }
-    return;
-  }
-  const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
-  uint64_t qh;
-  memcpy(&qh, b->qh, 8);
-  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; i++) {
-    const __m512i lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * i)));
-    const __m512i idx = _mm512_mask_add_epi16(lo, (__mmask32)(qh >> (32 * i)), lo, _mm512_set1_epi16(256));
-    iq3_expand_vnni(iq3_lookup_vnni(iq3s_nibbles, 16, iq3_order_vnni(idx)), lut, m + 2 * i);
-  }
-}
-
 /* IQ2_XS/IQ3_XXS: the 32 sign bytes of a block (st_iq_signs of its 7-bit fields, byte k for
  * weights 8k .. 8k + 7) in one pass instead of eight per pair. */
 static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32_t type, const uint8_t *bb) {
@@ -2078,12 +2062,10 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_
                                                                          const uint64_t *signs,
                                                                          int iq2s_ready, __mmask64 *neg) {
   uint64_t sg;
-  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
+  if (type == ST_TYPE_IQ2_XS)
     sg = signs[c];
-  else if (type == ST_TYPE_IQ2_S)
+  else /* IQ2_S */
     memcpy(&sg, ((const st_block_iq2_s *)(const void *)bb)->qs + 32 + 8 * c, 8);
-  else /* IQ3_S */
-    memcpy(&sg, ((const st_block_iq3_s *)(const void *)bb)->signs + 8 * c, 8);
   *neg = (__mmask64)sg;
   if (type == ST_TYPE_IQ2_XS) return iq2xs_mags64(((const st_block_iq2_xs *)(const void *)bb)->qs + 8 * c);
   if (!iq2s_ready && type == ST_TYPE_IQ2_S) {
@@ -2146,7 +2128,7 @@ static inline __attribute__((always_inline)) VNNI void q2k_block_vnni(const st_b
 }
 
 /* A row's float accumulators for one token: 16 lanes of d · dx · S (S: the int32 lanes of the
- * integer sums, lane L of the products of weights 64c + 4L .. + 3), and for the formats with
+ * integer sums, k_accumulate's lanes), and for the formats with
  * mins 8 lanes of dmin · dx · M (M: the bsums term, lane j of groups 2j, 2j + 1). Accumulating
  * lanes instead of each super-block's total leaves the horizontal sums to the end of the row. */
 struct kacc {
@@ -2279,20 +2261,17 @@ k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int
   }
 }
 
-/* What a grid block's pairs need before the token loop: the IQ3 magnitudes (mags[c]: weights
- * 64c .. 64c + 63; the IQ2 ones are fetched pair by pair, which was faster here than all at once)
- * and the IQ2_XS/IQ3_XXS sign bytes (signs[c]: their 64 sign bits). */
+/* What an IQ2 block's pairs need before the token loop: IQ2_XS's sign bytes (signs[c]: their 64
+ * sign bits; the magnitudes are fetched pair by pair, which was faster here than all at once).
+ * The IQ3 formats take the plane-order kernel instead (iq3_planes_vnni). */
 static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t type, const uint8_t *bb,
-                                                                      __m512i *mags, uint64_t *signs) {
-  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vnni(type, bb, mags);
-  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
-    _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
+                                                                      uint64_t *signs) {
+  if (type == ST_TYPE_IQ2_XS) _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
 }
 
-/* The rows of a group, for an ISA attribute `attr` and the grid preparation `prep_fn` it allows
- * (grid_prep_vnni, or grid_prep_vbmi with AVX-512 VBMI); iq2s_ready: prep_fn fills IQ2_S's
- * magnitudes (else the block kernel fetches them pair by pair). */
-#define ST_Q8_ROWS_K(name, attr, prep_fn, iq2s_ready)                                                        \
+/* The rows of a group, for an ISA attribute `attr` and the super-block step `block_fn` it allows
+ * (k_row_block_vnni, or k_row_block_vbmi with AVX-512 VBMI). */
+#define ST_Q8_ROWS_K(name, attr, block_fn)                                                        \
   static inline __attribute__((always_inline)) attr void name(                                               \
       uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,  \
       int64_t n, float *out, int64_t ldo) {                                                                  \
@@ -2311,14 +2290,11 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                          \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, ahead, bs);                                           \
-        __m512i m0[4], m1[4];                                                                                \
-        uint64_t s0[4], s1[4];                                                                               \
         __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */                \
         if (type == ST_TYPE_IQ4_XS && !cached) iq4_xs_offsets_vnni(xq, ldq, nt, b, xb);                      \
         const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : xb;                                            \
-        if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0), prep_fn(type, w1 + b * bs, m1, s1);         \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, xoff, m0, s0, iq2s_ready, acc[0]);                   \
-        k_block_vnni(type, w1 + b * bs, b, xq, ldq, nt, xoff, m1, s1, iq2s_ready, acc[1]);                   \
+        block_fn(type, w0 + b * bs, b, xq, ldq, nt, n, xoff, acc[0]);                                        \
+        block_fn(type, w1 + b * bs, b, xq, ldq, nt, n, xoff, acc[1]);                                        \
       }                                                                                                      \
       for (int t = 0; t < nt; t++) {                                                                         \
         out[t * ldo + r] = k_lanes_total(type, acc[0][t]);                                                   \
@@ -2332,18 +2308,119 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;                                                \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_ahead(w0 + b * bs, bs);                                                                     \
-        __m512i m0[4];                                                                                       \
-        uint64_t s0[4];                                                                                      \
-        if (k_is_grid(type)) prep_fn(type, w0 + b * bs, m0, s0);                                             \
-        k_block_vnni(type, w0 + b * bs, b, xq, ldq, nt, cached ? xo + b * ST_TILE * 4 : NULL, m0, s0,        \
-                     iq2s_ready, acc);                                                                       \
+        block_fn(type, w0 + b * bs, b, xq, ldq, nt, n, cached ? xo + b * ST_TILE * 4 : NULL, acc);           \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
     }                                                                                                        \
   }
 
-ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, grid_prep_vnni, 0)
+/* An IQ3_XXS or IQ3_S block in plane order: m[q] holds byte q of the block's 64
+ * grid entries (entry k's level at position k: the magnitude of weight 4 k + q), so that nothing is
+ * interleaved back into weight order (the activations come in the same plane order,
+ * iq3_planes_at); neg[q] the sign bits of the same weights; sc the odd integer scale 2 s + 1 of
+ * position k's sub-block k / 8 in int16 lanes (lane i: positions 2 i, 2 i + 1); d the float scale. */
+struct iq3p {
+  __m512i m[4], sc;
+  __mmask64 neg[4];
+  float d;
+};
+
+/* The plane-order block (struct iq3p) without VBMI: the grid's nibble words looked up 32 indices at
+ * a time (iq3_lookup_vnni), the indices taken in the order that lets one vpackuswb per byte of
+ * the words put position k on index k; the sign bytes doubled in int16 lanes for the plane tests. */
+static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t type, const uint8_t *bb,
+                                                                       struct iq3p *p) {
+  const int xxs = type == ST_TYPE_IQ3_XXS;
+  const struct kvec k = k_vec_avx2(type, bb);
+  p->d = k.d;
+  /* sub-block s's scale in int16 lanes 4 s .. 4 s + 3 (k.sc16 holds it in int32 lane s, both halves) */
+  p->sc = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                   _mm512_castsi256_si512(k.sc16));
+  const uint8_t *qs =
+      xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs : ((const st_block_iq3_s *)(const void *)bb)->qs;
+  /* a: indices 16 l .. 16 l + 7, b: 16 l + 8 .. 16 l + 15 (l = 0..3), one per int16 lane */
+  const __m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                             _mm512_loadu_si512((const void *)qs));
+  __m512i ia = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q)), ib = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
+  __m256i sg;
+  if (xxs) {
+    sg = iq_signs32_vnni(type, bb);
+  } else {
+    const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+    uint64_t qh; /* bit k: the top bit of index k; bytes 0, 2, 4, 6 for a, 1, 3, 5, 7 for b */
+    memcpy(&qh, b->qh, 8);
+    const uint64_t e = qh & 0x00FF00FF00FF00FFull, o = qh >> 8 & 0x00FF00FF00FF00FFull;
+    const __mmask32 ha = (__mmask32)((e & 0xFF) | (e >> 8 & 0xFF00) | (e >> 16 & 0xFF0000) | (e >> 24 & 0xFF000000)),
+                    hb = (__mmask32)((o & 0xFF) | (o >> 8 & 0xFF00) | (o >> 16 & 0xFF0000) | (o >> 24 & 0xFF000000));
+    ia = _mm512_mask_add_epi16(ia, ha, ia, _mm512_set1_epi16(256));
+    ib = _mm512_mask_add_epi16(ib, hb, ib, _mm512_set1_epi16(256));
+    sg = _mm256_loadu_si256((const __m256i *)b->signs);
+  }
+  const __m512i wa = iq3_lookup_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ia),
+                wb = iq3_lookup_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ib);
+  const __m512i m8 = _mm512_set1_epi16(0xFF), m4 = _mm512_set1_epi8(0xF);
+  const __m512i lo = _mm512_packus_epi16(_mm512_and_si512(wa, m8), _mm512_and_si512(wb, m8)),
+                hi = _mm512_packus_epi16(_mm512_srli_epi16(wa, 8), _mm512_srli_epi16(wb, 8));
+  const __m512i lut =
+      _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
+                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+  p->m[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(lo, m4));
+  p->m[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
+  p->m[2] = _mm512_shuffle_epi8(lut, _mm512_and_si512(hi, m4));
+  p->m[3] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
+  /* weight 4 k + q's sign: bit 4 (k % 2) + q of sign byte k / 2 */
+  const __m512i u = _mm512_cvtepu8_epi16(sg), sb = _mm512_or_si512(u, _mm512_slli_epi16(u, 8));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++)
+    p->neg[j] = _mm512_test_epi8_mask(sb, _mm512_set1_epi16((short)((0x10 << j) << 8 | 1 << j)));
+}
+
+/* Super-block b of an IQ3 row, prepared in p, into the nt tokens' accumulators: per token the four
+ * planes' products with the plane-order activations, summed in int16 (IQ3_S's levels are at most
+ * 15, so four planes' pair sums stay under 2^15; IQ3_XXS's reach 62, so two planes at a time), then
+ * one vpdpwssd by the scales: lane L holds weights 16 L .. 16 L + 15, k_accumulate's lanes. */
+static inline __attribute__((always_inline)) VNNI void iq3_tokens_vnni(uint32_t type, const struct iq3p *pp,
+                                                                       int64_t b, const uint8_t *xq, int64_t ldq,
+                                                                       int nt, int64_t n, struct kacc *acc) {
+  const __m512i zero = _mm512_setzero_si512();
+  const struct iq3p p = *pp;
+  for (int t = 0; t < nt; t++) {
+    const uint8_t *row = xq + t * ldq;
+    const int8_t *xp = (const int8_t *)(const void *)(row + iq3_planes_at(n, b));
+    __m512i s[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+      const __m512i xv = _mm512_loadu_si512((const void *)(xp + 64 * q));
+      s[q] = _mm512_maddubs_epi16(p.m[q], _mm512_mask_sub_epi8(xv, p.neg[q], zero, xv));
+    }
+    const __m512i s01 = _mm512_add_epi16(s[0], s[1]), s23 = _mm512_add_epi16(s[2], s[3]);
+    const __m512i is = type == ST_TYPE_IQ3_S
+                           ? _mm512_dpwssd_epi32(zero, _mm512_add_epi16(s01, s23), p.sc)
+                           : _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, s01, p.sc), s23, p.sc);
+    const st_act_q8_K *x = (const st_act_q8_K *)(const void *)row + b;
+    k_lanes_vnni(type, p.d, 0.0f, x->d, is, _mm256_setzero_si256(), &acc[t]);
+  }
+}
+
+/* Super-block b (at bb) of one row into its nt tokens' accumulators (n: the row length). */
+static inline __attribute__((always_inline)) VNNI void k_row_block_vnni(uint32_t type, const uint8_t *bb,
+                                                                        int64_t b, const uint8_t *xq,
+                                                                        int64_t ldq, int nt, int64_t n,
+                                                                        const __m512i *xoff, struct kacc *acc) {
+  if (k_is_iq3(type)) {
+    struct iq3p p;
+    iq3_planes_vnni(type, bb, &p);
+    iq3_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
+    return;
+  }
+  __m512i m[4];
+  uint64_t sg[4];
+  if (k_is_grid(type)) grid_prep_vnni(type, bb, sg);
+  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, m, sg, 0, acc);
+}
+
+ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, k_row_block_vnni)
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
@@ -2353,7 +2430,7 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 /* AVX-512 VBMI on top: the IQ3 and IQ2_S grids looked up with byte permutes (vpermi2b, one
  * instruction on the Xeons where vpermi2w is three) over the grids' byte planes, 64 entries at a
  * time, and the IQ2_XS/IQ3_XXS sign bytes from one permute of the parity table. The same
- * magnitudes and sign bytes as the VNNI level, so the same results. */
+ * magnitudes and sign bytes in the same order as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c,bmi2")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
@@ -2377,46 +2454,6 @@ static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const 
     r[p] = _mm512_mask_blend_epi8(h8, r[2 * p], r[2 * p + 1]);
   if (ntab == 1024) r[0] = _mm512_mask_blend_epi8(h9, r[0], r[1]);
   return r[0];
-}
-
-/* iq3_mags_vnni with byte permutes. The 64 indices are first reordered (position 16 l + 4 q + i
- * takes entry 16 q + 4 l + i) so that the per-lane unpacks at the end leave vector q holding
- * weights 64 q .. 64 q + 63 in order. */
-static inline __attribute__((always_inline)) VBMI void iq3_mags_vbmi(uint32_t type, const uint8_t *bb,
-                                                                     __m512i *m) {
-  static const uint8_t order[64] __attribute__((aligned(64))) = {
-      0,  1,  2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4,  5,  6,  7,  20, 21,
-      22, 23, 36, 37, 38, 39, 52, 53, 54, 55, 8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43,
-      56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};
-  const __m512i ord = _mm512_load_si512((const void *)order), m4 = _mm512_set1_epi8(0xF);
-  const int xxs = type == ST_TYPE_IQ3_XXS;
-  const uint8_t *qs =
-      xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs : ((const st_block_iq3_s *)(const void *)bb)->qs;
-  const __m512i idx = _mm512_permutexvar_epi8(ord, _mm512_loadu_si512((const void *)qs));
-  const __mmask64 hi7 = _mm512_movepi8_mask(idx);
-  __mmask64 hi8 = 0;
-  if (!xxs) { /* bit k of qh is the top bit of index k: reordered as the indices */
-    uint64_t qh;
-    memcpy(&qh, ((const st_block_iq3_s *)(const void *)bb)->qh, 8);
-    hi8 = _mm512_movepi8_mask(_mm512_permutexvar_epi8(ord, _mm512_movm_epi8(_cvtu64_mask64(qh))));
-  }
-  const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
-  const int ntab = xxs ? 256 : 512;
-  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0),
-                hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
-  const __m512i lut =
-      _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
-                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
-  const __m512i e0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(lo, m4)),
-                e1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4)),
-                e2 = _mm512_shuffle_epi8(lut, _mm512_and_si512(hi, m4)),
-                e3 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
-  const __m512i a = _mm512_unpacklo_epi8(e0, e1), b = _mm512_unpackhi_epi8(e0, e1);
-  const __m512i c = _mm512_unpacklo_epi8(e2, e3), d = _mm512_unpackhi_epi8(e2, e3);
-  m[0] = _mm512_unpacklo_epi16(a, c);
-  m[1] = _mm512_unpackhi_epi16(a, c);
-  m[2] = _mm512_unpacklo_epi16(b, d);
-  m[3] = _mm512_unpackhi_epi16(b, d);
 }
 
 /* IQ2_XS/IQ3_XXS sign bytes (as iq_signs32_vnni): each 7-bit field to its byte through one byte
@@ -2478,15 +2515,87 @@ static inline __attribute__((always_inline)) VBMI void iq2s_mags_vbmi(const uint
   }
 }
 
-static inline __attribute__((always_inline)) VBMI void grid_prep_vbmi(uint32_t type, const uint8_t *bb,
-                                                                      __m512i *mags, uint64_t *signs) {
-  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) iq3_mags_vbmi(type, bb, mags);
-  if (type == ST_TYPE_IQ2_S) iq2s_mags_vbmi(bb, mags);
-  if (type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS)
-    _mm256_storeu_si256((__m256i *)signs, iq_signs32_vbmi(type, bb));
+static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t type, const uint8_t *bb,
+                                                                       struct iq3p *p) {
+  const int xxs = type == ST_TYPE_IQ3_XXS;
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  const uint8_t *qs =
+      xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs : ((const st_block_iq3_s *)(const void *)bb)->qs;
+  const __m512i idx = _mm512_loadu_si512((const void *)qs);
+  const __mmask64 hi7 = _mm512_movepi8_mask(idx);
+  __mmask64 hi8 = 0;
+  uint16_t dh;
+  memcpy(&dh, bb, 2);
+  p->d = _cvtsh_ss(dh) * grid_d_mul(type);
+  __m256i sg;                            /* sign byte j: weights 8 j .. 8 j + 7 */
+  const __m512i e = _mm512_set1_epi16(1); /* int16 lanes of the scales: (v << 1 & 0x1E) | 1 */
+  if (xxs) {
+    /* scale s: the top nibble of byte 4 s + 3 of the sub-block words after the indices */
+    const __m512i w = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 64)));
+    const __m512i at = _mm512_set_epi16(31, 31, 31, 31, 27, 27, 27, 27, 23, 23, 23, 23, 19, 19, 19, 19, 15, 15, 15,
+                                        15, 11, 11, 11, 11, 7, 7, 7, 7, 3, 3, 3, 3);
+    const __m512i top = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, at, w); /* lane i: byte 4 (i / 4) + 3 */
+    p->sc = _mm512_ternarylogic_epi32(_mm512_srli_epi16(top, 3), _mm512_set1_epi16(0x1E), e, 0xEA);
+    sg = iq_signs32_vbmi(type, bb);
+  } else {
+    const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
+    uint64_t qh; /* bit k: the top bit of index k */
+    memcpy(&qh, b->qh, 8);
+    hi8 = _cvtu64_mask64(qh);
+    uint32_t l32; /* scale s: nibble s, bits 4 s .. 4 s + 3 */
+    memcpy(&l32, b->scales, 4);
+    const __m512i v = _mm512_multishift_epi64_epi8(
+        _mm512_setr_epi64(0, 0x0404040404040404ll, 0x0808080808080808ll, 0x0C0C0C0C0C0C0C0Cll,
+                          0x1010101010101010ll, 0x1414141414141414ll, 0x1818181818181818ll,
+                          0x1C1C1C1C1C1C1C1Cll),
+        _mm512_set1_epi32((int)l32));
+    p->sc = _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 1), _mm512_set1_epi16(0x1E), e, 0xEA);
+    sg = _mm256_loadu_si256((const __m256i *)b->signs);
+  }
+  const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
+  const int ntab = xxs ? 256 : 512;
+  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0),
+                hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
+  const __m512i n0 = _mm512_and_si512(lo, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
+                n2 = _mm512_and_si512(hi, m4), n3 = _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4);
+  const __m512i lut =
+      _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
+                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+  p->m[0] = _mm512_shuffle_epi8(lut, n0);
+  p->m[1] = _mm512_shuffle_epi8(lut, n1);
+  p->m[2] = _mm512_shuffle_epi8(lut, n2);
+  p->m[3] = _mm512_shuffle_epi8(lut, n3);
+  /* weight 4 k + q's sign: bit 4 (k % 2) + q of sign byte k / 2 */
+  static const uint8_t half[64] __attribute__((aligned(64))) = {
+      0,  0,  1,  1,  2,  2,  3,  3,  4,  4,  5,  5,  6,  6,  7,  7,  8,  8,  9,  9,  10, 10,
+      11, 11, 12, 12, 13, 13, 14, 14, 15, 15, 16, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21,
+      22, 22, 23, 23, 24, 24, 25, 25, 26, 26, 27, 27, 28, 28, 29, 29, 30, 30, 31, 31};
+  const __m512i sb = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)half), _mm512_castsi256_si512(sg));
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++)
+    p->neg[q] = _mm512_test_epi8_mask(sb, _mm512_set1_epi16((short)((0x10 << q) << 8 | 1 << q)));
 }
 
-ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, grid_prep_vbmi, 1)
+/* k_row_block_vnni with VBMI: the IQ3 blocks in plane order, the IQ2_S magnitudes from code planes,
+ * the IQ2_XS sign bytes by one permute. */
+static inline __attribute__((always_inline)) VBMI void k_row_block_vbmi(uint32_t type, const uint8_t *bb,
+                                                                        int64_t b, const uint8_t *xq,
+                                                                        int64_t ldq, int nt, int64_t n,
+                                                                        const __m512i *xoff, struct kacc *acc) {
+  if (k_is_iq3(type)) {
+    struct iq3p p;
+    iq3_planes_vbmi(type, bb, &p);
+    iq3_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
+    return;
+  }
+  __m512i m[4];
+  uint64_t sg[4];
+  if (type == ST_TYPE_IQ2_S) iq2s_mags_vbmi(bb, m);
+  if (type == ST_TYPE_IQ2_XS) _mm256_storeu_si256((__m256i *)sg, iq_signs32_vbmi(type, bb));
+  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, m, sg, 1, acc);
+}
+
+ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, k_row_block_vbmi)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {

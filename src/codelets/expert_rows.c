@@ -27,8 +27,14 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
 
   float *x = malloc(sizeof(float) * ((size_t)max_rows * d + 2 * (size_t)max_rows * ff));
   float *gt = x + (size_t)max_rows * d, *u = gt + (size_t)max_rows * ff;
-  /* int8 activations (STRATA_INT8_DOT): at most 292 bytes per 256 values (st_act_q8_K), 36 per 32 */
-  void *xq = a->int8_dot ? malloc((size_t)max_rows * ((size_t)(d > ff ? d : ff) / 32 * 37 + 64)) : NULL;
+  /* int8 activations (STRATA_INT8_DOT): a row for the largest of the three matrices' layouts */
+  uint64_t qrow = 0;
+  if (a->int8_dot) {
+    const uint64_t qs[3] = {st_q8_row_bytes(a->gate.type, d), st_q8_row_bytes(a->up.type, d),
+                            st_q8_row_bytes(a->down.type, ff)};
+    for (int i = 0; i < 3; i++) qrow = qs[i] > qrow ? qs[i] : qrow;
+  }
+  void *xq = qrow ? malloc((size_t)max_rows * qrow) : NULL;
   for (int g = 0; g < a->n_experts; g++) {
     const void *gate = (const void *)STARPU_VECTOR_GET_PTR(buffers[1 + 3 * g]);
     const void *up = (const void *)STARPU_VECTOR_GET_PTR(buffers[2 + 3 * g]);
