@@ -908,7 +908,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
  * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The IQ3
- * activation rows also carry their quants in plane order (iq3_planes_at), for the AVX-512 kernels,
+ * activation rows also carry their quants in plane order (grid_planes_at), for the AVX-512 kernels,
  * which look the grid up one byte plane at a time. The scalar,
  * AVX2, VNNI and VNNI + VBMI code below compute exactly these integers and these float operations. */
 
@@ -923,22 +923,28 @@ static int q8_family(uint32_t type) {
   }
 }
 
-/* IQ3_XXS and IQ3_S: grid entries of 4 weights, whose activations also come in plane order. */
-static inline int k_is_iq3(uint32_t type) { return type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S; }
+/* The grid formats (IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): per 8 or 4 weights a grid entry of unsigned
+ * magnitudes and per weight a sign bit; the sub-block scale is an odd integer 2 s + 1 times d / 8
+ * (IQ2), d / 4 (IQ3_XXS) or d (IQ3_S), the power of two folded into the float scale. Their
+ * activation rows also carry the quants in plane order (grid_planes_at). */
+static inline int k_is_grid(uint32_t type) {
+  return type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;
+}
 
 uint64_t st_q8_row_bytes(uint32_t type, int64_t n) {
   const int f = q8_family(type);
   if (f == 1 && n > 0 && n % 32 == 0) return (uint64_t)(n / 32) * sizeof(st_act_q8_0);
   if (f == 2 && n > 0 && n % 256 == 0)
-    return (uint64_t)(n / 256) * (sizeof(st_act_q8_K) + (k_is_iq3(type) ? 256 : 0));
+    return (uint64_t)(n / 256) * (sizeof(st_act_q8_K) + (k_is_grid(type) ? 256 : 0));
   return 0;
 }
 
-/* Where the plane-order copy of super-block b's quants starts in an IQ3 activation row of n values
- * (after the n / 256 st_act_q8_K): byte
- * 64 q + k is quant 4 k + q, so that plane q holds the activations of byte q of the block's 64
- * grid entries (the VBMI kernel looks up the grid one byte plane at a time). */
-static inline uint64_t iq3_planes_at(int64_t n, int64_t b) {
+/* Where the plane-order copy of super-block b's quants starts in a grid format's activation row of
+ * n values (after the n / 256 st_act_q8_K): byte 64 q + k is quant 4 k + q (q < 4), so that
+ * plane q holds the activations of byte q of the 64 IQ3 grid entries, or of bytes q and q + 4 of
+ * the 32 IQ2 entries in turn (k = 2 i + h: byte q + 4 h of entry i), which is how the AVX-512
+ * kernels look the grids up (struct gridp). */
+static inline uint64_t grid_planes_at(int64_t n, int64_t b) {
   return (uint64_t)(n / 256) * sizeof(st_act_q8_K) + 256 * (uint64_t)b;
 }
 
@@ -1028,8 +1034,8 @@ void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int6
       for (int64_t i = 0; i < n / 256; i++) {
         b[i].d = quant(xt + 256 * i, 256, b[i].qs);
         bsums(b[i].qs, b[i].bsums);
-        if (k_is_iq3(type)) {
-          int8_t *pl = (int8_t *)(void *)(row + iq3_planes_at(n, i));
+        if (k_is_grid(type)) {
+          int8_t *pl = (int8_t *)(void *)(row + grid_planes_at(n, i));
           for (int k = 0; k < 256; k++) pl[k % 4 * 64 + k / 4] = b[i].qs[k];
         }
       }
@@ -1096,12 +1102,6 @@ struct kscales {
   int16_t mv[16]; /* Q4_K/Q5_K: min per 16; Q6_K: 32 * sc (the offset); IQ4_XS: 0 */
 };
 
-/* The grid formats (IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): per 8 or 4 weights a grid entry of unsigned
- * magnitudes and per weight a sign bit; the sub-block scale is an odd integer 2 s + 1 times d / 8
- * (IQ2), d / 4 (IQ3_XXS) or d (IQ3_S), the power of two folded into the float scale. */
-static inline int k_is_grid(uint32_t type) {
-  return type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;
-}
 static inline float grid_d_mul(uint32_t type) {
   return type == ST_TYPE_IQ3_S ? 1.0f : type == ST_TYPE_IQ3_XXS ? 0.25f : 0.125f;
 }
@@ -1354,7 +1354,7 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
       k_quants_scalar(type, bb, q);
       int32_t S[16] = {0}, M[8];
       for (int i = 0; i < 256; i++)
-        S[k_is_iq3(type) ? i / 16 : i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
+        S[k_is_grid(type) ? i / 16 : i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
       for (int j = 0; j < 8; j++) {
         M[j] = k.mv[2 * j] * x[b].bsums[2 * j] + k.mv[2 * j + 1] * x[b].bsums[2 * j + 1];
         if (k_has_offset(type)) S[j] -= M[j];
@@ -1698,7 +1698,7 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
         if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm256_sign_epi8(xv, v);
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc);
-        if (!k_is_iq3(type)) {
+        if (!k_is_grid(type)) {
           is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], p);
         } else if (g % 2 == 0) {
           pend[t] = p;
@@ -2000,30 +2000,34 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
   return _mm512_or_si512(lo, hi);
 }
 
-/* The IQ3 grids as nibble words (iq_grids.h): the whole IQ3_XXS grid is 8 registers, IQ3_S's 16. */
+/* The IQ3 grids as nibble words and the IQ2 grids as code words (iq_grids.h): the whole IQ3_XXS
+ * grid is 8 registers, IQ3_S's and IQ2_XS's 16, IQ2_S's 32. */
 static const uint16_t iq3xxs_nibbles[256] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_NIBBLES;
 static const uint16_t iq3s_nibbles[512] __attribute__((aligned(64))) = ST_IQ3S_GRID_NIBBLES;
+static const uint16_t iq2xs_codes[512] __attribute__((aligned(64))) = ST_IQ2XS_GRID_CODES;
+static const uint16_t iq2s_codes[1024] __attribute__((aligned(64))) = ST_IQ2S_GRID_CODES;
 
-/* The nibble words of 32 grid entries at the word indices idx (< 32 ntab), looked up in
- * registers: one vpermi2w reads 64 entries (two table registers, the index's low 6 bits), and
- * the ntab / 2 results are merged by index bits 6, 7 (and 8) in a tree of blends. Replaces 32
- * scalar table loads and their vector inserts; the permutes are independent, so the lookup's
- * latency is one permute and a few blends (a chain of masked permutes was slower on Zen 4). */
-static inline __attribute__((always_inline)) VNNI __m512i iq3_lookup_vnni(const uint16_t *tab, int ntab,
+/* The words (IQ3 nibble words, IQ2 code words) of 32 grid entries at the word indices idx
+ * (< 32 ntab; ntab 8, 16 or 32 registers), looked up in registers: one vpermi2w reads 64 entries
+ * (two table registers, the index's low 6 bits), and the ntab / 2 results are merged by index
+ * bits 6, 7 (8, 9) in a tree of blends. Replaces 32 scalar table loads and their vector inserts;
+ * the permutes are independent, so the lookup's latency is one permute and a few blends (a chain
+ * of masked permutes was slower on Zen 4). */
+static inline __attribute__((always_inline)) VNNI __m512i grid_words_vnni(const uint16_t *tab, int ntab,
                                                                           __m512i idx) {
-  __m512i r[8];
-#pragma GCC unroll 8
+  __m512i r[16];
+#pragma GCC unroll 16
   for (int p = 0; p < ntab / 2; p++)
     r[p] = _mm512_permutex2var_epi16(_mm512_load_si512((const void *)(tab + 64 * p)), idx,
                                      _mm512_load_si512((const void *)(tab + 64 * p + 32)));
-#pragma GCC unroll 3
+#pragma GCC unroll 4
   for (int n = ntab / 2, bit = 64; n > 1; n /= 2, bit *= 2) {
     const __mmask32 k = _mm512_test_epi16_mask(idx, _mm512_set1_epi16((short)bit));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int p = 0; p < n / 2; p++)
       r[p] = _mm512_mask_blend_epi16(k, r[2 * p], r[2 * p + 1]);
   }
-  return r[0]; // cppcheck-suppress uninitvar ; r[0] is set: ntab is 8 or 16
+  return r[0]; // cppcheck-suppress uninitvar ; r[0] is set: ntab is 8, 16 or 32
 }
 
 /* IQ2_XS/IQ3_XXS: the 32 sign bytes of a block (st_iq_signs of its 7-bit fields, byte k for
@@ -2052,27 +2056,6 @@ static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32
   p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
   return _mm512_cvtepi16_epi8(
       _mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7)));
-}
-
-/* Sub-blocks 2c and 2c + 1 of a grid block: their 64 magnitudes (weight order: mags[c] from the
- * block's preparation; IQ2_XS ones, and IQ2_S ones unless iq2s_ready, fetched here) and in *neg
- * the 64 sign bits. */
-static inline __attribute__((always_inline)) VNNI __m512i grid_pair_vnni(uint32_t type, const uint8_t *bb,
-                                                                         int c, const __m512i *mags,
-                                                                         const uint64_t *signs,
-                                                                         int iq2s_ready, __mmask64 *neg) {
-  uint64_t sg;
-  if (type == ST_TYPE_IQ2_XS)
-    sg = signs[c];
-  else /* IQ2_S */
-    memcpy(&sg, ((const st_block_iq2_s *)(const void *)bb)->qs + 32 + 8 * c, 8);
-  *neg = (__mmask64)sg;
-  if (type == ST_TYPE_IQ2_XS) return iq2xs_mags64(((const st_block_iq2_xs *)(const void *)bb)->qs + 8 * c);
-  if (!iq2s_ready && type == ST_TYPE_IQ2_S) {
-    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-    return iq2s_mags64(b->qs + 8 * c, b->qh[2 * c], b->qh[2 * c + 1]);
-  }
-  return mags[c];
 }
 
 /* IQ4_XS for vpdpbusd: the levels plus 128 (unsigned, 1..241) in weight order, 64 per vector,
@@ -2175,8 +2158,7 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
 /* Super-block b (at bb) of one row into the nt tokens' accumulators. */
 static inline __attribute__((always_inline)) VNNI void
 k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
-             const __m512i *xoff, const __m512i *mags, const uint64_t *signs, int iq2s_ready,
-             struct kacc *acc) {
+             const __m512i *xoff, struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2240,33 +2222,20 @@ k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int
           _mm256_loadu_si256((const __m256i *)(((const st_block_q6_K *)(const void *)bb)->qh + 16 * c)));
       qhs = _mm512_srlv_epi16(qh, _mm512_inserti64x4(zero, _mm256_set1_epi16(2), 1));
     }
-    __mmask64 neg = 0;
-    const __m512i av = k_is_grid(type) ? grid_pair_vnni(type, bb, c, mags, signs, iq2s_ready, &neg)
-                                       : k_pair_vnni(type, bb, c, qhs);
+    const __m512i av = k_pair_vnni(type, bb, c, qhs);
     const __m512i sc =
         _mm512_permutexvar_epi16(_mm512_add_epi16(entry, _mm512_set1_epi16((short)(4 * c))), sc16);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-      __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
-      if (k_is_grid(type)) xv = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+      const __m512i xv = _mm512_loadu_si512((const void *)(x->qs + 64 * c));
       is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(av, xv), sc);
     }
   }
   for (int t = 0; t < nt; t++) {
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
-    const __m256i bm = k_is_grid(type)
-                           ? _mm256_setzero_si256()
-                           : _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
+    const __m256i bm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), k.mv16);
     k_lanes_vnni(type, k.d, k.dmin, x->d, is[t], bm, &acc[t]);
   }
-}
-
-/* What an IQ2 block's pairs need before the token loop: IQ2_XS's sign bytes (signs[c]: their 64
- * sign bits; the magnitudes are fetched pair by pair, which was faster here than all at once).
- * The IQ3 formats take the plane-order kernel instead (iq3_planes_vnni). */
-static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t type, const uint8_t *bb,
-                                                                      uint64_t *signs) {
-  if (type == ST_TYPE_IQ2_XS) _mm256_storeu_si256((__m256i *)signs, iq_signs32_vnni(type, bb));
 }
 
 /* The rows of a group, for an ISA attribute `attr` and the super-block step `block_fn` it allows
@@ -2315,22 +2284,33 @@ static inline __attribute__((always_inline)) VNNI void grid_prep_vnni(uint32_t t
     }                                                                                                        \
   }
 
-/* An IQ3_XXS or IQ3_S block in plane order: m[q] holds byte q of the block's 64
- * grid entries (entry k's level at position k: the magnitude of weight 4 k + q), so that nothing is
- * interleaved back into weight order (the activations come in the same plane order,
- * iq3_planes_at); neg[q] the sign bits of the same weights; sc the odd integer scale 2 s + 1 of
- * position k's sub-block k / 8 in int16 lanes (lane i: positions 2 i, 2 i + 1); d the float scale. */
-struct iq3p {
+/* A grid block in plane order (the order of the activation rows' plane copy, grid_planes_at):
+ * m[q] holds, at position k, byte q of IQ3 entry k (the magnitude of weight 4 k + q), or for the
+ * IQ2 formats byte q + 4 (k % 2) of entry k / 2 (the same weight 4 k + q): the grid looked up one
+ * byte plane at a time, with nothing interleaved back into weight order. neg[q]: the sign bits of
+ * the same weights; sc: the odd integer scale 2 s + 1 of position pair i (positions 2 i, 2 i + 1,
+ * which share it: one IQ3 sub-block of 32 weights or one IQ2 group of 16) in int16 lane i; d: the
+ * float scale. Summed over the four planes, int32 lane L of vpdpwssd holds weights 16 L ..
+ * 16 L + 15: k_accumulate's lanes for the grid formats. */
+struct gridp {
   __m512i m[4], sc;
   __mmask64 neg[4];
   float d;
 };
 
-/* The plane-order block (struct iq3p) without VBMI: the grid's nibble words looked up 32 indices at
- * a time (iq3_lookup_vnni), the indices taken in the order that lets one vpackuswb per byte of
- * the words put position k on index k; the sign bytes doubled in int16 lanes for the plane tests. */
+/* neg[q] from the 32 sign bytes (byte j: weights 8 j .. 8 j + 7) doubled in int16 lanes (lane j
+ * holds byte j twice): weight 4 k + q's sign is bit 4 (k % 2) + q of sign byte k / 2. */
+static inline __attribute__((always_inline)) VNNI void grid_neg_vnni(__m512i doubled, __mmask64 *neg) {
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++)
+    neg[q] = _mm512_test_epi8_mask(doubled, _mm512_set1_epi16((short)((0x10 << q) << 8 | 1 << q)));
+}
+
+/* The plane-order IQ3 block without VBMI: the grid's nibble words looked up 32 indices at a time
+ * (grid_words_vnni), the indices taken in the order that lets one vpackuswb per byte of the
+ * words put position k on index k. */
 static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t type, const uint8_t *bb,
-                                                                       struct iq3p *p) {
+                                                                       struct gridp *p) {
   const int xxs = type == ST_TYPE_IQ3_XXS;
   const struct kvec k = k_vec_avx2(type, bb);
   p->d = k.d;
@@ -2357,8 +2337,8 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
     ib = _mm512_mask_add_epi16(ib, hb, ib, _mm512_set1_epi16(256));
     sg = _mm256_loadu_si256((const __m256i *)b->signs);
   }
-  const __m512i wa = iq3_lookup_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ia),
-                wb = iq3_lookup_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ib);
+  const __m512i wa = grid_words_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ia),
+                wb = grid_words_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ib);
   const __m512i m8 = _mm512_set1_epi16(0xFF), m4 = _mm512_set1_epi8(0xF);
   const __m512i lo = _mm512_packus_epi16(_mm512_and_si512(wa, m8), _mm512_and_si512(wb, m8)),
                 hi = _mm512_packus_epi16(_mm512_srli_epi16(wa, 8), _mm512_srli_epi16(wb, 8));
@@ -2369,25 +2349,75 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
   p->m[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
   p->m[2] = _mm512_shuffle_epi8(lut, _mm512_and_si512(hi, m4));
   p->m[3] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
-  /* weight 4 k + q's sign: bit 4 (k % 2) + q of sign byte k / 2 */
-  const __m512i u = _mm512_cvtepu8_epi16(sg), sb = _mm512_or_si512(u, _mm512_slli_epi16(u, 8));
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; j++)
-    p->neg[j] = _mm512_test_epi8_mask(sb, _mm512_set1_epi16((short)((0x10 << j) << 8 | 1 << j)));
+  const __m512i u = _mm512_cvtepu8_epi16(sg);
+  grid_neg_vnni(_mm512_or_si512(u, _mm512_slli_epi16(u, 8)), p->neg);
 }
 
-/* Super-block b of an IQ3 row, prepared in p, into the nt tokens' accumulators: per token the four
+/* The four planes of an IQ2 block from its 32 entries' code words (int16 lane i: entry i's codes,
+ * 0..3 in the low byte, 4..7 in the high byte): plane q's byte 2 i + h is code q of byte h, the
+ * codes turned into the levels 8, 25, 43 by one byte shuffle. */
+static inline __attribute__((always_inline)) VNNI void iq2_levels_vnni(__m512i words, __m512i *m) {
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
+                m2 = _mm512_set1_epi8(3);
+  m[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(words, m2));
+#pragma GCC unroll 3
+  for (int q = 1; q < 4; q++)
+    m[q] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(words, 2 * q), m2));
+}
+
+/* The plane-order IQ2_XS or IQ2_S block without VBMI: the code words of the 32 entries looked up
+ * in registers (grid_words_vnni). */
+static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t type, const uint8_t *bb,
+                                                                       struct gridp *p) {
+  const struct kvec k = k_vec_avx2(type, bb);
+  p->d = k.d;
+  /* group j's scale (k.sc16 lane j) in int16 lanes 2 j, 2 j + 1 */
+  p->sc = _mm512_permutexvar_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21,
+                                                                       20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10,
+                                                                       9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                      1),
+                                   _mm512_castsi256_si512(k.sc16));
+  __m256i sg;
+  __m512i words;
+  if (type == ST_TYPE_IQ2_XS) {
+    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
+    const __m512i q = _mm512_loadu_si512((const void *)b->qs); /* 9-bit index, 7-bit sign field */
+    words = grid_words_vnni(iq2xs_codes, 16, _mm512_and_si512(q, _mm512_set1_epi16(511)));
+    sg = iq_signs32_vnni(type, bb);
+  } else {
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    uint64_t qh; /* entry i's index bits 8, 9: bits 2 (i % 4) of qh byte i / 4 */
+    memcpy(&qh, b->qh, 8);
+    const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)qh),
+                                           _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4,
+                                                            4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
+    const __m512i h = _mm512_and_si512(
+        _mm512_srlv_epi16(_mm512_cvtepu8_epi16(hb),
+                          _mm512_set_epi16(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0,
+                                           6, 4, 2, 0, 6, 4, 2, 0)),
+        _mm512_set1_epi16(3));
+    const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                        _mm512_slli_epi16(h, 8));
+    words = grid_words_vnni(iq2s_codes, 32, idx);
+    sg = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
+  }
+  iq2_levels_vnni(words, p->m);
+  const __m512i u = _mm512_cvtepu8_epi16(sg);
+  grid_neg_vnni(_mm512_or_si512(u, _mm512_slli_epi16(u, 8)), p->neg);
+}
+
+/* Super-block b of a grid row, prepared in p, into the nt tokens' accumulators: per token the four
  * planes' products with the plane-order activations, summed in int16 (IQ3_S's levels are at most
- * 15, so four planes' pair sums stay under 2^15; IQ3_XXS's reach 62, so two planes at a time), then
- * one vpdpwssd by the scales: lane L holds weights 16 L .. 16 L + 15, k_accumulate's lanes. */
-static inline __attribute__((always_inline)) VNNI void iq3_tokens_vnni(uint32_t type, const struct iq3p *pp,
-                                                                       int64_t b, const uint8_t *xq, int64_t ldq,
-                                                                       int nt, int64_t n, struct kacc *acc) {
+ * 15, so four planes' pair sums stay under 2^15; IQ3_XXS's reach 62 and the IQ2 levels 43, so two
+ * planes at a time), then vpdpwssd by the scales into k_accumulate's lanes. */
+static inline __attribute__((always_inline)) VNNI void grid_tokens_vnni(uint32_t type, const struct gridp *pp,
+                                                                        int64_t b, const uint8_t *xq, int64_t ldq,
+                                                                        int nt, int64_t n, struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
-  const struct iq3p p = *pp;
+  const struct gridp p = *pp;
   for (int t = 0; t < nt; t++) {
     const uint8_t *row = xq + t * ldq;
-    const int8_t *xp = (const int8_t *)(const void *)(row + iq3_planes_at(n, b));
+    const int8_t *xp = (const int8_t *)(const void *)(row + grid_planes_at(n, b));
     __m512i s[4];
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
@@ -2408,16 +2438,16 @@ static inline __attribute__((always_inline)) VNNI void k_row_block_vnni(uint32_t
                                                                         int64_t b, const uint8_t *xq,
                                                                         int64_t ldq, int nt, int64_t n,
                                                                         const __m512i *xoff, struct kacc *acc) {
-  if (k_is_iq3(type)) {
-    struct iq3p p;
-    iq3_planes_vnni(type, bb, &p);
-    iq3_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
+  if (k_is_grid(type)) {
+    struct gridp p;
+    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)
+      iq3_planes_vnni(type, bb, &p);
+    else
+      iq2_planes_vnni(type, bb, &p);
+    grid_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
     return;
   }
-  __m512i m[4];
-  uint64_t sg[4];
-  if (k_is_grid(type)) grid_prep_vnni(type, bb, sg);
-  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, m, sg, 0, acc);
+  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, acc);
 }
 
 ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, k_row_block_vnni)
@@ -2435,6 +2465,17 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
 static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GRID_PLANES;
+static const uint8_t iq2xs_planes[1024] __attribute__((aligned(64))) = ST_IQ2XS_GRID_PLANES;
+static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GRID_PLANES;
+
+/* Byte k of the result takes byte k / 2: for vpermb, which doubles 32 bytes into 64. */
+static inline __attribute__((always_inline)) VBMI __m512i grid_dup_vbmi(void) {
+  return _mm512_srli_epi16(_mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45,
+                                           44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26,
+                                           25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                                           5, 4, 3, 2, 1, 0),
+                           1);
+}
 
 /* One plane of a grid (ntab = 256, 512 or 1024 entries, 128 per register pair) at the indices
  * idx: bits 0..6 through vpermi2b, bits 7, 8, 9 as the masks h7, h8, h9 (a tree of blends). */
@@ -2456,10 +2497,10 @@ static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const 
   return r[0];
 }
 
-/* IQ2_XS/IQ3_XXS sign bytes (as iq_signs32_vnni): each 7-bit field to its byte through one byte
- * permute of the 128-entry table of fields with their parity bit (st_iq_signs), the fields pulled
- * out of the packed words by vpmultishiftqb (IQ3_XXS) or a shift (IQ2_XS). */
-static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32_t type, const uint8_t *bb) {
+/* The sign bytes of 64 seven-bit fields (bits 0..6 of each byte of f; bit 7 does not matter):
+ * st_iq_signs through one byte permute of the 128-entry table of the fields with their parity
+ * bit (computed by a macro, not copied). */
+static inline __attribute__((always_inline)) VBMI __m512i st_iq_signs_vbmi(__m512i f) {
 #define ST_SIGNS1(i)                                                                                         \
   ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
 #define ST_SIGNS8(i)                                                                                         \
@@ -2471,52 +2512,77 @@ static inline __attribute__((always_inline)) VBMI __m256i iq_signs32_vbmi(uint32
 #undef ST_SIGNS32
 #undef ST_SIGNS8
 #undef ST_SIGNS1
-  const __m512i t0 = _mm512_load_si512((const void *)ksigns),
-                t1 = _mm512_load_si512((const void *)(ksigns + 64));
-  if (type == ST_TYPE_IQ2_XS) { /* field: bits 9..15 of each uint16; the high bytes look up entry 0 */
-    const __m512i f = _mm512_srli_epi16(
-        _mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs), 9);
-    return _mm512_cvtepi16_epi8(_mm512_permutex2var_epi8(t0, f, t1));
-  }
-  /* IQ3_XXS: field k of sub-block s at bits 7k of its uint32; two sub-blocks per qword */
+  return _mm512_permutex2var_epi8(_mm512_load_si512((const void *)ksigns), f,
+                                  _mm512_load_si512((const void *)(ksigns + 64)));
+}
+
+/* IQ3_XXS's 32 sign bytes (as iq_signs32_vnni): its 7-bit fields pulled out of the packed words by
+ * vpmultishiftqb. */
+static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(const uint8_t *bb) {
+  /* field k of sub-block s at bits 7k of its uint32; two sub-blocks per qword */
   const __m256i aux = _mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64));
   const __m256i f = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(0x352E2720150E0700ll), aux);
-  return _mm512_castsi512_si256(
-      _mm512_permutex2var_epi8(t0, _mm512_castsi256_si512(f), t1)); /* 7 index bits */
+  return _mm512_castsi512_si256(st_iq_signs_vbmi(_mm512_castsi256_si512(f)));
 }
 
-static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GRID_PLANES;
-
-/* The 256 magnitudes of an IQ2_S block (as iq2s_mags64, four vectors in weight order) from the
- * grid's 2-bit code planes: both planes looked up for the block's 32 indices, then per vector c
- * each entry's two code bytes moved into its own 64-bit lane (vpermb), its eight codes spread to
- * bytes (vpmultishiftqb) and turned into levels (vpermb of a table repeating 8, 25, 43 every four
- * bytes, so the bits above a code do not matter). IQ2_XS's 512-entry grid did not gain from this
- * on the Xeon or on Zen 4 (its 8-byte entries load directly), so it is fetched pair by pair. */
-static inline __attribute__((always_inline)) VBMI void iq2s_mags_vbmi(const uint8_t *bb, __m512i *m) {
-  /* 10-bit indices: bits 8, 9 of index k at bits 2k, 2k + 1 of qh */
-  const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-  uint64_t qh;
-  memcpy(&qh, b->qh, 8);
-  const __m512i idx = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs));
-  const __mmask64 h7 = _mm512_movepi8_mask(idx), h8 = _pext_u64(qh, 0x5555555555555555ull),
-                  h9 = _pext_u64(qh, 0xAAAAAAAAAAAAAAAAull);
-  const __m512i lo = grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
-                hi = grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9);
-  const __m512i v = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1); /* entry k: bytes k, k + 32 */
-  const __m512i pick = _mm512_set1_epi64(0x2000), shifts = _mm512_set1_epi64(0x0E0C0A0806040200ll),
-                lut = _mm512_set1_epi32(0x002B1908);
-  const __m512i lane = _mm512_setr_epi64(0, 0x101, 0x202, 0x303, 0x404, 0x505, 0x606, 0x707);
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; c++) {
-    const __m512i at = _mm512_add_epi8(_mm512_add_epi8(pick, lane), _mm512_set1_epi8((char)(8 * c)));
-    const __m512i codes = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(at, v));
-    m[c] = _mm512_permutexvar_epi8(codes, lut);
+/* The plane-order IQ2_XS or IQ2_S block with VBMI: each entry's index in two adjacent bytes, the
+ * even one looked up in the low code plane of the grid (ST_IQ2*_GRID_PLANES: codes 0..3 of each
+ * entry), the odd one in the high plane, by vpermi2b (grid_plane_vbmi over the two planes as one
+ * table), which gives the code words of iq2_planes_vnni; the scales by vpmultishiftqb. */
+static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t type, const uint8_t *bb,
+                                                                       struct gridp *p) {
+  uint16_t dh;
+  memcpy(&dh, bb, 2);
+  p->d = _cvtsh_ss(dh) * grid_d_mul(type);
+  const __m512i dup = grid_dup_vbmi(), one = _mm512_set1_epi8(1);
+  const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+  __m512i words, sdup; /* sdup: the sign bytes doubled (byte k: entry k / 2's) */
+  uint64_t sc64;       /* group j's scale: nibble j */
+  if (type == ST_TYPE_IQ2_XS) {
+    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
+    memcpy(&sc64, b->scales, 8);
+    const __m512i q = _mm512_loadu_si512((const void *)b->qs); /* 9-bit index, 7-bit sign field */
+    /* bytes 2 i, 2 i + 1: word i's low byte (index bits 0..7); h8: bit 0 of its high byte */
+    const __m512i lo = _mm512_add_epi8(dup, dup), idx = _mm512_permutexvar_epi8(lo, q),
+                  hb = _mm512_permutexvar_epi8(_mm512_add_epi8(lo, one), q);
+    words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx), _mm512_test_epi8_mask(hb, one), odd);
+    /* the sign bytes, already doubled: the 7-bit field is the high byte's bits 1..7 */
+    sdup = st_iq_signs_vbmi(_mm512_srli_epi16(hb, 1));
+  } else {
+    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
+    memcpy(&sc64, b->scales, 8);
+    uint64_t qh; /* entry i's index bits 8, 9 at bits 2 i, 2 i + 1: the masks of bytes 2 i and 2 i + 1 */
+    memcpy(&qh, b->qh, 8);
+    const uint64_t e8 = qh & 0x5555555555555555ull, e9 = qh & 0xAAAAAAAAAAAAAAAAull;
+    const __mmask64 h8 = e8 | e8 << 1, h9 = e9 | e9 >> 1;
+    const __m512i idx =
+        _mm512_permutexvar_epi8(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs)));
+    const __mmask64 h7 = _mm512_movepi8_mask(idx);
+    words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
+                                   grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9));
+    sdup = _mm512_permutexvar_epi8(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
   }
+  /* int16 lanes 4 m .. 4 m + 3 take groups 2 m, 2 m, 2 m + 1, 2 m + 1: nibbles at bits 8 m, 8 m + 4 */
+  const __m512i v = _mm512_multishift_epi64_epi8(
+      _mm512_setr_epi64(0x0404040400000000ll, 0x0C0C0C0C08080808ll, 0x1414141410101010ll, 0x1C1C1C1C18181818ll,
+                        0x2424242420202020ll, 0x2C2C2C2C28282828ll, 0x3434343430303030ll, 0x3C3C3C3C38383838ll),
+      _mm512_set1_epi64((long long)sc64));
+  p->sc = _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 1), _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
+  /* the levels by vpermb of a table that repeats 8, 25, 43 every four bytes, so that only a
+   * byte's low two bits count and the codes above need no masking */
+  const __m512i lut = _mm512_set1_epi32(0x002B1908);
+  p->m[0] = _mm512_permutexvar_epi8(words, lut);
+#pragma GCC unroll 3
+  for (int q = 1; q < 4; q++)
+    p->m[q] = _mm512_permutexvar_epi8(_mm512_srli_epi16(words, 2 * q), lut);
+  grid_neg_vnni(sdup, p->neg);
 }
 
+/* The plane-order IQ3 block with VBMI: the 64 indices as they lie in the block, looked up by
+ * vpermi2b over the grid's byte planes (grid_plane_vbmi); the scales pulled out by
+ * vpmultishiftqb or a byte permute. */
 static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t type, const uint8_t *bb,
-                                                                       struct iq3p *p) {
+                                                                       struct gridp *p) {
   const int xxs = type == ST_TYPE_IQ3_XXS;
   const __m512i m4 = _mm512_set1_epi8(0xF);
   const uint8_t *qs =
@@ -2536,7 +2602,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
                                         15, 11, 11, 11, 11, 7, 7, 7, 7, 3, 3, 3, 3);
     const __m512i top = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, at, w); /* lane i: byte 4 (i / 4) + 3 */
     p->sc = _mm512_ternarylogic_epi32(_mm512_srli_epi16(top, 3), _mm512_set1_epi16(0x1E), e, 0xEA);
-    sg = iq_signs32_vbmi(type, bb);
+    sg = iq3xxs_signs32_vbmi(bb);
   } else {
     const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
     uint64_t qh; /* bit k: the top bit of index k */
@@ -2565,34 +2631,24 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   p->m[1] = _mm512_shuffle_epi8(lut, n1);
   p->m[2] = _mm512_shuffle_epi8(lut, n2);
   p->m[3] = _mm512_shuffle_epi8(lut, n3);
-  /* weight 4 k + q's sign: bit 4 (k % 2) + q of sign byte k / 2 */
-  static const uint8_t half[64] __attribute__((aligned(64))) = {
-      0,  0,  1,  1,  2,  2,  3,  3,  4,  4,  5,  5,  6,  6,  7,  7,  8,  8,  9,  9,  10, 10,
-      11, 11, 12, 12, 13, 13, 14, 14, 15, 15, 16, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21,
-      22, 22, 23, 23, 24, 24, 25, 25, 26, 26, 27, 27, 28, 28, 29, 29, 30, 30, 31, 31};
-  const __m512i sb = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)half), _mm512_castsi256_si512(sg));
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; q++)
-    p->neg[q] = _mm512_test_epi8_mask(sb, _mm512_set1_epi16((short)((0x10 << q) << 8 | 1 << q)));
+  grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(), _mm512_castsi256_si512(sg)), p->neg);
 }
 
-/* k_row_block_vnni with VBMI: the IQ3 blocks in plane order, the IQ2_S magnitudes from code planes,
- * the IQ2_XS sign bytes by one permute. */
+/* k_row_block_vnni with VBMI: the grid blocks' planes through byte permutes. */
 static inline __attribute__((always_inline)) VBMI void k_row_block_vbmi(uint32_t type, const uint8_t *bb,
                                                                         int64_t b, const uint8_t *xq,
                                                                         int64_t ldq, int nt, int64_t n,
                                                                         const __m512i *xoff, struct kacc *acc) {
-  if (k_is_iq3(type)) {
-    struct iq3p p;
-    iq3_planes_vbmi(type, bb, &p);
-    iq3_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
+  if (k_is_grid(type)) {
+    struct gridp p;
+    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)
+      iq3_planes_vbmi(type, bb, &p);
+    else
+      iq2_planes_vbmi(type, bb, &p);
+    grid_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
     return;
   }
-  __m512i m[4];
-  uint64_t sg[4];
-  if (type == ST_TYPE_IQ2_S) iq2s_mags_vbmi(bb, m);
-  if (type == ST_TYPE_IQ2_XS) _mm256_storeu_si256((__m256i *)sg, iq_signs32_vbmi(type, bb));
-  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, m, sg, 1, acc);
+  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, acc);
 }
 
 ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, k_row_block_vbmi)
