@@ -2584,7 +2584,6 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
 static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t type, const uint8_t *bb,
                                                                        struct gridp *p) {
   const int xxs = type == ST_TYPE_IQ3_XXS;
-  const __m512i m4 = _mm512_set1_epi8(0xF);
   const uint8_t *qs =
       xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs : ((const st_block_iq3_s *)(const void *)bb)->qs;
   const __m512i idx = _mm512_loadu_si512((const void *)qs);
@@ -2622,15 +2621,13 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   const int ntab = xxs ? 256 : 512;
   const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0),
                 hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
-  const __m512i n0 = _mm512_and_si512(lo, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4),
-                n2 = _mm512_and_si512(hi, m4), n3 = _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4);
-  const __m512i lut =
-      _mm512_broadcast_i32x4(xxs ? _mm_setr_epi8(4, 12, 20, 28, 36, 44, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0)
-                                 : _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
-  p->m[0] = _mm512_shuffle_epi8(lut, n0);
-  p->m[1] = _mm512_shuffle_epi8(lut, n1);
-  p->m[2] = _mm512_shuffle_epi8(lut, n2);
-  p->m[3] = _mm512_shuffle_epi8(lut, n3);
+  /* the levels by vpermb of a table that repeats the eight every eight bytes, so that the bits
+   * above a nibble's three need no masking */
+  const __m512i lut = _mm512_set1_epi64(xxs ? 0x3E342C241C140C04ll : 0x0F0D0B0907050301ll);
+  p->m[0] = _mm512_permutexvar_epi8(lo, lut);
+  p->m[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(lo, 4), lut);
+  p->m[2] = _mm512_permutexvar_epi8(hi, lut);
+  p->m[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(hi, 4), lut);
   grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(), _mm512_castsi256_si512(sg)), p->neg);
 }
 
