@@ -1353,8 +1353,12 @@ static void q8_row_scalar(uint32_t type, const void *w, const uint8_t *xq, int64
       k_scales(type, bb, &k);
       k_quants_scalar(type, bb, q);
       int32_t S[16] = {0}, M[8];
-      for (int i = 0; i < 256; i++)
-        S[k_is_grid(type) ? i / 16 : i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
+      if (k_is_grid(type))
+        for (int i = 0; i < 256; i++)
+          S[i / 16] += k.sc[i / 16] * q[i] * x[b].qs[i];
+      else
+        for (int i = 0; i < 256; i++)
+          S[i % 64 / 4] += k.sc[i / 16] * q[i] * x[b].qs[i];
       for (int j = 0; j < 8; j++) {
         M[j] = k.mv[2 * j] * x[b].bsums[2 * j] + k.mv[2 * j + 1] * x[b].bsums[2 * j + 1];
         if (k_has_offset(type)) S[j] -= M[j];
@@ -1676,9 +1680,9 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
     prefetch_ahead(bb, bs);
     const struct kvec k = k_vec_avx2(type, bb);
     __m256i is[ST_TILE][2]; /* the even and the odd 32-weight groups: k_accumulate's lanes */
-    __m256i pend[ST_TILE], h[ST_TILE]; /* IQ3: group 2j's products, groups 4j .. + 1 summed by pairs */
+    __m256i pg[ST_TILE][8]; /* grid formats: each group's products, lane j weights 32 g + 4 j .. + 3 */
     for (int t = 0; t < nt; t++)
-      is[t][0] = is[t][1] = pend[t] = h[t] = _mm256_setzero_si256();
+      is[t][0] = is[t][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8 /* GCC -O2 kept these loops rolled: shifts by a variable, spills; 1.2-1.6x */
     for (int g = 0; g < 8; g++) {
       __m256i v, av;
@@ -1698,18 +1702,19 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
         if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm256_sign_epi8(xv, v);
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc);
-        if (!k_is_grid(type)) {
+        if (k_is_grid(type))
+          pg[t][g] = p;
+        else
           is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], p);
-        } else if (g % 2 == 0) {
-          pend[t] = p;
-        } else if (g % 4 == 1) { /* IQ3 (lanes of 16 weights): lane j of p holds weights 32 g + 4 j .. + 3 */
-          h[t] = _mm256_hadd_epi32(pend[t], p);
-        } else { /* lanes 8 (g / 4) .. + 7, which the hadds leave in the order 0, 2, 4, 6, 1, 3, 5, 7 */
-          is[t][g / 4] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h[t], _mm256_hadd_epi32(pend[t], p)),
-                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        }
       }
     }
+    if (k_is_grid(type)) /* lanes of 16 weights: four lanes into one, by horizontal adds */
+      for (int t = 0; t < nt; t++)
+        for (int h = 0; h < 2; h++) /* lanes 8 h .. 8 h + 7, which the hadds leave as 0, 2, 4, 6, 1, 3, 5, 7 */
+          is[t][h] = _mm256_permutevar8x32_epi32(
+              _mm256_hadd_epi32(_mm256_hadd_epi32(pg[t][4 * h], pg[t][4 * h + 1]),
+                                _mm256_hadd_epi32(pg[t][4 * h + 2], pg[t][4 * h + 3])),
+              _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     for (int t = 0; t < nt; t++) { /* k_accumulate */
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       const __m256 s = _mm256_set1_ps(x->d * k.d);
@@ -2031,8 +2036,8 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_words_vnni(const 
 }
 
 /* IQ2_XS/IQ3_XXS: the 32 sign bytes of a block (st_iq_signs of its 7-bit fields, byte k for
- * weights 8k .. 8k + 7) in one pass instead of eight per pair. */
-static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32_t type, const uint8_t *bb) {
+ * weights 8k .. 8k + 7), each doubled in its int16 lane as grid_neg_vnni takes them. */
+static inline __attribute__((always_inline)) VNNI __m512i iq_signs_doubled_vnni(uint32_t type, const uint8_t *bb) {
   __m512i f; /* the fields, one per int16 lane */
   if (type == ST_TYPE_IQ2_XS) {
     f = _mm512_srli_epi16(_mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs),
@@ -2054,8 +2059,14 @@ static inline __attribute__((always_inline)) VNNI __m256i iq_signs32_vnni(uint32
   __m512i p = _mm512_xor_si512(f, _mm512_srli_epi16(f, 4));
   p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
   p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
-  return _mm512_cvtepi16_epi8(
-      _mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7)));
+  const __m512i sg = _mm512_or_si512(f, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7));
+  return _mm512_or_si512(sg, _mm512_slli_epi16(sg, 8));
+}
+
+/* 32 sign bytes (byte j: weights 8 j .. 8 j + 7) doubled in int16 lanes, as grid_neg_vnni takes them. */
+static inline __attribute__((always_inline)) VNNI __m512i signs_doubled_vnni(const uint8_t *sg) {
+  const __m512i u = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)sg));
+  return _mm512_or_si512(u, _mm512_slli_epi16(u, 8));
 }
 
 /* IQ4_XS for vpdpbusd: the levels plus 128 (unsigned, 1..241) in weight order, 64 per vector,
@@ -2323,9 +2334,9 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
   const __m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
                                              _mm512_loadu_si512((const void *)qs));
   __m512i ia = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q)), ib = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
-  __m256i sg;
+  __m512i sd; /* the sign bytes, doubled */
   if (xxs) {
-    sg = iq_signs32_vnni(type, bb);
+    sd = iq_signs_doubled_vnni(type, bb);
   } else {
     const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
     uint64_t qh; /* bit k: the top bit of index k; bytes 0, 2, 4, 6 for a, 1, 3, 5, 7 for b */
@@ -2335,7 +2346,7 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
                     hb = (__mmask32)((o & 0xFF) | (o >> 8 & 0xFF00) | (o >> 16 & 0xFF0000) | (o >> 24 & 0xFF000000));
     ia = _mm512_mask_add_epi16(ia, ha, ia, _mm512_set1_epi16(256));
     ib = _mm512_mask_add_epi16(ib, hb, ib, _mm512_set1_epi16(256));
-    sg = _mm256_loadu_si256((const __m256i *)b->signs);
+    sd = signs_doubled_vnni(b->signs);
   }
   const __m512i wa = grid_words_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ia),
                 wb = grid_words_vnni(xxs ? iq3xxs_nibbles : iq3s_nibbles, xxs ? 8 : 16, ib);
@@ -2349,8 +2360,7 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
   p->m[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
   p->m[2] = _mm512_shuffle_epi8(lut, _mm512_and_si512(hi, m4));
   p->m[3] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
-  const __m512i u = _mm512_cvtepu8_epi16(sg);
-  grid_neg_vnni(_mm512_or_si512(u, _mm512_slli_epi16(u, 8)), p->neg);
+  grid_neg_vnni(sd, p->neg);
 }
 
 /* The four planes of an IQ2 block from its 32 entries' code words (int16 lane i: entry i's codes,
@@ -2377,13 +2387,12 @@ static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t 
                                                                        9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                       1),
                                    _mm512_castsi256_si512(k.sc16));
-  __m256i sg;
-  __m512i words;
+  __m512i words, sd; /* sd: the sign bytes, doubled */
   if (type == ST_TYPE_IQ2_XS) {
     const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
     const __m512i q = _mm512_loadu_si512((const void *)b->qs); /* 9-bit index, 7-bit sign field */
     words = grid_words_vnni(iq2xs_codes, 16, _mm512_and_si512(q, _mm512_set1_epi16(511)));
-    sg = iq_signs32_vnni(type, bb);
+    sd = iq_signs_doubled_vnni(type, bb);
   } else {
     const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
     uint64_t qh; /* entry i's index bits 8, 9: bits 2 (i % 4) of qh byte i / 4 */
@@ -2399,11 +2408,10 @@ static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t 
     const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
                                         _mm512_slli_epi16(h, 8));
     words = grid_words_vnni(iq2s_codes, 32, idx);
-    sg = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
+    sd = signs_doubled_vnni(b->qs + 32);
   }
   iq2_levels_vnni(words, p->m);
-  const __m512i u = _mm512_cvtepu8_epi16(sg);
-  grid_neg_vnni(_mm512_or_si512(u, _mm512_slli_epi16(u, 8)), p->neg);
+  grid_neg_vnni(sd, p->neg);
 }
 
 /* Super-block b of a grid row, prepared in p, into the nt tokens' accumulators: per token the four
@@ -2516,7 +2524,7 @@ static inline __attribute__((always_inline)) VBMI __m512i st_iq_signs_vbmi(__m51
                                   _mm512_load_si512((const void *)(ksigns + 64)));
 }
 
-/* IQ3_XXS's 32 sign bytes (as iq_signs32_vnni): its 7-bit fields pulled out of the packed words by
+/* IQ3_XXS's 32 sign bytes (as iq_signs_doubled_vnni, not doubled): its 7-bit fields pulled out of the packed words by
  * vpmultishiftqb. */
 static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(const uint8_t *bb) {
   /* field k of sub-block s at bits 7k of its uint32; two sub-blocks per qword */
