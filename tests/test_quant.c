@@ -269,27 +269,38 @@ static void test_iq3_packed_grids(void) {
 }
 
 /* The byte planes the VBMI kernels look grids up in (iq_grids.h): the IQ3 planes against the
- * nibble words (checked above against the grids), the IQ2_S code planes against the grid, entry
- * by entry and byte by byte (code c of byte j: level 8, 25 or 43). */
+ * nibble words (checked above against the grids); the IQ2 code planes and the IQ2 code words (the
+ * kernels without VBMI) against the grids, entry by entry and byte by byte (code c of byte j:
+ * level 8, 25 or 43). */
+static int iq2_codes_differ(const uint64_t *grid, int n, const uint8_t *planes, const uint16_t *words) {
+  static const uint8_t levels[4] = {8, 25, 43, 0};
+  int bad = 0;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < 8; j++) {
+      const int cp = ((j < 4 ? planes[i] : planes[n + i]) >> (2 * (j % 4))) & 3;
+      const int cw = (words[i] >> (2 * j)) & 3;
+      const int want = (int)((grid[i] >> (8 * j)) & 0xFF);
+      bad += (levels[cp] != want) + (levels[cw] != want);
+    }
+  return bad;
+}
+
 static void test_grid_planes(void) {
   static const uint16_t xxs[256] = ST_IQ3XXS_GRID_NIBBLES, s3[512] = ST_IQ3S_GRID_NIBBLES;
   static const uint8_t pxxs[512] = ST_IQ3XXS_GRID_PLANES, ps3[1024] = ST_IQ3S_GRID_PLANES;
-  static const uint8_t p2s[2048] = ST_IQ2S_GRID_PLANES;
-  static const uint8_t levels[4] = {8, 25, 43, 0};
-  int bad3 = 0, bad2 = 0;
+  static const uint8_t p2xs[1024] = ST_IQ2XS_GRID_PLANES, p2s[2048] = ST_IQ2S_GRID_PLANES;
+  static const uint16_t w2xs[512] = ST_IQ2XS_GRID_CODES, w2s[1024] = ST_IQ2S_GRID_CODES;
+  int bad3 = 0;
   for (int i = 0; i < 512; i++) {
     bad3 += ps3[i] != (s3[i] & 0xFF) || ps3[512 + i] != s3[i] >> 8;
     if (i < 256) bad3 += pxxs[i] != (xxs[i] & 0xFF) || pxxs[256 + i] != xxs[i] >> 8;
   }
-  for (int i = 0; i < 1024; i++)
-    for (int j = 0; j < 8; j++) {
-      const int cs = ((j < 4 ? p2s[i] : p2s[1024 + i]) >> (2 * (j % 4))) & 3;
-      bad2 += levels[cs] != ((st_iq2s_grid[i] >> (8 * j)) & 0xFF);
-    }
-  CHECK(bad3 == 0 && bad2 == 0,
-        "grid byte planes: IQ3 (256 + 512 entries × 2 bytes) %d differ from the nibble words; "
-        "IQ2_S codes (1024 entries × 8 bytes) %d differ from the grid",
-        bad3, bad2);
+  const int bad2xs = iq2_codes_differ(st_iq2xs_grid, 512, p2xs, w2xs),
+            bad2s = iq2_codes_differ(st_iq2s_grid, 1024, p2s, w2s);
+  CHECK(bad3 == 0 && bad2xs == 0 && bad2s == 0,
+        "grid byte planes: IQ3 (256 + 512 entries × 2 bytes) %d differ from the nibble words; IQ2 code "
+        "planes and code words (512 + 1024 entries × 8 bytes, twice) %d and %d differ from the grids",
+        bad3, bad2xs, bad2s);
 }
 
 static void test_rmsnorm(void) {

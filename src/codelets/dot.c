@@ -554,7 +554,7 @@ static inline __attribute__((always_inline)) AVX512 __m512 iq16_ps512(__m128i q,
 }
 
 /* The 64 magnitudes of sub-blocks 2c, 2c + 1 of an IQ2_XS or IQ2_S block (eight 8-byte grid
- * entries, weight order); shared by the float and the integer AVX-512 kernels. */
+ * entries, weight order), for the float AVX-512 kernels. */
 static inline __attribute__((always_inline)) AVX512 __m512i iq2xs_mags64(const uint16_t *q) {
   return _mm512_setr_epi64((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
                            (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511],
@@ -901,15 +901,15 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * horizontal sums per block. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
  * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
  * min m16[k]); the exact integer sums are kept in lanes (16 of Σ sc16 · q · x, lane L over
- * weights 64c + 4L .. + 3 (IQ3: 16L .. 16L + 15), and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32 offsets fold into the
+ * weights 64c + 4L .. + 3 (grid formats: 16L .. 16L + 15), and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32 offsets fold into the
  * first 8 lanes as -4 or -32 sc16 · bsums), each lane accumulated in float across super-blocks
  * (fmaf(dx * d, S_L, a_L), fmaf(-(dx * dmin), M_j, am_j)) and the lanes added once per row by a
  * fixed tree (k_accumulate, k_reduce). The grid i-quants (IQ2_XS,
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
- * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The IQ3
- * activation rows also carry their quants in plane order (grid_planes_at), for the AVX-512 kernels,
- * which look the grid up one byte plane at a time. The scalar,
+ * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). Their
+ * activation rows also carry the quants in plane order (grid_planes_at), for the AVX-512 kernels,
+ * which look the grids up one byte plane at a time (struct gridp). The scalar,
  * AVX2, VNNI and VNNI + VBMI code below compute exactly these integers and these float operations. */
 
 static int q8_family(uint32_t type) {
@@ -1217,7 +1217,7 @@ static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type
 /* The K formats' float step, in lanes: a super-block's integer sums are kept as 16 lanes S (lane L:
  * the scaled products of weights 64c + 4L .. + 3, c = 0..3, which is what one 512-bit vpdpbusd or
  * vpdpwssd accumulator holds; 8-lane AVX2 code keeps the even and the odd 32-weight groups apart;
- * for IQ3_XXS and IQ3_S weights 16L .. 16L + 15, what their plane-order kernel holds, which the
+ * for the grid formats weights 16L .. 16L + 15, what their plane-order kernels hold, which the
  * AVX2 code makes by horizontal adds)
  * and 8 lanes M of the bsums term (lane j: 16-groups 2j, 2j + 1; Q3_K/Q6_K subtract it from S's
  * lanes 0..7, the formats with mins take it with -dmin). Each lane accumulates in float across
@@ -2166,7 +2166,8 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
   }
 }
 
-/* Super-block b (at bb) of one row into the nt tokens' accumulators. */
+/* Super-block b (at bb) of one row into the nt tokens' accumulators: the K formats and IQ4_XS (the
+ * grid formats take grid_tokens_vnni). */
 static inline __attribute__((always_inline)) VNNI void
 k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
              const __m512i *xoff, struct kacc *acc) {

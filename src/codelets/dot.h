@@ -53,9 +53,10 @@ typedef struct {
 } st_act_q8_K;
 
 /* Bytes of one activation row of `n` elements quantised for weights of `type`: n / 32 *
- * sizeof(st_act_q8_0) or n / 256 * sizeof(st_act_q8_K), for IQ3_XXS and IQ3_S plus 256 bytes per
- * super-block (the same quants in the order the AVX-512 kernels read them: after the blocks,
- * byte 64 q + k of super-block b's 256 is its quant 4 k + q); 0 when `type` has no integer
+ * sizeof(st_act_q8_0) or n / 256 * sizeof(st_act_q8_K), for the grid formats (IQ2_XS, IQ2_S,
+ * IQ3_XXS, IQ3_S) plus 256 bytes per super-block (the same quants in the order the AVX-512
+ * kernels read them: after the blocks, byte 64 q + k of super-block b's 256 is its quant
+ * 4 k + q); 0 when `type` has no integer
  * kernel or n is not a multiple of its block size (callers then use st_matmul). */
 uint64_t st_q8_row_bytes(uint32_t type, int64_t n);
 
