@@ -1618,49 +1618,163 @@ static inline __attribute__((always_inline)) AVX2 __m256i k_group_avx2(uint32_t 
   return _mm256_set_m128i(_mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4x)), _mm_shuffle_epi8(kv, _mm_and_si128(q, m4x)));
 }
 
-/* Sub-block s of a grid block: the 32 magnitudes (weight order) and in *sg the 32 sign bits. */
-static inline __attribute__((always_inline)) AVX2 __m256i grid_group_avx2(uint32_t type, const uint8_t *bb, int s,
-                                                                         uint32_t *sg) {
+/* The grid formats on AVX2, in the plane order of the AVX-512 kernels (struct gridp): per half h
+ * of a super-block, four plane vectors of 32 positions (IQ3: entries 32 h ..; IQ2: entries 16 h ..,
+ * two positions each) built from scalar grid loads, in an order that one in-lane byte transpose
+ * and two levels of unpacks turn into plane order; the plane-order activations multiply them
+ * directly, and int32 lane d of half h is k_accumulate's lane 8 h + d (no horizontal adds). */
+static inline __attribute__((always_inline)) AVX2 void grid_half_avx2(uint32_t type, const uint8_t *bb, int h,
+                                                                      __m256i *pl) {
+  __m256i g[4];
+  if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S) {
+    /* g[s]: entries 32 h + 4 s .. + 3 (lane 0) and 32 h + 16 + 4 s .. + 3 (lane 1), one per int32 */
+    const uint32_t *grid = type == ST_TYPE_IQ3_S ? st_iq3s_grid : st_iq3xxs_grid;
+    const uint8_t *qs = type == ST_TYPE_IQ3_S ? ((const st_block_iq3_s *)(const void *)bb)->qs
+                                              : ((const st_block_iq3_xxs *)(const void *)bb)->qs;
+    uint64_t qh = 0; /* IQ3_S: bit k is index k's bit 8 */
+    if (type == ST_TYPE_IQ3_S) memcpy(&qh, ((const st_block_iq3_s *)(const void *)bb)->qh, 8);
+#define ST_E3(k) (int)grid[qs[k] | (qh >> (k) & 1) << 8]
+    #pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+      const int e = 32 * h + 4 * s;
+      g[s] = _mm256_setr_epi32(ST_E3(e), ST_E3(e + 1), ST_E3(e + 2), ST_E3(e + 3), ST_E3(e + 16), ST_E3(e + 17),
+                               ST_E3(e + 18), ST_E3(e + 19));
+    }
+#undef ST_E3
+    /* in each lane, byte q of its four entries to int32 q; then int32 q of g[0..3] side by side */
+    const __m256i t = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
+                                       2, 6, 10, 14, 3, 7, 11, 15);
+    #pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) g[s] = _mm256_shuffle_epi8(g[s], t);
+    const __m256i a = _mm256_unpacklo_epi32(g[0], g[1]), b = _mm256_unpackhi_epi32(g[0], g[1]),
+                  c = _mm256_unpacklo_epi32(g[2], g[3]), d = _mm256_unpackhi_epi32(g[2], g[3]);
+    pl[0] = _mm256_unpacklo_epi64(a, c), pl[1] = _mm256_unpackhi_epi64(a, c);
+    pl[2] = _mm256_unpacklo_epi64(b, d), pl[3] = _mm256_unpackhi_epi64(b, d);
+    return;
+  }
+  /* IQ2: g[s] holds entries 16 h + s, + 4 + s (lane 0) and + 8 + s, + 12 + s (lane 1), one per
+   * int64; position 2 i + e of plane q is byte q + 4 e of entry 16 h + i */
+  uint64_t e[16];
   if (type == ST_TYPE_IQ2_XS) {
-    const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
-    const uint16_t *q = b->qs + 4 * s;
-    *sg = st_iq_signs(q[0] >> 9) | (uint32_t)st_iq_signs(q[1] >> 9) << 8 | (uint32_t)st_iq_signs(q[2] >> 9) << 16 |
-          (uint32_t)st_iq_signs(q[3] >> 9) << 24;
-    return _mm256_setr_epi64x((long long)st_iq2xs_grid[q[0] & 511], (long long)st_iq2xs_grid[q[1] & 511],
-                              (long long)st_iq2xs_grid[q[2] & 511], (long long)st_iq2xs_grid[q[3] & 511]);
+    const uint16_t *qs = ((const st_block_iq2_xs *)(const void *)bb)->qs + 16 * h;
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) e[i] = st_iq2xs_grid[qs[i] & 511];
+  } else {
+    const st_block_iq2_s *b2 = (const st_block_iq2_s *)(const void *)bb;
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+      const int k = 16 * h + i;
+      e[i] = st_iq2s_grid[b2->qs[k] | (b2->qh[k / 4] >> (2 * (k % 4)) & 3) << 8];
+    }
   }
-  if (type == ST_TYPE_IQ2_S) {
-    const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-    const uint8_t *q = b->qs + 4 * s;
-    const int h = b->qh[s];
-    memcpy(sg, b->qs + 32 + 4 * s, 4);
-    return _mm256_setr_epi64x((long long)st_iq2s_grid[q[0] | (h & 3) << 8], (long long)st_iq2s_grid[q[1] | (h & 12) << 6],
-                              (long long)st_iq2s_grid[q[2] | (h & 48) << 4], (long long)st_iq2s_grid[q[3] | (h & 192) << 2]);
+  /* in each int64, bytes q and q + 4 side by side (int16 q); then int16 q of the four side by side */
+  const __m256i t = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8,
+                                     12, 9, 13, 10, 14, 11, 15);
+  #pragma GCC unroll 4
+  for (int s = 0; s < 4; s++)
+    g[s] = _mm256_shuffle_epi8(
+        _mm256_setr_epi64x((long long)e[s], (long long)e[4 + s], (long long)e[8 + s], (long long)e[12 + s]), t);
+  const __m256i u0 = _mm256_unpacklo_epi16(g[0], g[1]), u1 = _mm256_unpackhi_epi16(g[0], g[1]),
+                u2 = _mm256_unpacklo_epi16(g[2], g[3]), u3 = _mm256_unpackhi_epi16(g[2], g[3]);
+  const __m256i v0 = _mm256_unpacklo_epi32(u0, u2), v1 = _mm256_unpackhi_epi32(u0, u2),
+                v2 = _mm256_unpacklo_epi32(u1, u3), v3 = _mm256_unpackhi_epi32(u1, u3);
+  pl[0] = _mm256_unpacklo_epi64(v0, v2), pl[1] = _mm256_unpackhi_epi64(v0, v2);
+  pl[2] = _mm256_unpacklo_epi64(v1, v3), pl[3] = _mm256_unpackhi_epi64(v1, v3);
+}
+
+/* A grid block's 32 sign bytes (byte j: weights 8 j .. 8 j + 7). */
+static inline __attribute__((always_inline)) AVX2 __m256i grid_signs_avx2(uint32_t type, const uint8_t *bb) {
+  if (type == ST_TYPE_IQ3_S) return _mm256_loadu_si256((const __m256i *)((const st_block_iq3_s *)(const void *)bb)->signs);
+  if (type == ST_TYPE_IQ2_S) return _mm256_loadu_si256((const __m256i *)(((const st_block_iq2_s *)(const void *)bb)->qs + 32));
+  /* the 7-bit fields, byte j the field of weights 8 j .. 8 j + 7 */
+  __m256i f;
+  if (type == ST_TYPE_IQ2_XS) { /* bits 9..15 of word j */
+    const uint16_t *qs = ((const st_block_iq2_xs *)(const void *)bb)->qs;
+    const __m256i a = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 9),
+                  b = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(qs + 16)), 9);
+    f = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+  } else { /* IQ3_XXS: field k of sub-block g at bits 7 k of its word, to byte k of int32 g */
+    const __m256i aux = _mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64)),
+                  m7 = _mm256_set1_epi32(127);
+    f = _mm256_and_si256(aux, m7);
+#pragma GCC unroll 3
+    for (int k = 1; k < 4; k++)
+      f = _mm256_or_si256(f, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(aux, 7 * k), m7), 8 * k));
   }
-  if (type == ST_TYPE_IQ3_XXS) {
-    const st_block_iq3_xxs *b = (const st_block_iq3_xxs *)(const void *)bb;
-    const uint8_t *q = b->qs + 8 * s;
-    uint32_t aux;
-    memcpy(&aux, b->qs + 64 + 4 * s, 4);
-    *sg = st_iq_signs(aux & 127) | (uint32_t)st_iq_signs((aux >> 7) & 127) << 8 |
-          (uint32_t)st_iq_signs((aux >> 14) & 127) << 16 | (uint32_t)st_iq_signs((aux >> 21) & 127) << 24;
-    return _mm256_setr_epi32((int)st_iq3xxs_grid[q[0]], (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[2]],
-                             (int)st_iq3xxs_grid[q[3]], (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[5]],
-                             (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[7]]);
+  /* each byte's parity, in its bit 0, by shifts that stay inside the byte where it matters */
+  __m256i p = _mm256_xor_si256(f, _mm256_srli_epi16(f, 4));
+  p = _mm256_xor_si256(p, _mm256_srli_epi16(p, 2));
+  p = _mm256_xor_si256(p, _mm256_srli_epi16(p, 1));
+  return _mm256_or_si256(f, _mm256_slli_epi16(_mm256_and_si256(p, _mm256_set1_epi8(1)), 7));
+}
+
+static inline __attribute__((always_inline)) AVX2 void q8_tile_grid_avx2_impl(uint32_t type, const void *w,
+                                                                             const uint8_t *xq, int64_t ldq, int nt,
+                                                                             int64_t n, float *out, int64_t ldo) {
+  __m256 acc[ST_TILE][2]; /* k_accumulate's lanes 0..7, 8..15 */
+  for (int t = 0; t < nt; t++)
+    acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const uint64_t bs = k_bytes(type);
+  const int iq3 = type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;
+  const __m256i one = _mm256_set1_epi8(1);
+  /* int16 lane i of a half: IQ3 sub-block 4 h + i / 4 (k.sc16 lane 8 h + 2 (i / 4)), IQ2 group
+   * 8 h + i / 2 (k.sc16 lane 8 h + i / 2), as bytes of the broadcast 128-bit half */
+  const __m256i spread = iq3 ? _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5, 8, 9, 8, 9, 8, 9, 8, 9,
+                                                12, 13, 12, 13, 12, 13, 12, 13)
+                             : _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9, 10, 11,
+                                                10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+  /* position p of a half: sign byte 16 h + p / 2, bit 4 (p % 2) + q */
+  const __m256i dup = _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12,
+                                       12, 13, 13, 14, 14, 15, 15);
+  for (int64_t b = 0; b < n / 256; b++) {
+    const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
+    prefetch_ahead(bb, bs);
+    const struct kvec k = k_vec_avx2(type, bb);
+    const __m256i sg = grid_signs_avx2(type, bb);
+    __m256i is[ST_TILE][2];
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      __m256i pl[4], sn[4];
+      grid_half_avx2(type, bb, h, pl);
+      const __m128i sh = h ? _mm256_extracti128_si256(sg, 1) : _mm256_castsi256_si128(sg);
+      const __m256i sd = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(sh), dup);
+      #pragma GCC unroll 4
+      for (int q = 0; q < 4; q++) { /* -1 where the sign bit is set, else +1, for psignb */
+        const __m256i bit = _mm256_set1_epi16((short)((0x10 << q) << 8 | 1 << q));
+        sn[q] = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sd, bit), bit), one);
+      }
+      const __m128i half = h ? _mm256_extracti128_si256(k.sc16, 1) : _mm256_castsi256_si128(k.sc16);
+      const __m256i sc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(half), spread);
+      for (int t = 0; t < nt; t++) {
+        const int8_t *xp = (const int8_t *)(const void *)(xq + t * ldq + grid_planes_at(n, b)) + 32 * h;
+        __m256i m[4];
+        #pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+          m[q] = _mm256_maddubs_epi16(pl[q], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xp + 64 * q)), sn[q]));
+        const __m256i m01 = _mm256_add_epi16(m[0], m[1]), m23 = _mm256_add_epi16(m[2], m[3]);
+        is[t][h] = type == ST_TYPE_IQ3_S
+                       ? _mm256_madd_epi16(_mm256_add_epi16(m01, m23), sc)
+                       : _mm256_add_epi32(_mm256_madd_epi16(m01, sc), _mm256_madd_epi16(m23, sc));
+      }
+    }
+    for (int t = 0; t < nt; t++) { /* k_accumulate */
+      const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
+      const __m256 s = _mm256_set1_ps(x->d * k.d);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t][0]), s, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t][1]), s, acc[t][1]);
+    }
   }
-  const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
-  const uint8_t *q = b->qs + 8 * s;
-  const uint32_t h = b->qh[s];
-  memcpy(sg, b->signs + 4 * s, 4);
-  return _mm256_setr_epi32((int)st_iq3s_grid[q[0] | (h & 1) << 8], (int)st_iq3s_grid[q[1] | (h & 2) << 7],
-                           (int)st_iq3s_grid[q[2] | (h & 4) << 6], (int)st_iq3s_grid[q[3] | (h & 8) << 5],
-                           (int)st_iq3s_grid[q[4] | (h & 16) << 4], (int)st_iq3s_grid[q[5] | (h & 32) << 3],
-                           (int)st_iq3s_grid[q[6] | (h & 64) << 2], (int)st_iq3s_grid[q[7] | (h & 128) << 1]);
+  for (int t = 0; t < nt; t++) /* k_reduce */
+    out[t * ldo] = hsum8_avx2(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
 static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint32_t type, const void *w, const uint8_t *xq,
                                                                           int64_t ldq, int nt, int64_t n, float *out,
                                                                           int64_t ldo) {
+  if (k_is_grid(type)) {
+    q8_tile_grid_avx2_impl(type, w, xq, ldq, nt, n, out, ldo);
+    return;
+  }
   __m256 acc[ST_TILE][2], accm[ST_TILE]; /* k_accumulate's lanes 0..7, 8..15, and M's */
   for (int t = 0; t < nt; t++)
     acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
@@ -1671,50 +1785,25 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_k_avx2_impl(uint3
   for (int i = 0; i < 4; i++)
     spread[i] = _mm256_set_m128i(_mm_set1_epi16((short)((4 * i + 3) << 8 | (4 * i + 2))),
                                  _mm_set1_epi16((short)((4 * i + 1) << 8 | (4 * i))));
-  /* grid formats: sign bit j of 32 to byte j (-1 where set, else +1), for psignb on the activations */
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull), one = _mm256_set1_epi8(1);
-  const __m256i sbytes = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
-                                          3, 3, 3, 3, 3, 3, 3);
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     prefetch_ahead(bb, bs);
     const struct kvec k = k_vec_avx2(type, bb);
     __m256i is[ST_TILE][2]; /* the even and the odd 32-weight groups: k_accumulate's lanes */
-    __m256i pg[ST_TILE][8]; /* grid formats: each group's products, lane j weights 32 g + 4 j .. + 3 */
     for (int t = 0; t < nt; t++)
       is[t][0] = is[t][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8 /* GCC -O2 kept these loops rolled: shifts by a variable, spills; 1.2-1.6x */
     for (int g = 0; g < 8; g++) {
-      __m256i v, av;
-      if (k_is_grid(type)) {
-        uint32_t sg;
-        av = grid_group_avx2(type, bb, g, &sg);
-        const __m256i sel = _mm256_shuffle_epi8(_mm256_set1_epi32((int)sg), sbytes);
-        v = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sel, bit), bit), one);
-      } else {
-        v = k_group_avx2(type, bb, g);
-        av = type == ST_TYPE_IQ4_XS ? _mm256_abs_epi8(v) : v;
-      }
+      const __m256i v = k_group_avx2(type, bb, g), av = type == ST_TYPE_IQ4_XS ? _mm256_abs_epi8(v) : v;
       const __m128i half = g < 4 ? _mm256_castsi256_si128(k.sc16) : _mm256_extracti128_si256(k.sc16, 1);
       const __m256i sc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(half), spread[g % 4]);
       for (int t = 0; t < nt; t++) {
         const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
-        if (type == ST_TYPE_IQ4_XS || k_is_grid(type)) xv = _mm256_sign_epi8(xv, v);
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc);
-        if (k_is_grid(type))
-          pg[t][g] = p;
-        else
-          is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], p);
+        if (type == ST_TYPE_IQ4_XS) xv = _mm256_sign_epi8(xv, v);
+        is[t][g & 1] = _mm256_add_epi32(is[t][g & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), sc));
       }
     }
-    if (k_is_grid(type)) /* lanes of 16 weights: four lanes into one, by horizontal adds */
-      for (int t = 0; t < nt; t++)
-        for (int h = 0; h < 2; h++) /* lanes 8 h .. 8 h + 7, which the hadds leave as 0, 2, 4, 6, 1, 3, 5, 7 */
-          is[t][h] = _mm256_permutevar8x32_epi32(
-              _mm256_hadd_epi32(_mm256_hadd_epi32(pg[t][4 * h], pg[t][4 * h + 1]),
-                                _mm256_hadd_epi32(pg[t][4 * h + 2], pg[t][4 * h + 3])),
-              _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     for (int t = 0; t < nt; t++) { /* k_accumulate */
       const st_act_q8_K *x = (const st_act_q8_K *)(const void *)(xq + t * ldq) + b;
       const __m256 s = _mm256_set1_ps(x->d * k.d);
