@@ -901,9 +901,9 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * horizontal sums per block. Super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K,
  * Q6_K, IQ4_XS; st_act_q8_K): per 16 weights an integer scale sc16[k] (and for Q2_K/Q4_K/Q5_K a
  * min m16[k]); the exact integer sums are kept in lanes (16 of Σ sc16 · q · x, lane L over
- * weights 64c + 4L .. + 3 (grid formats: 16L .. 16L + 15), and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32 offsets fold into the
- * first 8 lanes as -4 or -32 sc16 · bsums), each lane accumulated in float across super-blocks
- * (fmaf(dx * d, S_L, a_L), fmaf(-(dx * dmin), M_j, am_j)) and the lanes added once per row by a
+ * weights 64c + 4L .. + 3 (grid formats: 16L .. 16L + 15), and 8 of m16 · bsums; Q3_K's -4 and Q6_K's -32
+ * offsets fold into the first 8 lanes as -4 or -32 sc16 · bsums), each lane accumulated in float across
+ * super-blocks (fmaf(dx * d, S_L, a_L), fmaf(-(dx * dmin), M_j, am_j)) and the lanes added once per row by a
  * fixed tree (k_accumulate, k_reduce). The grid i-quants (IQ2_XS,
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
@@ -1036,7 +1036,8 @@ void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int6
         bsums(b[i].qs, b[i].bsums);
         if (k_is_grid(type)) {
           int8_t *pl = (int8_t *)(void *)(row + grid_planes_at(n, i));
-          for (int k = 0; k < 256; k++) pl[k % 4 * 64 + k / 4] = b[i].qs[k];
+          for (int k = 0; k < 256; k++)
+            pl[k % 4 * 64 + k / 4] = b[i].qs[k];
         }
       }
     }
@@ -1633,19 +1634,20 @@ static inline __attribute__((always_inline)) AVX2 void grid_half_avx2(uint32_t t
                                               : ((const st_block_iq3_xxs *)(const void *)bb)->qs;
     uint64_t qh = 0; /* IQ3_S: bit k is index k's bit 8 */
     if (type == ST_TYPE_IQ3_S) memcpy(&qh, ((const st_block_iq3_s *)(const void *)bb)->qh, 8);
-#define ST_E3(k) (int)grid[qs[k] | (qh >> (k) & 1) << 8]
-    #pragma GCC unroll 4
+#define ST_E3(k) (int)grid[qs[k] | ((qh >> (k)) & 1) << 8]
+#pragma GCC unroll 4
     for (int s = 0; s < 4; s++) {
       const int e = 32 * h + 4 * s;
-      g[s] = _mm256_setr_epi32(ST_E3(e), ST_E3(e + 1), ST_E3(e + 2), ST_E3(e + 3), ST_E3(e + 16), ST_E3(e + 17),
-                               ST_E3(e + 18), ST_E3(e + 19));
+      g[s] = _mm256_setr_epi32(ST_E3(e), ST_E3(e + 1), ST_E3(e + 2), ST_E3(e + 3), ST_E3(e + 16),
+                               ST_E3(e + 17), ST_E3(e + 18), ST_E3(e + 19));
     }
 #undef ST_E3
     /* in each lane, byte q of its four entries to int32 q; then int32 q of g[0..3] side by side */
-    const __m256i t = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
-                                       2, 6, 10, 14, 3, 7, 11, 15);
-    #pragma GCC unroll 4
-    for (int s = 0; s < 4; s++) g[s] = _mm256_shuffle_epi8(g[s], t);
+    const __m256i t = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1,
+                                       5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++)
+      g[s] = _mm256_shuffle_epi8(g[s], t);
     const __m256i a = _mm256_unpacklo_epi32(g[0], g[1]), b = _mm256_unpackhi_epi32(g[0], g[1]),
                   c = _mm256_unpacklo_epi32(g[2], g[3]), d = _mm256_unpackhi_epi32(g[2], g[3]);
     pl[0] = _mm256_unpacklo_epi64(a, c), pl[1] = _mm256_unpackhi_epi64(a, c);
@@ -1657,23 +1659,25 @@ static inline __attribute__((always_inline)) AVX2 void grid_half_avx2(uint32_t t
   uint64_t e[16];
   if (type == ST_TYPE_IQ2_XS) {
     const uint16_t *qs = ((const st_block_iq2_xs *)(const void *)bb)->qs + 16 * h;
-    #pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) e[i] = st_iq2xs_grid[qs[i] & 511];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+      e[i] = st_iq2xs_grid[qs[i] & 511];
   } else {
     const st_block_iq2_s *b2 = (const st_block_iq2_s *)(const void *)bb;
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) {
       const int k = 16 * h + i;
       e[i] = st_iq2s_grid[b2->qs[k] | (b2->qh[k / 4] >> (2 * (k % 4)) & 3) << 8];
     }
   }
   /* in each int64, bytes q and q + 4 side by side (int16 q); then int16 q of the four side by side */
-  const __m256i t = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8,
-                                     12, 9, 13, 10, 14, 11, 15);
-  #pragma GCC unroll 4
+  const __m256i t = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6,
+                                     3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+#pragma GCC unroll 4
   for (int s = 0; s < 4; s++)
     g[s] = _mm256_shuffle_epi8(
-        _mm256_setr_epi64x((long long)e[s], (long long)e[4 + s], (long long)e[8 + s], (long long)e[12 + s]), t);
+        _mm256_setr_epi64x((long long)e[s], (long long)e[4 + s], (long long)e[8 + s], (long long)e[12 + s]),
+        t);
   const __m256i u0 = _mm256_unpacklo_epi16(g[0], g[1]), u1 = _mm256_unpackhi_epi16(g[0], g[1]),
                 u2 = _mm256_unpacklo_epi16(g[2], g[3]), u3 = _mm256_unpackhi_epi16(g[2], g[3]);
   const __m256i v0 = _mm256_unpacklo_epi32(u0, u2), v1 = _mm256_unpackhi_epi32(u0, u2),
@@ -1684,8 +1688,10 @@ static inline __attribute__((always_inline)) AVX2 void grid_half_avx2(uint32_t t
 
 /* A grid block's 32 sign bytes (byte j: weights 8 j .. 8 j + 7). */
 static inline __attribute__((always_inline)) AVX2 __m256i grid_signs_avx2(uint32_t type, const uint8_t *bb) {
-  if (type == ST_TYPE_IQ3_S) return _mm256_loadu_si256((const __m256i *)((const st_block_iq3_s *)(const void *)bb)->signs);
-  if (type == ST_TYPE_IQ2_S) return _mm256_loadu_si256((const __m256i *)(((const st_block_iq2_s *)(const void *)bb)->qs + 32));
+  if (type == ST_TYPE_IQ3_S)
+    return _mm256_loadu_si256((const __m256i *)((const st_block_iq3_s *)(const void *)bb)->signs);
+  if (type == ST_TYPE_IQ2_S)
+    return _mm256_loadu_si256((const __m256i *)(((const st_block_iq2_s *)(const void *)bb)->qs + 32));
   /* the 7-bit fields, byte j the field of weights 8 j .. 8 j + 7 */
   __m256i f;
   if (type == ST_TYPE_IQ2_XS) { /* bits 9..15 of word j */
@@ -1709,8 +1715,9 @@ static inline __attribute__((always_inline)) AVX2 __m256i grid_signs_avx2(uint32
 }
 
 static inline __attribute__((always_inline)) AVX2 void q8_tile_grid_avx2_impl(uint32_t type, const void *w,
-                                                                             const uint8_t *xq, int64_t ldq, int nt,
-                                                                             int64_t n, float *out, int64_t ldo) {
+                                                                              const uint8_t *xq, int64_t ldq,
+                                                                              int nt, int64_t n, float *out,
+                                                                              int64_t ldo) {
   __m256 acc[ST_TILE][2]; /* k_accumulate's lanes 0..7, 8..15 */
   for (int t = 0; t < nt; t++)
     acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -1719,26 +1726,26 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_grid_avx2_impl(ui
   const __m256i one = _mm256_set1_epi8(1);
   /* int16 lane i of a half: IQ3 sub-block 4 h + i / 4 (k.sc16 lane 8 h + 2 (i / 4)), IQ2 group
    * 8 h + i / 2 (k.sc16 lane 8 h + i / 2), as bytes of the broadcast 128-bit half */
-  const __m256i spread = iq3 ? _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5, 8, 9, 8, 9, 8, 9, 8, 9,
-                                                12, 13, 12, 13, 12, 13, 12, 13)
-                             : _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9, 10, 11,
-                                                10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+  const __m256i spread = iq3 ? _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5, 8, 9, 8, 9, 8,
+                                                9, 8, 9, 12, 13, 12, 13, 12, 13, 12, 13)
+                             : _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9,
+                                                10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
   /* position p of a half: sign byte 16 h + p / 2, bit 4 (p % 2) + q */
-  const __m256i dup = _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12,
-                                       12, 13, 13, 14, 14, 15, 15);
+  const __m256i dup = _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11,
+                                       11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     prefetch_ahead(bb, bs);
     const struct kvec k = k_vec_avx2(type, bb);
     const __m256i sg = grid_signs_avx2(type, bb);
     __m256i is[ST_TILE][2];
-    #pragma GCC unroll 2
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
       __m256i pl[4], sn[4];
       grid_half_avx2(type, bb, h, pl);
       const __m128i sh = h ? _mm256_extracti128_si256(sg, 1) : _mm256_castsi256_si128(sg);
       const __m256i sd = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(sh), dup);
-      #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int q = 0; q < 4; q++) { /* -1 where the sign bit is set, else +1, for psignb */
         const __m256i bit = _mm256_set1_epi16((short)((0x10 << q) << 8 | 1 << q));
         sn[q] = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sd, bit), bit), one);
@@ -1748,9 +1755,10 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_grid_avx2_impl(ui
       for (int t = 0; t < nt; t++) {
         const int8_t *xp = (const int8_t *)(const void *)(xq + t * ldq + grid_planes_at(n, b)) + 32 * h;
         __m256i m[4];
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int q = 0; q < 4; q++)
-          m[q] = _mm256_maddubs_epi16(pl[q], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xp + 64 * q)), sn[q]));
+          m[q] = _mm256_maddubs_epi16(
+              pl[q], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xp + 64 * q)), sn[q]));
         const __m256i m01 = _mm256_add_epi16(m[0], m[1]), m23 = _mm256_add_epi16(m[2], m[3]);
         is[t][h] = type == ST_TYPE_IQ3_S
                        ? _mm256_madd_epi16(_mm256_add_epi16(m01, m23), sc)
@@ -2080,7 +2088,8 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
      * (qhs = hmask shifted by 0 (low half) and 1 (high half)) moved to bit 2 */
     const __m512i v = _mm512_and_si512(k_fields2_vnni(((const st_block_q3_K *)(const void *)bb)->qs, c),
                                        _mm512_set1_epi8(3));
-    return _mm512_ternarylogic_epi32(v, c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
+    return _mm512_ternarylogic_epi32(v,
+                                     c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
                                      _mm512_set1_epi8(0x04), 0xF8); /* v | (h & 4) */
   }
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
@@ -2133,7 +2142,8 @@ static inline __attribute__((always_inline)) VNNI __m512i grid_words_vnni(const 
 
 /* IQ2_XS/IQ3_XXS: the 32 sign bytes of a block (st_iq_signs of its 7-bit fields, byte k for
  * weights 8k .. 8k + 7), each doubled in its int16 lane as grid_neg_vnni takes them. */
-static inline __attribute__((always_inline)) VNNI __m512i iq_signs_doubled_vnni(uint32_t type, const uint8_t *bb) {
+static inline __attribute__((always_inline)) VNNI __m512i iq_signs_doubled_vnni(uint32_t type,
+                                                                                const uint8_t *bb) {
   __m512i f; /* the fields, one per int16 lane */
   if (type == ST_TYPE_IQ2_XS) {
     f = _mm512_srli_epi16(_mm512_loadu_si512((const void *)((const st_block_iq2_xs *)(const void *)bb)->qs),
@@ -2264,9 +2274,10 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
 
 /* Super-block b (at bb) of one row into the nt tokens' accumulators: the K formats and IQ4_XS (the
  * grid formats take grid_tokens_vnni). */
-static inline __attribute__((always_inline)) VNNI void
-k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
-             const __m512i *xoff, struct kacc *acc) {
+static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t type, const uint8_t *bb,
+                                                                    int64_t b, const uint8_t *xq, int64_t ldq,
+                                                                    int nt, const __m512i *xoff,
+                                                                    struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   /* int16 lane i of the products of groups 2c, 2c + 1 covers weights 64c + 2i, + 1: scale entry
    * 4c + i / 8 of sc16 */
@@ -2348,11 +2359,11 @@ k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int
 
 /* The rows of a group, for an ISA attribute `attr` and the super-block step `block_fn` it allows
  * (k_row_block_vnni, or k_row_block_vbmi with AVX-512 VBMI). */
-#define ST_Q8_ROWS_K(name, attr, block_fn)                                                        \
+#define ST_Q8_ROWS_K(name, attr, block_fn)                                                                   \
   static inline __attribute__((always_inline)) attr void name(                                               \
       uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,  \
       int64_t n, float *out, int64_t ldo) {                                                                  \
-    const uint64_t bs = k_bytes(type), ahead = pair_ahead(row_bytes);                                       \
+    const uint64_t bs = k_bytes(type), ahead = pair_ahead(row_bytes);                                        \
     /* IQ4_XS: every token's offsets for rows of up to 16 super-blocks, once for the whole group */          \
     __m512i xo[16 * ST_TILE * 4] __attribute__((aligned(64)));                                               \
     const int cached = type == ST_TYPE_IQ4_XS && n / 256 <= 16;                                              \
@@ -2366,7 +2377,7 @@ k_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int
         acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                     \
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes, *w1 = w0 + row_bytes;                          \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
-        prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, ahead, bs);                                           \
+        prefetch_pair_ahead(w0 + b * bs, w1 + b * bs, ahead, bs);                                            \
         __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */                \
         if (type == ST_TYPE_IQ4_XS && !cached) iq4_xs_offsets_vnni(xq, ldq, nt, b, xb);                      \
         const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : xb;                                            \
@@ -2430,7 +2441,8 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
   /* a: indices 16 l .. 16 l + 7, b: 16 l + 8 .. 16 l + 15 (l = 0..3), one per int16 lane */
   const __m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
                                              _mm512_loadu_si512((const void *)qs));
-  __m512i ia = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q)), ib = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
+  __m512i ia = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q)),
+          ib = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
   __m512i sd; /* the sign bytes, doubled */
   if (xxs) {
     sd = iq_signs_doubled_vnni(type, bb);
@@ -2439,8 +2451,10 @@ static inline __attribute__((always_inline)) VNNI void iq3_planes_vnni(uint32_t 
     uint64_t qh; /* bit k: the top bit of index k; bytes 0, 2, 4, 6 for a, 1, 3, 5, 7 for b */
     memcpy(&qh, b->qh, 8);
     const uint64_t e = qh & 0x00FF00FF00FF00FFull, o = qh >> 8 & 0x00FF00FF00FF00FFull;
-    const __mmask32 ha = (__mmask32)((e & 0xFF) | (e >> 8 & 0xFF00) | (e >> 16 & 0xFF0000) | (e >> 24 & 0xFF000000)),
-                    hb = (__mmask32)((o & 0xFF) | (o >> 8 & 0xFF00) | (o >> 16 & 0xFF0000) | (o >> 24 & 0xFF000000));
+    const __mmask32 ha = (__mmask32)((e & 0xFF) | (e >> 8 & 0xFF00) | (e >> 16 & 0xFF0000) |
+                                     (e >> 24 & 0xFF000000)),
+                    hb = (__mmask32)((o & 0xFF) | (o >> 8 & 0xFF00) | (o >> 16 & 0xFF0000) |
+                                     (o >> 24 & 0xFF000000));
     ia = _mm512_mask_add_epi16(ia, ha, ia, _mm512_set1_epi16(256));
     ib = _mm512_mask_add_epi16(ib, hb, ib, _mm512_set1_epi16(256));
     sd = signs_doubled_vnni(b->signs);
@@ -2479,11 +2493,11 @@ static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t 
   const struct kvec k = k_vec_avx2(type, bb);
   p->d = k.d;
   /* group j's scale (k.sc16 lane j) in int16 lanes 2 j, 2 j + 1 */
-  p->sc = _mm512_permutexvar_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21,
-                                                                       20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10,
-                                                                       9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                      1),
-                                   _mm512_castsi256_si512(k.sc16));
+  p->sc = _mm512_permutexvar_epi16(
+      _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15,
+                                         14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                        1),
+      _mm512_castsi256_si512(k.sc16));
   __m512i words, sd; /* sd: the sign bytes, doubled */
   if (type == ST_TYPE_IQ2_XS) {
     const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
@@ -2495,13 +2509,13 @@ static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t 
     uint64_t qh; /* entry i's index bits 8, 9: bits 2 (i % 4) of qh byte i / 4 */
     memcpy(&qh, b->qh, 8);
     const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)qh),
-                                           _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4,
-                                                            4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
-    const __m512i h = _mm512_and_si512(
-        _mm512_srlv_epi16(_mm512_cvtepu8_epi16(hb),
-                          _mm512_set_epi16(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0,
-                                           6, 4, 2, 0, 6, 4, 2, 0)),
-        _mm512_set1_epi16(3));
+                                           _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4,
+                                                            4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
+    const __m512i h =
+        _mm512_and_si512(_mm512_srlv_epi16(_mm512_cvtepu8_epi16(hb),
+                                           _mm512_set_epi16(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6,
+                                                            4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0)),
+                         _mm512_set1_epi16(3));
     const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
                                         _mm512_slli_epi16(h, 8));
     words = grid_words_vnni(iq2s_codes, 32, idx);
@@ -2516,8 +2530,9 @@ static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t 
  * 15, so four planes' pair sums stay under 2^15; IQ3_XXS's reach 62 and the IQ2 levels 43, so two
  * planes at a time), then vpdpwssd by the scales into k_accumulate's lanes. */
 static inline __attribute__((always_inline)) VNNI void grid_tokens_vnni(uint32_t type, const struct gridp *pp,
-                                                                        int64_t b, const uint8_t *xq, int64_t ldq,
-                                                                        int nt, int64_t n, struct kacc *acc) {
+                                                                        int64_t b, const uint8_t *xq,
+                                                                        int64_t ldq, int nt, int64_t n,
+                                                                        struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   const struct gridp p = *pp;
   for (int t = 0; t < nt; t++) {
@@ -2539,10 +2554,9 @@ static inline __attribute__((always_inline)) VNNI void grid_tokens_vnni(uint32_t
 }
 
 /* Super-block b (at bb) of one row into its nt tokens' accumulators (n: the row length). */
-static inline __attribute__((always_inline)) VNNI void k_row_block_vnni(uint32_t type, const uint8_t *bb,
-                                                                        int64_t b, const uint8_t *xq,
-                                                                        int64_t ldq, int nt, int64_t n,
-                                                                        const __m512i *xoff, struct kacc *acc) {
+static inline __attribute__((always_inline)) VNNI void
+k_row_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
+                 int64_t n, const __m512i *xoff, struct kacc *acc) {
   if (k_is_grid(type)) {
     struct gridp p;
     if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)
@@ -2575,10 +2589,10 @@ static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GR
 
 /* Byte k of the result takes byte k / 2: for vpermb, which doubles 32 bytes into 64. */
 static inline __attribute__((always_inline)) VBMI __m512i grid_dup_vbmi(void) {
-  return _mm512_srli_epi16(_mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45,
-                                           44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26,
-                                           25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
-                                           5, 4, 3, 2, 1, 0),
+  return _mm512_srli_epi16(_mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47,
+                                           46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30,
+                                           29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                                           12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                            1);
 }
 
@@ -2621,8 +2635,8 @@ static inline __attribute__((always_inline)) VBMI __m512i st_iq_signs_vbmi(__m51
                                   _mm512_load_si512((const void *)(ksigns + 64)));
 }
 
-/* IQ3_XXS's 32 sign bytes (as iq_signs_doubled_vnni, not doubled): its 7-bit fields pulled out of the packed words by
- * vpmultishiftqb. */
+/* IQ3_XXS's 32 sign bytes (as iq_signs_doubled_vnni, not doubled): its 7-bit fields pulled out of the packed
+ * words by vpmultishiftqb. */
 static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(const uint8_t *bb) {
   /* field k of sub-block s at bits 7k of its uint32; two sub-blocks per qword */
   const __m256i aux = _mm256_loadu_si256((const __m256i *)(bb + offsetof(st_block_iq3_xxs, qs) + 64));
@@ -2650,7 +2664,8 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
     /* bytes 2 i, 2 i + 1: word i's low byte (index bits 0..7); h8: bit 0 of its high byte */
     const __m512i lo = _mm512_add_epi8(dup, dup), idx = _mm512_permutexvar_epi8(lo, q),
                   hb = _mm512_permutexvar_epi8(_mm512_add_epi8(lo, one), q);
-    words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx), _mm512_test_epi8_mask(hb, one), odd);
+    words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx), _mm512_test_epi8_mask(hb, one),
+                            odd);
     /* the sign bytes, already doubled: the 7-bit field is the high byte's bits 1..7 */
     sdup = st_iq_signs_vbmi(_mm512_srli_epi16(hb, 1));
   } else {
@@ -2665,14 +2680,17 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
     const __mmask64 h7 = _mm512_movepi8_mask(idx);
     words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
                                    grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9));
-    sdup = _mm512_permutexvar_epi8(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
+    sdup = _mm512_permutexvar_epi8(dup,
+                                   _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
   }
   /* int16 lanes 4 m .. 4 m + 3 take groups 2 m, 2 m, 2 m + 1, 2 m + 1: nibbles at bits 8 m, 8 m + 4 */
   const __m512i v = _mm512_multishift_epi64_epi8(
-      _mm512_setr_epi64(0x0404040400000000ll, 0x0C0C0C0C08080808ll, 0x1414141410101010ll, 0x1C1C1C1C18181818ll,
-                        0x2424242420202020ll, 0x2C2C2C2C28282828ll, 0x3434343430303030ll, 0x3C3C3C3C38383838ll),
+      _mm512_setr_epi64(0x0404040400000000ll, 0x0C0C0C0C08080808ll, 0x1414141410101010ll,
+                        0x1C1C1C1C18181818ll, 0x2424242420202020ll, 0x2C2C2C2C28282828ll,
+                        0x3434343430303030ll, 0x3C3C3C3C38383838ll),
       _mm512_set1_epi64((long long)sc64));
-  p->sc = _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 1), _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
+  p->sc =
+      _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 1), _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
   /* the levels by vpermb of a table that repeats 8, 25, 43 every four bytes, so that only a
    * byte's low two bits count and the codes above need no masking */
   const __m512i lut = _mm512_set1_epi32(0x002B1908);
@@ -2697,14 +2715,15 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   uint16_t dh;
   memcpy(&dh, bb, 2);
   p->d = _cvtsh_ss(dh) * grid_d_mul(type);
-  __m256i sg;                            /* sign byte j: weights 8 j .. 8 j + 7 */
+  __m256i sg;                             /* sign byte j: weights 8 j .. 8 j + 7 */
   const __m512i e = _mm512_set1_epi16(1); /* int16 lanes of the scales: (v << 1 & 0x1E) | 1 */
   if (xxs) {
     /* scale s: the top nibble of byte 4 s + 3 of the sub-block words after the indices */
     const __m512i w = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 64)));
-    const __m512i at = _mm512_set_epi16(31, 31, 31, 31, 27, 27, 27, 27, 23, 23, 23, 23, 19, 19, 19, 19, 15, 15, 15,
-                                        15, 11, 11, 11, 11, 7, 7, 7, 7, 3, 3, 3, 3);
-    const __m512i top = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, at, w); /* lane i: byte 4 (i / 4) + 3 */
+    const __m512i at = _mm512_set_epi16(31, 31, 31, 31, 27, 27, 27, 27, 23, 23, 23, 23, 19, 19, 19, 19, 15,
+                                        15, 15, 15, 11, 11, 11, 11, 7, 7, 7, 7, 3, 3, 3, 3);
+    const __m512i top =
+        _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, at, w); /* lane i: byte 4 (i / 4) + 3 */
     p->sc = _mm512_ternarylogic_epi32(_mm512_srli_epi16(top, 3), _mm512_set1_epi16(0x1E), e, 0xEA);
     sg = iq3xxs_signs32_vbmi(bb);
   } else {
@@ -2737,10 +2756,9 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
 }
 
 /* k_row_block_vnni with VBMI: the grid blocks' planes through byte permutes. */
-static inline __attribute__((always_inline)) VBMI void k_row_block_vbmi(uint32_t type, const uint8_t *bb,
-                                                                        int64_t b, const uint8_t *xq,
-                                                                        int64_t ldq, int nt, int64_t n,
-                                                                        const __m512i *xoff, struct kacc *acc) {
+static inline __attribute__((always_inline)) VBMI void
+k_row_block_vbmi(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
+                 int64_t n, const __m512i *xoff, struct kacc *acc) {
   if (k_is_grid(type)) {
     struct gridp p;
     if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)

@@ -32,7 +32,8 @@ static void expert_rows_cpu(void *buffers[], void *cl_arg) {
   if (a->int8_dot) {
     const uint64_t qs[3] = {st_q8_row_bytes(a->gate.type, d), st_q8_row_bytes(a->up.type, d),
                             st_q8_row_bytes(a->down.type, ff)};
-    for (int i = 0; i < 3; i++) qrow = qs[i] > qrow ? qs[i] : qrow;
+    for (int i = 0; i < 3; i++)
+      qrow = qs[i] > qrow ? qs[i] : qrow;
   }
   void *xq = qrow ? malloc((size_t)max_rows * qrow) : NULL;
   for (int g = 0; g < a->n_experts; g++) {
