@@ -2357,9 +2357,24 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
   }
 }
 
-/* The rows of a group, for an ISA attribute `attr` and the super-block step `block_fn` it allows
- * (k_row_block_vnni, or k_row_block_vbmi with AVX-512 VBMI). */
-#define ST_Q8_ROWS_K(name, attr, block_fn)                                                                   \
+/* The rows of a group, for an ISA attribute `attr` and the grid preparations it allows (the VNNI
+ * or VBMI iq3_planes / iq2_planes); name##_block takes super-block b (at bb) of one row into its
+ * nt tokens' accumulators (n: the row length). */
+#define ST_Q8_ROWS_K(name, attr, planes3, planes2)                                                           \
+  static inline __attribute__((always_inline))                                                               \
+  attr void name##_block(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq,        \
+                         int nt, int64_t n, const __m512i *xoff, struct kacc *acc) {                         \
+    if (!k_is_grid(type)) {                                                                                  \
+      k_block_vnni(type, bb, b, xq, ldq, nt, xoff, acc);                                                     \
+      return;                                                                                                \
+    }                                                                                                        \
+    struct gridp p;                                                                                          \
+    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)                                                    \
+      planes3(type, bb, &p);                                                                                 \
+    else                                                                                                     \
+      planes2(type, bb, &p);                                                                                 \
+    grid_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);                                                      \
+  }                                                                                                          \
   static inline __attribute__((always_inline)) attr void name(                                               \
       uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq, int nt,  \
       int64_t n, float *out, int64_t ldo) {                                                                  \
@@ -2381,8 +2396,8 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
         __m512i xb[4 * ST_TILE]; /* longer rows: this super-block's offsets, for both rows */                \
         if (type == ST_TYPE_IQ4_XS && !cached) iq4_xs_offsets_vnni(xq, ldq, nt, b, xb);                      \
         const __m512i *xoff = cached ? xo + b * ST_TILE * 4 : xb;                                            \
-        block_fn(type, w0 + b * bs, b, xq, ldq, nt, n, xoff, acc[0]);                                        \
-        block_fn(type, w1 + b * bs, b, xq, ldq, nt, n, xoff, acc[1]);                                        \
+        name##_block(type, w0 + b * bs, b, xq, ldq, nt, n, xoff, acc[0]);                                    \
+        name##_block(type, w1 + b * bs, b, xq, ldq, nt, n, xoff, acc[1]);                                    \
       }                                                                                                      \
       for (int t = 0; t < nt; t++) {                                                                         \
         out[t * ldo + r] = k_lanes_total(type, acc[0][t]);                                                   \
@@ -2396,7 +2411,7 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       const uint8_t *w0 = (const uint8_t *)w + r * row_bytes;                                                \
       for (int64_t b = 0; b < n / 256; b++) {                                                                \
         prefetch_ahead(w0 + b * bs, bs);                                                                     \
-        block_fn(type, w0 + b * bs, b, xq, ldq, nt, n, cached ? xo + b * ST_TILE * 4 : NULL, acc);           \
+        name##_block(type, w0 + b * bs, b, xq, ldq, nt, n, cached ? xo + b * ST_TILE * 4 : NULL, acc);       \
       }                                                                                                      \
       for (int t = 0; t < nt; t++)                                                                           \
         out[t * ldo + r] = k_lanes_total(type, acc[t]);                                                      \
@@ -2553,23 +2568,7 @@ static inline __attribute__((always_inline)) VNNI void grid_tokens_vnni(uint32_t
   }
 }
 
-/* Super-block b (at bb) of one row into its nt tokens' accumulators (n: the row length). */
-static inline __attribute__((always_inline)) VNNI void
-k_row_block_vnni(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
-                 int64_t n, const __m512i *xoff, struct kacc *acc) {
-  if (k_is_grid(type)) {
-    struct gridp p;
-    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)
-      iq3_planes_vnni(type, bb, &p);
-    else
-      iq2_planes_vnni(type, bb, &p);
-    grid_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
-    return;
-  }
-  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, acc);
-}
-
-ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, k_row_block_vnni)
+ST_Q8_ROWS_K(q8_rows_k_vnni, VNNI, iq3_planes_vnni, iq2_planes_vnni)
 
 static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
@@ -2755,23 +2754,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(), _mm512_castsi256_si512(sg)), p->neg);
 }
 
-/* k_row_block_vnni with VBMI: the grid blocks' planes through byte permutes. */
-static inline __attribute__((always_inline)) VBMI void
-k_row_block_vbmi(uint32_t type, const uint8_t *bb, int64_t b, const uint8_t *xq, int64_t ldq, int nt,
-                 int64_t n, const __m512i *xoff, struct kacc *acc) {
-  if (k_is_grid(type)) {
-    struct gridp p;
-    if (type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S)
-      iq3_planes_vbmi(type, bb, &p);
-    else
-      iq2_planes_vbmi(type, bb, &p);
-    grid_tokens_vnni(type, &p, b, xq, ldq, nt, n, acc);
-    return;
-  }
-  k_block_vnni(type, bb, b, xq, ldq, nt, xoff, acc);
-}
-
-ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, k_row_block_vbmi)
+ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, iq3_planes_vbmi, iq2_planes_vbmi)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                               int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
