@@ -303,6 +303,49 @@ static void test_grid_planes(void) {
         bad3, bad2xs, bad2s);
 }
 
+/* st_quantize_act gives the same quants at every level: the scalar and SIMD quantisers do the same
+ * float operations (a multiply, then an add: a compiler that fused them into one FMA in one of
+ * them only would round differently near a boundary). Many rows of varied scale, so that values
+ * land near rounding boundaries; both activation layouts. */
+static void test_act_quant_levels(void) {
+  enum { N = 512, ROWS = 400 };
+  float *x = malloc(sizeof(float) * N * ROWS);
+  for (int r = 0; r < ROWS; r++) {
+    const double scale = ldexp(1.0, (int)(urand() * 20.0));
+    for (int i = 0; i < N; i++) x[r * N + i] = (float)(urand() * scale);
+    if (r % 2) { /* half the rows: values a few ulps from a rounding boundary (k + 1/2) / id */
+      const float amax = (float)scale, id = 127.0f / amax;
+      x[r * N] = amax;
+      for (int i = 1; i < N; i++) {
+        float v = ((float)(int)(urand() * 126.0) + 0.5f) / id;
+        for (int u = (int)(urand() * 3.0); u != 0; u += u > 0 ? -1 : 1) v = nextafterf(v, u > 0 ? INFINITY : 0.0f);
+        x[r * N + i] = v;
+      }
+    }
+  }
+  const uint32_t types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_K, ST_TYPE_IQ3_S};
+  const int top = st_dot_force_isa(3);
+  for (int k = 0; k < 3; k++) {
+    const uint64_t qb = st_q8_row_bytes(types[k], N);
+    uint8_t *a = malloc(qb * ROWS), *b = malloc(qb * ROWS);
+    for (int l = 0; l <= top; l++) {
+      st_dot_force_isa(0);
+      st_quantize_act(types[k], x, N, ROWS, N, a);
+      st_dot_force_isa(l);
+      st_quantize_act(types[k], x, N, ROWS, N, b);
+      uint64_t differ = 0;
+      for (uint64_t i = 0; i < qb * ROWS; i++) differ += a[i] != b[i];
+      CHECK(differ == 0, "activation quantisation for %s at level %d (%s): %llu of %llu bytes differ from scalar (%d rows of %d, "
+            "scales 2^-19..2^19, half of them near rounding boundaries)", st_type_info(types[k])->name, l, st_dot_q8_isa(), (unsigned long long)differ,
+            (unsigned long long)(qb * ROWS), ROWS, N);
+    }
+    free(a);
+    free(b);
+  }
+  st_dot_force_isa(top);
+  free(x);
+}
+
 static void test_rmsnorm(void) {
   enum { N = 100 };
   float x[N], w[N], y[N];
@@ -465,6 +508,7 @@ int main(void) {
   test_int8(ST_TYPE_IQ4_XS, 4352, 1, 4);
   test_iq3_packed_grids();
   test_grid_planes();
+  test_act_quant_levels();
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;

@@ -811,15 +811,12 @@ static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
                             int64_t);
 
-/* 3: level 2 and the integer kernels may use AVX-512 VNNI, VBMI and BMI2 (the float kernels run as at 2). */
+/* 3: level 2 and the integer kernels may use AVX-512 VNNI and VBMI (the float kernels run as at 2). */
 static int detected_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
-                   __builtin_cpu_supports("bmi2")
-               ? 3
-               : 2;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") ? 3 : 2;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
     return 1;
@@ -1218,8 +1215,7 @@ static inline int k_has_min(uint32_t type) { return type == ST_TYPE_Q2_K || type
 /* The K formats' float step, in lanes: a super-block's integer sums are kept as 16 lanes S (lane L:
  * the scaled products of weights 64c + 4L .. + 3, c = 0..3, which is what one 512-bit vpdpbusd or
  * vpdpwssd accumulator holds; 8-lane AVX2 code keeps the even and the odd 32-weight groups apart;
- * for the grid formats weights 16L .. 16L + 15, what their plane-order kernels hold, which the
- * AVX2 code makes by horizontal adds)
+ * for the grid formats weights 16L .. 16L + 15, what their plane-order kernels hold at every ISA)
  * and 8 lanes M of the bsums term (lane j: 16-groups 2j, 2j + 1; Q3_K/Q6_K subtract it from S's
  * lanes 0..7, the formats with mins take it with -dmin). Each lane accumulates in float across
  * super-blocks, and k_reduce adds the lanes once per row: every ISA runs these same float
@@ -2575,11 +2571,11 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
-/* AVX-512 VBMI on top: the IQ3 and IQ2_S grids looked up with byte permutes (vpermi2b, one
- * instruction on the Xeons where vpermi2w is three) over the grids' byte planes, 64 entries at a
- * time, and the IQ2_XS/IQ3_XXS sign bytes from one permute of the parity table. The same
- * magnitudes and sign bytes in the same order as the VNNI level, so the same results. */
-#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c,bmi2")))
+/* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b, one instruction on
+ * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time, and the
+ * IQ2_XS/IQ3_XXS sign bytes from one permute of the parity table. The same planes, signs and
+ * scales as the VNNI level, so the same results. */
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
 static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GRID_PLANES;
@@ -2645,8 +2641,9 @@ static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(co
 
 /* The plane-order IQ2_XS or IQ2_S block with VBMI: each entry's index in two adjacent bytes, the
  * even one looked up in the low code plane of the grid (ST_IQ2*_GRID_PLANES: codes 0..3 of each
- * entry), the odd one in the high plane, by vpermi2b (grid_plane_vbmi over the two planes as one
- * table), which gives the code words of iq2_planes_vnni; the scales by vpmultishiftqb. */
+ * entry), the odd one in the high plane, by vpermi2b (IQ2_XS: grid_plane_vbmi over the two planes
+ * as one table; IQ2_S: one tree per plane, then a blend), which gives the code words of
+ * iq2_planes_vnni; the scales by vpmultishiftqb. */
 static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t type, const uint8_t *bb,
                                                                        struct gridp *p) {
   uint16_t dh;

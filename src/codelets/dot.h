@@ -16,7 +16,7 @@
 const char *st_dot_isa(void);
 
 /* Forces a SIMD path (for tests): 0 scalar, 1 avx2, 2 avx512, 3 avx512 with the integer kernels
- * also using VBMI (needs AVX-512 VNNI, VBMI and BMI2; the float kernels run as at 2); ignored when
+ * also using VBMI (needs AVX-512 VNNI and VBMI; the float kernels run as at 2); ignored when
  * unsupported. Returns the path in use afterwards. */
 int st_dot_force_isa(int level);
 
@@ -30,7 +30,8 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * The activations of a call are quantised once to int8 per token row, and each weight block's
  * integer quants are multiplied with them in integer arithmetic (AVX-512 VNNI vpdpbusd/vpdpwssd,
  * AVX2 vpmaddubsw + vpmaddwd, or scalar), as ggml's CPU backend does (ggml-quants.c
- * quantize_row_q8_0 / quantize_row_q8_K and the vec_dot_*_q8_* kernels). Two activation layouts:
+ * quantize_row_q8_0 / quantize_row_q8_K and the vec_dot_*_q8_* kernels). Two activation layouts
+ * (the grid formats' rows also carry a plane-order copy, st_q8_row_bytes):
  * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL weights pair with blocks of 32 (st_act_q8_0: one float
  * scale; Q4_1's and Q5_1's min term uses the sums of the activation quants, eight at a time);
  * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S weights with super-blocks
@@ -54,15 +55,16 @@ typedef struct {
 
 /* Bytes of one activation row of `n` elements quantised for weights of `type`: n / 32 *
  * sizeof(st_act_q8_0) or n / 256 * sizeof(st_act_q8_K), for the grid formats (IQ2_XS, IQ2_S,
- * IQ3_XXS, IQ3_S) plus 256 bytes per super-block (the same quants in the order the AVX-512
- * kernels read them: after the blocks, byte 64 q + k of super-block b's 256 is its quant
- * 4 k + q); 0 when `type` has no integer
- * kernel or n is not a multiple of its block size (callers then use st_matmul). */
+ * IQ3_XXS, IQ3_S) plus 256 bytes per super-block (the same quants in the plane order the AVX2
+ * and AVX-512 kernels read: after the blocks, byte 64 q + k of super-block b's 256 is its quant
+ * 4 k + q); 0 when `type` has no integer kernel or n is not a multiple of its block size
+ * (callers then use st_matmul). */
 uint64_t st_q8_row_bytes(uint32_t type, int64_t n);
 
 /* Quantises T rows of n floats (x[t * ldx ..]) for weights of `type` into xq (T rows of
  * st_q8_row_bytes(type, n) bytes, caller-owned): per block d = max|x| / 127, q = round(x / d).
- * Scalar code whatever the ISA, so every kernel sees the same quants. */
+ * The same float operations at every ISA (built without FMA contraction), so every kernel sees
+ * the same quants. */
 void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, void *xq);
 
 /* The float values one quantised activation row stands for (d * q), for tests. */
@@ -74,8 +76,9 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n);
 void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
                   int64_t T, int64_t n, float *out, int64_t ldo);
 
-/* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI,
- * VBMI and BMI2; the IQ3 and IQ2_S grids and the IQ2_XS/IQ3_XXS signs through byte permutes),
+/* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI
+ * and VBMI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and the IQ2_XS/IQ3_XXS signs through byte
+ * permutes),
  * "avx512vnni" (level 2 on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or
  * "scalar". */
 const char *st_dot_q8_isa(void);
