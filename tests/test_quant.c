@@ -312,13 +312,15 @@ static void test_act_quant_levels(void) {
   float *x = malloc(sizeof(float) * N * ROWS);
   for (int r = 0; r < ROWS; r++) {
     const double scale = ldexp(1.0, (int)(urand() * 20.0));
-    for (int i = 0; i < N; i++) x[r * N + i] = (float)(urand() * scale);
+    for (int i = 0; i < N; i++)
+      x[r * N + i] = (float)(urand() * scale);
     if (r % 2) { /* half the rows: values a few ulps from a rounding boundary (k + 1/2) / id */
       const float amax = (float)scale, id = 127.0f / amax;
       x[r * N] = amax;
       for (int i = 1; i < N; i++) {
         float v = ((float)(int)(urand() * 126.0) + 0.5f) / id;
-        for (int u = (int)(urand() * 3.0); u != 0; u += u > 0 ? -1 : 1) v = nextafterf(v, u > 0 ? INFINITY : 0.0f);
+        for (int u = (int)(urand() * 3.0); u != 0; u += u > 0 ? -1 : 1)
+          v = nextafterf(v, u > 0 ? INFINITY : 0.0f);
         x[r * N + i] = v;
       }
     }
@@ -334,9 +336,13 @@ static void test_act_quant_levels(void) {
       st_dot_force_isa(l);
       st_quantize_act(types[k], x, N, ROWS, N, b);
       uint64_t differ = 0;
-      for (uint64_t i = 0; i < qb * ROWS; i++) differ += a[i] != b[i];
-      CHECK(differ == 0, "activation quantisation for %s at level %d (%s): %llu of %llu bytes differ from scalar (%d rows of %d, "
-            "scales 2^-19..2^19, half of them near rounding boundaries)", st_type_info(types[k])->name, l, st_dot_q8_isa(), (unsigned long long)differ,
+      for (uint64_t i = 0; i < qb * ROWS; i++)
+        differ += a[i] != b[i];
+      CHECK(differ == 0,
+            "activation quantisation for %s at level %d (%s): %llu of %llu bytes differ from scalar (%d rows "
+            "of %d, "
+            "scales 2^-19..2^19, half of them near rounding boundaries)",
+            st_type_info(types[k])->name, l, st_dot_q8_isa(), (unsigned long long)differ,
             (unsigned long long)(qb * ROWS), ROWS, N);
     }
     free(a);

@@ -2062,17 +2062,6 @@ q8_rows_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, c
                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1))));
 }
 
-/* Q3_K: the 2-bit fields of groups 2c, 2c + 1 at bits 0, 1 of each byte (the bits above not
- * cleared): qs[32 (c / 2) ..] shifted by 4 (c % 2) in the low half and by 2 more in the high half,
- * the halves built once per pair of vectors (the unrolled loop shares them) and shifted by an
- * immediate instead of a vpsrlvw per vector (on the H200 host's Xeon, one thread: 8.84 -> 9.50
- * GB/s with the vpternlogd below; Q2_K, the same way, lost 4 %: 9.31 -> 8.89). */
-static inline __attribute__((always_inline)) VNNI __m512i k_fields2_vnni(const uint8_t *qs, int c) {
-  const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
-  const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
-  return c % 2 ? _mm512_srli_epi16(qq, 4) : qq;
-}
-
 /* Groups 2c and 2c + 1 of a K super-block as 64 bytes in weight order (the VNNI counterpart of
  * k_group_avx2, with one 512-bit decode per pair: each 256-bit half takes its own shift). qhs:
  * Q5_K's qh shifted by 0 (low half) and 1 (high half); Q6_K's qh of half c / 2 shifted by 0 and 2. */
@@ -2082,11 +2071,14 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
   if (type == ST_TYPE_Q3_K) { /* Q2_K has its own block decode, q2k_block_vnni */
     /* groups 2c, 2c + 1: bits 2 (2c % 4) and + 2 of qs[32 (c / 2) ..], and bit 2c of hmask
      * (qhs = hmask shifted by 0 (low half) and 1 (high half)) moved to bit 2 */
-    const __m512i v = _mm512_and_si512(k_fields2_vnni(((const st_block_q3_K *)(const void *)bb)->qs, c),
-                                       _mm512_set1_epi8(3));
-    return _mm512_ternarylogic_epi32(v,
-                                     c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
-                                     _mm512_set1_epi8(0x04), 0xF8); /* v | (h & 4) */
+    const uint8_t *qs = ((const st_block_q3_K *)(const void *)bb)->qs;
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (c & 1))),
+                                             _mm256_set1_epi16((short)(4 * (c & 1) + 2)), 1);
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
+    const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), _mm512_set1_epi8(3));
+    return _mm512_or_si512(
+        v, _mm512_and_si512(c == 0 ? _mm512_slli_epi16(qhs, 2) : _mm512_srli_epi16(qhs, 2 * c - 2),
+                            _mm512_set1_epi8(0x04)));
   }
   if (type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K) {
     const int k5 = type == ST_TYPE_Q5_K;
@@ -2094,16 +2086,16 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
     const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bb + (k5 ? 48 : 16) + 32 * c)));
     __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), m4);
     if (k5) /* bit 2c (low half) or 2c + 1 (high half, pre-shifted by 1) of qh, moved to bit 4 */
-      v = _mm512_ternarylogic_epi32(v, c <= 2 ? _mm512_slli_epi16(qhs, 4 - 2 * c) : _mm512_srli_epi16(qhs, 2),
-                                    _mm512_set1_epi8(0x10), 0xF8); /* v | (h & 0x10) */
+      v = _mm512_or_si512(v, _mm512_and_si512(c <= 2 ? _mm512_slli_epi16(qhs, 4 - 2 * c) : _mm512_srli_epi16(qhs, 2),
+                                              _mm512_set1_epi8(0x10)));
     return v;
   }
   /* Q6_K */
   const st_block_q6_K *b = (const st_block_q6_K *)(const void *)bb;
   const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * (c / 2)));
   const __m512i lo = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(l, 4) : l, m4);
-  return _mm512_ternarylogic_epi32(lo, c & 1 ? qhs : _mm512_slli_epi16(qhs, 4), _mm512_set1_epi8(0x30),
-                                   0xF8); /* lo | (h & 0x30) */
+  const __m512i hi = _mm512_and_si512(c & 1 ? qhs : _mm512_slli_epi16(qhs, 4), _mm512_set1_epi8(0x30));
+  return _mm512_or_si512(lo, hi);
 }
 
 /* The IQ3 grids as nibble words and the IQ2 grids as code words (iq_grids.h): the whole IQ3_XXS
@@ -2324,8 +2316,8 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
   __m512i qhs = zero;
   if (type == ST_TYPE_Q5_K || type == ST_TYPE_Q3_K) {
     const uint8_t *qh = type == ST_TYPE_Q5_K ? bb + 16 : ((const st_block_q3_K *)(const void *)bb)->hmask;
-    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    qhs = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 1), 1);
+    qhs = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
+                            _mm512_inserti64x4(zero, _mm256_set1_epi16(1), 1));
   }
   __m512i is[ST_TILE];
   for (int t = 0; t < nt; t++)
