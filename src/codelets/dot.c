@@ -905,8 +905,8 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
  * IQ2_S, IQ3_XXS, IQ3_S) join this family: grid magnitudes (unsigned bytes) times the activation
  * quants with the weights' signs applied to them (psignb, or a masked negation), sc16 the odd
  * integers 2 s + 1 and d the block scale times 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). Their
- * activation rows also carry the quants in plane order (grid_planes_at), for the AVX-512 kernels,
- * which look the grids up one byte plane at a time (struct gridp). The scalar,
+ * activation rows also carry the quants in plane order (grid_planes_at), for the AVX2 and AVX-512
+ * kernels, which look the grids up one byte plane at a time (struct gridp). The scalar,
  * AVX2, VNNI and VNNI + VBMI code below compute exactly these integers and these float operations. */
 
 static int q8_family(uint32_t type) {
@@ -939,8 +939,8 @@ uint64_t st_q8_row_bytes(uint32_t type, int64_t n) {
 /* Where the plane-order copy of super-block b's quants starts in a grid format's activation row of
  * n values (after the n / 256 st_act_q8_K): byte 64 q + k is quant 4 k + q (q < 4), so that
  * plane q holds the activations of byte q of the 64 IQ3 grid entries, or of bytes q and q + 4 of
- * the 32 IQ2 entries in turn (k = 2 i + h: byte q + 4 h of entry i), which is how the AVX-512
- * kernels look the grids up (struct gridp). */
+ * the 32 IQ2 entries in turn (k = 2 i + h: byte q + 4 h of entry i), which is how the AVX2 and
+ * AVX-512 kernels look the grids up (struct gridp). */
 static inline uint64_t grid_planes_at(int64_t n, int64_t b) {
   return (uint64_t)(n / 256) * sizeof(st_act_q8_K) + 256 * (uint64_t)b;
 }
