@@ -2574,6 +2574,12 @@ static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GR
 static const uint8_t iq2xs_planes[1024] __attribute__((aligned(64))) = ST_IQ2XS_GRID_PLANES;
 static const uint8_t iq2s_planes[2048] __attribute__((aligned(64))) = ST_IQ2S_GRID_PLANES;
 
+/* The odd integer scales 2 s + 1 in int16 lanes from the 4-bit s at bits 1..4 of each lane (the
+ * bits around them ignored). */
+static inline __attribute__((always_inline)) VBMI __m512i grid_odd_scales_vbmi(__m512i s_at_bit1) {
+  return _mm512_ternarylogic_epi32(s_at_bit1, _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
+}
+
 /* Byte k of the result takes byte k / 2: for vpermb, which doubles 32 bytes into 64. */
 static inline __attribute__((always_inline)) VBMI __m512i grid_dup_vbmi(void) {
   return _mm512_srli_epi16(_mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47,
@@ -2677,8 +2683,7 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
                         0x1C1C1C1C18181818ll, 0x2424242420202020ll, 0x2C2C2C2C28282828ll,
                         0x3434343430303030ll, 0x3C3C3C3C38383838ll),
       _mm512_set1_epi64((long long)sc64));
-  p->sc =
-      _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 1), _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
+  p->sc = grid_odd_scales_vbmi(_mm512_slli_epi16(v, 1));
   /* the levels by vpermb of a table that repeats 8, 25, 43 every four bytes, so that only a
    * byte's low two bits count and the codes above need no masking */
   const __m512i lut = _mm512_set1_epi32(0x002B1908);
@@ -2703,8 +2708,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   uint16_t dh;
   memcpy(&dh, bb, 2);
   p->d = _cvtsh_ss(dh) * grid_d_mul(type);
-  __m256i sg;                             /* sign byte j: weights 8 j .. 8 j + 7 */
-  const __m512i e = _mm512_set1_epi16(1); /* int16 lanes of the scales: (v << 1 & 0x1E) | 1 */
+  __m256i sg; /* sign byte j: weights 8 j .. 8 j + 7 */
   if (xxs) {
     /* scale s: the top nibble of byte 4 s + 3 of the sub-block words after the indices */
     const __m512i w = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 64)));
@@ -2712,7 +2716,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
                                         15, 15, 15, 11, 11, 11, 11, 7, 7, 7, 7, 3, 3, 3, 3);
     const __m512i top =
         _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, at, w); /* lane i: byte 4 (i / 4) + 3 */
-    p->sc = _mm512_ternarylogic_epi32(_mm512_srli_epi16(top, 3), _mm512_set1_epi16(0x1E), e, 0xEA);
+    p->sc = grid_odd_scales_vbmi(_mm512_srli_epi16(top, 3));
     sg = iq3xxs_signs32_vbmi(bb);
   } else {
     const st_block_iq3_s *b = (const st_block_iq3_s *)(const void *)bb;
@@ -2726,7 +2730,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
                           0x1010101010101010ll, 0x1414141414141414ll, 0x1818181818181818ll,
                           0x1C1C1C1C1C1C1C1Cll),
         _mm512_set1_epi32((int)l32));
-    p->sc = _mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 1), _mm512_set1_epi16(0x1E), e, 0xEA);
+    p->sc = grid_odd_scales_vbmi(_mm512_slli_epi16(v, 1));
     sg = _mm256_loadu_si256((const __m256i *)b->signs);
   }
   const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
