@@ -708,7 +708,8 @@
 
 /* The IQ2_S grid as 2-bit codes (0, 1, 2 for the levels 8, 25, 43; code j of an entry at bits 2j
  * of a uint16) in two byte planes (the low bytes of all entries: bytes 0..3, then the high bytes:
- * bytes 4..7), for byte permutes (AVX-512 VBMI); generated from the grid above. */
+ * bytes 4..7), for byte permutes (AVX-512 VBMI); derived from the grid above
+ * (scripts/gen-iq2-codes checks it). */
 #define ST_IQ2S_GRID_PLANES                                                                                  \
   {                                                                                                          \
     0x00, 0x02, 0x05, 0x08, 0x0a, 0x11, 0x14, 0x16, 0x19, 0x20, 0x22, 0x25, 0x28, 0x41, 0x44, 0x46, 0x49,    \
@@ -913,7 +914,7 @@
 
 /* The IQ2 grids as 16-bit code words (code j of an entry at bits 2j: the low byte is its entry in
  * the low plane, the high byte its entry in the high plane), for word permutes (AVX-512
- * vpermi2w, the kernels without VBMI); generated from the grids above. */
+ * vpermi2w, the kernels without VBMI); derived from the grids above (scripts/gen-iq2-codes). */
 #define ST_IQ2XS_GRID_CODES                                                                                  \
   {                                                                                                          \
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0016, 0x0019, 0x0020, 0x0022, 0x0025, 0x0028,  \
