@@ -129,8 +129,9 @@ int st_cmd_bench(int argc, char **argv) {
                                       {"formats", required_argument, 0, 'F'},
                                       {"isa", required_argument, 0, 'I'},
                                       {"row-length", required_argument, 0, 'L'},
+                                      {"grid-lookup", required_argument, 0, 'G'},
                                       {0, 0, 0, 0}};
-  const char *model = NULL, *formats = NULL, *isa = NULL;
+  const char *model = NULL, *formats = NULL, *isa = NULL, *lookup = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
   long threads = 0, reps = 1, row_length = 0;
@@ -157,6 +158,7 @@ int st_cmd_bench(int argc, char **argv) {
     case 'T': rc = st_parse_int("--threads", optarg, 1, 256, &threads); break;
     case 'F': formats = optarg; break;
     case 'I': isa = optarg; break;
+    case 'G': lookup = optarg; break;
     case 'L': rc = st_parse_int("--row-length", optarg, 256, 65536, &row_length); break;
     case 'r': rc = st_parse_int("--repetitions", optarg, 1, MAX_REPS, &reps); break;
     case 'h':
@@ -181,6 +183,9 @@ int st_cmd_bench(int argc, char **argv) {
           "      --formats LIST     --kernels: only these weight formats, e.g. q4_K,iq3_xxs (default: all)\n"
           "      --isa NAME         --kernels: cap the CPU kernels at scalar, avx2, avx512 or avx512vbmi\n"
           "                         (default: the best this CPU has)\n"
+          "      --grid-lookup permute|gather\n"
+          "                         --kernels at avx512vbmi: how IQ2_S's grid is looked up, byte permutes\n"
+          "                         or gathers (same bits; default: gather on Intel CPUs, else permute)\n"
           "      --row-length N     --kernels: weights per row, a multiple of 256 (default 4096)\n"
           "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
           "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
@@ -197,7 +202,14 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc && formats && !kernels) rc = st_set_error(ST_EINVAL, "--formats applies to --kernels");
   if (!rc && isa && !kernels) rc = st_set_error(ST_EINVAL, "--isa applies to --kernels");
   if (!rc && row_length && !kernels) rc = st_set_error(ST_EINVAL, "--row-length applies to --kernels");
+  if (!rc && lookup && !kernels) rc = st_set_error(ST_EINVAL, "--grid-lookup applies to --kernels");
   if (!rc && isa) rc = force_isa(isa);
+  if (!rc && lookup) {
+    if (strcasecmp(lookup, "permute") && strcasecmp(lookup, "gather"))
+      rc = st_set_error(ST_EINVAL, "--grid-lookup must be permute or gather, got '%s'", lookup);
+    else
+      st_dot_grid_lookup(strcasecmp(lookup, "gather") == 0);
+  }
   if (!rc && kernels) {
     rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json, formats,
                          row_length ? row_length : 4096);
