@@ -2705,9 +2705,9 @@ static const long long *iq2s_grid_qwords(void) { return (const long long *)(cons
 
 /* The plane-order IQ2_S block by gathers (vpgatherqq of its 32 grid entries, 8 bytes each, from the
  * 8 KiB table) instead of iq2_planes_vbmi's 32 vpermi2b and blends: on the Xeon of the GPU host
- * 1.2-1.9 times faster at 16 threads, on Zen 4 1.5 times slower (st_dot_force_grid_lookup). The
- * entries come in weight order, four to a 128-bit lane; a 4 x 4 transpose of 16-byte chunks (two
- * vpermi2b stages, then vshufi64x2) puts them in plane order. The scales and signs as
+ * 1.2-1.5 times faster at 16 threads, on Zen 4 1.5 times slower (st_dot_grid_lookup). The
+ * entries come in weight order, four to a 128-bit lane; a 4 x 4 transpose of 16-byte chunks (four
+ * vpermi2b, then four vshufi64x2) puts them in plane order. The scales and signs as
  * iq2_planes_vbmi, so the same planes to the bit. */
 static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(const uint8_t *bb,
                                                                                struct gridp *p) {
