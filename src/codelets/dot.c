@@ -816,7 +816,10 @@ static int detected_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") ? 3 : 2;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+                   __builtin_cpu_supports("gfni")
+               ? 3
+               : 2;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
     return 1;
@@ -2565,9 +2568,9 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 
 /* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b, one instruction on
  * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time, and the
- * IQ2_XS/IQ3_XXS sign bytes from one permute of the parity table. The same planes, signs and
- * scales as the VNNI level, so the same results. */
-#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+ * IQ2_XS/IQ3_XXS sign bytes from one GF(2) affine map (GFNI, which every CPU with VBMI and VNNI
+ * has). The same planes, signs and scales as the VNNI level, so the same results. */
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
 static const uint8_t iq3s_planes[1024] __attribute__((aligned(64))) = ST_IQ3S_GRID_PLANES;
@@ -2610,22 +2613,12 @@ static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const 
 }
 
 /* The sign bytes of 64 seven-bit fields (bits 0..6 of each byte of f; bit 7 does not matter):
- * st_iq_signs through one byte permute of the 128-entry table of the fields with their parity
- * bit (computed by a macro, not copied). */
+ * st_iq_signs, the field with its parity bit on top, as one GF(2) affine map (gf2p8affineqb: output
+ * bits 0..6 copy the input's, bit 7 is the parity of input bits 0..6), on port 0 of the Xeons where
+ * a 128-entry table lookup by vpermi2b takes two cycles of port 5. */
 static inline __attribute__((always_inline)) VBMI __m512i st_iq_signs_vbmi(__m512i f) {
-#define ST_SIGNS1(i)                                                                                         \
-  ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
-#define ST_SIGNS8(i)                                                                                         \
-  ST_SIGNS1(i), ST_SIGNS1((i) + 1), ST_SIGNS1((i) + 2), ST_SIGNS1((i) + 3), ST_SIGNS1((i) + 4),              \
-      ST_SIGNS1((i) + 5), ST_SIGNS1((i) + 6), ST_SIGNS1((i) + 7)
-#define ST_SIGNS32(i) ST_SIGNS8(i), ST_SIGNS8((i) + 8), ST_SIGNS8((i) + 16), ST_SIGNS8((i) + 24)
-  static const uint8_t ksigns[128]
-      __attribute__((aligned(64))) = {ST_SIGNS32(0), ST_SIGNS32(32), ST_SIGNS32(64), ST_SIGNS32(96)};
-#undef ST_SIGNS32
-#undef ST_SIGNS8
-#undef ST_SIGNS1
-  return _mm512_permutex2var_epi8(_mm512_load_si512((const void *)ksigns), f,
-                                  _mm512_load_si512((const void *)(ksigns + 64)));
+  /* row of output bit i: byte 7 - i of the matrix */
+  return _mm512_gf2p8affine_epi64_epi8(f, _mm512_set1_epi64(0x010204081020407Fll), 0);
 }
 
 /* IQ3_XXS's 32 sign bytes (as iq_signs_doubled_vnni, not doubled): its 7-bit fields pulled out of the packed

@@ -16,7 +16,7 @@
 const char *st_dot_isa(void);
 
 /* Forces a SIMD path (for tests): 0 scalar, 1 avx2, 2 avx512, 3 avx512 with the integer kernels
- * also using VBMI (needs AVX-512 VNNI and VBMI; the float kernels run as at 2); ignored when
+ * also using VBMI (needs AVX-512 VNNI, VBMI and GFNI; the float kernels run as at 2); ignored when
  * unsupported. Returns the path in use afterwards. */
 int st_dot_force_isa(int level);
 
@@ -76,10 +76,9 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n);
 void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
                   int64_t T, int64_t n, float *out, int64_t ldo);
 
-/* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI
- * and VBMI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and the IQ2_XS/IQ3_XXS signs through byte
- * permutes),
- * "avx512vnni" (level 2 on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or
+/* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI,
+ * VBMI and GFNI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through byte permutes or, IQ2_S on
+ * Intel, gathers; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb), "avx512vnni" (level 2 on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or
  * "scalar". */
 const char *st_dot_q8_isa(void);
 
