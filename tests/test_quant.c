@@ -407,7 +407,9 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     const int level = pass < 3 ? pass : 3;
     st_dot_force_isa(level);
     st_dot_grid_lookup(pass == 4 ? !gathers : gathers);
-    const char *lookup = level < 3 || type != ST_TYPE_IQ2_S ? "" : st_dot_grid_lookup(-1) ? " (grid gathered)" : " (grid permuted)";
+    const char *lookup = level < 3 || type != ST_TYPE_IQ2_S ? ""
+                         : st_dot_grid_lookup(-1)           ? " (grid gathered)"
+                                                            : " (grid permuted)";
     float out[T_MAX * ROWS], one[ROWS];
     st_matmul_q8(type, w, rb, 0, ROWS, xq, T, n, out, ROWS);
     if (level == 0) memcpy(scalar_out, out, sizeof out);
@@ -432,13 +434,14 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     int sliced = 1;
     for (int t = 0; t < T; t++)
       sliced &= memcmp(sub + t * ROWS, out + t * ROWS + 5, sizeof(float) * (ROWS - 8)) == 0;
-    CHECK(worst <= 1e-6 && same && as_scalar && sliced,
-          "int8 matmul %s n=%d %s%s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of dequantised "
-          "rows × "
-          "dequantised activation quants; T=%d vs T=1 %s; rows 5..%d alone %s; %s scalar",
-          st_type_info(type)->name, n, st_dot_q8_isa(), lookup, quantise ? ", quantised rows" : "", T, ROWS, worst, T,
-          same ? "bitwise identical" : "DIFFER", ROWS - 4, sliced ? "bitwise identical" : "DIFFER",
-          as_scalar ? "bitwise equal to" : "DIFFERS from");
+    CHECK(
+        worst <= 1e-6 && same && as_scalar && sliced,
+        "int8 matmul %s n=%d %s%s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of dequantised "
+        "rows × "
+        "dequantised activation quants; T=%d vs T=1 %s; rows 5..%d alone %s; %s scalar",
+        st_type_info(type)->name, n, st_dot_q8_isa(), lookup, quantise ? ", quantised rows" : "", T, ROWS,
+        worst, T, same ? "bitwise identical" : "DIFFER", ROWS - 4, sliced ? "bitwise identical" : "DIFFER",
+        as_scalar ? "bitwise equal to" : "DIFFERS from");
   }
   st_dot_force_isa(top);
   st_dot_grid_lookup(gathers);

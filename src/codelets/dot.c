@@ -2694,7 +2694,9 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
 }
 
 /* IQ2_S's grid as 8-byte entries, for the gathers of iq2s_planes_gather_vbmi */
-static const long long *iq2s_grid_qwords(void) { return (const long long *)(const void *)st_iq2s_grid; }
+static const long long *iq2s_grid_qwords(void) {
+  return (const long long *)(const void *)st_iq2s_grid;
+}
 
 /* The plane-order IQ2_S block by gathers (vpgatherqq of its 32 grid entries, 8 bytes each, from the
  * 8 KiB table) instead of iq2_planes_vbmi's 32 vpermi2b and blends: on the Xeon of the GPU host
@@ -2704,24 +2706,17 @@ static const long long *iq2s_grid_qwords(void) { return (const long long *)(cons
  * iq2_planes_vbmi, so the same planes to the bit. */
 static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(const uint8_t *bb,
                                                                                struct gridp *p) {
-  /* gather j, qword s: entry 8 j + s's index, its low byte from qs, bits 8 and 9 from h */
-  static const uint8_t at[4][64] __attribute__((aligned(64))) = {
-      {0, 64, 0, 0, 0, 0, 0, 0, 1, 65, 0, 0, 0, 0, 0, 0, 2, 66, 0, 0, 0, 0, 0, 0, 3, 67, 0, 0, 0, 0, 0, 0, 4, 68, 0, 0, 0, 0, 0, 0, 5, 69, 0, 0, 0, 0, 0, 0, 6, 70, 0, 0, 0, 0, 0, 0, 7, 71, 0, 0, 0, 0, 0, 0},
-      {8, 72, 0, 0, 0, 0, 0, 0, 9, 73, 0, 0, 0, 0, 0, 0, 10, 74, 0, 0, 0, 0, 0, 0, 11, 75, 0, 0, 0, 0, 0, 0, 12, 76, 0, 0, 0, 0, 0, 0, 13, 77, 0, 0, 0, 0, 0, 0, 14, 78, 0, 0, 0, 0, 0, 0, 15, 79, 0, 0, 0, 0, 0, 0},
-      {16, 80, 0, 0, 0, 0, 0, 0, 17, 81, 0, 0, 0, 0, 0, 0, 18, 82, 0, 0, 0, 0, 0, 0, 19, 83, 0, 0, 0, 0, 0, 0, 20, 84, 0, 0, 0, 0, 0, 0, 21, 85, 0, 0, 0, 0, 0, 0, 22, 86, 0, 0, 0, 0, 0, 0, 23, 87, 0, 0, 0, 0, 0, 0},
-      {24, 88, 0, 0, 0, 0, 0, 0, 25, 89, 0, 0, 0, 0, 0, 0, 26, 90, 0, 0, 0, 0, 0, 0, 27, 91, 0, 0, 0, 0, 0, 0, 28, 92, 0, 0, 0, 0, 0, 0, 29, 93, 0, 0, 0, 0, 0, 0, 30, 94, 0, 0, 0, 0, 0, 0, 31, 95, 0, 0, 0, 0, 0, 0},
-  };
   /* the transpose's first stage, for pairs of gathers j0, j0 + 1: 16-byte chunk c of the result
    * holds bytes 16 l + 4 m + q of gather j0 + c % 2 for plane q = c / 2 (ta) or 2 + c / 2 (tb),
    * at 4 l + m: plane position 16 j + 4 l + m is weight 64 j + 16 l + 4 m + q */
   static const uint8_t ta[64] __attribute__((aligned(64))) = {
-      0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 68, 72, 76, 80, 84, 88, 92, 96, 100,
-      104, 108, 112, 116, 120, 124, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61, 65, 69, 73,
-      77, 81, 85, 89, 93, 97, 101, 105, 109, 113, 117, 121, 125};
+      0,  4,  8,  12,  16,  20,  24,  28,  32,  36,  40, 44, 48, 52,  56,  60,  64,  68,  72,  76, 80, 84,
+      88, 92, 96, 100, 104, 108, 112, 116, 120, 124, 1,  5,  9,  13,  17,  21,  25,  29,  33,  37, 41, 45,
+      49, 53, 57, 61,  65,  69,  73,  77,  81,  85,  89, 93, 97, 101, 105, 109, 113, 117, 121, 125};
   static const uint8_t tb[64] __attribute__((aligned(64))) = {
-      2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 66, 70, 74, 78, 82, 86, 90, 94, 98, 102,
-      106, 110, 114, 118, 122, 126, 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63, 67, 71, 75,
-      79, 83, 87, 91, 95, 99, 103, 107, 111, 115, 119, 123, 127};
+      2,  6,  10, 14,  18,  22,  26,  30,  34,  38,  42, 46, 50, 54,  58,  62,  66,  70,  74,  78, 82, 86,
+      90, 94, 98, 102, 106, 110, 114, 118, 122, 126, 3,  7,  11, 15,  19,  23,  27,  31,  35,  39, 43, 47,
+      51, 55, 59, 63,  67,  71,  75,  79,  83,  87,  91, 95, 99, 103, 107, 111, 115, 119, 123, 127};
   const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
   p->d = _cvtsh_ss(b->d) * grid_d_mul(ST_TYPE_IQ2_S);
   uint64_t qh, sc64;
@@ -2736,28 +2731,34 @@ static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(c
   const __m512i qs = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs));
   __m512i g[4];
 #pragma GCC unroll 4
-  for (int j = 0; j < 4; j++)
-    g[j] = _mm512_i64gather_epi64(
-        _mm512_maskz_permutex2var_epi8(0x0303030303030303ull, qs,
-                                       _mm512_load_si512((const void *)at[j]), h),
-        iq2s_grid_qwords(), 8);
+  for (int j = 0; j < 4; j++) {
+    /* qword s: entry 8 j + s's index, its low byte from qs (byte 8 j + s), bits 8 and 9 from h */
+#define ST_AT(s) (long long)((8 * j + (s)) | (64 + 8 * j + (s)) << 8)
+    const __m512i at =
+        _mm512_setr_epi64(ST_AT(0), ST_AT(1), ST_AT(2), ST_AT(3), ST_AT(4), ST_AT(5), ST_AT(6), ST_AT(7));
+#undef ST_AT
+    g[j] = _mm512_i64gather_epi64(_mm512_maskz_permutex2var_epi8(0x0303030303030303ull, qs, at, h),
+                                  iq2s_grid_qwords(), 8);
+  }
   const __m512i xa = _mm512_load_si512((const void *)ta), xb = _mm512_load_si512((const void *)tb);
-  const __m512i a01 = _mm512_permutex2var_epi8(g[0], xa, g[1]), a23 = _mm512_permutex2var_epi8(g[2], xa, g[3]),
-                b01 = _mm512_permutex2var_epi8(g[0], xb, g[1]), b23 = _mm512_permutex2var_epi8(g[2], xb, g[3]);
+  const __m512i a01 = _mm512_permutex2var_epi8(g[0], xa, g[1]),
+                a23 = _mm512_permutex2var_epi8(g[2], xa, g[3]),
+                b01 = _mm512_permutex2var_epi8(g[0], xb, g[1]),
+                b23 = _mm512_permutex2var_epi8(g[2], xb, g[3]);
   /* plane q: chunks (j, q) for j = 0..3 */
   p->m[0] = _mm512_shuffle_i64x2(a01, a23, 0x44);
   p->m[1] = _mm512_shuffle_i64x2(a01, a23, 0xEE);
   p->m[2] = _mm512_shuffle_i64x2(b01, b23, 0x44);
   p->m[3] = _mm512_shuffle_i64x2(b01, b23, 0xEE);
   p->sc = iq2_scales_vbmi(sc64);
-  grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(),
-                                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32)))),
+  grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(), _mm512_castsi256_si512(_mm256_loadu_si256(
+                                                             (const __m256i *)(b->qs + 32)))),
                 p->neg);
 }
 
 /* iq2_planes_vbmi with IQ2_S's grid gathered */
-static inline __attribute__((always_inline)) VBMI void iq2_planes_gather_vbmi(uint32_t type, const uint8_t *bb,
-                                                                              struct gridp *p) {
+static inline __attribute__((always_inline)) VBMI void
+iq2_planes_gather_vbmi(uint32_t type, const uint8_t *bb, struct gridp *p) {
   if (type == ST_TYPE_IQ2_S)
     iq2s_planes_gather_vbmi(bb, p);
   else
@@ -2820,14 +2821,14 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
 ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, iq3_planes_vbmi, iq2_planes_vbmi)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
-                              int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
-  ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi)
-}
+                              int64_t ldq, int nt, int64_t n, float *out,
+                              int64_t ldo){ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi)}
 
 ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_vbmi, iq2_planes_gather_vbmi)
 
-static VBMI void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr,
-                                     const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
+    static VBMI
+    void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
+                             int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi_gather)
 }
 
