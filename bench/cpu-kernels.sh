@@ -5,15 +5,14 @@
 # tests/test_quant there (scalar / AVX2 / VNNI / VNNI + VBMI bitwise equal on that CPU), then
 # `strata bench --kernels` RUNS times (default 1) at each thread count of THREADS (default "16";
 # FORMATS, ISA, ROW and LOOKUP, if set, are passed as --formats, --isa, --row-length and
-# --grid-lookup), and prints the
-# int8 GB/s and share of the host read per format, run and thread count last. Full outputs under
-# $OUT (or /tmp).
+# --grid-lookup), and prints the int8 GB/s and share of the host read per format, run and thread
+# count last. Full outputs under $OUT (or /tmp).
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1
 out=${OUT:-/tmp}
 lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|L1d|L2|L3|NUMA node\(s\))" | tee "$out/lscpu.txt"
-echo "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_vnni|avx512vbmi|avx512_vbmi2|avx_vnni|amx_int8|avx512_bf16|avx512_fp16' /proc/cpuinfo | sort -u | tr '\n' ' ')" | tee -a "$out/lscpu.txt"
+echo "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_vnni|avx512vbmi|avx512_vbmi2|gfni|avx_vnni|amx_tile|amx_int8|avx512_bf16|avx512_fp16' /proc/cpuinfo | sort -u | tr '\n' ' ')" | tee -a "$out/lscpu.txt"
 echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null), defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)" | tee -a "$out/lscpu.txt"
 "$C/tests/test_quant" > "$out/test_quant.log" 2>&1
 echo "test_quant: $(tail -n 1 "$out/test_quant.log")"

@@ -124,6 +124,9 @@ expect_error "bench --kernels --isa unknown" "\-\-isa must be scalar, avx2, avx5
 expect_error "bench --kernels --row-length not a multiple of 256" "\-\-row-length must be a multiple of 256" "$STRATA" bench --kernels --row-length 300
 expect_error "bench --row-length without --kernels" "\-\-row-length applies to \-\-kernels" "$STRATA" bench -m "$tiny" --row-length 512
 expect_error "bench --isa without --kernels" "\-\-isa applies to \-\-kernels" "$STRATA" bench -m "$tiny" --isa avx2
+expect_error "bench --grid-lookup without --kernels" "\-\-grid-lookup applies to \-\-kernels" "$STRATA" bench -m "$tiny" --grid-lookup gather
+expect_error "bench --kernels --grid-lookup unknown" "\-\-grid-lookup must be permute or gather" "$STRATA" bench --kernels --grid-lookup shuffle
+expect_error "bench --kernels --grid-lookup below avx512vbmi" "\-\-grid-lookup needs the avx512vbmi kernels" "$STRATA" bench --kernels --isa avx2 --grid-lookup gather
 for c in generate eval bench serve; do
   "$STRATA" $c --help 2>&1 | grep -q -- "--cuda-graphs on|off" && ok "$c --help shows --cuda-graphs" || bad "$c --help lacks --cuda-graphs"
 done

@@ -185,7 +185,8 @@ int st_cmd_bench(int argc, char **argv) {
           "                         (default: the best this CPU has)\n"
           "      --grid-lookup permute|gather\n"
           "                         --kernels at avx512vbmi: how IQ2_S's grid is looked up, byte permutes\n"
-          "                         or gathers (same bits; default: gather on Intel CPUs, else permute)\n"
+          "                         or gathers (same bits; default: gather on Intel CPUs with AMX, else\n"
+          "                         permute)\n"
           "      --row-length N     --kernels: weights per row, a multiple of 256 (default 4096)\n"
           "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
           "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
@@ -207,6 +208,9 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc && lookup) {
     if (strcasecmp(lookup, "permute") && strcasecmp(lookup, "gather"))
       rc = st_set_error(ST_EINVAL, "--grid-lookup must be permute or gather, got '%s'", lookup);
+    else if (strcmp(st_dot_q8_isa(), "avx512vbmi"))
+      rc = st_set_error(ST_EINVAL, "--grid-lookup needs the avx512vbmi kernels (these are %s)",
+                        st_dot_q8_isa());
     else
       st_dot_grid_lookup(strcasecmp(lookup, "gather") == 0);
   }

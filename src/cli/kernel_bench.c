@@ -188,12 +188,12 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   }
   if (json)
     printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"int8_kernels\": \"%s\", \"row_length\": %lld, "
-           "\"iq2_s_grid_lookup\": \"%s\", \"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, "
+           "\"iq2_s_grid_lookup\": %s, \"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, "
            "\"formats\": [",
            threads, st_dot_isa(), st_dot_q8_isa(), (long long)n,
-           strcmp(st_dot_q8_isa(), "avx512vbmi") ? "-"
-           : st_dot_grid_lookup(-1)              ? "gather"
-                                                 : "permute",
+           strcmp(st_dot_q8_isa(), "avx512vbmi") ? "null"
+           : st_dot_grid_lookup(-1)              ? "\"gather\""
+                                                 : "\"permute\"",
            ROUNDS, bw_host / 1e9, bw_gpu / 1e9);
   else {
     printf("strata bench --kernels: mat-vec (1 token) over %llu MiB of weights per format, rows of %lld\n",

@@ -4,6 +4,7 @@
  * the same order whatever the tile size, so results do not depend on the batch size. */
 #include "codelets/dot.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
@@ -811,7 +812,7 @@ static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
                             int64_t);
 
-/* 3: level 2 and the integer kernels may use AVX-512 VNNI and VBMI (the float kernels run as at 2). */
+/* 3: level 2 and the integer kernels may use AVX-512 VNNI, VBMI and GFNI (the float kernels run as at 2). */
 static int detected_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -2567,7 +2568,8 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 }
 
 /* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b, one instruction on
- * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time, and the
+ * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time (IQ2_S on the
+ * Xeons by gathers instead: iq2s_planes_gather_vbmi), and the
  * IQ2_XS/IQ3_XXS sign bytes from one GF(2) affine map (GFNI, which every CPU with VBMI and VNNI
  * has). The same planes, signs and scales as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")))
@@ -2693,17 +2695,12 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
   grid_neg_vnni(sdup, p->neg);
 }
 
-/* IQ2_S's grid as 8-byte entries, for the gathers of iq2s_planes_gather_vbmi */
-static const long long *iq2s_grid_qwords(void) {
-  return (const long long *)(const void *)st_iq2s_grid;
-}
-
 /* The plane-order IQ2_S block by gathers (vpgatherqq of its 32 grid entries, 8 bytes each, from the
- * 8 KiB table) instead of iq2_planes_vbmi's 32 vpermi2b and blends: on the Xeon of the GPU host
- * 1.2-1.5 times faster at 16 threads, on Zen 4 1.5 times slower (st_dot_grid_lookup). The
- * entries come in weight order, four to a 128-bit lane; a 4 x 4 transpose of 16-byte chunks (four
- * vpermi2b, then four vshufi64x2) puts them in plane order. The scales and signs as
- * iq2_planes_vbmi, so the same planes to the bit. */
+ * 8 KiB table; their indices by four vpermi2b) instead of iq2_planes_vbmi's 16 vpermi2b and 15
+ * blends: on the Xeon of the GPU host 1.3-1.4 times faster at 16 threads, on Zen 4 1.5 times
+ * slower (st_dot_grid_lookup). The entries come in weight order, four to a 128-bit lane; a 4 x 4
+ * transpose of 16-byte chunks (four vpermi2b, then four vshufi64x2) puts them in plane order. The scales and
+ * signs as iq2_planes_vbmi, so the same planes to the bit. */
 static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(const uint8_t *bb,
                                                                                struct gridp *p) {
   /* the transpose's first stage, for pairs of gathers j0, j0 + 1: 16-byte chunk c of the result
@@ -2738,7 +2735,7 @@ static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(c
         _mm512_setr_epi64(ST_AT(0), ST_AT(1), ST_AT(2), ST_AT(3), ST_AT(4), ST_AT(5), ST_AT(6), ST_AT(7));
 #undef ST_AT
     g[j] = _mm512_i64gather_epi64(_mm512_maskz_permutex2var_epi8(0x0303030303030303ull, qs, at, h),
-                                  iq2s_grid_qwords(), 8);
+                                  st_iq2s_grid, 8);
   }
   const __m512i xa = _mm512_load_si512((const void *)ta), xb = _mm512_load_si512((const void *)tb);
   const __m512i a01 = _mm512_permutex2var_epi8(g[0], xa, g[1]),
@@ -2826,28 +2823,36 @@ static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, 
 
 ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_vbmi, iq2_planes_gather_vbmi)
 
-    static VBMI
-    void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
-                             int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
-  ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi_gather)
+/* IQ2_S only: st_matmul_q8 sends no other format here */
+static VBMI void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr,
+                                     const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
+                                     int64_t ldo) {
+  ST_ASSERT(type == ST_TYPE_IQ2_S);
+  ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_S)
 }
 
-/* 0 scalar, 1 avx2, 2 avx512vnni, 3 avx512vnni with VBMI: the integer kernels at the current level. */
+/* 0 scalar, 1 avx2, 2 avx512vnni, 3 avx512vnni with VBMI and GFNI: the integer kernels at the current
+ * level. */
 static int q8_level(void) {
   if (full_level() == 3) return 3;
   if (full_level() == 2 && __builtin_cpu_supports("avx512vnni")) return 2;
   return full_level() >= 1 ? 1 : 0;
 }
 
-/* -1 until first use: 1 when the level-3 kernels gather IQ2_S's grid (Intel CPUs), 0 when they
- * permute it */
+/* -1 until first use: 1 when the level-3 kernels gather IQ2_S's grid, 0 when they permute it */
 static int grid_gather = -1;
 
+/* Gathers by default on Intel CPUs with AMX (CPUID leaf 7 EDX bit 24: Sapphire Rapids and later
+ * Xeons, the kind measured, whose gathers carry no Gather Data Sampling mitigation; Ice Lake's
+ * do, and were not measured). */
+static int gathers_fast(void) {
+  unsigned a, b, c, d;
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel") && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1);
+}
+
 int st_dot_grid_lookup(int mode) {
-  if (grid_gather < 0) {
-    __builtin_cpu_init();
-    grid_gather = __builtin_cpu_is("intel") != 0;
-  }
+  if (grid_gather < 0) grid_gather = gathers_fast();
   if (mode == 0 || mode == 1) grid_gather = mode;
   return grid_gather;
 }
@@ -2862,7 +2867,9 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
   static const q8_tile_fn fns[] = {q8_tile_scalar, q8_tile_avx2, q8_tile_vnni, q8_tile_vbmi};
   const uint64_t ldq = st_q8_row_bytes(type, n);
   ST_ASSERT(ldq > 0);
-  const q8_tile_fn tile = q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_vbmi_gather : fns[q8_level()];
+  const q8_tile_fn tile = type == ST_TYPE_IQ2_S && q8_level() == 3 && st_dot_grid_lookup(-1)
+                              ? q8_tile_vbmi_gather
+                              : fns[q8_level()];
   /* as st_matmul: blocks of 64 weight rows stay in L2 while every token tile passes over them */
   for (int64_t rb = r0; rb < r1; rb += 64) {
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;

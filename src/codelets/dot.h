@@ -85,10 +85,11 @@ const char *st_dot_q8_isa(void);
 /* How the level-3 ("avx512vbmi") integer kernels look up IQ2_S's grid: 0 byte permutes (vpermi2b
  * over the grid's byte planes, as the other grid formats), 1 gathers (vpgatherqq of its 8-byte
  * entries, then a transpose into the same plane order). Both give the same bits. Default: gathers
- * on Intel CPUs (the GPU host's Xeon: IQ2_S 1.2-1.5 times faster at 16 threads), permutes
- * elsewhere (Zen 4's gathers: 1.5 times slower); bench/RESULTS.md, session 7. mode 0 or 1 sets
- * it (for tests and `strata bench --grid-lookup`), anything else leaves it; returns the mode in
- * use. */
+ * on Intel CPUs with AMX, Sapphire Rapids and later (the GPU host's Xeon: IQ2_S 1.3-1.4 times
+ * faster at 16 threads), permutes elsewhere (Zen 4's gathers: 1.5 times slower; Ice Lake's carry
+ * the Gather Data Sampling mitigation and were not measured); bench/RESULTS.md, session 7.
+ * mode 0 or 1 sets it (for tests and `strata bench --grid-lookup`), anything else leaves it;
+ * returns the mode in use. */
 int st_dot_grid_lookup(int mode);
 
 /* RMSNorm of one row: y = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). y may alias x.
