@@ -812,7 +812,8 @@ static AVX2 void row_tile_iq_avx2(uint32_t type, const void *w, const float *x, 
 typedef void (*row_tile_fn)(uint32_t, const void *, const float *, int64_t, int, int64_t, float *,
                             int64_t);
 
-/* 3: level 2 and the integer kernels may use AVX-512 VNNI, VBMI and GFNI (the float kernels run as at 2). */
+/* 3: level 2 and the integer kernels may use AVX-512 VNNI, VBMI and GFNI (the float kernels run as
+ * at 2). */
 static int detected_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -2569,9 +2570,9 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 
 /* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b, one instruction on
  * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time (IQ2_S on the
- * Xeons by gathers instead: iq2s_planes_gather_vbmi), and the
- * IQ2_XS/IQ3_XXS sign bytes from one GF(2) affine map (GFNI, which every CPU with VBMI and VNNI
- * has). The same planes, signs and scales as the VNNI level, so the same results. */
+ * Xeons by gathers instead: iq2s_planes_gather_vbmi), and the IQ2_XS/IQ3_XXS sign bytes from one
+ * GF(2) affine map (GFNI, which every CPU with VBMI and VNNI has). The same planes, signs and
+ * scales as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
@@ -2699,8 +2700,8 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
  * 8 KiB table; their indices by four vpermi2b) instead of iq2_planes_vbmi's 16 vpermi2b and 15
  * blends: on the Xeon of the GPU host 1.3-1.4 times faster at 16 threads, on Zen 4 1.5 times
  * slower (st_dot_grid_lookup). The entries come in weight order, four to a 128-bit lane; a 4 x 4
- * transpose of 16-byte chunks (four vpermi2b, then four vshufi64x2) puts them in plane order. The scales and
- * signs as iq2_planes_vbmi, so the same planes to the bit. */
+ * transpose of 16-byte chunks (four vpermi2b, then four vshufi64x2) puts them in plane order. The
+ * scales and signs as iq2_planes_vbmi, so the same planes to the bit. */
 static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(const uint8_t *bb,
                                                                                struct gridp *p) {
   /* the transpose's first stage, for pairs of gathers j0, j0 + 1: 16-byte chunk c of the result
@@ -2818,8 +2819,9 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
 ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, iq3_planes_vbmi, iq2_planes_vbmi)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
-                              int64_t ldq, int nt, int64_t n, float *out,
-                              int64_t ldo){ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi)}
+                              int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
+  ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi)
+}
 
 ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_vbmi, iq2_planes_gather_vbmi)
 

@@ -78,8 +78,8 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
 
 /* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI,
  * VBMI and GFNI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through byte permutes or, IQ2_S on
- * Intel, gathers; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb), "avx512vnni" (level 2 on a CPU with
- * AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or "scalar". */
+ * Intel, gathers; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb), "avx512vnni" (level 2
+ * on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or "scalar". */
 const char *st_dot_q8_isa(void);
 
 /* How the level-3 ("avx512vbmi") integer kernels look up IQ2_S's grid: 0 byte permutes (vpermi2b
