@@ -2416,9 +2416,10 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
  * IQ2 formats byte q + 4 (k % 2) of entry k / 2 (the same weight 4 k + q): the grid looked up one
  * byte plane at a time, with nothing interleaved back into weight order. neg[q]: the sign bits of
  * the same weights; sc: the odd integer scale 2 s + 1 of position pair i (positions 2 i, 2 i + 1,
- * which share it: one IQ3 sub-block of 32 weights or one IQ2 group of 16) in int16 lane i; d: the
- * float scale. Summed over the four planes, int32 lane L of vpdpwssd holds weights 16 L ..
- * 16 L + 15: k_accumulate's lanes for the grid formats. */
+ * which share it: one IQ3 sub-block of 32 weights or one IQ2 group of 16) in int16 lane i (so both
+ * halves of int32 lane L hold lane L's scale); d: the float scale. Summed over the four planes,
+ * int32 lane L (positions 4 L .. 4 L + 3, as vpdpbusd sums them) holds weights 16 L .. 16 L + 15:
+ * k_accumulate's lanes for the grid formats. */
 struct gridp {
   __m512i m[4], sc;
   __mmask64 neg[4];
@@ -2534,28 +2535,27 @@ static inline __attribute__((always_inline)) VNNI void iq2_planes_vnni(uint32_t 
 }
 
 /* Super-block b of a grid row, prepared in p, into the nt tokens' accumulators: per token the four
- * planes' products with the plane-order activations, summed in int16 (IQ3_S's levels are at most
- * 15, so four planes' pair sums stay under 2^15; IQ3_XXS's reach 62 and the IQ2 levels 43, so two
- * planes at a time), then vpdpwssd by the scales into k_accumulate's lanes. */
+ * planes' products with the plane-order activations summed by vpdpbusd into int32 lanes (lane L:
+ * weights 16 L .. 16 L + 15, which share one scale), then one vpmulld by the scales: k_accumulate's
+ * lanes. Two instructions fewer per token than vpmaddubsw, int16 sums and vpdpwssd (bench/RESULTS.md,
+ * session 7), with the same integers. */
 static inline __attribute__((always_inline)) VNNI void grid_tokens_vnni(uint32_t type, const struct gridp *pp,
                                                                         int64_t b, const uint8_t *xq,
                                                                         int64_t ldq, int nt, int64_t n,
                                                                         struct kacc *acc) {
   const __m512i zero = _mm512_setzero_si512();
   const struct gridp p = *pp;
+  const __m512i sc32 = _mm512_and_si512(p.sc, _mm512_set1_epi32(0xFFFF)); /* both int16 halves hold it */
   for (int t = 0; t < nt; t++) {
     const uint8_t *row = xq + t * ldq;
     const int8_t *xp = (const int8_t *)(const void *)(row + grid_planes_at(n, b));
-    __m512i s[4];
+    __m512i s = zero;
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
       const __m512i xv = _mm512_loadu_si512((const void *)(xp + 64 * q));
-      s[q] = _mm512_maddubs_epi16(p.m[q], _mm512_mask_sub_epi8(xv, p.neg[q], zero, xv));
+      s = _mm512_dpbusd_epi32(s, p.m[q], _mm512_mask_sub_epi8(xv, p.neg[q], zero, xv));
     }
-    const __m512i s01 = _mm512_add_epi16(s[0], s[1]), s23 = _mm512_add_epi16(s[2], s[3]);
-    const __m512i is = type == ST_TYPE_IQ3_S
-                           ? _mm512_dpwssd_epi32(zero, _mm512_add_epi16(s01, s23), p.sc)
-                           : _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, s01, p.sc), s23, p.sc);
+    const __m512i is = _mm512_mullo_epi32(s, sc32);
     const st_act_q8_K *x = (const st_act_q8_K *)(const void *)row + b;
     k_lanes_vnni(type, p.d, 0.0f, x->d, is, _mm256_setzero_si256(), &acc[t]);
   }
