@@ -186,14 +186,16 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     }
     rows_f[i] = v;
   }
+  /* only the avx512vbmi integer kernels choose how to look IQ2_S's grid up */
+  const int vbmi = !strcmp(st_dot_q8_isa(), "avx512vbmi"), gathered = st_dot_grid_lookup(-1);
   if (json)
     printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"int8_kernels\": \"%s\", \"row_length\": %lld, "
            "\"iq2_s_grid_lookup\": %s, \"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, "
            "\"formats\": [",
            threads, st_dot_isa(), st_dot_q8_isa(), (long long)n,
-           strcmp(st_dot_q8_isa(), "avx512vbmi") ? "null"
-           : st_dot_grid_lookup(-1)              ? "\"gather\""
-                                                 : "\"permute\"",
+           !vbmi      ? "null"
+           : gathered ? "\"gather\""
+                      : "\"permute\"",
            ROUNDS, bw_host / 1e9, bw_gpu / 1e9);
   else {
     printf("strata bench --kernels: mat-vec (1 token) over %llu MiB of weights per format, rows of %lld\n",
@@ -201,9 +203,9 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
     printf(" (int8: %s kernels%s)\n", st_dot_q8_isa(),
-           strcmp(st_dot_q8_isa(), "avx512vbmi") ? ""
-           : st_dot_grid_lookup(-1)              ? ", IQ2_S grid gathered"
-                                                 : ", IQ2_S grid permuted");
+           !vbmi      ? ""
+           : gathered ? ", IQ2_S grid gathered"
+                      : ", IQ2_S grid permuted");
     printf("CPU: %d rounds per format of (host read: best of %d with and %d without prefetch; float kernel,\n"
            "int8 kernel: best of %d each); medians of GB/s and of the per-round shares of the read\n",
            ROUNDS, ROUND_REPS, ROUND_REPS, ROUND_REPS);

@@ -2645,6 +2645,12 @@ static inline __attribute__((always_inline)) VBMI __m512i iq2_scales_vbmi(uint64
   return grid_odd_scales_vbmi(_mm512_slli_epi16(v, 1));
 }
 
+/* IQ2_S's 32 sign bytes doubled bytewise (byte k: entry k / 2's), as grid_neg_vnni takes them. */
+static inline __attribute__((always_inline)) VBMI __m512i iq2s_signs_dup_vbmi(const st_block_iq2_s *b) {
+  return _mm512_permutexvar_epi8(grid_dup_vbmi(),
+                                 _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
+}
+
 /* The plane-order IQ2_XS or IQ2_S block with VBMI: each entry's index in two adjacent bytes, the
  * even one looked up in the low code plane of the grid (ST_IQ2*_GRID_PLANES: codes 0..3 of each
  * entry), the odd one in the high plane, by vpermi2b (IQ2_XS: grid_plane_vbmi over the two planes
@@ -2682,8 +2688,7 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
     const __mmask64 h7 = _mm512_movepi8_mask(idx);
     words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
                                    grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9));
-    sdup = _mm512_permutexvar_epi8(dup,
-                                   _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
+    sdup = iq2s_signs_dup_vbmi(b);
   }
   p->sc = iq2_scales_vbmi(sc64);
   /* the levels by vpermb of a table that repeats 8, 25, 43 every four bytes, so that only a
@@ -2749,9 +2754,7 @@ static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(c
   p->m[2] = _mm512_shuffle_i64x2(b01, b23, 0x44);
   p->m[3] = _mm512_shuffle_i64x2(b01, b23, 0xEE);
   p->sc = iq2_scales_vbmi(sc64);
-  grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(), _mm512_castsi256_si512(_mm256_loadu_si256(
-                                                             (const __m256i *)(b->qs + 32)))),
-                p->neg);
+  grid_neg_vnni(iq2s_signs_dup_vbmi(b), p->neg);
 }
 
 /* iq2_planes_vbmi with IQ2_S's grid gathered */
