@@ -303,6 +303,56 @@ static void test_grid_planes(void) {
         bad3, bad2xs, bad2s);
 }
 
+/* Every entry of the IQ2_XS and IQ2_S grids (entry k of super-block b at index 32 b + k, random
+ * signs and scales; the last one is the entry past which a gathered 4-byte read would run without
+ * the code tables' spare word) through st_matmul_q8 at the top level, both grid lookups, against
+ * the scalar level: bitwise. */
+static void test_iq2_every_index(void) {
+  const uint32_t types[] = {ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S};
+  for (int k = 0; k < 2; k++) {
+    const uint32_t type = types[k];
+    const int n = type == ST_TYPE_IQ2_XS ? 512 * 8 : 1024 * 8; /* 8 weights per entry */
+    const uint64_t rb = st_row_bytes(type, (uint64_t)n), qb = st_q8_row_bytes(type, n);
+    uint8_t *w = malloc(rb);
+    tu_random_row(type, w, n, &rng); /* finite scales, random signs and grid scales */
+    for (int b = 0; b < n / 256; b++) {
+      uint8_t *bb = w + (uint64_t)b * st_type_info(type)->type_size;
+      for (int e = 0; e < 32; e++) {
+        const int idx = 32 * b + e;
+        if (type == ST_TYPE_IQ2_XS) {
+          st_block_iq2_xs *x = (st_block_iq2_xs *)(void *)bb;
+          x->qs[e] = (uint16_t)((x->qs[e] & 0xFE00) | idx);
+        } else {
+          st_block_iq2_s *x = (st_block_iq2_s *)(void *)bb;
+          x->qs[e] = (uint8_t)idx;
+          x->qh[e / 4] = (uint8_t)((x->qh[e / 4] & ~(3 << 2 * (e % 4))) | (idx >> 8) << 2 * (e % 4));
+        }
+      }
+    }
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++)
+      x[i] = (float)urand();
+    uint8_t *xq = malloc(qb);
+    st_quantize_act(type, x, n, 1, n, xq);
+    const int top = st_dot_force_isa(3), lookup = st_dot_grid_lookup(-1);
+    float ref, out[2];
+    st_dot_force_isa(0);
+    st_matmul_q8(type, w, rb, 0, 1, xq, 1, n, &ref, 1);
+    st_dot_force_isa(top);
+    for (int m = 0; m < 2; m++) {
+      st_dot_grid_lookup(m);
+      st_matmul_q8(type, w, rb, 0, 1, xq, 1, n, &out[m], 1);
+    }
+    st_dot_grid_lookup(lookup);
+    CHECK(
+        memcmp(&ref, &out[0], sizeof ref) == 0 && memcmp(&ref, &out[1], sizeof ref) == 0,
+        "%s every grid entry (%d super-blocks), %s kernels, grid permuted %.9g, gathered %.9g, scalar %.9g: "
+        "bitwise equal",
+        st_type_info(type)->name, n / 256, st_dot_q8_isa(), (double)out[0], (double)out[1], (double)ref);
+    free(w), free(x), free(xq);
+  }
+}
+
 /* st_quantize_act gives the same quants at every level: the scalar and SIMD quantisers do the same
  * float operations (a multiply, then an add: a compiler that fused them into one FMA in one of
  * them only would round differently near a boundary). Many rows of varied scale, so that values
@@ -402,14 +452,15 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     }
   const int top = st_dot_force_isa(3), gathers = st_dot_grid_lookup(-1);
   float scalar_out[T_MAX * ROWS];
-  /* IQ2_S at level 3 twice: its grid looked up both ways (st_dot_grid_lookup) */
-  for (int pass = 0; pass <= top + (top == 3 && type == ST_TYPE_IQ2_S); pass++) {
+  /* IQ2_XS and IQ2_S at level 3 twice: their grid looked up both ways (st_dot_grid_lookup) */
+  const int iq2 = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S;
+  for (int pass = 0; pass <= top + (top == 3 && iq2); pass++) {
     const int level = pass < 3 ? pass : 3;
     st_dot_force_isa(level);
     st_dot_grid_lookup(pass == 4 ? !gathers : gathers);
-    const char *lookup = level < 3 || type != ST_TYPE_IQ2_S ? ""
-                         : st_dot_grid_lookup(-1)           ? " (grid gathered)"
-                                                            : " (grid permuted)";
+    const char *lookup = level < 3 || !iq2        ? ""
+                         : st_dot_grid_lookup(-1) ? " (grid gathered)"
+                                                  : " (grid permuted)";
     float out[T_MAX * ROWS], one[ROWS];
     st_matmul_q8(type, w, rb, 0, ROWS, xq, T, n, out, ROWS);
     if (level == 0) memcpy(scalar_out, out, sizeof out);
@@ -522,6 +573,7 @@ int main(void) {
   test_int8(ST_TYPE_IQ4_XS, 4352, 1, 4);
   test_iq3_packed_grids();
   test_grid_planes();
+  test_iq2_every_index();
   test_act_quant_levels();
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);

@@ -2104,11 +2104,12 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
 }
 
 /* The IQ3 grids as nibble words and the IQ2 grids as code words (iq_grids.h): the whole IQ3_XXS
- * grid is 8 registers, IQ3_S's and IQ2_XS's 16, IQ2_S's 32. */
+ * grid is 8 registers, IQ3_S's and IQ2_XS's 16, IQ2_S's 32. The IQ2 tables end with one spare
+ * word, so that a 4-byte gather of the last entry (iq2_words_gather_vbmi) stays inside them. */
 static const uint16_t iq3xxs_nibbles[256] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_NIBBLES;
 static const uint16_t iq3s_nibbles[512] __attribute__((aligned(64))) = ST_IQ3S_GRID_NIBBLES;
-static const uint16_t iq2xs_codes[512] __attribute__((aligned(64))) = ST_IQ2XS_GRID_CODES;
-static const uint16_t iq2s_codes[1024] __attribute__((aligned(64))) = ST_IQ2S_GRID_CODES;
+static const uint16_t iq2xs_codes[512 + 1] __attribute__((aligned(64))) = ST_IQ2XS_GRID_CODES;
+static const uint16_t iq2s_codes[1024 + 1] __attribute__((aligned(64))) = ST_IQ2S_GRID_CODES;
 
 /* The words (IQ3 nibble words, IQ2 code words) of 32 grid entries at the word indices idx
  * (< 32 ntab; ntab 8, 16 or 32 registers), looked up in registers: one vpermi2w reads 64 entries
@@ -2651,13 +2652,29 @@ static inline __attribute__((always_inline)) VBMI __m512i iq2s_signs_dup_vbmi(co
                                  _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
 }
 
-/* The plane-order IQ2_XS or IQ2_S block with VBMI: each entry's index in two adjacent bytes, the
- * even one looked up in the low code plane of the grid (ST_IQ2*_GRID_PLANES: codes 0..3 of each
- * entry), the odd one in the high plane, by vpermi2b (IQ2_XS: grid_plane_vbmi over the two planes
- * as one table; IQ2_S: one tree per plane, then a blend), which gives the code words of
- * iq2_planes_vnni; the scales by vpmultishiftqb. */
-static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t type, const uint8_t *bb,
-                                                                       struct gridp *p) {
+/* The code words (as iq2_planes_vnni's) of 32 IQ2 entries by two vpgatherdd from the code table
+ * (4 bytes at word i0[k] or i1[k]: the entry's word and the next one's, dropped by vpermt2w), entries
+ * 0..15 at the dword indices i0, 16..31 at i1. On the Xeon of the GPU host a vpermi2b costs two
+ * cycles of port 5; the gathers use the load ports. */
+static inline __attribute__((always_inline)) VBMI __m512i iq2_words_gather_vbmi(const uint16_t *codes,
+                                                                                __m512i i0, __m512i i1) {
+  const __m512i d0 = _mm512_i32gather_epi32(i0, (const void *)codes, 2),
+                d1 = _mm512_i32gather_epi32(i1, (const void *)codes, 2);
+  const __m512i evens =
+      _mm512_slli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15,
+                                         14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                        1);
+  return _mm512_permutex2var_epi16(d0, evens, d1);
+}
+
+/* The plane-order IQ2_XS or IQ2_S block with VBMI: the 32 entries' code words (iq2_planes_vnni's),
+ * either gathered (iq2_words_gather_vbmi: gather = 1, st_dot_grid_lookup) or looked up by
+ * vpermi2b in the grid's two code planes (ST_IQ2*_GRID_PLANES: codes 0..3 of each entry, then
+ * codes 4..7), each entry's index in two adjacent bytes, the even one looked up in the low plane
+ * and the odd one in the high plane (IQ2_XS: grid_plane_vbmi over the two planes as one table;
+ * IQ2_S: one tree per plane, then a blend); the scales by vpmultishiftqb. */
+static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint32_t type, const uint8_t *bb,
+                                                                            struct gridp *p, int gather) {
   uint16_t dh;
   memcpy(&dh, bb, 2);
   p->d = _cvtsh_ss(dh) * grid_d_mul(type);
@@ -2670,10 +2687,17 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
     memcpy(&sc64, b->scales, 8);
     const __m512i q = _mm512_loadu_si512((const void *)b->qs); /* 9-bit index, 7-bit sign field */
     /* bytes 2 i, 2 i + 1: word i's low byte (index bits 0..7); h8: bit 0 of its high byte */
-    const __m512i lo = _mm512_add_epi8(dup, dup), idx = _mm512_permutexvar_epi8(lo, q),
-                  hb = _mm512_permutexvar_epi8(_mm512_add_epi8(lo, one), q);
-    words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx), _mm512_test_epi8_mask(hb, one),
-                            odd);
+    const __m512i lo = _mm512_add_epi8(dup, dup), hb = _mm512_permutexvar_epi8(_mm512_add_epi8(lo, one), q);
+    if (gather) {
+      const __m512i m9 = _mm512_set1_epi32(511);
+      words = iq2_words_gather_vbmi(
+          iq2xs_codes, _mm512_and_si512(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), m9),
+          _mm512_and_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b->qs + 16))), m9));
+    } else {
+      const __m512i idx = _mm512_permutexvar_epi8(lo, q);
+      words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx),
+                              _mm512_test_epi8_mask(hb, one), odd);
+    }
     /* the sign bytes, already doubled: the 7-bit field is the high byte's bits 1..7 */
     sdup = st_iq_signs_vbmi(_mm512_srli_epi16(hb, 1));
   } else {
@@ -2681,13 +2705,28 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
     memcpy(&sc64, b->scales, 8);
     uint64_t qh; /* entry i's index bits 8, 9 at bits 2 i, 2 i + 1: the masks of bytes 2 i and 2 i + 1 */
     memcpy(&qh, b->qh, 8);
-    const uint64_t e8 = qh & 0x5555555555555555ull, e9 = qh & 0xAAAAAAAAAAAAAAAAull;
-    const __mmask64 h8 = e8 | e8 << 1, h9 = e9 | e9 >> 1;
-    const __m512i idx =
-        _mm512_permutexvar_epi8(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs)));
-    const __mmask64 h7 = _mm512_movepi8_mask(idx);
-    words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
-                                   grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9));
+    if (gather) {
+      /* dword k of i0 (i1): entry k's (16 + k's) low byte from qs, bits 8, 9 from qh */
+      const __m512i at = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                    m = _mm512_set1_epi32(0x300);
+      __m512i i[2];
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; j++) {
+        const __m512i h = _mm512_srlv_epi32(_mm512_set1_epi32((int)(uint32_t)(qh >> 32 * j)), at);
+        i[j] = _mm512_ternarylogic_epi32(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j))), _mm512_slli_epi32(h, 8),
+            m, 0xF8); /* a | (b & c) */
+      }
+      words = iq2_words_gather_vbmi(iq2s_codes, i[0], i[1]);
+    } else {
+      const uint64_t e8 = qh & 0x5555555555555555ull, e9 = qh & 0xAAAAAAAAAAAAAAAAull;
+      const __mmask64 h8 = e8 | e8 << 1, h9 = e9 | e9 >> 1;
+      const __m512i idx =
+          _mm512_permutexvar_epi8(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs)));
+      const __mmask64 h7 = _mm512_movepi8_mask(idx);
+      words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
+                                     grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9));
+    }
     sdup = iq2s_signs_dup_vbmi(b);
   }
   p->sc = iq2_scales_vbmi(sc64);
@@ -2701,69 +2740,14 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t 
   grid_neg_vnni(sdup, p->neg);
 }
 
-/* The plane-order IQ2_S block by gathers (vpgatherqq of its 32 grid entries, 8 bytes each, from the
- * 8 KiB table; their indices by four vpermi2b) instead of iq2_planes_vbmi's 16 vpermi2b and 15
- * blends: on the Xeon of the GPU host 1.3-1.4 times faster at 16 threads, on Zen 4 1.5 times
- * slower (st_dot_grid_lookup). The entries come in weight order, four to a 128-bit lane; a 4 x 4
- * transpose of 16-byte chunks (four vpermi2b, then four vshufi64x2) puts them in plane order. The
- * scales and signs as iq2_planes_vbmi, so the same planes to the bit. */
-static inline __attribute__((always_inline)) VBMI void iq2s_planes_gather_vbmi(const uint8_t *bb,
-                                                                               struct gridp *p) {
-  /* the transpose's first stage, for pairs of gathers j0, j0 + 1: 16-byte chunk c of the result
-   * holds bytes 16 l + 4 m + q of gather j0 + c % 2 for plane q = c / 2 (ta) or 2 + c / 2 (tb),
-   * at 4 l + m: plane position 16 j + 4 l + m is weight 64 j + 16 l + 4 m + q */
-  static const uint8_t ta[64] __attribute__((aligned(64))) = {
-      0,  4,  8,  12,  16,  20,  24,  28,  32,  36,  40, 44, 48, 52,  56,  60,  64,  68,  72,  76, 80, 84,
-      88, 92, 96, 100, 104, 108, 112, 116, 120, 124, 1,  5,  9,  13,  17,  21,  25,  29,  33,  37, 41, 45,
-      49, 53, 57, 61,  65,  69,  73,  77,  81,  85,  89, 93, 97, 101, 105, 109, 113, 117, 121, 125};
-  static const uint8_t tb[64] __attribute__((aligned(64))) = {
-      2,  6,  10, 14,  18,  22,  26,  30,  34,  38,  42, 46, 50, 54,  58,  62,  66,  70,  74,  78, 82, 86,
-      90, 94, 98, 102, 106, 110, 114, 118, 122, 126, 3,  7,  11, 15,  19,  23,  27,  31,  35,  39, 43, 47,
-      51, 55, 59, 63,  67,  71,  75,  79,  83,  87,  91, 95, 99, 103, 107, 111, 115, 119, 123, 127};
-  const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-  p->d = _cvtsh_ss(b->d) * grid_d_mul(ST_TYPE_IQ2_S);
-  uint64_t qh, sc64;
-  memcpy(&qh, b->qh, 8);
-  memcpy(&sc64, b->scales, 8);
-  /* byte i: entry i's index bits 8, 9 (bits 2 i, 2 i + 1 of qh) */
-  const __m512i h = _mm512_and_si512(
-      _mm512_multishift_epi64_epi8(_mm512_setr_epi64(0x0E0C0A0806040200ll, 0x1E1C1A1816141210ll,
-                                                     0x2E2C2A2826242220ll, 0x3E3C3A3836343230ll, 0, 0, 0, 0),
-                                   _mm512_set1_epi64((long long)qh)),
-      _mm512_set1_epi8(3));
-  const __m512i qs = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs));
-  __m512i g[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; j++) {
-    /* qword s: entry 8 j + s's index, its low byte from qs (byte 8 j + s), bits 8 and 9 from h */
-#define ST_AT(s) (long long)((8 * j + (s)) | (64 + 8 * j + (s)) << 8)
-    const __m512i at =
-        _mm512_setr_epi64(ST_AT(0), ST_AT(1), ST_AT(2), ST_AT(3), ST_AT(4), ST_AT(5), ST_AT(6), ST_AT(7));
-#undef ST_AT
-    g[j] = _mm512_i64gather_epi64(_mm512_maskz_permutex2var_epi8(0x0303030303030303ull, qs, at, h),
-                                  st_iq2s_grid, 8);
-  }
-  const __m512i xa = _mm512_load_si512((const void *)ta), xb = _mm512_load_si512((const void *)tb);
-  const __m512i a01 = _mm512_permutex2var_epi8(g[0], xa, g[1]),
-                a23 = _mm512_permutex2var_epi8(g[2], xa, g[3]),
-                b01 = _mm512_permutex2var_epi8(g[0], xb, g[1]),
-                b23 = _mm512_permutex2var_epi8(g[2], xb, g[3]);
-  /* plane q: chunks (j, q) for j = 0..3 */
-  p->m[0] = _mm512_shuffle_i64x2(a01, a23, 0x44);
-  p->m[1] = _mm512_shuffle_i64x2(a01, a23, 0xEE);
-  p->m[2] = _mm512_shuffle_i64x2(b01, b23, 0x44);
-  p->m[3] = _mm512_shuffle_i64x2(b01, b23, 0xEE);
-  p->sc = iq2_scales_vbmi(sc64);
-  grid_neg_vnni(iq2s_signs_dup_vbmi(b), p->neg);
+static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi(uint32_t type, const uint8_t *bb,
+                                                                       struct gridp *p) {
+  iq2_planes_vbmi_impl(type, bb, p, 0);
 }
 
-/* iq2_planes_vbmi with IQ2_S's grid gathered */
 static inline __attribute__((always_inline)) VBMI void
 iq2_planes_gather_vbmi(uint32_t type, const uint8_t *bb, struct gridp *p) {
-  if (type == ST_TYPE_IQ2_S)
-    iq2s_planes_gather_vbmi(bb, p);
-  else
-    iq2_planes_vbmi(type, bb, p);
+  iq2_planes_vbmi_impl(type, bb, p, 1);
 }
 
 /* The plane-order IQ3 block with VBMI: the 64 indices as they lie in the block, looked up by
@@ -2828,12 +2812,16 @@ static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, 
 
 ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_vbmi, iq2_planes_gather_vbmi)
 
-/* IQ2_S only: st_matmul_q8 sends no other format here */
+/* IQ2_XS and IQ2_S only: st_matmul_q8 sends no other format here */
 static VBMI void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr,
                                      const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
                                      int64_t ldo) {
-  ST_ASSERT(type == ST_TYPE_IQ2_S);
-  ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_S)
+  if (type == ST_TYPE_IQ2_S) {
+    ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_S)
+  } else {
+    ST_ASSERT(type == ST_TYPE_IQ2_XS);
+    ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_XS)
+  }
 }
 
 /* 0 scalar, 1 avx2, 2 avx512vnni, 3 avx512vnni with VBMI and GFNI: the integer kernels at the current
@@ -2872,9 +2860,10 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
   static const q8_tile_fn fns[] = {q8_tile_scalar, q8_tile_avx2, q8_tile_vnni, q8_tile_vbmi};
   const uint64_t ldq = st_q8_row_bytes(type, n);
   ST_ASSERT(ldq > 0);
-  const q8_tile_fn tile = type == ST_TYPE_IQ2_S && q8_level() == 3 && st_dot_grid_lookup(-1)
-                              ? q8_tile_vbmi_gather
-                              : fns[q8_level()];
+  const q8_tile_fn tile =
+      (type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ2_XS) && q8_level() == 3 && st_dot_grid_lookup(-1)
+          ? q8_tile_vbmi_gather
+          : fns[q8_level()];
   /* as st_matmul: blocks of 64 weight rows stay in L2 while every token tile passes over them */
   for (int64_t rb = r0; rb < r1; rb += 64) {
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;

@@ -77,17 +77,18 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
                   int64_t T, int64_t n, float *out, int64_t ldo);
 
 /* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI,
- * VBMI and GFNI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through byte permutes or, IQ2_S on
- * Intel, gathers; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb), "avx512vnni" (level 2
+ * VBMI and GFNI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through byte permutes or, the IQ2
+ * formats on Intel, gathers; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb), "avx512vnni" (level 2
  * on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or "scalar". */
 const char *st_dot_q8_isa(void);
 
-/* How the level-3 ("avx512vbmi") integer kernels look up IQ2_S's grid: 0 byte permutes (vpermi2b
- * over the grid's byte planes, as the other grid formats), 1 gathers (vpgatherqq of its 8-byte
- * entries, then a transpose into the same plane order). Both give the same bits. Default: gathers
- * on Intel CPUs with AMX, Sapphire Rapids and later (the GPU host's Xeon: IQ2_S 1.3-1.4 times
- * faster at 16 threads), permutes elsewhere (Zen 4's gathers: 1.5 times slower; Ice Lake's carry
- * the Gather Data Sampling mitigation and were not measured); bench/RESULTS.md, session 7.
+/* How the level-3 ("avx512vbmi") integer kernels look up the IQ2_XS and IQ2_S grids: 0 byte
+ * permutes (vpermi2b over the grid's code planes, as the IQ3 formats always are), 1 gathers
+ * (vpgatherdd of each entry's 2-byte code word, 16 entries per instruction). Both give the same
+ * bits. Default: gathers on Intel CPUs with AMX, Sapphire Rapids and later (the GPU host's Xeon,
+ * 16 threads: IQ2_S 1.3 times and IQ2_XS 1.2 times faster), permutes elsewhere (Zen 4's gathers:
+ * 1.3-1.8 times slower; Ice Lake's carry the Gather Data Sampling mitigation and were not
+ * measured); bench/RESULTS.md, sessions 7 and 8.
  * mode 0 or 1 sets it (for tests and `strata bench --grid-lookup`), anything else leaves it;
  * returns the mode in use. */
 int st_dot_grid_lookup(int mode);
