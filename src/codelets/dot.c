@@ -2570,8 +2570,8 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 }
 
 /* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b, one instruction on
- * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time (IQ2_S on the
- * Xeons by gathers instead: iq2s_planes_gather_vbmi), and the IQ2_XS/IQ3_XXS sign bytes from one
+ * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time (the IQ2 formats
+ * on the Xeons by gathers instead: iq2_words_gather_vbmi), and the IQ2_XS/IQ3_XXS sign bytes from one
  * GF(2) affine map (GFNI, which every CPU with VBMI and VNNI has). The same planes, signs and
  * scales as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")))
@@ -2832,7 +2832,7 @@ static int q8_level(void) {
   return full_level() >= 1 ? 1 : 0;
 }
 
-/* -1 until first use: 1 when the level-3 kernels gather IQ2_S's grid, 0 when they permute it */
+/* -1 until first use: 1 when the level-3 kernels gather the IQ2 grids, 0 when they permute them */
 static int grid_gather = -1;
 
 /* Gathers by default on Intel CPUs with AMX (CPUID leaf 7 EDX bit 24: Sapphire Rapids and later
