@@ -452,15 +452,18 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     }
   const int top = st_dot_force_isa(3), gathers = st_dot_grid_lookup(-1);
   float scalar_out[T_MAX * ROWS];
-  /* IQ2_XS and IQ2_S at level 3 twice: their grid looked up both ways (st_dot_grid_lookup) */
-  const int iq2 = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S;
-  for (int pass = 0; pass <= top + (top == 3 && iq2); pass++) {
+  /* the grid formats at level 3 twice: their grid looked up both ways (st_dot_grid_lookup) */
+  const int grid = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ3_XXS ||
+                   type == ST_TYPE_IQ3_S,
+            iq2 = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S;
+  for (int pass = 0; pass <= top + (top == 3 && grid); pass++) {
     const int level = pass < 3 ? pass : 3;
     st_dot_force_isa(level);
     st_dot_grid_lookup(pass == 4 ? !gathers : gathers);
-    const char *lookup = level < 3 || !iq2        ? ""
-                         : st_dot_grid_lookup(-1) ? " (grid gathered)"
-                                                  : " (grid permuted)";
+    const char *lookup = level < 3 || !grid        ? ""
+                         : !st_dot_grid_lookup(-1) ? " (grid by vpermi2b)"
+                         : iq2                     ? " (grid gathered)"
+                                                   : " (grid by vpermb pairs)";
     float out[T_MAX * ROWS], one[ROWS];
     st_matmul_q8(type, w, rb, 0, ROWS, xq, T, n, out, ROWS);
     if (level == 0) memcpy(scalar_out, out, sizeof out);

@@ -184,9 +184,10 @@ int st_cmd_bench(int argc, char **argv) {
           "      --isa NAME         --kernels: cap the CPU kernels at scalar, avx2, avx512 or avx512vbmi\n"
           "                         (default: the best this CPU has)\n"
           "      --grid-lookup permute|gather\n"
-          "                         --kernels at avx512vbmi: how the IQ2_XS and IQ2_S grids are looked up,\n"
-          "                         byte permutes or gathers (same bits; default: gather on Intel CPUs\n"
-          "                         with AMX, else permute)\n"
+          "                         --kernels at avx512vbmi: how the grids are looked up: permute, all\n"
+          "                         by vpermi2b; gather, IQ2_XS/IQ2_S by vpgatherdd and IQ3_XXS/IQ3_S\n"
+          "                         by vpermb pairs (same bits; default: gather on Intel CPUs with AMX,\n"
+          "                         else permute)\n"
           "      --row-length N     --kernels: weights per row, a multiple of 256 (default 4096)\n"
           "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
           "                         (tok/s, the dense codelets' host time per token, graph counters)\n");

@@ -186,11 +186,11 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     }
     rows_f[i] = v;
   }
-  /* only the avx512vbmi integer kernels choose how to look the IQ2 grids up */
+  /* only the avx512vbmi integer kernels choose how to look the grids up */
   const int vbmi = !strcmp(st_dot_q8_isa(), "avx512vbmi"), gathered = st_dot_grid_lookup(-1);
   if (json)
     printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"int8_kernels\": \"%s\", \"row_length\": %lld, "
-           "\"iq2_grid_lookup\": %s, \"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, "
+           "\"grid_lookup\": %s, \"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, "
            "\"formats\": [",
            threads, st_dot_isa(), st_dot_q8_isa(), (long long)n,
            !vbmi      ? "null"
@@ -204,8 +204,8 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
     printf(" (int8: %s kernels%s)\n", st_dot_q8_isa(),
            !vbmi      ? ""
-           : gathered ? ", IQ2 grids gathered"
-                      : ", IQ2 grids permuted");
+           : gathered ? ", grids gathered (IQ2) and by vpermb pairs (IQ3)"
+                      : ", grids by vpermi2b");
     printf("CPU: %d rounds per format of (host read: best of %d with and %d without prefetch; float kernel,\n"
            "int8 kernel: best of %d each); medians of GB/s and of the per-round shares of the read\n",
            ROUNDS, ROUND_REPS, ROUND_REPS, ROUND_REPS);

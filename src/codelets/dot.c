@@ -2597,15 +2597,21 @@ static inline __attribute__((always_inline)) VBMI __m512i grid_dup_vbmi(void) {
 }
 
 /* One plane of a grid (ntab = 256, 512 or 1024 entries, 128 per register pair) at the indices
- * idx: bits 0..6 through vpermi2b, bits 7, 8, 9 as the masks h7, h8, h9 (a tree of blends). */
+ * idx: bits 0..6 through vpermi2b, or with pairs = 1 through a vpermb of the pair's first register
+ * then a vpermb of the second merged under bit 6 (on the Xeons vpermi2b is three uops, two of them
+ * on port 5, and vpermb one; on Zen 4 the pairs are slower); bits 7, 8, 9 as the masks h7, h8, h9
+ * (a tree of blends). */
 static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const uint8_t *tab, int ntab,
                                                                           __m512i idx, __mmask64 h7,
-                                                                          __mmask64 h8, __mmask64 h9) {
+                                                                          __mmask64 h8, __mmask64 h9,
+                                                                          int pairs) {
   const __m512i *t = (const __m512i *)(const void *)tab;
+  const __mmask64 h6 = _mm512_movepi8_mask(_mm512_add_epi8(idx, idx));
   __m512i r[8];
 #pragma GCC unroll 8
   for (int p = 0; p < ntab / 128; p++)
-    r[p] = _mm512_permutex2var_epi8(t[2 * p], idx, t[2 * p + 1]);
+    r[p] = pairs ? _mm512_mask_permutexvar_epi8(_mm512_permutexvar_epi8(idx, t[2 * p]), h6, idx, t[2 * p + 1])
+                 : _mm512_permutex2var_epi8(t[2 * p], idx, t[2 * p + 1]);
 #pragma GCC unroll 4
   for (int p = 0; p < ntab / 256; p++)
     r[p] = _mm512_mask_blend_epi8(h7, r[2 * p], r[2 * p + 1]);
@@ -2696,7 +2702,7 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
     } else {
       const __m512i idx = _mm512_permutexvar_epi8(lo, q);
       words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx),
-                              _mm512_test_epi8_mask(hb, one), odd);
+                              _mm512_test_epi8_mask(hb, one), odd, 0);
     }
     /* the sign bytes, already doubled: the 7-bit field is the high byte's bits 1..7 */
     sdup = st_iq_signs_vbmi(_mm512_srli_epi16(hb, 1));
@@ -2724,8 +2730,8 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
       const __m512i idx =
           _mm512_permutexvar_epi8(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->qs)));
       const __mmask64 h7 = _mm512_movepi8_mask(idx);
-      words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9),
-                                     grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9));
+      words = _mm512_mask_blend_epi8(odd, grid_plane_vbmi(iq2s_planes, 1024, idx, h7, h8, h9, 0),
+                                     grid_plane_vbmi(iq2s_planes + 1024, 1024, idx, h7, h8, h9, 0));
     }
     sdup = iq2s_signs_dup_vbmi(b);
   }
@@ -2751,10 +2757,10 @@ iq2_planes_gather_vbmi(uint32_t type, const uint8_t *bb, struct gridp *p) {
 }
 
 /* The plane-order IQ3 block with VBMI: the 64 indices as they lie in the block, looked up by
- * vpermi2b over the grid's byte planes (grid_plane_vbmi); the scales pulled out by
- * vpmultishiftqb or a byte permute. */
-static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t type, const uint8_t *bb,
-                                                                       struct gridp *p) {
+ * byte permutes over the grid's byte planes (grid_plane_vbmi, vpermi2b or with pairs = 1 vpermb
+ * pairs); the scales pulled out by vpmultishiftqb or a byte permute. */
+static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi_impl(uint32_t type, const uint8_t *bb,
+                                                                            struct gridp *p, int pairs) {
   const int xxs = type == ST_TYPE_IQ3_XXS;
   const uint8_t *qs =
       xxs ? ((const st_block_iq3_xxs *)(const void *)bb)->qs : ((const st_block_iq3_s *)(const void *)bb)->qs;
@@ -2791,8 +2797,8 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   }
   const uint8_t *tab = xxs ? iq3xxs_planes : iq3s_planes;
   const int ntab = xxs ? 256 : 512;
-  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0),
-                hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0);
+  const __m512i lo = grid_plane_vbmi(tab, ntab, idx, hi7, hi8, 0, pairs),
+                hi = grid_plane_vbmi(tab + ntab, ntab, idx, hi7, hi8, 0, pairs);
   /* the levels by vpermb of a table that repeats the eight every eight bytes, so that the bits
    * above a nibble's three need no masking */
   const __m512i lut = _mm512_set1_epi64(xxs ? 0x3E342C241C140C04ll : 0x0F0D0B0907050301ll);
@@ -2803,6 +2809,17 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t 
   grid_neg_vnni(_mm512_permutexvar_epi8(grid_dup_vbmi(), _mm512_castsi256_si512(sg)), p->neg);
 }
 
+static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi(uint32_t type, const uint8_t *bb,
+                                                                       struct gridp *p) {
+  iq3_planes_vbmi_impl(type, bb, p, 0);
+}
+
+/* The IQ3 block for the Xeons (st_dot_grid_lookup): its grid by vpermb pairs */
+static inline __attribute__((always_inline)) VBMI void iq3_planes_pairs_vbmi(uint32_t type, const uint8_t *bb,
+                                                                             struct gridp *p) {
+  iq3_planes_vbmi_impl(type, bb, p, 1);
+}
+
 ST_Q8_ROWS_K(q8_rows_k_vbmi, VBMI, iq3_planes_vbmi, iq2_planes_vbmi)
 
 static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
@@ -2810,17 +2827,20 @@ static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, 
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vbmi)
 }
 
-ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_vbmi, iq2_planes_gather_vbmi)
+ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_pairs_vbmi, iq2_planes_gather_vbmi)
 
-/* IQ2_XS and IQ2_S only: st_matmul_q8 sends no other format here */
+/* The grid formats only: st_matmul_q8 sends no other format here */
 static VBMI void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr,
                                      const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
                                      int64_t ldo) {
-  if (type == ST_TYPE_IQ2_S) {
-    ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_S)
-  } else {
-    ST_ASSERT(type == ST_TYPE_IQ2_XS);
-    ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_XS)
+  switch (type) {
+  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_XS); break;
+  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_S); break;
+  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ3_XXS); break;
+  default:
+    ST_ASSERT(type == ST_TYPE_IQ3_S);
+    ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ3_S);
+    break;
   }
 }
 
@@ -2861,9 +2881,7 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
   const uint64_t ldq = st_q8_row_bytes(type, n);
   ST_ASSERT(ldq > 0);
   const q8_tile_fn tile =
-      (type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ2_XS) && q8_level() == 3 && st_dot_grid_lookup(-1)
-          ? q8_tile_vbmi_gather
-          : fns[q8_level()];
+      k_is_grid(type) && q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_vbmi_gather : fns[q8_level()];
   /* as st_matmul: blocks of 64 weight rows stay in L2 while every token tile passes over them */
   for (int64_t rb = r0; rb < r1; rb += 64) {
     const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
