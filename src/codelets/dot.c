@@ -2104,12 +2104,11 @@ static inline __attribute__((always_inline)) VNNI __m512i k_pair_vnni(uint32_t t
 }
 
 /* The IQ3 grids as nibble words and the IQ2 grids as code words (iq_grids.h): the whole IQ3_XXS
- * grid is 8 registers, IQ3_S's and IQ2_XS's 16, IQ2_S's 32. The IQ2 tables end with one spare
- * word, so that a 4-byte gather of the last entry (iq2_words_gather_vbmi) stays inside them. */
+ * grid is 8 registers, IQ3_S's and IQ2_XS's 16, IQ2_S's 32. */
 static const uint16_t iq3xxs_nibbles[256] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_NIBBLES;
 static const uint16_t iq3s_nibbles[512] __attribute__((aligned(64))) = ST_IQ3S_GRID_NIBBLES;
-static const uint16_t iq2xs_codes[512 + 1] __attribute__((aligned(64))) = ST_IQ2XS_GRID_CODES;
-static const uint16_t iq2s_codes[1024 + 1] __attribute__((aligned(64))) = ST_IQ2S_GRID_CODES;
+static const uint16_t iq2xs_codes[512] __attribute__((aligned(64))) = ST_IQ2XS_GRID_CODES;
+static const uint16_t iq2s_codes[1024] __attribute__((aligned(64))) = ST_IQ2S_GRID_CODES;
 
 /* The words (IQ3 nibble words, IQ2 code words) of 32 grid entries at the word indices idx
  * (< 32 ntab; ntab 8, 16 or 32 registers), looked up in registers: one vpermi2w reads 64 entries
@@ -2640,15 +2639,21 @@ static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(co
   return _mm512_castsi512_si256(st_iq_signs_vbmi(_mm512_castsi256_si512(f)));
 }
 
-/* The IQ2 formats' odd scales (struct gridp's sc) from their 16 scale nibbles (group j: nibble j of
- * sc64): int16 lanes 4 m .. 4 m + 3 take groups 2 m, 2 m, 2 m + 1, 2 m + 1, the nibbles at bits
- * 8 m, 8 m + 4. */
-static inline __attribute__((always_inline)) VBMI __m512i iq2_scales_vbmi(uint64_t sc64) {
+/* 8 bytes at p in every qword: vpbroadcastq from memory, a load alone (from a general register it
+ * would take port 5 too) */
+static inline __attribute__((always_inline)) VBMI __m512i bcast64_vbmi(const void *p) {
+  return _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* The IQ2 formats' odd scales (struct gridp's sc) from their 16 scale nibbles at sc (group j:
+ * nibble j of the little-endian uint64): int16 lanes 4 m .. 4 m + 3 take groups 2 m, 2 m,
+ * 2 m + 1, 2 m + 1, the nibbles at bits 8 m, 8 m + 4. */
+static inline __attribute__((always_inline)) VBMI __m512i iq2_scales_vbmi(const uint8_t *sc) {
   const __m512i v = _mm512_multishift_epi64_epi8(
       _mm512_setr_epi64(0x0404040400000000ll, 0x0C0C0C0C08080808ll, 0x1414141410101010ll,
                         0x1C1C1C1C18181818ll, 0x2424242420202020ll, 0x2C2C2C2C28282828ll,
                         0x3434343430303030ll, 0x3C3C3C3C38383838ll),
-      _mm512_set1_epi64((long long)sc64));
+      bcast64_vbmi(sc));
   return grid_odd_scales_vbmi(_mm512_slli_epi16(v, 1));
 }
 
@@ -2658,19 +2663,18 @@ static inline __attribute__((always_inline)) VBMI __m512i iq2s_signs_dup_vbmi(co
                                  _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32))));
 }
 
-/* The code words (as iq2_planes_vnni's) of 32 IQ2 entries by two vpgatherdd from the code table
- * (4 bytes at word i0[k] or i1[k]: the entry's word and the next one's, dropped by vpermt2w), entries
- * 0..15 at the dword indices i0, 16..31 at i1. On the Xeon of the GPU host a vpermi2b costs two
- * cycles of port 5; the gathers use the load ports. */
-static inline __attribute__((always_inline)) VBMI __m512i iq2_words_gather_vbmi(const uint16_t *codes,
+/* The IQ2 grids' code words (iq_grids.h) in 32-bit lanes, for iq2_words_gather_vbmi: 2 and 4 KiB */
+static const uint32_t iq2xs_codes32[512] __attribute__((aligned(64))) = ST_IQ2XS_GRID_CODES;
+static const uint32_t iq2s_codes32[1024] __attribute__((aligned(64))) = ST_IQ2S_GRID_CODES;
+
+/* The code words (as iq2_planes_vnni's) of 32 IQ2 entries by two vpgatherdd from a table of
+ * 32-bit code words, then one vpackusdw: its 128-bit lane l takes dwords 4 l .. 4 l + 3 of each
+ * gather, so dword 4 l + m of the indices i0 is entry 8 l + m's and of i1 entry 8 l + 4 + m's. On
+ * the Xeon of the GPU host a vpermi2b costs two cycles of port 5; the gathers use the load ports. */
+static inline __attribute__((always_inline)) VBMI __m512i iq2_words_gather_vbmi(const uint32_t *codes,
                                                                                 __m512i i0, __m512i i1) {
-  const __m512i d0 = _mm512_i32gather_epi32(i0, (const void *)codes, 2),
-                d1 = _mm512_i32gather_epi32(i1, (const void *)codes, 2);
-  const __m512i evens =
-      _mm512_slli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15,
-                                         14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                        1);
-  return _mm512_permutex2var_epi16(d0, evens, d1);
+  return _mm512_packus_epi32(_mm512_i32gather_epi32(i0, (const void *)codes, 4),
+                             _mm512_i32gather_epi32(i1, (const void *)codes, 4));
 }
 
 /* The plane-order IQ2_XS or IQ2_S block with VBMI: the 32 entries' code words (iq2_planes_vnni's),
@@ -2687,18 +2691,21 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
   const __m512i dup = grid_dup_vbmi(), one = _mm512_set1_epi8(1);
   const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
   __m512i words, sdup; /* sdup: the sign bytes doubled (byte k: entry k / 2's) */
-  uint64_t sc64;       /* group j's scale: nibble j */
+  const uint8_t *scales; /* group j's scale: nibble j */
   if (type == ST_TYPE_IQ2_XS) {
     const st_block_iq2_xs *b = (const st_block_iq2_xs *)(const void *)bb;
-    memcpy(&sc64, b->scales, 8);
+    scales = b->scales;
     const __m512i q = _mm512_loadu_si512((const void *)b->qs); /* 9-bit index, 7-bit sign field */
     /* bytes 2 i, 2 i + 1: word i's low byte (index bits 0..7); h8: bit 0 of its high byte */
     const __m512i lo = _mm512_add_epi8(dup, dup), hb = _mm512_permutexvar_epi8(_mm512_add_epi8(lo, one), q);
     if (gather) {
-      const __m512i m9 = _mm512_set1_epi32(511);
+      /* dword 4 l + m of i[h]: word 8 l + 4 h + m of q (iq2_words_gather_vbmi), its low 9 bits */
+      const __m512i at = _mm512_set_epi16(0, 27, 0, 26, 0, 25, 0, 24, 0, 19, 0, 18, 0, 17, 0, 16, 0, 11, 0,
+                                          10, 0, 9, 0, 8, 0, 3, 0, 2, 0, 1, 0, 0),
+                    four = _mm512_set1_epi32(4), m9 = _mm512_set1_epi32(511);
       words = iq2_words_gather_vbmi(
-          iq2xs_codes, _mm512_and_si512(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), m9),
-          _mm512_and_si512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b->qs + 16))), m9));
+          iq2xs_codes32, _mm512_and_si512(_mm512_permutexvar_epi16(at, q), m9),
+          _mm512_and_si512(_mm512_permutexvar_epi16(_mm512_add_epi32(at, four), q), m9));
     } else {
       const __m512i idx = _mm512_permutexvar_epi8(lo, q);
       words = grid_plane_vbmi(iq2xs_planes, 1024, idx, _mm512_movepi8_mask(idx),
@@ -2708,22 +2715,32 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
     sdup = st_iq_signs_vbmi(_mm512_srli_epi16(hb, 1));
   } else {
     const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
-    memcpy(&sc64, b->scales, 8);
+    scales = b->scales;
     uint64_t qh; /* entry i's index bits 8, 9 at bits 2 i, 2 i + 1: the masks of bytes 2 i and 2 i + 1 */
     memcpy(&qh, b->qh, 8);
     if (gather) {
-      /* dword k of i0 (i1): entry k's (16 + k's) low byte from qs, bits 8, 9 from qh */
-      const __m512i at = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+      /* dword 4 l + m of i[h]: entry e = 8 l + 4 h + m (iq2_words_gather_vbmi), its low byte from
+       * qs (byte e, moved to byte 0), bits 8, 9 from qh (bits 2 e, 2 e + 1 of the qword, brought
+       * to byte 1 by vpmultishiftqb) */
+#define ST_E(l, m) (8 * (l) + (m))
+#define ST_DW(l, m) ((long long)(ST_E(l, m) | (2 * ST_E(l, m)) << 8))
+#define ST_QW(l, m) (ST_DW(l, m) | ST_DW(l, (m) + 1) << 32)
+      const __m512i at = _mm512_setr_epi64(ST_QW(0, 0), ST_QW(0, 2), ST_QW(1, 0), ST_QW(1, 2), ST_QW(2, 0),
+                                           ST_QW(2, 2), ST_QW(3, 0), ST_QW(3, 2));
+#undef ST_QW
+#undef ST_DW
+#undef ST_E
+      const __m512i qsz = _mm512_loadu_si512((const void *)b->qs), qhb = bcast64_vbmi(b->qh),
                     m = _mm512_set1_epi32(0x300);
       __m512i i[2];
 #pragma GCC unroll 2
-      for (int j = 0; j < 2; j++) {
-        const __m512i h = _mm512_srlv_epi32(_mm512_set1_epi32((int)(uint32_t)(qh >> 32 * j)), at);
-        i[j] = _mm512_ternarylogic_epi32(
-            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * j))), _mm512_slli_epi32(h, 8),
-            m, 0xF8); /* a | (b & c) */
+      for (int h = 0; h < 2; h++) {
+        /* byte 0 of each dword: entry e's byte of qs; byte 1: qh >> 2 e (vpmultishiftqb's count) */
+        const __m512i ah = _mm512_add_epi8(at, _mm512_set1_epi32(h ? 4 | 8 << 8 : 0));
+        i[h] = _mm512_ternarylogic_epi32(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, ah, qsz),
+                                         _mm512_multishift_epi64_epi8(ah, qhb), m, 0xF8); /* a | (b & c) */
       }
-      words = iq2_words_gather_vbmi(iq2s_codes, i[0], i[1]);
+      words = iq2_words_gather_vbmi(iq2s_codes32, i[0], i[1]);
     } else {
       const uint64_t e8 = qh & 0x5555555555555555ull, e9 = qh & 0xAAAAAAAAAAAAAAAAull;
       const __mmask64 h8 = e8 | e8 << 1, h9 = e9 | e9 >> 1;
@@ -2735,7 +2752,7 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
     }
     sdup = iq2s_signs_dup_vbmi(b);
   }
-  p->sc = iq2_scales_vbmi(sc64);
+  p->sc = iq2_scales_vbmi(scales);
   /* the levels by vpermb of a table that repeats 8, 25, 43 every four bytes, so that only a
    * byte's low two bits count and the codes above need no masking */
   const __m512i lut = _mm512_set1_epi32(0x002B1908);
