@@ -2639,6 +2639,12 @@ static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(co
   return _mm512_castsi512_si256(st_iq_signs_vbmi(_mm512_castsi256_si512(f)));
 }
 
+/* The float value of the half at p (a block's d, with at least 8 bytes of block from p): vcvtph2ps
+ * from memory, without the vpinsrw (port 5 on the Xeons) that _cvtsh_ss of a uint16_t takes */
+static inline __attribute__((always_inline)) VBMI float half_at_vbmi(const void *p) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* 8 bytes at p in every qword: vpbroadcastq from memory, a load alone (from a general register it
  * would take port 5 too) */
 static inline __attribute__((always_inline)) VBMI __m512i bcast64_vbmi(const void *p) {
@@ -2685,9 +2691,7 @@ static inline __attribute__((always_inline)) VBMI __m512i iq2_words_gather_vbmi(
  * IQ2_S: one tree per plane, then a blend); the scales by vpmultishiftqb. */
 static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint32_t type, const uint8_t *bb,
                                                                             struct gridp *p, int gather) {
-  uint16_t dh;
-  memcpy(&dh, bb, 2);
-  p->d = _cvtsh_ss(dh) * grid_d_mul(type);
+  p->d = half_at_vbmi(bb) * grid_d_mul(type);
   const __m512i dup = grid_dup_vbmi(), one = _mm512_set1_epi8(1);
   const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
   __m512i words, sdup; /* sdup: the sign bytes doubled (byte k: entry k / 2's) */
@@ -2784,9 +2788,7 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi_impl(uint
   const __m512i idx = _mm512_loadu_si512((const void *)qs);
   const __mmask64 hi7 = _mm512_movepi8_mask(idx);
   __mmask64 hi8 = 0;
-  uint16_t dh;
-  memcpy(&dh, bb, 2);
-  p->d = _cvtsh_ss(dh) * grid_d_mul(type);
+  p->d = half_at_vbmi(bb) * grid_d_mul(type);
   __m256i sg; /* sign byte j: weights 8 j .. 8 j + 7 */
   if (xxs) {
     /* scale s: the top nibble of byte 4 s + 3 of the sub-block words after the indices */
@@ -2802,13 +2804,12 @@ static inline __attribute__((always_inline)) VBMI void iq3_planes_vbmi_impl(uint
     uint64_t qh; /* bit k: the top bit of index k */
     memcpy(&qh, b->qh, 8);
     hi8 = _cvtu64_mask64(qh);
-    uint32_t l32; /* scale s: nibble s, bits 4 s .. 4 s + 3 */
-    memcpy(&l32, b->scales, 4);
+    /* scale s: nibble s of b->scales, bits 4 s .. 4 s + 3 */
     const __m512i v = _mm512_multishift_epi64_epi8(
         _mm512_setr_epi64(0, 0x0404040404040404ll, 0x0808080808080808ll, 0x0C0C0C0C0C0C0C0Cll,
                           0x1010101010101010ll, 0x1414141414141414ll, 0x1818181818181818ll,
                           0x1C1C1C1C1C1C1C1Cll),
-        _mm512_set1_epi32((int)l32));
+        _mm512_broadcastd_epi32(_mm_loadu_si32(b->scales))); /* the block's last 4 bytes */
     p->sc = grid_odd_scales_vbmi(_mm512_slli_epi16(v, 1));
     sg = _mm256_loadu_si256((const __m256i *)b->signs);
   }
