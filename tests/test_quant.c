@@ -270,8 +270,8 @@ static void test_iq3_packed_grids(void) {
 
 /* The byte planes the VBMI kernels look grids up in (iq_grids.h): the IQ3 planes against the
  * nibble words (checked above against the grids); the IQ2 code planes and the IQ2 code words (the
- * kernels without VBMI) against the grids, entry by entry and byte by byte (code c of byte j:
- * level 8, 25 or 43). */
+ * kernels without VBMI, and the VBMI gathers' tables) against the grids, entry by entry and byte by byte
+ * (code c of byte j: level 8, 25 or 43). */
 static int iq2_codes_differ(const uint64_t *grid, int n, const uint8_t *planes, const uint16_t *words) {
   static const uint8_t levels[4] = {8, 25, 43, 0};
   int bad = 0;
@@ -303,29 +303,42 @@ static void test_grid_planes(void) {
         bad3, bad2xs, bad2s);
 }
 
-/* Every entry of the IQ2_XS and IQ2_S grids (entry k of super-block b at index 32 b + k, random
- * signs and scales; the last one is the entry past which a gathered 4-byte read would run without
- * the code tables' spare word) through st_matmul_q8 at the top level, both grid lookups, against
- * the scalar level: bitwise. */
-static void test_iq2_every_index(void) {
-  const uint32_t types[] = {ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S};
-  for (int k = 0; k < 2; k++) {
-    const uint32_t type = types[k];
-    const int n = type == ST_TYPE_IQ2_XS ? 512 * 8 : 1024 * 8; /* 8 weights per entry */
+/* Every entry of the four grids at every entry position of a super-block (N grid entries, N
+ * super-blocks: entry e of super-block b at index (b + (E + 1) e) mod N, E entries per block, so
+ * that one block's indices differ in their high bits too; random signs and scales) through
+ * st_matmul_q8 at every level this CPU has and, at the top level, with both grid lookups,
+ * against the scalar level: bitwise. */
+static void test_grid_every_index(void) {
+  static const struct {
+    uint32_t type;
+    int entries, per_block; /* N, E */
+  } grids[] = {{ST_TYPE_IQ2_XS, 512, 32},
+               {ST_TYPE_IQ2_S, 1024, 32},
+               {ST_TYPE_IQ3_XXS, 256, 64},
+               {ST_TYPE_IQ3_S, 512, 64}};
+  for (size_t k = 0; k < sizeof grids / sizeof grids[0]; k++) {
+    const uint32_t type = grids[k].type;
+    const int N = grids[k].entries, E = grids[k].per_block, n = 256 * N;
     const uint64_t rb = st_row_bytes(type, (uint64_t)n), qb = st_q8_row_bytes(type, n);
     uint8_t *w = malloc(rb);
     tu_random_row(type, w, n, &rng); /* finite scales, random signs and grid scales */
-    for (int b = 0; b < n / 256; b++) {
+    for (int b = 0; b < N; b++) {
       uint8_t *bb = w + (uint64_t)b * st_type_info(type)->type_size;
-      for (int e = 0; e < 32; e++) {
-        const int idx = 32 * b + e;
+      for (int e = 0; e < E; e++) {
+        const int idx = (b + (E + 1) * e) % N;
         if (type == ST_TYPE_IQ2_XS) {
           st_block_iq2_xs *x = (st_block_iq2_xs *)(void *)bb;
           x->qs[e] = (uint16_t)((x->qs[e] & 0xFE00) | idx);
-        } else {
+        } else if (type == ST_TYPE_IQ2_S) {
           st_block_iq2_s *x = (st_block_iq2_s *)(void *)bb;
           x->qs[e] = (uint8_t)idx;
           x->qh[e / 4] = (uint8_t)((x->qh[e / 4] & ~(3 << 2 * (e % 4))) | (idx >> 8) << 2 * (e % 4));
+        } else if (type == ST_TYPE_IQ3_XXS) {
+          ((st_block_iq3_xxs *)(void *)bb)->qs[e] = (uint8_t)idx;
+        } else {
+          st_block_iq3_s *x = (st_block_iq3_s *)(void *)bb;
+          x->qs[e] = (uint8_t)idx;
+          x->qh[e / 8] = (uint8_t)((x->qh[e / 8] & ~(1 << e % 8)) | (idx >> 8) << e % 8);
         }
       }
     }
@@ -335,20 +348,23 @@ static void test_iq2_every_index(void) {
     uint8_t *xq = malloc(qb);
     st_quantize_act(type, x, n, 1, n, xq);
     const int top = st_dot_force_isa(3), lookup = st_dot_grid_lookup(-1);
-    float ref, out[2];
+    float ref, out[5];
+    int runs = 0, same = 1;
     st_dot_force_isa(0);
     st_matmul_q8(type, w, rb, 0, 1, xq, 1, n, &ref, 1);
-    st_dot_force_isa(top);
-    for (int m = 0; m < 2; m++) {
-      st_dot_grid_lookup(m);
-      st_matmul_q8(type, w, rb, 0, 1, xq, 1, n, &out[m], 1);
+    for (int level = 1; level <= top + (top == 3); level++) { /* level 3 twice: both lookups */
+      st_dot_force_isa(level < 3 ? level : 3);
+      st_dot_grid_lookup(level == 4);
+      st_matmul_q8(type, w, rb, 0, 1, xq, 1, n, &out[runs], 1);
+      same &= memcmp(&ref, &out[runs++], sizeof ref) == 0;
     }
+    st_dot_force_isa(top);
     st_dot_grid_lookup(lookup);
-    CHECK(
-        memcmp(&ref, &out[0], sizeof ref) == 0 && memcmp(&ref, &out[1], sizeof ref) == 0,
-        "%s every grid entry (%d super-blocks), %s kernels, grid permuted %.9g, gathered %.9g, scalar %.9g: "
-        "bitwise equal",
-        st_type_info(type)->name, n / 256, st_dot_q8_isa(), (double)out[0], (double)out[1], (double)ref);
+    CHECK(same,
+          "%s every grid entry at every position (%d super-blocks), levels 1..%d (%d runs, the top one with "
+          "both lookups): last %.9g, scalar %.9g: %s",
+          st_type_info(type)->name, N, top, runs, (double)out[runs - 1], (double)ref,
+          same ? "bitwise equal" : "DIFFER");
     free(w), free(x), free(xq);
   }
 }
@@ -576,7 +592,7 @@ int main(void) {
   test_int8(ST_TYPE_IQ4_XS, 4352, 1, 4);
   test_iq3_packed_grids();
   test_grid_planes();
-  test_iq2_every_index();
+  test_grid_every_index();
   test_act_quant_levels();
   test_rmsnorm();
   printf("test_quant: %d passed, %d failed\n", n_pass, n_fail);

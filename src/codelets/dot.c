@@ -2568,11 +2568,11 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
   ST_Q8_DISPATCH(q8_rows_b32_vnni, q8_rows_k_vnni)
 }
 
-/* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b, one instruction on
- * the Xeons where vpermi2w is three) over their byte planes, 64 lookups at a time (the IQ2 formats
- * on the Xeons by gathers instead: iq2_words_gather_vbmi), and the IQ2_XS/IQ3_XXS sign bytes from one
- * GF(2) affine map (GFNI, which every CPU with VBMI and VNNI has). The same planes, signs and
- * scales as the VNNI level, so the same results. */
+/* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b) over their byte
+ * planes, 64 lookups at a time (on the Xeons, st_dot_grid_lookup: the IQ2 formats by gathers,
+ * iq2_words_gather_vbmi, and the IQ3 formats by one-source vpermb pairs, grid_plane_vbmi), and the
+ * IQ2_XS/IQ3_XXS sign bytes from one GF(2) affine map (GFNI, which every CPU with VBMI and VNNI has). The
+ * same planes, signs and scales as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
@@ -2639,8 +2639,8 @@ static inline __attribute__((always_inline)) VBMI __m256i iq3xxs_signs32_vbmi(co
   return _mm512_castsi512_si256(st_iq_signs_vbmi(_mm512_castsi256_si512(f)));
 }
 
-/* The float value of the half at p (a block's d, with at least 8 bytes of block from p): vcvtph2ps
- * from memory, without the vpinsrw (port 5 on the Xeons) that _cvtsh_ss of a uint16_t takes */
+/* The float value of the half at p (a block's d, with at least 8 bytes of block from p): a vmovq
+ * load and vcvtph2ps, without the vpinsrw (port 5 on the Xeons) that _cvtsh_ss of a uint16_t takes */
 static inline __attribute__((always_inline)) VBMI float half_at_vbmi(const void *p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -2847,19 +2847,13 @@ static VBMI void q8_tile_vbmi(uint32_t type, const void *w, uint64_t row_bytes, 
 
 ST_Q8_ROWS_K(q8_rows_k_vbmi_gather, VBMI, iq3_planes_pairs_vbmi, iq2_planes_gather_vbmi)
 
-/* The grid formats only: st_matmul_q8 sends no other format here */
+/* The grid formats with st_dot_grid_lookup 1 ("gather": the IQ2 grids gathered, the IQ3 grids by
+ * vpermb pairs); st_matmul_q8 sends no other format here */
 static VBMI void q8_tile_vbmi_gather(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr,
                                      const uint8_t *xq, int64_t ldq, int nt, int64_t n, float *out,
                                      int64_t ldo) {
-  switch (type) {
-  case ST_TYPE_IQ2_XS: ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_XS); break;
-  case ST_TYPE_IQ2_S: ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ2_S); break;
-  case ST_TYPE_IQ3_XXS: ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ3_XXS); break;
-  default:
-    ST_ASSERT(type == ST_TYPE_IQ3_S);
-    ST_Q8_TILE_CASES(q8_rows_k_vbmi_gather, ST_TYPE_IQ3_S);
-    break;
-  }
+  ST_ASSERT(k_is_grid(type));
+  ST_GRID_DISPATCH(ST_Q8_TILE_CASES, q8_rows_k_vbmi_gather)
 }
 
 /* 0 scalar, 1 avx2, 2 avx512vnni, 3 avx512vnni with VBMI and GFNI: the integer kernels at the current
@@ -2870,12 +2864,15 @@ static int q8_level(void) {
   return full_level() >= 1 ? 1 : 0;
 }
 
-/* -1 until first use: 1 when the level-3 kernels gather the IQ2 grids, 0 when they permute them */
+/* -1 until first use: 1 when the level-3 kernels take the "gather" lookups (the IQ2 grids gathered,
+ * the IQ3 grids by vpermb pairs), 0 when they take vpermi2b for all four. Read and written
+ * atomically: the CPU pool's workers reach st_matmul_q8 at once. */
 static int grid_gather = -1;
 
-/* Gathers by default on Intel CPUs with AMX (CPUID leaf 7 EDX bit 24: Sapphire Rapids and later
- * Xeons, the kind measured, whose gathers carry no Gather Data Sampling mitigation; Ice Lake's
- * do, and were not measured). */
+/* The "gather" lookups by default on Intel CPUs with AMX (CPUID leaf 7 EDX bit 24: Sapphire
+ * Rapids and later Xeons, the kind measured: their vpermi2b takes three uops, two on port 5, and
+ * their gathers carry no Gather Data Sampling mitigation, as Ice Lake's do, which were not
+ * measured); on Zen 4 both are slower than vpermi2b. */
 static int gathers_fast(void) {
   unsigned a, b, c, d;
   __builtin_cpu_init();
@@ -2883,9 +2880,13 @@ static int gathers_fast(void) {
 }
 
 int st_dot_grid_lookup(int mode) {
-  if (grid_gather < 0) grid_gather = gathers_fast();
-  if (mode == 0 || mode == 1) grid_gather = mode;
-  return grid_gather;
+  if (mode == 0 || mode == 1) __atomic_store_n(&grid_gather, mode, __ATOMIC_RELAXED);
+  int m = __atomic_load_n(&grid_gather, __ATOMIC_RELAXED);
+  if (m < 0) { /* the same value whichever thread comes first */
+    m = gathers_fast();
+    __atomic_store_n(&grid_gather, m, __ATOMIC_RELAXED);
+  }
+  return m;
 }
 
 const char *st_dot_q8_isa(void) {

@@ -914,7 +914,8 @@
 
 /* The IQ2 grids as 16-bit code words (code j of an entry at bits 2j: the low byte is its entry in
  * the low plane, the high byte its entry in the high plane), for word permutes (AVX-512
- * vpermi2w, the kernels without VBMI); derived from the grids above (scripts/gen-iq2-codes). */
+ * vpermi2w, the kernels without VBMI) and, as 32-bit words, the VBMI kernels' gathers; derived from
+ * the grids above (scripts/gen-iq2-codes). */
 #define ST_IQ2XS_GRID_CODES                                                                                  \
   {                                                                                                          \
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0016, 0x0019, 0x0020, 0x0022, 0x0025, 0x0028,  \
