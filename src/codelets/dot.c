@@ -828,12 +828,17 @@ static int detected_level(void) {
   return 0;
 }
 
-/* -1 until first use; a process-wide constant afterwards (the CPU does not change). */
+/* -1 until first use; a process-wide constant afterwards (the CPU does not change). Read and
+ * written atomically: the CPU pool's workers reach the kernels at once. */
 static int isa_level = -1;
 
 static int full_level(void) {
-  if (isa_level < 0) isa_level = detected_level();
-  return isa_level;
+  int l = __atomic_load_n(&isa_level, __ATOMIC_RELAXED);
+  if (l < 0) { /* the same value whichever thread comes first */
+    l = detected_level();
+    __atomic_store_n(&isa_level, l, __ATOMIC_RELAXED);
+  }
+  return l;
 }
 
 /* The float kernels' level: 0..2. */
@@ -847,7 +852,7 @@ const char *st_dot_isa(void) {
 }
 
 int st_dot_force_isa(int l) {
-  if (l >= 0 && l <= detected_level()) isa_level = l;
+  if (l >= 0 && l <= detected_level()) __atomic_store_n(&isa_level, l, __ATOMIC_RELAXED);
   return full_level();
 }
 
