@@ -348,7 +348,7 @@ static void test_grid_every_index(void) {
     uint8_t *xq = malloc(qb);
     st_quantize_act(type, x, n, 1, n, xq);
     const int top = st_dot_force_isa(3), lookup = st_dot_grid_lookup(-1);
-    float ref, out[5];
+    float ref, out[5] = {0};
     int runs = 0, same = 1;
     st_dot_force_isa(0);
     st_matmul_q8(type, w, rb, 0, 1, xq, 1, n, &ref, 1);
@@ -363,7 +363,7 @@ static void test_grid_every_index(void) {
     CHECK(same,
           "%s every grid entry at every position (%d super-blocks), levels 1..%d (%d runs, the top one with "
           "both lookups): last %.9g, scalar %.9g: %s",
-          st_type_info(type)->name, N, top, runs, (double)out[runs - 1], (double)ref,
+          st_type_info(type)->name, N, top, runs, (double)(runs ? out[runs - 1] : ref), (double)ref,
           same ? "bitwise equal" : "DIFFER");
     free(w), free(x), free(xq);
   }

@@ -2575,9 +2575,9 @@ static VNNI void q8_tile_vnni(uint32_t type, const void *w, uint64_t row_bytes, 
 
 /* AVX-512 VBMI on top: the four grids looked up with byte permutes (vpermi2b) over their byte
  * planes, 64 lookups at a time (on the Xeons, st_dot_grid_lookup: the IQ2 formats by gathers,
- * iq2_words_gather_vbmi, and the IQ3 formats by one-source vpermb pairs, grid_plane_vbmi), and the
- * IQ2_XS/IQ3_XXS sign bytes from one GF(2) affine map (GFNI, which every CPU with VBMI and VNNI has). The
- * same planes, signs and scales as the VNNI level, so the same results. */
+ * iq2_words_gather_vbmi, and the IQ3 formats by one-source vpermb pairs, grid_plane_vbmi), and
+ * the IQ2_XS/IQ3_XXS sign bytes from one GF(2) affine map (GFNI, which every CPU with VBMI and
+ * VNNI has). The same planes, signs and scales as the VNNI level, so the same results. */
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")))
 
 static const uint8_t iq3xxs_planes[512] __attribute__((aligned(64))) = ST_IQ3XXS_GRID_PLANES;
@@ -2610,7 +2610,7 @@ static inline __attribute__((always_inline)) VBMI __m512i grid_plane_vbmi(const 
                                                                           __mmask64 h8, __mmask64 h9,
                                                                           int pairs) {
   const __m512i *t = (const __m512i *)(const void *)tab;
-  const __mmask64 h6 = _mm512_movepi8_mask(_mm512_add_epi8(idx, idx));
+  const __mmask64 h6 = pairs ? _mm512_movepi8_mask(_mm512_add_epi8(idx, idx)) : 0; /* index bit 6 */
   __m512i r[8];
 #pragma GCC unroll 8
   for (int p = 0; p < ntab / 128; p++)
@@ -2725,8 +2725,6 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
   } else {
     const st_block_iq2_s *b = (const st_block_iq2_s *)(const void *)bb;
     scales = b->scales;
-    uint64_t qh; /* entry i's index bits 8, 9 at bits 2 i, 2 i + 1: the masks of bytes 2 i and 2 i + 1 */
-    memcpy(&qh, b->qh, 8);
     if (gather) {
       /* dword 4 l + m of i[h]: entry e = 8 l + 4 h + m (iq2_words_gather_vbmi), its low byte from
        * qs (byte e, moved to byte 0), bits 8, 9 from qh (bits 2 e, 2 e + 1 of the qword, brought
@@ -2751,6 +2749,8 @@ static inline __attribute__((always_inline)) VBMI void iq2_planes_vbmi_impl(uint
       }
       words = iq2_words_gather_vbmi(iq2s_codes32, i[0], i[1]);
     } else {
+      uint64_t qh; /* entry i's index bits 8, 9 at bits 2 i, 2 i + 1: the masks of bytes 2 i and 2 i + 1 */
+      memcpy(&qh, b->qh, 8);
       const uint64_t e8 = qh & 0x5555555555555555ull, e9 = qh & 0xAAAAAAAAAAAAAAAAull;
       const __mmask64 h8 = e8 | e8 << 1, h9 = e9 | e9 >> 1;
       const __m512i idx =

@@ -76,22 +76,24 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n);
 void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
                   int64_t T, int64_t n, float *out, int64_t ldo);
 
-/* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512 VNNI,
- * VBMI and GFNI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through byte permutes or, the IQ2
- * formats on Intel, gathers; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb), "avx512vnni" (level 2
- * on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1) or "scalar". */
+/* The integer kernels st_matmul_q8 uses at the current level: "avx512vbmi" (level 3: AVX-512
+ * VNNI, VBMI and GFNI; the grids of IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through byte permutes, or the
+ * lookups st_dot_grid_lookup chooses; the IQ2_XS/IQ3_XXS sign parity through gf2p8affineqb),
+ * "avx512vnni" (level 2 on a CPU with AVX-512 VNNI), "avx2" (level 2 without VNNI, or level 1)
+ * or "scalar". */
 const char *st_dot_q8_isa(void);
 
 /* How the level-3 ("avx512vbmi") integer kernels look up the grids: 0 two-source byte permutes
- * (vpermi2b over the grids' byte planes), 1 the IQ2_XS and IQ2_S grids by gathers (vpgatherdd of
- * each entry's code word from a table of 32-bit words, 16 entries per instruction) and the IQ3_XXS and IQ3_S
- * grids by pairs of one-source vpermb (on the Xeons one vpermi2b is three uops, two on port 5; one vpermb is
- * one). Both give the same bits. Default: 1 on Intel CPUs with AMX, Sapphire Rapids and later (the GPU host's
- * Xeon, 16 threads, against 0 in the same binary: IQ2_S 1.7-1.9 times, IQ2_XS 1.1-1.2 times, IQ3_S 1.0-1.3
- * times, IQ3_XXS 1.0-1.2 times), 0 elsewhere (on Zen 4 both are slower: gathers 1.3-1.9 times, vpermb
- * pairs 1.1 times; Ice Lake's gathers carry the Gather Data Sampling mitigation and were not measured);
- * bench/RESULTS.md, sessions 7 and 8. Safe to call from several threads. mode 0 or 1 sets it (for tests and
- * `strata bench --grid-lookup`), anything else leaves it; returns the mode in use. */
+ * (vpermi2b over the grids' byte planes); 1 the IQ2_XS and IQ2_S grids by gathers (vpgatherdd of
+ * each entry's code word from a table of 32-bit words, 16 entries per instruction) and the
+ * IQ3_XXS and IQ3_S grids by pairs of one-source vpermb (on the Xeons one vpermi2b is three uops,
+ * two on port 5; one vpermb is one). Both give the same bits. Default: 1 on Intel CPUs with AMX,
+ * Sapphire Rapids and later (the GPU host's Xeon, 16 threads, against 0 in the same binary: IQ2_S
+ * 1.7-1.9 times, IQ2_XS 1.1-1.2 times, IQ3_S 1.0-1.3 times, IQ3_XXS 1.0-1.2 times), 0 elsewhere
+ * (on Zen 4 both are slower: gathers 1.3-1.9 times, vpermb pairs 1.1 times; Ice Lake's gathers
+ * carry the Gather Data Sampling mitigation and were not measured); bench/RESULTS.md, sessions 7
+ * and 8. mode 0 or 1 sets it (for tests and `strata bench --grid-lookup`), anything else leaves
+ * it; returns the mode in use. Safe to call from several threads. */
 int st_dot_grid_lookup(int mode);
 
 /* RMSNorm of one row: y = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). y may alias x.
