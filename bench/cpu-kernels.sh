@@ -4,8 +4,8 @@
 # (lscpu: cores, threads per core, caches, the AVX-512 flags the kernels use), runs
 # tests/test_quant there (scalar / AVX2 / VNNI / VNNI + VBMI bitwise equal on that CPU), then
 # `strata bench --kernels` RUNS times (default 1) at each thread count of THREADS (default "16";
-# FORMATS, ISA, ROW and LOOKUP, if set, are passed as --formats, --isa, --row-length and
-# --grid-lookup), and prints the int8 GB/s and share of the host read per format, run and thread
+# FORMATS, ISA, ROW, LOOKUP and PAIRS, if set, are passed as --formats, --isa, --row-length,
+# --grid-lookup and --row-pairs), and prints the int8 GB/s and share of the host read per format, run and thread
 # count last. Full outputs under $OUT (or /tmp).
 set -u
 C=${CARRY:-carry}
@@ -21,6 +21,7 @@ fmt=()
 [ -n "${ISA:-}" ] && fmt+=(--isa "$ISA")
 [ -n "${ROW:-}" ] && fmt+=(--row-length "$ROW")
 [ -n "${LOOKUP:-}" ] && fmt+=(--grid-lookup "$LOOKUP")
+[ -n "${PAIRS:-}" ] && fmt+=(--row-pairs "$PAIRS")
 runs=${RUNS:-1}
 for r in $(seq "$runs"); do
   for t in ${THREADS:-16}; do

@@ -498,6 +498,23 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
       }
     }
     const int as_scalar = memcmp(out, scalar_out, sizeof(float) * (size_t)T * ROWS) == 0;
+    /* at the AVX-512 levels, the rows of one or two tokens walked the other way (st_dot_row_pairs):
+     * the same bits, token by token and for T = 2 */
+    int walks = 1;
+    const int pairs = st_dot_row_pairs(-1);
+    if (level >= 2) {
+      st_dot_row_pairs(!pairs);
+      float alt[2 * ROWS];
+      for (int t = 0; t < T; t++) {
+        st_matmul_q8(type, w, rb, 0, ROWS, xq + qb * (size_t)t, 1, n, alt, ROWS);
+        walks &= memcmp(alt, out + t * ROWS, sizeof(float) * ROWS) == 0;
+      }
+      if (T >= 2) {
+        st_matmul_q8(type, w, rb, 0, ROWS, xq, 2, n, alt, ROWS);
+        walks &= memcmp(alt, out, sizeof alt) == 0;
+      }
+      st_dot_row_pairs(pairs);
+    }
     /* a task's slice of rows (r0 > 0, as the CPU pool's FFN slices) gives the same bits */
     float sub[T_MAX * ROWS];
     st_matmul_q8(type, w, rb, 5, ROWS - 3, xq, T, n, sub, ROWS);
@@ -505,12 +522,14 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     for (int t = 0; t < T; t++)
       sliced &= memcmp(sub + t * ROWS, out + t * ROWS + 5, sizeof(float) * (ROWS - 8)) == 0;
     CHECK(
-        worst <= 1e-6 && same && as_scalar && sliced,
+        worst <= 1e-6 && same && as_scalar && sliced && walks,
         "int8 matmul %s n=%d %s%s%s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 1e-6) vs float64 of dequantised "
-        "rows × "
-        "dequantised activation quants; T=%d vs T=1 %s; rows 5..%d alone %s; %s scalar",
+        "rows × dequantised activation quants; T=%d vs T=1 %s; rows 5..%d alone %s;%s %s scalar",
         st_type_info(type)->name, n, st_dot_q8_isa(), lookup, quantise ? ", quantised rows" : "", T, ROWS,
         worst, T, same ? "bitwise identical" : "DIFFER", ROWS - 4, sliced ? "bitwise identical" : "DIFFER",
+        level < 2 ? ""
+        : walks   ? " rows in pairs and one at a time bitwise identical;"
+                  : " row walks DIFFER;",
         as_scalar ? "bitwise equal to" : "DIFFERS from");
   }
   st_dot_force_isa(top);

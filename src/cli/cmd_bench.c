@@ -130,8 +130,9 @@ int st_cmd_bench(int argc, char **argv) {
                                       {"isa", required_argument, 0, 'I'},
                                       {"row-length", required_argument, 0, 'L'},
                                       {"grid-lookup", required_argument, 0, 'G'},
+                                      {"row-pairs", required_argument, 0, 'W'},
                                       {0, 0, 0, 0}};
-  const char *model = NULL, *formats = NULL, *isa = NULL, *lookup = NULL;
+  const char *model = NULL, *formats = NULL, *isa = NULL, *lookup = NULL, *pairs = NULL;
   long prompts[MAX_SIZES] = {512}, depths[MAX_SIZES] = {0}, n_decode = 128;
   int n_prompts = 1, n_depths = 1, json = 0, roofline = 0, kernels = 0, graphs_both = 0, c, rc = 0;
   long threads = 0, reps = 1, row_length = 0;
@@ -159,6 +160,7 @@ int st_cmd_bench(int argc, char **argv) {
     case 'F': formats = optarg; break;
     case 'I': isa = optarg; break;
     case 'G': lookup = optarg; break;
+    case 'W': pairs = optarg; break;
     case 'L': rc = st_parse_int("--row-length", optarg, 256, 65536, &row_length); break;
     case 'r': rc = st_parse_int("--repetitions", optarg, 1, MAX_REPS, &reps); break;
     case 'h':
@@ -188,6 +190,9 @@ int st_cmd_bench(int argc, char **argv) {
           "                         by vpermi2b; gather, IQ2_XS/IQ2_S by vpgatherdd and IQ3_XXS/IQ3_S\n"
           "                         by vpermb pairs (same bits; default: gather on Intel CPUs with AMX,\n"
           "                         else permute)\n"
+          "      --row-pairs on|off --kernels at avx512vnni and avx512vbmi: the K and grid formats' rows\n"
+          "                         two at a time (on) or one at a time (off) (same bits; default: on\n"
+          "                         on Intel CPUs, else off)\n"
           "      --row-length N     --kernels: weights per row, a multiple of 256 (default 4096)\n"
           "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
           "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
@@ -205,6 +210,7 @@ int st_cmd_bench(int argc, char **argv) {
   if (!rc && isa && !kernels) rc = st_set_error(ST_EINVAL, "--isa applies to --kernels");
   if (!rc && row_length && !kernels) rc = st_set_error(ST_EINVAL, "--row-length applies to --kernels");
   if (!rc && lookup && !kernels) rc = st_set_error(ST_EINVAL, "--grid-lookup applies to --kernels");
+  if (!rc && pairs && !kernels) rc = st_set_error(ST_EINVAL, "--row-pairs applies to --kernels");
   if (!rc && isa) rc = force_isa(isa);
   if (!rc && lookup) {
     if (strcasecmp(lookup, "permute") && strcasecmp(lookup, "gather"))
@@ -214,6 +220,15 @@ int st_cmd_bench(int argc, char **argv) {
                         st_dot_q8_isa());
     else
       st_dot_grid_lookup(strcasecmp(lookup, "gather") == 0);
+  }
+  if (!rc && pairs) {
+    if (strcasecmp(pairs, "on") && strcasecmp(pairs, "off"))
+      rc = st_set_error(ST_EINVAL, "--row-pairs must be on or off, got '%s'", pairs);
+    else if (strncmp(st_dot_q8_isa(), "avx512", 6))
+      rc = st_set_error(ST_EINVAL, "--row-pairs needs the avx512vnni or avx512vbmi kernels (these are %s)",
+                        st_dot_q8_isa());
+    else
+      st_dot_row_pairs(strcasecmp(pairs, "on") == 0);
   }
   if (!rc && kernels) {
     rc = st_kernel_bench(threads ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN), json, formats,

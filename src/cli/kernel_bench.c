@@ -186,26 +186,34 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     }
     rows_f[i] = v;
   }
-  /* only the avx512vbmi integer kernels choose how to look the grids up */
-  const int vbmi = !strcmp(st_dot_q8_isa(), "avx512vbmi"), gathered = st_dot_grid_lookup(-1);
+  /* only the avx512vbmi integer kernels choose how to look the grids up, and only the AVX-512 ones
+   * whether to walk rows in pairs */
+  const int vbmi = !strcmp(st_dot_q8_isa(), "avx512vbmi"), gathered = st_dot_grid_lookup(-1),
+            avx512 = !strncmp(st_dot_q8_isa(), "avx512", 6), paired = st_dot_row_pairs(-1);
   if (json)
     printf("{\"threads\": %d, \"cpu_kernels\": \"%s\", \"int8_kernels\": \"%s\", \"row_length\": %lld, "
-           "\"grid_lookup\": %s, \"rounds\": %d, \"host_read_gbs\": %.2f, \"gpu_copy_gbs\": %.2f, "
-           "\"formats\": [",
+           "\"grid_lookup\": %s, \"row_pairs\": %s, \"rounds\": %d, \"host_read_gbs\": %.2f, "
+           "\"gpu_copy_gbs\": %.2f, \"formats\": [",
            threads, st_dot_isa(), st_dot_q8_isa(), (long long)n,
            !vbmi      ? "null"
            : gathered ? "\"gather\""
                       : "\"permute\"",
+           !avx512  ? "null"
+           : paired ? "true"
+                    : "false",
            ROUNDS, bw_host / 1e9, bw_gpu / 1e9);
   else {
     printf("strata bench --kernels: mat-vec (1 token) over %llu MiB of weights per format, rows of %lld\n",
            (unsigned long long)(target >> 20), (long long)n);
     printf("host read bandwidth %.1f GB/s (%d threads, %s kernels)", bw_host / 1e9, threads, st_dot_isa());
     if (bw_gpu > 0) printf("; GPU copy bandwidth %.1f GB/s", bw_gpu / 1e9);
-    printf(" (int8: %s kernels%s)\n", st_dot_q8_isa(),
+    printf(" (int8: %s kernels%s%s)\n", st_dot_q8_isa(),
            !vbmi      ? ""
            : gathered ? ", grids gathered (IQ2) and by vpermb pairs (IQ3)"
-                      : ", grids by vpermi2b");
+                      : ", grids by vpermi2b",
+           !avx512  ? ""
+           : paired ? ", K and grid rows in pairs"
+                    : ", K and grid rows one at a time");
     printf("CPU: %d rounds per format of (host read: best of %d with and %d without prefetch; float kernel,\n"
            "int8 kernel: best of %d each); medians of GB/s and of the per-round shares of the read\n",
            ROUNDS, ROUND_REPS, ROUND_REPS, ROUND_REPS);

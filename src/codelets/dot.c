@@ -2384,7 +2384,8 @@ static inline __attribute__((always_inline)) VNNI void k_block_vnni(uint32_t typ
       for (int64_t b = 0; b < n / 256; b++)                                                                  \
         iq4_xs_offsets_vnni(xq, ldq, nt, b, xo + b * ST_TILE * 4);                                           \
     int64_t r = 0;                                                                                           \
-    for (; nt <= 2 && r + 2 <= nr; r += 2) { /* with more tokens, one row at a time (registers) */           \
+    const int pairs = nt <= 2 && st_dot_row_pairs(-1); /* with more tokens, one row at a time (registers) */ \
+    for (; pairs && r + 2 <= nr; r += 2) {                                                                   \
       struct kacc acc[2][ST_TILE];                                                                           \
       for (int t = 0; t < nt; t++)                                                                           \
         acc[0][t] = acc[1][t] = (struct kacc){_mm512_setzero_ps(), _mm256_setzero_ps()};                     \
@@ -2890,6 +2891,20 @@ int st_dot_grid_lookup(int mode) {
   if (m < 0) { /* the same value whichever thread comes first */
     m = gathers_fast();
     __atomic_store_n(&grid_gather, m, __ATOMIC_RELAXED);
+  }
+  return m;
+}
+
+/* -1 until first use, then st_dot_row_pairs's mode; read and written atomically as grid_gather. */
+static int row_pairs = -1;
+
+int st_dot_row_pairs(int mode) {
+  if (mode == 0 || mode == 1) __atomic_store_n(&row_pairs, mode, __ATOMIC_RELAXED);
+  int m = __atomic_load_n(&row_pairs, __ATOMIC_RELAXED);
+  if (m < 0) { /* the same value whichever thread comes first */
+    __builtin_cpu_init();
+    m = __builtin_cpu_is("intel") != 0;
+    __atomic_store_n(&row_pairs, m, __ATOMIC_RELAXED);
   }
   return m;
 }
