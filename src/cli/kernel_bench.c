@@ -21,6 +21,40 @@
 #include "codelets/cuda/cuda_codelets.h"
 #endif
 
+/* Device-to-device copy bandwidth of the current CUDA device (cli.h). */
+double st_cuda_copy_bandwidth(size_t bytes) {
+#ifdef ST_HAVE_CUDA
+  void *a = NULL, *b = NULL;
+  cudaEvent_t e0, e1;
+  double best = 0.0;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    return 0.0;
+  }
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaMemset(a, 1, bytes);
+  for (int rep = 0; rep < 4; rep++) {
+    float ms = 0.0f;
+    cudaEventRecord(e0, 0);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double bw = ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) : 0.0;
+    best = rep > 0 && bw > best ? bw : best; /* the first copy warms up */
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return best;
+#else
+  (void)bytes;
+  return 0.0;
+#endif
+}
+
 struct part {
   uint32_t type;
   const uint8_t *w;

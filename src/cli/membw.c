@@ -1,19 +1,14 @@
 /* Memory bandwidths for the bench's roofline figure and --kernels, measured in the same run: the
  * host's read bandwidth with N threads (each sums its share of a buffer much larger than the
- * caches), and a GPU's device-to-device copy bandwidth (bytes read plus bytes written per second);
- * and the thread team both CPU measurements run on (st_team_best_seconds). */
+ * caches), and the thread team both CPU measurements run on (st_team_best_seconds). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "cli/cli.h"
+#include "cli/membw.h"
 #include "common.h"
-#include "config.h"
-#ifdef ST_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 /* A team of threads created once: each repetition releases them together through a barrier and
  * ends when the last is done, so thread creation and start-up skew stay out of the timing (the CPU
@@ -198,37 +193,4 @@ double st_host_read_bandwidth(int threads, size_t bytes) {
   const double best = st_host_read_bandwidth_of(buf, bytes, threads, 5);
   free(buf);
   return best;
-}
-
-double st_cuda_copy_bandwidth(size_t bytes) {
-#ifdef ST_HAVE_CUDA
-  void *a = NULL, *b = NULL;
-  cudaEvent_t e0, e1;
-  double best = 0.0;
-  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
-    cudaFree(a);
-    return 0.0;
-  }
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaMemset(a, 1, bytes);
-  for (int rep = 0; rep < 4; rep++) {
-    float ms = 0.0f;
-    cudaEventRecord(e0, 0);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&ms, e0, e1);
-    const double bw = ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) : 0.0;
-    best = rep > 0 && bw > best ? bw : best; /* the first copy warms up */
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(a);
-  cudaFree(b);
-  return best;
-#else
-  (void)bytes;
-  return 0.0;
-#endif
 }
