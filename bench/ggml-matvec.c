@@ -178,18 +178,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   memset(ref, 1, bytes); /* its pages exist before the first read */
-  /* kernel_bench.c's token and rows: a fixed LCG, sums of four uniforms */
-  for (int i = 0; i < N; i++)
-    x[i] = (float)(i % 17) / 17.0f;
-  uint32_t lcg = 12345;
-  for (int i = 0; i < N * DISTINCT_ROWS; i++) {
-    float v = 0.0f;
-    for (int k = 0; k < 4; k++) {
-      lcg = lcg * 1664525u + 1013904223u;
-      v += (float)(lcg >> 8) / 16777216.0f - 0.5f;
-    }
-    rows_f[i] = v;
-  }
+  st_bench_inputs(x, rows_f, N, DISTINCT_ROWS); /* kernel_bench.c's token and rows */
   const double read0 = st_host_read_bandwidth_of(ref, bytes, threads, 5);
   printf("ggml-matvec: mat-vec (1 token) over %llu MiB of weights per format, rows of %d, %d threads, %d "
          "rounds\n",

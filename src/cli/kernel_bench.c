@@ -208,18 +208,7 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
     rc = st_set_error(ST_ENOMEM, "out of memory");
     goto done;
   }
-  for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 17) / 17.0f;
-  /* DISTINCT_ROWS different rows (a fixed LCG, roughly Gaussian: sums of four uniforms), tiled over
-   * the matrix: grid indices and scales vary from row to row as in a real expert's matrix */
-  uint32_t lcg = 12345;
-  for (int64_t i = 0; i < n * DISTINCT_ROWS; i++) {
-    float v = 0.0f;
-    for (int k = 0; k < 4; k++) {
-      lcg = lcg * 1664525u + 1013904223u;
-      v += (float)(lcg >> 8) / 16777216.0f - 0.5f;
-    }
-    rows_f[i] = v;
-  }
+  st_bench_inputs(x, rows_f, n, DISTINCT_ROWS); /* DISTINCT_ROWS rows, tiled over the matrix */
   /* only the avx512vbmi integer kernels choose how to look the grids up, and only the AVX-512 ones
    * whether to walk rows in pairs */
   const int vbmi = !strcmp(st_dot_q8_isa(), "avx512vbmi"), gathered = st_dot_grid_lookup(-1),

@@ -88,6 +88,20 @@ double st_median(double *v, int n) {
   return v[(n - 1) / 2];
 }
 
+void st_bench_inputs(float *x, float *rows, int64_t n, int distinct) {
+  for (int64_t i = 0; i < n; i++)
+    x[i] = (float)(i % 17) / 17.0f;
+  uint32_t lcg = 12345;
+  for (int64_t i = 0; i < n * distinct; i++) {
+    float v = 0.0f;
+    for (int k = 0; k < 4; k++) {
+      lcg = lcg * 1664525u + 1013904223u;
+      v += (float)(lcg >> 8) / 16777216.0f - 0.5f;
+    }
+    rows[i] = v;
+  }
+}
+
 void *st_bench_buffer(size_t bytes) {
   void *p = NULL;
   if (posix_memalign(&p, (size_t)2 << 20, bytes)) return NULL;

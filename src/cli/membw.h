@@ -5,6 +5,7 @@
 #define ST_CLI_MEMBW_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Host read bandwidth with `threads` threads over a `bytes` buffer (2 MiB aligned, huge pages
  * asked for, as the host expert arena), bytes/s (best of 5 on one thread team, of a read loop
@@ -19,6 +20,11 @@ double st_host_read_bandwidth_of(const void *buf, size_t bytes, int threads, int
 double st_team_best_seconds(int threads, void *(*fn)(void *), void *args, size_t arg_size, int reps);
 /* The median of v[0..n) (n >= 1; the lower middle one for an even n), sorting v in place. membw.c */
 double st_median(double *v, int n);
+/* The kernel benches' inputs: the token x[i] = (i % 17) / 17 (n floats) and `distinct` rows of n
+ * floats (rows[r * n + i]) from a fixed LCG, each value a sum of four uniforms in [-0.5, 0.5)
+ * (roughly Gaussian), so that grid indices and scales vary from row to row as in a real expert's
+ * matrix; the same numbers on every run and machine. membw.c */
+void st_bench_inputs(float *x, float *rows, int64_t n, int distinct);
 /* A buffer of `bytes` for bandwidth measurements: 2 MiB aligned, MADV_HUGEPAGE asked for (a hint).
  * Freed with free(); NULL when out of memory. membw.c */
 void *st_bench_buffer(size_t bytes);
