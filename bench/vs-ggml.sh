@@ -10,7 +10,8 @@
 #   WORK           where the fetched sources and the build go (default ${TMPDIR:-/tmp}/strata-ggml)
 #   GGML_BUILD     the cmake build folder (default $WORK/build)
 #   STRATA_SRC     the strata tree whose kernels are measured (default: this one), e.g. one made
-#                  by `git archive HEAD src | tar -x -C DIR` to measure a commit
+#                  by `git archive REV src | tar -x -C DIR` to measure a commit from 272f1aa on
+#                  (earlier trees lack src/cli/membw.h, st_bench_inputs or st_dot_row_pairs)
 #   BIN            the binary (default carry/ggml-matvec)
 #   BUILD_ONLY=1   build, do not run
 # The ggml CPU backend is built for a Sapphire-Rapids-class x86 (AVX-512 F/BW/DQ/VL/CD, VBMI,

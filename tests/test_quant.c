@@ -503,13 +503,19 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
     int walks = 1;
     const int pairs = st_dot_row_pairs(-1);
     if (level >= 2) {
-      st_dot_row_pairs(!pairs);
+      walks = st_dot_row_pairs(!pairs) == !pairs; /* the switch took */
       float alt[2 * ROWS];
       for (int t = 0; t < T; t++) {
+        for (int r = 0; r < ROWS; r++)
+          alt[r] = NAN; /* an output left unwritten differs */
         st_matmul_q8(type, w, rb, 0, ROWS, xq + qb * (size_t)t, 1, n, alt, ROWS);
         walks &= memcmp(alt, out + t * ROWS, sizeof(float) * ROWS) == 0;
+        st_matmul_q8(type, w, rb, 5, ROWS - 3, xq + qb * (size_t)t, 1, n, alt, ROWS); /* a slice */
+        walks &= memcmp(alt, out + t * ROWS + 5, sizeof(float) * (ROWS - 8)) == 0;
       }
       if (T >= 2) {
+        for (int r = 0; r < 2 * ROWS; r++)
+          alt[r] = NAN;
         st_matmul_q8(type, w, rb, 0, ROWS, xq, 2, n, alt, ROWS);
         walks &= memcmp(alt, out, sizeof alt) == 0;
       }

@@ -2888,9 +2888,10 @@ static int gathers_fast(void) {
 int st_dot_grid_lookup(int mode) {
   if (mode == 0 || mode == 1) __atomic_store_n(&grid_gather, mode, __ATOMIC_RELAXED);
   int m = __atomic_load_n(&grid_gather, __ATOMIC_RELAXED);
-  if (m < 0) { /* the same value whichever thread comes first */
-    m = gathers_fast();
-    __atomic_store_n(&grid_gather, m, __ATOMIC_RELAXED);
+  if (m < 0) { /* the default, unless a setter came first (then m is the set mode) */
+    const int d = gathers_fast();
+    m = -1;
+    if (__atomic_compare_exchange_n(&grid_gather, &m, d, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) m = d;
   }
   return m;
 }
@@ -2901,10 +2902,11 @@ static int row_pairs = -1;
 int st_dot_row_pairs(int mode) {
   if (mode == 0 || mode == 1) __atomic_store_n(&row_pairs, mode, __ATOMIC_RELAXED);
   int m = __atomic_load_n(&row_pairs, __ATOMIC_RELAXED);
-  if (m < 0) { /* the same value whichever thread comes first */
+  if (m < 0) { /* the default, unless a setter came first (then m is the set mode) */
     __builtin_cpu_init();
-    m = __builtin_cpu_is("intel") != 0;
-    __atomic_store_n(&row_pairs, m, __ATOMIC_RELAXED);
+    const int d = __builtin_cpu_is("intel") != 0;
+    m = -1;
+    if (__atomic_compare_exchange_n(&row_pairs, &m, d, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) m = d;
   }
   return m;
 }

@@ -99,10 +99,11 @@ int st_dot_grid_lookup(int mode);
 /* How the AVX-512 integer kernels ("avx512vnni", "avx512vbmi") of the K and grid formats (Q2_K ..
  * Q6_K, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) walk the rows of one or two tokens: 1 two rows in
  * step (each super-block of row r, then the same of row r + 1); 0 one row at a time. Both give the
- * same bits. Default: 1 on Intel CPUs (the GPU host's Xeon: the same GB/s at 16 threads, up to
- * 1.15 times at one thread), 0 elsewhere (Zen 4, streaming from memory: one row at a time reads
- * 1.3-1.8 times faster at one and two threads; the hardware prefetchers keep up with one stream
- * per thread but not with two interleaved); bench/RESULTS.md, session 9. mode 0 or 1 sets it (for
+ * same bits. Default: 1 on Intel CPUs (measured on the GPU host's Sapphire-Rapids-class Xeon only:
+ * the same GB/s at 16 threads, up to 1.17 times at one thread), 0 elsewhere (Zen 4, streaming from
+ * memory: one row at a time reads the K formats 1.3-1.8 times and the grid formats 1.0-1.3 times
+ * faster at one and two threads; its hardware prefetchers keep up with one stream per thread but
+ * not with two interleaved); bench/RESULTS.md, session 9. mode 0 or 1 sets it (for
  * tests and `strata bench --row-pairs`), anything else leaves it; returns the mode in use. Safe to
  * call from several threads. */
 int st_dot_row_pairs(int mode);
