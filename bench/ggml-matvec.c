@@ -198,10 +198,7 @@ int main(int argc, char **argv) {
     }
   ggml_cpu_init();
 
-  /* weights and reference read: max(1 GiB, 4 x L3) each, as kernel_bench.c's bench_bytes */
-  uint64_t bytes = (uint64_t)1 << 30;
-  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (l3 > 0 && 4 * (uint64_t)l3 > bytes) bytes = 4 * (uint64_t)l3;
+  const uint64_t bytes = st_bench_bytes(); /* weights per format, and the reference read */
   uint8_t *ref = st_bench_buffer(bytes), *w = st_bench_buffer(bytes);
   uint64_t qb = 0, rb_min = UINT64_MAX;
   for (int k = 0; k < NFORMATS; k++) {

@@ -89,18 +89,6 @@ static double cpu_matvec(uint32_t type, const uint8_t *w, uint64_t row_bytes, in
   return st_team_best_seconds(threads, run_part, parts, sizeof parts[0], reps);
 }
 
-/* Bytes of weights per format, and of the reference read: at least 1 GiB and four times the
- * last-level cache, so that neither is served from it (the GPU host's Xeon has a 300 MiB L3, and
- * 256 MiB of weights read partly from it, up to 124 % of the memory bandwidth). */
-static uint64_t bench_bytes(void) {
-  uint64_t bytes = (uint64_t)1 << 30;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (l3 > 0 && 4 * (uint64_t)l3 > bytes) bytes = 4 * (uint64_t)l3;
-#endif
-  return bytes;
-}
-
 /* Rounds per format: each round reads the reference, then runs the float and the integer kernels
  * (best of ROUND_REPS each); a share is the median over rounds of kernel GB/s / the read of the
  * same round, so that the host's bandwidth moving between seconds (shared hosts: 76-151 GB/s
@@ -172,7 +160,7 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   if (n < 256 || n > 65536 || n % 256)
     return st_set_error(ST_EINVAL, "--row-length must be a multiple of 256 from 256 to 65536, got %lld",
                         (long long)n);
-  const uint64_t target = bench_bytes(); /* bytes of weights per format */
+  const uint64_t target = st_bench_bytes(); /* bytes of weights per format */
   if (threads < 1) threads = 1;
   if (threads > 256) threads = 256;
   /* the reference buffer stays for the whole run: it is read again in every round; the weights

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "cli/membw.h"
 #include "common.h"
@@ -100,6 +101,15 @@ void st_bench_inputs(float *x, float *rows, int64_t n, int distinct) {
     }
     rows[i] = v;
   }
+}
+
+uint64_t st_bench_bytes(void) {
+  uint64_t bytes = (uint64_t)1 << 30;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l3 > 0 && 4 * (uint64_t)l3 > bytes) bytes = 4 * (uint64_t)l3;
+#endif
+  return bytes;
 }
 
 void *st_bench_buffer(size_t bytes) {

@@ -25,6 +25,11 @@ double st_median(double *v, int n);
  * (roughly Gaussian), so that grid indices and scales vary from row to row as in a real expert's
  * matrix; the same numbers on every run and machine. membw.c */
 void st_bench_inputs(float *x, float *rows, int64_t n, int distinct);
+/* Bytes of weights per format in the kernel benches, and of their reference read: at least 1 GiB and
+ * four times the last-level cache, so that neither is served from it (the GPU host's Xeon has a
+ * 300 MiB L3, and 256 MiB of weights read partly from it, up to 124 % of the memory bandwidth).
+ * membw.c */
+uint64_t st_bench_bytes(void);
 /* A buffer of `bytes` for bandwidth measurements: 2 MiB aligned, MADV_HUGEPAGE asked for (a hint).
  * Freed with free(); NULL when out of memory. membw.c */
 void *st_bench_buffer(size_t bytes);
