@@ -9,6 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum {
   ST_OK = 0,
   ST_EIO = -1,      /* a file could not be opened, read, mapped or written */
@@ -44,5 +48,9 @@ const char *st_last_error(void);
 
 /* Monotonic wall-clock time in seconds. */
 double st_now(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,6 +1,6 @@
 /* Engine behaviours the fixtures do not reach, on a small model made with the mkmodel code
  * (Q8_0, expert FFN 512, the Qwen3 vocabulary of the fixtures): the CPU pool's FFN split
- * (two 256-row slices summed by the combine) against the unsplit expert (STRATA_FF_SLICE=0),
+ * (STRATA_FF_SLICE=256: two 256-row slices summed by the combine) against the unsplit expert (the default),
  * the expert-profile file round trip and its refusals, the tiers' fill plan, and the host expert
  * arena (its plan, layout, exactness against the mmap-only engine, RAM refusal, resident memory
  * with --resident-experts on a mapped file). Prints what it
@@ -63,11 +63,10 @@ static void test_ff_split(const char *fixtures) {
   const int V = (int)m->hp.n_vocab;
   float *split = malloc(sizeof(float) * V), *whole = malloc(sizeof(float) * V);
   int p_split = 0, p_whole = 0;
-  unsetenv("STRATA_FF_SLICE");
+  setenv("STRATA_FF_SLICE", "256", 1);
   rc = eval_logits(m, ids, N, split, &p_split);
-  setenv("STRATA_FF_SLICE", "0", 1);
+  unsetenv("STRATA_FF_SLICE"); /* the default: no split */
   if (!rc) rc = eval_logits(m, ids, N, whole, &p_whole);
-  unsetenv("STRATA_FF_SLICE");
   if (rc) {
     CHECK(0, "ff split: eval: %s", st_last_error());
   } else {

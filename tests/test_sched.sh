@@ -1,6 +1,9 @@
 #!/bin/sh
 # Scheduler independence: the same prompt gives bitwise-identical logits under STARPU_SCHED=eager,
-# lws and dmda, and with STARPU_NCPU=1 and 2 (the task slicing never depends on the workers).
+# lws and dmda, and with STARPU_NCPU=1 and 2 (the task slicing never depends on the workers);
+# the same through decode steps (--prefill 1: every token one decode step, its lanes sharing work
+# items whatever the workers), and through the per-task decode path (STRATA_DECODE_GRAPH=0), all
+# against the prompt path's logits. Then greedy generation: the same ids under every setting.
 # Prints the scheduler/worker settings compared and the checksum of each logits file.
 set -u
 : "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
@@ -12,10 +15,14 @@ for model in tiny-qwen3moe-bf16 tiny-qwen3moe-q8_0; do
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=2" \
              "STARPU_SCHED=dmda STARPU_NCPU=2" "STARPU_SCHED=lws STARPU_NCPU=1" \
-             "STARPU_SCHED=eager STARPU_NCPU=1"; do
+             "STARPU_SCHED=eager STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" \
+             "PREFILL=1 STARPU_SCHED=eager STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=dmda STARPU_NCPU=2" \
+             "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2 STRATA_DECODE_GRAPH=0"; do
     out="$tmp/$(echo "$model $cfg" | tr ' =' '__').f32"
+    prefill=7
+    case "$cfg" in PREFILL=1*) prefill=1 ;; esac
     # dmda calibrates its performance models on first use; keep them out of $HOME for the test
-    if ! env $cfg STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$m" -p "$prompt" --prefill 7 \
+    if ! env $cfg STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$m" -p "$prompt" --prefill $prefill \
          --logits-out "$out" 2>"$tmp/err"; then
       echo "FAIL $model [$cfg]: eval failed: $(cat "$tmp/err")"; fail=$((fail + 1)); continue
     fi
@@ -27,6 +34,26 @@ for model in tiny-qwen3moe-bf16 tiny-qwen3moe-q8_0; do
       echo "PASS $model [$cfg]: logits checksum $sum, bitwise identical to the baseline"; pass=$((pass + 1))
     else
       echo "FAIL $model [$cfg]: logits checksum $sum differ from the baseline"; fail=$((fail + 1))
+    fi
+  done
+done
+for model in tiny-qwen3moe-bf16 tiny-qwen3moe-q8_0; do
+  m="$FIXTURES/models/$model.gguf"
+  ref=""
+  for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=1" "STARPU_SCHED=dmda STARPU_NCPU=2" \
+             "STARPU_SCHED=lws STARPU_NCPU=2 STRATA_DECODE_GRAPH=0"; do
+    ids=$(env $cfg STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" generate -m "$m" -p "$prompt" -n 24 --temp 0 \
+          --print-ids 2>"$tmp/err" | grep '^\[')
+    if [ -z "$ids" ]; then
+      echo "FAIL $model generate [$cfg]: $(cat "$tmp/err")"; fail=$((fail + 1)); continue
+    fi
+    if [ -z "$ref" ]; then
+      ref=$ids; echo "     $model generate [$cfg]: 24 greedy ids (baseline) $ids"; continue
+    fi
+    if [ "$ids" = "$ref" ]; then
+      echo "PASS $model generate [$cfg]: the same 24 greedy ids"; pass=$((pass + 1))
+    else
+      echo "FAIL $model generate [$cfg]: $ids differ from the baseline"; fail=$((fail + 1))
     fi
   done
 done

@@ -12,9 +12,10 @@
 #include "codelets/cuda/cuda_codelets.h"
 #endif
 #include "codelets/dot.h"
+#include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 
-static void rope_neox(float *v, int hd, int pos, float theta) {
+void st_rope_neox(float *v, int hd, int pos, float theta) {
   const int half = hd / 2;
   for (int i = 0; i < half; i++) {
     const double freq = pow((double)theta, -2.0 * i / hd);
@@ -23,6 +24,29 @@ static void rope_neox(float *v, int hd, int pos, float theta) {
     const float x0 = v[i], x1 = v[i + half];
     v[i] = x0 * c - x1 * s;
     v[i + half] = x0 * s + x1 * c;
+  }
+}
+
+void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o) {
+  const float scale = 1.0f / sqrtf((float)hd);
+  st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, n_keys, qh, hd, 1, hd, score, n_keys);
+  float mx = -INFINITY;
+  for (int j = 0; j < n_keys; j++) {
+    score[j] *= scale;
+    mx = fmaxf(mx, score[j]);
+  }
+  double sum = 0.0;
+  for (int j = 0; j < n_keys; j++) {
+    score[j] = expf(score[j] - mx);
+    sum += score[j];
+  }
+  const float inv = (float)(1.0 / sum);
+  memset(o, 0, sizeof(float) * (size_t)hd);
+  for (int j = 0; j < n_keys; j++) {
+    const float p = score[j] * inv;
+    const float *vj = vc + (size_t)j * hd;
+    for (int c = 0; c < hd; c++)
+      o[c] += p * vj[c];
   }
 }
 
@@ -61,41 +85,18 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
       for (int h = 0; h < nq; h++) {
         float *qh = q + (size_t)t * qw + (size_t)h * hd;
         st_rmsnorm(qh, q_norm, qh, hd, a->eps);
-        rope_neox(qh, hd, pos, a->rope_theta);
+        st_rope_neox(qh, hd, pos, a->rope_theta);
       }
       float *kt = kdst + (size_t)t * hd;
       st_rmsnorm(kt, k_norm, kt, hd, a->eps);
-      rope_neox(kt, hd, pos, a->rope_theta);
+      st_rope_neox(kt, hd, pos, a->rope_theta);
     }
 
     /* Causal softmax attention: token t sees cache positions 0..pos0+t. */
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int t = 0; t < T; t++) {
-      const int n_keys = a->pos0 + t + 1;
-      for (int h = 0; h < nq; h++) {
-        const float *qh = q + (size_t)t * qw + (size_t)h * hd;
-        st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, n_keys, qh, hd, 1, hd, score, n_keys);
-        float mx = -INFINITY;
-        for (int j = 0; j < n_keys; j++) {
-          score[j] *= scale;
-          mx = fmaxf(mx, score[j]);
-        }
-        double sum = 0.0;
-        for (int j = 0; j < n_keys; j++) {
-          score[j] = expf(score[j] - mx);
-          sum += score[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        float *o = out + (size_t)t * qw + (size_t)h * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int j = 0; j < n_keys; j++) {
-          const float p = score[j] * inv;
-          const float *vj = vc + (size_t)j * hd;
-          for (int c = 0; c < hd; c++)
-            o[c] += p * vj[c];
-        }
-      }
-    }
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < nq; h++)
+        st_attend_head(q + (size_t)t * qw + (size_t)h * hd, kc, vc, a->pos0 + t + 1, hd, score,
+                       out + (size_t)t * qw + (size_t)h * hd);
   }
   free(xn);
 }

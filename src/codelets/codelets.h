@@ -25,18 +25,22 @@
 
 #ifdef __cplusplus
 #define ST_ALIGNAS8 alignas(8)
+extern "C" {
 #else
 #define ST_ALIGNAS8 _Alignas(8)
 #endif
 
 /* Where a task may run: on `worker` when >= 0, else on any worker of the kinds in `where`
  * (STARPU_CPU, STARPU_CUDA or both); `done`, when set, runs as the task's StarPU callback with a
- * struct st_task_done (the run recorder uses it). */
+ * struct st_task_done (the run recorder uses it). `order` (> 0, with a worker): the task's
+ * starpu_task::workerorder, so that the worker runs its ordered tasks in that order, 1, 2, ...
+ * (the decode step's GPU tasks, queued on one stream). */
 struct st_target {
   int32_t where;
   int worker;
   void (*done)(void *arg);
   void *done_arg;
+  unsigned order;
 };
 
 /* What a task's completion callback receives: the target's done_arg and the bytes of the
@@ -172,5 +176,9 @@ int st_submit_combine(const struct st_combine_args *a, starpu_data_handle_t *buf
 int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
                    const enum starpu_data_access_mode *modes, int nbufs, const void *args,
                    size_t args_size, struct st_target tgt, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

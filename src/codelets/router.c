@@ -12,6 +12,31 @@
 #include "codelets/cuda/cuda_codelets.h"
 #endif
 #include "codelets/dot.h"
+#include "codelets/layer_cpu.h"
+
+void st_route_topk(float *l, int E, int k, struct st_route *r) {
+  float mx = -INFINITY;
+  for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+  double sum = 0.0;
+  for (int e = 0; e < E; e++) {
+    l[e] = expf(l[e] - mx);
+    sum += l[e];
+  }
+  for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
+  /* top-k by selection: highest probability first, ties to the lower expert id */
+  double wsum = 0.0;
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      int taken = 0;
+      for (int i = 0; i < j; i++) taken |= r[i].expert == e;
+      if (!taken && (best < 0 || l[e] > l[best])) best = e;
+    }
+    r[j] = (struct st_route){best, l[best]};
+    wsum += l[best];
+  }
+  for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
+}
 
 static void router_cpu(void *buffers[], void *cl_arg) {
   const struct st_router_args *a = cl_arg;
@@ -33,31 +58,7 @@ static void router_cpu(void *buffers[], void *cl_arg) {
 
   float *logits = malloc(sizeof(float) * (size_t)T * E);
   st_matmul(a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d, logits, E);
-  for (int t = 0; t < T; t++) {
-    float *l = logits + (size_t)t * E;
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
-    double sum = 0.0;
-    for (int e = 0; e < E; e++) {
-      l[e] = expf(l[e] - mx);
-      sum += l[e];
-    }
-    for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
-    /* top-k by selection: highest probability first, ties to the lower expert id */
-    struct st_route *r = routing + (size_t)t * k;
-    double wsum = 0.0;
-    for (int j = 0; j < k; j++) {
-      int best = -1;
-      for (int e = 0; e < E; e++) {
-        int taken = 0;
-        for (int i = 0; i < j; i++) taken |= r[i].expert == e;
-        if (!taken && (best < 0 || l[e] > l[best])) best = e;
-      }
-      r[j] = (struct st_route){best, l[best]};
-      wsum += l[best];
-    }
-    for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
-  }
+  for (int t = 0; t < T; t++) st_route_topk(logits + (size_t)t * E, E, k, routing + (size_t)t * k);
   free(logits);
 }
 

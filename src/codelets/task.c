@@ -13,10 +13,10 @@ int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
   task->cl = cl;
   task->name = name;
   task->nbuffers = nbufs;
-  task->dyn_handles = malloc(sizeof(starpu_data_handle_t) * (size_t)nbufs);
-  task->dyn_modes = malloc(sizeof(enum starpu_data_access_mode) * (size_t)nbufs);
+  task->dyn_handles = nbufs ? malloc(sizeof(starpu_data_handle_t) * (size_t)nbufs) : NULL;
+  task->dyn_modes = nbufs ? malloc(sizeof(enum starpu_data_access_mode) * (size_t)nbufs) : NULL;
   task->cl_arg = malloc(args_size);
-  if (!task->dyn_handles || !task->dyn_modes || !task->cl_arg) {
+  if ((nbufs && (!task->dyn_handles || !task->dyn_modes)) || !task->cl_arg) {
     free(task->dyn_handles);
     free(task->dyn_modes);
     free(task->cl_arg);
@@ -26,8 +26,10 @@ int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
     starpu_task_destroy(task);
     return st_set_error(ST_ENOMEM, "out of memory submitting %s", name);
   }
-  memcpy(task->dyn_handles, bufs, sizeof(starpu_data_handle_t) * (size_t)nbufs);
-  memcpy(task->dyn_modes, modes, sizeof(enum starpu_data_access_mode) * (size_t)nbufs);
+  if (nbufs) {
+    memcpy(task->dyn_handles, bufs, sizeof(starpu_data_handle_t) * (size_t)nbufs);
+    memcpy(task->dyn_modes, modes, sizeof(enum starpu_data_access_mode) * (size_t)nbufs);
+  }
   memcpy(task->cl_arg, args, args_size);
   task->cl_arg_size = args_size;
   task->cl_arg_free = 1;
@@ -44,6 +46,7 @@ int st_submit_task(struct starpu_codelet *cl, starpu_data_handle_t *bufs,
   if (tgt.worker >= 0) {
     task->execute_on_a_specific_worker = 1;
     task->workerid = (unsigned)tgt.worker;
+    task->workerorder = tgt.order;
   } else {
     task->where = tgt.where;
   }

@@ -21,6 +21,7 @@
 #ifdef ST_HAVE_CUDA
 #include "codelets/cuda/cuda_codelets.h"
 #endif
+#include "graph/decode.h"
 #include "io/profile.h"
 #include "tiers/plan.h"
 
@@ -35,9 +36,11 @@ struct env_conf {
   long cublas;         /* STRATA_CUBLAS: 0 never, 1 from CUBLAS_ROWS token rows, N >= 2 from N */
   long int8_dot;       /* STRATA_INT8_DOT: 0 or 1 */
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
+  long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
-#define FF_SLICE 256    /* a CPU-pool expert's FFN is split into slices of this many rows */
+#define FF_SLICE 0      /* STRATA_FF_SLICE's default: the prompt path's CPU-pool experts are not split
+                          * (the decode step's lanes share an expert between workers instead) */
 #define CUBLAS_ROWS 32
 
 /* A whole number in [lo, hi] from `name`, def when unset; ST_EINVAL naming the variable. */
@@ -61,6 +64,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_CUBLAS", 0, 1 << 20, 1, &c->cublas);
   if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
+  if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
 }
@@ -138,14 +142,14 @@ int st_engine_ctx_size(const struct st_hparams *hp, int requested) {
   return requested > 0 ? requested : (int)(hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
 }
 
-/* A tier's target, with the recorder's callback when the run is traced. */
-static struct st_target traced(const struct st_engine *e, struct st_target t) {
+struct st_target st_engine_traced(const struct st_engine *e, struct st_target t) {
   if (e->rec) {
     t.done = st_recorder_task_done;
     t.done_arg = e->rec;
   }
   return t;
 }
+#define traced st_engine_traced
 
 static uint64_t weight_bytes(const struct st_weight *w) { return w->row_bytes * w->ne[1] * w->ne[2]; }
 
@@ -486,6 +490,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   const int primary_device = env_primary ? atoi(env_primary) : 0;
   const int cublas_rows = env.cublas == 1 ? CUBLAS_ROWS : (int)env.cublas;
   e->int8_dot = (int)env.int8_dot;
+  e->decode_graph = (int)env.decode_graph;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
@@ -604,6 +609,11 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc) st_memory_log("after registering the expert handles", m, &e->arena, e->placement.tier);
   if (!rc) rc = make_names(e);
   if (!rc && o->trace_dir) rc = st_recorder_open(o->trace_dir, &e->rec);
+  if (!rc) {
+    const char *why = NULL;
+    if (st_decode_supported(e, &why)) rc = st_decode_init(e);
+    else fprintf(stderr, "strata: decode steps: one task per expert and layer (%s)\n", why);
+  }
   if (rc) {
     st_engine_destroy(e);
     return rc;
@@ -623,6 +633,7 @@ void st_engine_destroy(struct st_engine *e) {
     if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_graph_release, NULL, STARPU_CUDA);
     if (e->cublas_rows > 0) starpu_cublas_shutdown();
 #endif
+    st_decode_free(e);
     if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
       fprintf(stderr, "strata: %s\n", st_last_error());
     if (e->h_output_norm) starpu_data_unregister(e->h_output_norm);
@@ -1178,6 +1189,10 @@ int st_engine_adapt(struct st_engine *e) {
     if (rc > 0) total += rc;
   }
   e->stats.swaps += (uint64_t)total;
+  if (total > 0 && e->dec && rc >= 0) {
+    const int trc = st_decode_tables_update(e);
+    if (trc) rc = trc;
+  }
   /* halve the live counts: recent routing weighs most, older rounds fade */
   for (int i = 0; i < n_pairs; i++) e->live_counts[i] /= 2;
   free(cold);
@@ -1198,7 +1213,8 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     const int T = n - done < e->prefill ? n - done : e->prefill;
     const int last = done + T == n;
     const double t_start = starpu_timing_now();
-    int rc = eval_chunk(e, ids + done, T, all_logits || last, all_logits);
+    int rc = T == 1 && e->dec ? st_decode_step(e, ids[done], e->logits)
+                              : eval_chunk(e, ids + done, T, all_logits || last, all_logits);
     if (e->rec) st_recorder_step(e->rec, n == 1, t_start, starpu_timing_now());
     if (rc) return rc;
     if (all_logits)

@@ -106,6 +106,9 @@ struct st_engine {
   int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
   int cublas_rows;         /* STRATA_CUBLAS: batches (experts) of >= this many rows use cuBLAS on a GPU; 0 off */
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
+  int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
+  struct st_decode *dec;   /* the decode step's buffers and handles (graph/decode.h), or NULL: the
+                              per-task path of this file decodes */
 };
 
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
@@ -154,6 +157,9 @@ uint64_t st_stats_gpu_entries(const struct st_engine_stats *s);
 /* Turns CUDA graphs for the decode path's dense tasks on (on != 0) or off for later evals.
  * Returns whether they are on: never without a CUDA worker for the dense work. */
 int st_engine_set_cuda_graphs(struct st_engine *e, int on);
+
+/* `t` with the run recorder's completion callback when the run is traced (--trace). */
+struct st_target st_engine_traced(const struct st_engine *e, struct st_target t);
 
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);

@@ -115,6 +115,8 @@ static void describe(const char *name, char *kind, size_t kind_cap, int *layer, 
       *tier = strstr(name, " CPU") ? "CPU" : "-";
     } else if (strstr(name, " CUDA0")) {
       *tier = "CUDA0";
+    } else if (strstr(name, " CPU")) { /* the decode step's CPU-pool lanes, "expert_rows L12 CPU lane 3" */
+      *tier = "CPU";
     }
   }
 }

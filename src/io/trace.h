@@ -24,6 +24,8 @@ enum st_trace_kind {
   ST_TRACE_EXPERT_ROWS,
   ST_TRACE_COMBINE,
   ST_TRACE_OUTPUT_HEAD,
+  ST_TRACE_DECODE_LAYER, /* a decode step's dense work of one layer on a GPU (graph/decode.h) */
+  ST_TRACE_DECODE_LANE,  /* a decode step's CPU lane without a GPU: attention, router, experts, combine */
   ST_TRACE_TRANSFER,
   ST_TRACE_NKINDS
 };

@@ -25,7 +25,8 @@
 extern char **environ;
 
 static const char *const kind_names[ST_TRACE_NKINDS] = {
-    "attention", "attn_output", "router", "expert_rows", "combine", "output_head", "transfer"};
+    "attention", "attn_output", "router", "expert_rows", "combine", "output_head", "decode_layer", "decode_lane",
+    "transfer"};
 
 const char *st_trace_kind_name(int kind) {
   return kind >= 0 && kind < ST_TRACE_NKINDS ? kind_names[kind] : NULL;
@@ -405,6 +406,8 @@ static const char *const kind_colour[ST_TRACE_NKINDS] = {
     "#59a14f", /* expert_rows (CPU pool; other tiers below) */
     "#edc948", /* combine: yellow */
     "#9c755f", /* output_head: brown */
+    "#4e79a7", /* decode_layer: blue, as attention (most of it) */
+    "#76b7b2", /* decode_lane: teal */
     "#bab0ac", /* transfer: grey */
 };
 /* expert_rows by tier: CPU pool green, CUDA0 (primary cache) red, helpers and peer after. */

@@ -100,14 +100,14 @@ const char *st_placement_tier_name(const struct st_placement *p, int tier) {
 }
 
 struct st_target st_placement_dense_target(const struct st_placement *p, uint32_t layer) {
-  if (p->cuda0_worker < 0) return (struct st_target){STARPU_CPU, -1, NULL, NULL};
+  if (p->cuda0_worker < 0) return (struct st_target){STARPU_CPU, -1, NULL, NULL, 0};
   const int stage = layer < p->n_layer ? p->layer_stage[layer] : (p->n_stages > 1 ? p->n_stages - 1 : 0);
-  return (struct st_target){STARPU_CUDA, p->cache[stage].worker, NULL, NULL};
+  return (struct st_target){STARPU_CUDA, p->cache[stage].worker, NULL, NULL, 0};
 }
 
 struct st_target st_placement_expert_target(const struct st_placement *p, int tier) {
-  if (tier >= 1 && tier <= p->n_caches) return (struct st_target){STARPU_CUDA, p->cache[tier - 1].worker, NULL, NULL};
-  return (struct st_target){STARPU_CPU, -1, NULL, NULL};
+  if (tier >= 1 && tier <= p->n_caches) return (struct st_target){STARPU_CUDA, p->cache[tier - 1].worker, NULL, NULL, 0};
+  return (struct st_target){STARPU_CPU, -1, NULL, NULL, 0};
 }
 
 uint64_t st_pair_bytes_layer(const struct st_model *m, uint32_t layer) {

@@ -9,15 +9,13 @@
 #include "codelets/cuda/cuda_codelets.h"
 
 
-// q/k RMSNorm over head_dim and NEOX RoPE at position pos0 + t; one block per (t, head).
-__global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w, float eps, int pos0,
-                                    float theta) {
-  __shared__ float red[32];
-  float *h = v + (int64_t)blockIdx.x * ld + (int64_t)blockIdx.y * hd;
-  const int pos = pos0 + blockIdx.x;
+// q/k RMSNorm over head_dim and NEOX RoPE at position pos of one head, in (hd floats) to out (may
+// alias in); a block of threads shares the head.
+__device__ __forceinline__ static void norm_rope_head(const float *in, float *out, int hd, const float *w, float eps,
+                                                      int pos, float theta, float *red) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hd; i += blockDim.x)
-    ss += h[i] * h[i];
+    ss += in[i] * in[i];
   ss = st_block_sum(ss, red);
   const float scale = rsqrtf(ss / (float)hd + eps);
   __syncthreads();
@@ -25,10 +23,33 @@ __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const double ang = (double)pos * pow((double)theta, -2.0 * i / hd);
     const float c = (float)cos(ang), s = (float)sin(ang);
-    const float x0 = h[i] * scale * w[i], x1 = h[i + half] * scale * w[i + half];
-    h[i] = x0 * c - x1 * s;
-    h[i + half] = x0 * s + x1 * c;
+    const float x0 = in[i] * scale * w[i], x1 = in[i + half] * scale * w[i + half];
+    out[i] = x0 * c - x1 * s;
+    out[i + half] = x0 * s + x1 * c;
   }
+}
+
+// q/k RMSNorm and RoPE in place at position pos0 + t (pos0 from *pos_dev when it is set: a decode
+// graph replays with the position in device memory); one block per (t, head).
+__global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w, float eps, int pos0,
+                                    const int *pos_dev, float theta) {
+  __shared__ float red[32];
+  float *h = v + (int64_t)blockIdx.x * ld + (int64_t)blockIdx.y * hd;
+  norm_rope_head(h, h, hd, w, eps, (pos_dev ? *pos_dev : pos0) + blockIdx.x, theta, red);
+}
+
+// The decode step's KV append: block g takes KV head g's new K row (kvnew[g hd ..], before its norm)
+// and V row (kvnew[(G + g) hd ..]), writes K normed and rotated at position *pos of its cache and V
+// there as it is.
+struct kv_ptrs {
+  float *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
+};
+__global__ static void kv_append(const float *kvnew, int G, int hd, const float *w, float eps, const int *pos_dev,
+                                 float theta, const __grid_constant__ kv_ptrs kv) {
+  __shared__ float red[32];
+  const int g = blockIdx.x, pos = *pos_dev;
+  norm_rope_head(kvnew + (int64_t)g * hd, kv.k[g] + (int64_t)pos * hd, hd, w, eps, pos, theta, red);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv.v[g][(int64_t)pos * hd + i] = kvnew[(int64_t)(G + g) * hd + i];
 }
 
 // Causal attention, split over the keys (split-K): block (t, h, c) handles token t's query head h
@@ -42,8 +63,9 @@ __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w
 #define MAX_DIMS_PER_LANE 8 /* head_dim <= 256 */
 
 __global__ static void attend_partial(const float *q, int64_t ldq, const float *kc, const float *vc, int hd,
-                                      int pos0, float scale, int n_chunks, float *part) {
+                                      int pos0, const int *pos_dev, float scale, int n_chunks, float *part) {
   __shared__ float wm[WARPS], wl[WARPS], wacc[WARPS][256];
+  if (pos_dev) pos0 = *pos_dev;
   const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_keys = pos0 + t + 1, start = c * KEY_CHUNK, end = min(start + KEY_CHUNK, n_keys);
   float *out = part + (((int64_t)t * gridDim.y + h) * n_chunks + c) * (hd + 2);
@@ -99,8 +121,9 @@ __global__ static void attend_partial(const float *q, int64_t ldq, const float *
 
 // Merges the chunks of (t, h) in chunk order: out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M).
 // Chunks of `chunk` keys: KEY_CHUNK from attend_partial, flash_chunk's from attend_flash.
-__global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, float *out,
-                                      int64_t ldo) {
+__global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, const int *pos_dev,
+                                      float *out, int64_t ldo) {
+  if (pos_dev) pos0 = *pos_dev;
   const int t = blockIdx.x, h = blockIdx.y;
   const int used = (pos0 + t + 1 + chunk - 1) / chunk;
   const float *p = part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2);
@@ -324,8 +347,8 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
   const float scale = 1.0f / sqrtf((float)hd);
   if (!flash) {
     const int n_chunks = (pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
-    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, scale, n_chunks, part);
-    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, pos0, out, ldo);
+    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, NULL, scale, n_chunks, part);
+    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, pos0, NULL, out, ldo);
     return;
   }
   const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
@@ -334,7 +357,7 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
     attend_flash<1><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
   else
     attend_flash<2><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
-  if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
+  if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, NULL, out, ldo);
 }
 
 // Scratch floats of one call: the normed input, one group's queries and the attention partials.
@@ -370,8 +393,8 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
                    d, kdst, hd, st);
     st_cuda_product(cb, a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
                    d, vdst, hd, st);
-    qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
-    qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
+    qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, NULL, a->rope_theta);
+    qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, NULL, a->rope_theta);
     // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
     attend(q, qw, kc, vc, T, a->pos0, nq, hd, part, out, qw, T > 1 && flash_fits(q, qw, kc, vc, hd, out, qw), st);
   }
@@ -382,6 +405,34 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
   const st_attention_args *a = (const st_attention_args *)cl_arg;
   const int decode = a->T == 1;
   st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, attention_scratch_bytes(a), decode, attention_body);
+}
+
+// ---- the decode step's attention (decode.cu), the position in device memory --------------------
+
+int st_cuda_attn_chunks(int n_keys) { return (n_keys + KEY_CHUNK - 1) / KEY_CHUNK; }
+
+extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int nq, int hd) {
+  return (size_t)nq * (size_t)st_cuda_attn_chunks(n_ctx) * (size_t)(hd + 2);
+}
+
+void st_cuda_qk_norm_rope_dev(float *q, int n_heads, int hd, const float *w, float eps, const int *pos_dev, float theta,
+                              cudaStream_t st) {
+  qk_norm_rope<<<dim3(1, n_heads), 64, 0, st>>>(q, (int64_t)n_heads * hd, hd, w, eps, 0, pos_dev, theta);
+}
+
+void st_cuda_kv_append(const float *kvnew, int G, int hd, const float *w, float eps, const int *pos_dev, float theta,
+                       float *const *k, float *const *v, cudaStream_t st) {
+  kv_ptrs p;
+  for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
+  kv_append<<<G, 64, 0, st>>>(kvnew, G, hd, w, eps, pos_dev, theta, p);
+}
+
+void st_cuda_attend_decode(const float *q, const float *kc, const float *vc, int nq, int hd, const int *pos_dev,
+                           int n_chunks, float *part, float *out, cudaStream_t st) {
+  const float scale = 1.0f / sqrtf((float)hd);
+  attend_partial<<<dim3(1, nq, n_chunks), 32 * WARPS, 0, st>>>(q, (int64_t)nq * hd, kc, vc, hd, 0, pos_dev, scale,
+                                                                n_chunks, part);
+  attend_combine<<<dim3(1, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, 0, pos_dev, out, (int64_t)nq * hd);
 }
 
 // For tests (cuda_codelets.h): attend on host data, on the legacy default stream.

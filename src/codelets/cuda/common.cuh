@@ -250,6 +250,25 @@ void st_cuda_product(cublasHandle_t h, uint32_t type, const void *W, uint64_t ro
 // y[t] = RMSNorm(x[t]) * w for T rows of n (w may be NULL); y may alias x.
 void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, float eps, cudaStream_t stream);
 
+// ---- the decode step's pieces (attention.cu, router.cu), for decode.cu ----------------------
+#define ST_CUDA_MAX_KV_HEADS 32 /* KV heads the decode step's KV append takes (engine.c refuses more) */
+// Chunks of keys the decode attention splits n_keys into; floats of its partials at most (n_ctx keys).
+int st_cuda_attn_chunks(int n_keys);
+// RMSNorm and RoPE in place of n_heads rows of hd floats at q, at position *pos_dev.
+void st_cuda_qk_norm_rope_dev(float *q, int n_heads, int hd, const float *w, float eps, const int *pos_dev, float theta,
+                              cudaStream_t st);
+// K rows kvnew[g hd ..] normed (w) and rotated, and V rows kvnew[(G + g) hd ..], written at position
+// *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each), g < G <= ST_CUDA_MAX_KV_HEADS.
+void st_cuda_kv_append(const float *kvnew, int G, int hd, const float *w, float eps, const int *pos_dev, float theta,
+                       float *const *k, float *const *v, cudaStream_t st);
+// One token's causal attention for the nq query heads at q ([nq][hd]) of one KV head over keys
+// 0..*pos_dev of kc, vc, split into n_chunks chunks (st_cuda_attn_chunks(pos + 1) or more): out [nq][hd];
+// part: st_cuda_decode_part_floats floats (cuda_codelets.h). The prompt codelet's decode kernels, bit for bit.
+void st_cuda_attend_decode(const float *q, const float *kc, const float *vc, int nq, int hd, const int *pos_dev,
+                           int n_chunks, float *part, float *out, cudaStream_t st);
+// The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
+void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
+
 // Once per CUDA worker (engine start): keeps freed stream-ordered memory in the device's pool
 // instead of returning it at every synchronisation, so per-task scratch costs no cudaMalloc.
 extern "C" void st_cuda_worker_init(void *unused);

@@ -80,6 +80,14 @@ int st_cuda_graph_end(struct CUstream_st *stream, int key);
  * st_cuda_graph_begin. NULL after a CUDA error. */
 void *st_cuda_graph_scratch(struct CUstream_st *stream, int key, size_t bytes);
 
+/* The decode step's graphs (decode.cu), captured once and replayed: when the executable graph of
+ * `key` on the current device was captured with signature `sig` (a hash of everything its kernels'
+ * arguments were made of: buffer addresses, grid sizes), launches it on `stream`; else captures
+ * body(args, stream), updates or instantiates the graph, records sig and launches it. 0, or -1 when
+ * the work ran as plain launches after a CUDA error (reported once). */
+int st_cuda_graph_replay(struct CUstream_st *stream, int key, uint64_t sig, void (*body)(const void *, struct CUstream_st *),
+                         const void *args);
+
 /* Per CUDA worker, through starpu_execute_on_each_worker before StarPU shuts down: destroys the
  * graphs and frees the scratch cached for the worker's device (StarPU resets the devices at
  * shutdown, and a later engine in the same process must not find stale handles). */
@@ -106,6 +114,10 @@ struct st_cuda_graph_stats {
   double dense_host_s;       /* host time inside those calls, s */
 };
 void st_cuda_graph_stats(struct st_cuda_graph_stats *out);
+
+/* Floats of the decode attention's partials for contexts of up to n_ctx keys, nq query heads per
+ * KV head of hd dimensions (the decode step's device buffers, graph/decode_bufs.c). */
+size_t st_cuda_decode_part_floats(int n_ctx, int nq, int hd);
 
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
 void st_cuda_worker_init(void *unused);

@@ -18,6 +18,7 @@ namespace {
 
 struct graph_slot {
   cudaGraphExec_t exec;
+  uint64_t sig; // st_cuda_graph_replay: what the captured kernels' arguments were made of
   void *scratch; // per-key device scratch: a stream-ordered allocation inside a capture would
   size_t scratch_bytes; // add memory nodes to the graph, which an update cannot rewrite
 };
@@ -81,7 +82,7 @@ graph_slot *lock_slot(int key, device_cache **dc) {
       pthread_mutex_unlock(&(*dc)->lock);
       return NULL;
     }
-    for (int i = (*dc)->n_slot; i < n; i++) s[i] = graph_slot{NULL, NULL, 0};
+    for (int i = (*dc)->n_slot; i < n; i++) s[i] = graph_slot{NULL, 0, NULL, 0};
     (*dc)->slot = s;
     (*dc)->n_slot = n;
   }
@@ -201,6 +202,39 @@ extern "C" void st_cuda_dense_run(void *buffers[], const void *args, int key, si
     count(&cache.dense_calls);
     count(&cache.dense_host_ns, (unsigned long long)(now_ns() - t0));
   }
+}
+
+extern "C" int st_cuda_graph_replay(cudaStream_t stream, int key, uint64_t sig, void (*body)(const void *, cudaStream_t),
+                                    const void *args) {
+  device_cache *dc = NULL;
+  graph_slot *s = lock_slot(key, &dc);
+  if (s && s->exec && s->sig == sig) {
+    const cudaError_t err = cudaGraphLaunch(s->exec, stream);
+    pthread_mutex_unlock(&dc->lock);
+    if (err == cudaSuccess) {
+      count(&cache.launches);
+      return 0;
+    }
+    fall_back("cudaGraphLaunch", key, err);
+    body(args, stream);
+    return -1;
+  }
+  if (s) pthread_mutex_unlock(&dc->lock);
+  if (!s || st_cuda_graph_begin(stream, key)) {
+    body(args, stream);
+    return -1;
+  }
+  body(args, stream);
+  if (st_cuda_graph_end(stream, key)) { // nothing of the capture ran
+    body(args, stream);
+    return -1;
+  }
+  s = lock_slot(key, &dc);
+  if (s) {
+    s->sig = sig;
+    pthread_mutex_unlock(&dc->lock);
+  }
+  return 0;
 }
 
 extern "C" void st_cuda_graph_release(void *unused) {

@@ -51,6 +51,10 @@ __global__ static void softmax_topk(const float *logits, int T, int E, int k, st
   if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
 }
 
+void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st) {
+  softmax_topk<<<(T + 3) / 4, 128, 0, st>>>(logits, T, E, k, routing);
+}
+
 static void router_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
   const st_router_args *a = (const st_router_args *)args;
   const int T = a->T, d = a->n_embd, E = a->n_expert, piece = d / a->n_xo;
@@ -69,7 +73,7 @@ static void router_body(void *buffers[], const void *args, void *scratch, cudaSt
   float *logits = (float *)scratch;
   st_cuda_product(st_cuda_cublas_handle(T, a->cublas_rows), a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d,
                   logits, E, st);
-  softmax_topk<<<(T + 3) / 4, 128, 0, st>>>(logits, T, E, a->k, routing);
+  st_cuda_softmax_topk(logits, T, E, a->k, routing, st);
   ST_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,163 @@
+/* The decode step's codelets (DESIGN.md, "The decode critical path"): one token through every
+ * layer and the output head with few, fat tasks on buffers that keep their addresses from step
+ * to step. Two families:
+ *
+ * - decode lanes (decode_lane.c, CPU): a layer's CPU work cut into work items, taken in a fixed
+ *   order by a group of lane tasks (one per CPU worker) through two counters (st_lane_sync): a
+ *   lane claims the next item, waits until every item of the previous phase is done, runs it,
+ *   counts it done. Every output element is computed by exactly one item with the same
+ *   arithmetic whichever lane runs it, so results do not depend on STARPU_NCPU or the scheduler.
+ *   With no GPU the lanes run the whole token (attention, router, experts, combine, head); with
+ *   a GPU they run the layer's CPU-pool experts, reading the routing and FFN input StarPU moved
+ *   to main RAM (the `xin` handle) and writing one row per (token, top-k slot) (`cpu_out`).
+ * - decode GPU tasks (cuda/decode.cu): a layer's dense work (the previous layer's combine,
+ *   attention with the KV append, the output projection, the FFN norm, router and top-k) as one
+ *   CUDA graph instantiated once and replayed, the position read from device memory; a layer's
+ *   cached experts (routing and the pair -> slot table read on the device); the output head.
+ *
+ * Codelets know nothing of caches or tiers: the lanes compute the pairs whose `tier` entry is 0
+ * (the CPU pool's, tiers/placement.h), a GPU task the pairs its slot table points at.
+ * The decode step takes one token (T = 1). */
+#ifndef ST_DECODE_H
+#define ST_DECODE_H
+
+#include <stdint.h>
+
+#include "codelets/codelets.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One layer's weights for the decode lanes (host pointers into the mapping; norms are F32). */
+struct st_decode_layer {
+  const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+  const void *wq, *wk, *wv, *wo, *router;
+  struct st_wdesc wq_d, wk_d, wv_d, wo_d, router_d;
+  struct st_wdesc gate_d, up_d, down_d; /* the layout of one expert's matrices */
+  uint64_t gate_bytes, up_bytes;        /* one expert's gate and up matrices: offsets in a cache slot */
+  float *kv;                            /* the layer's host KV cache [n_head_kv][2][n_ctx][head_dim] */
+};
+
+/* The work counters of one group of lanes, each on its own cache line (accessed with __atomic
+ * builtins). `error` is set (1) by an item that found a non-finite router output. */
+struct st_lane_sync {
+  int64_t next;
+  char pad0[56];
+  int64_t done;
+  char pad1[56];
+  int32_t error;
+  int32_t error_layer;
+  char pad2[56];
+};
+
+/* Device buffers of the decode step on the primary GPU, one allocation made once per engine
+ * (graph/decode_bufs.c); NULL without a GPU. Rows are float32 unless said. */
+struct st_decode_dev {
+  float *x, *h, *xn, *q, *kvnew, *attn, *xo, *ffn_in, *rlogits; /* [d], [d], [d], [Hq hd], [2 G hd], [Hq hd], [d], [d], [E] */
+  float *xg, *gate, *up, *wts, *gpu_out, *cpu_out;               /* [k][d], [k][ff], [k][ff], [k], [k][d], [k][d] */
+  float *part;                                                  /* attention partials */
+  struct st_route *route;                                       /* [n_layer][k] */
+  int32_t *pos;                                                 /* [1]: the token's position */
+  void *desc;                                                   /* [3][k] grouped-product descriptors */
+  const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
+  uint64_t bytes;
+};
+
+/* Everything the decode codelets read, built once per engine and owned by it (graph/decode_bufs.c). */
+struct st_decode_ctx {
+  int n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, k, n_ff, n_vocab, n_ctx;
+  float eps, rope_theta;
+  int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
+  const struct st_decode_layer *layers; /* [n_layer] */
+  const void *const *expert_src;       /* [n_layer][n_expert][3] host gate/up/down of each pair */
+  const uint8_t *tier;                 /* [n_layer][n_expert]: 0 = the CPU pool computes the pair */
+  const void *output;                  /* the output head [n_vocab][n_embd] and its norm */
+  const float *output_norm;
+  struct st_wdesc output_d;
+  /* host buffers */
+  float *x, *h, *xn, *q, *attn, *xo, *ffn_in, *rlogits; /* as on the device */
+  float *act;                          /* [k][n_ff]: silu(gate) * up of each slot */
+  float *eout;                         /* [k][n_embd]: each slot's weighted expert row (the cpu_out handle's home) */
+  float *xin;                          /* [k st_route | n_embd floats]: routing and FFN input from the GPU (xin's home) */
+  float *logits;                       /* [n_vocab] (CPU-only: the head's output) */
+  struct st_route *route;              /* [n_layer][k]: the step's routing (CPU-only) */
+  uint8_t *xq;                         /* quantised FFN input: [2][q8 row of n_embd] (gate's, up's layout) */
+  uint8_t *aq;                         /* [k][q8 row of n_ff]: quantised act rows (down's layout) */
+  float *scratch;                      /* per StarPU worker: scratch_floats each */
+  int64_t scratch_floats;
+  int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_head; /* rows per work item */
+  /* the CPU-only token plan: phases of items, a prefix of starts (st_lane_token_plan) */
+  int n_phases;
+  int64_t *phase_start;                /* [n_phases + 1] */
+  int16_t *phase_kind, *phase_layer;   /* [n_phases] */
+  int64_t *layer_end;                  /* [n_layer + 1]: first item after layer l (n_layer: the head) */
+  struct st_lane_sync *sync;           /* [n_layer + 1]: the token's (CPU-only: sync[0]) or each layer's */
+  int pos;                             /* the step's position (set before submission) */
+  struct st_decode_dev dev;
+  int graph_key0;                      /* first CUDA graph key of the decode tasks */
+};
+
+/* Phases of lane work items, in the order a layer runs them. */
+enum st_lane_kind {
+  ST_LP_EMBNORM, /* 1 item: xn = RMSNorm(x) with layer 0's attn_norm */
+  ST_LP_QKV,     /* rows of wq, wk, wv: q, and K, V into the KV cache at pos */
+  ST_LP_ROPE,    /* per query head, then per KV head: q/k RMSNorm and RoPE */
+  ST_LP_ATTN,    /* per query head: softmax attention over positions 0..pos */
+  ST_LP_OPROJ,   /* rows of wo */
+  ST_LP_RESNORM, /* 1 item: h = x + xo, ffn_in = RMSNorm(h) */
+  ST_LP_RLOGITS, /* rows of the router */
+  ST_LP_TOPK,    /* 1 item: softmax, top-k */
+  ST_LP_QX,      /* 1 item (int8 only): ffn_in quantised for gate and up */
+  ST_LP_GATEUP,  /* (slot, rows of gate and up): act = silu(gate x) * up x */
+  ST_LP_QA,      /* per slot (int8 only): act quantised for down */
+  ST_LP_DOWN,    /* (slot, rows of down): eout = weight * down act */
+  ST_LP_COMBINE, /* 1 item: x = h + sum of the slots' rows in slot order; xn = the next norm */
+  ST_LP_HEAD,    /* rows of the output head: logits */
+  ST_LP_KINDS
+};
+
+/* Lane task arguments. kind: ST_LANE_TOKEN (CPU-only: items of sync[0] before layer_end[layer]),
+ * ST_LANE_EXPERTS (the CPU-pool experts of `layer`, counters sync[layer]; buffers: xin R, and for
+ * the collector also cpu_out W: the collector returns only once every item is done). */
+enum { ST_LANE_TOKEN, ST_LANE_EXPERTS };
+struct st_lane_args {
+  const struct st_decode_ctx *ctx;
+  int32_t kind, layer, collector;
+};
+int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bufs, int nbufs, struct st_target tgt,
+                          const char *name);
+
+/* Items of the CPU-only token plan: fills c->n_phases, phase_* and layer_end for a token at
+ * any position (the counts do not depend on it). Returns 0 or ST_ENOMEM. */
+int st_lane_token_plan(struct st_decode_ctx *c);
+
+/* GPU task arguments (cuda/decode.cu). The dense task of `layer` (< n_layer) has buffers
+ * attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm, router (R), the layer's K and V caches per
+ * KV head (RW), then cpu_in (layer - 1's cpu_out, R) when has_cpu_in, then xin (W) when has_xin;
+ * the head (layer == n_layer) has output_norm, output (R) and out (W: n_vocab logits, then the
+ * step's routing [n_layer][k]). emb: layer 0's input row. */
+struct st_decode_gpu_args {
+  const struct st_decode_ctx *ctx;
+  int32_t layer, pos;
+  int32_t combine;    /* add layer - 1's expert rows to x first (every layer but 0, and the head) */
+  int32_t has_cpu_in; /* layer - 1 has CPU-pool rows */
+  int32_t has_xin;    /* this layer's CPU pool reads routing and FFN input */
+  int32_t experts;    /* also run this layer's cached experts in the same task */
+  float emb[];        /* layer 0: n_embd floats */
+};
+int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
+                         struct st_target tgt, const char *name);
+/* The cached experts of `layer` on the primary GPU (no buffers: routing, slot table and rows are
+ * the device buffers of ctx->dev). */
+struct st_decode_experts_args {
+  const struct st_decode_ctx *ctx;
+  int32_t layer;
+};
+int st_submit_decode_experts(const struct st_decode_experts_args *a, struct st_target tgt, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

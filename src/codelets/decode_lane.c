@@ -1,0 +1,360 @@
+/* The decode lanes (decode.h): a group of CPU tasks, one per CPU worker, that share a sequence of
+ * work items through two counters. A lane claims the next item (compare-and-swap while it is below
+ * the lane's bound), waits until every item of the previous phases is done (items of phase p
+ * start only once `done` reaches the phase's first index: since items are claimed in order, the
+ * earlier ones were all claimed by running lanes, so the wait always ends), runs it and counts it
+ * done. A lane may help with earlier layers' items (its bound is the end of its own layer), so a
+ * lane that starts early never waits on work nobody has claimed, whatever order the scheduler
+ * runs the tasks in. Each output element is computed by one item with fixed arithmetic (the
+ * kernels of dot.h and layer_cpu.h, as the prompt-path codelets use them), so a decode step gives
+ * the same bits as the prompt path on one token and does not depend on the number of lanes. */
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codelets/decode.h"
+#include "codelets/dot.h"
+#include "codelets/layer_cpu.h"
+#include "codelets/quant.h"
+#include "common.h"
+
+static int64_t div_up64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Spins until *p >= want (acquire), pausing, then yielding after a while. */
+static void wait_at_least(const int64_t *p, int64_t want) {
+  for (unsigned spins = 0; __atomic_load_n(p, __ATOMIC_ACQUIRE) < want; spins++) {
+    if (spins < (1u << 14)) __builtin_ia32_pause();
+    else sched_yield();
+  }
+}
+
+/* Claims the next item below `bound`: its index, or -1 when none is left. */
+static int64_t claim(struct st_lane_sync *s, int64_t bound) {
+  int64_t i = __atomic_load_n(&s->next, __ATOMIC_RELAXED);
+  do {
+    if (i >= bound) return -1;
+  } while (!__atomic_compare_exchange_n(&s->next, &i, i + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+  return i;
+}
+
+/* What an item needs beyond the context: the layer's routing and FFN input (CPU-only: the
+ * context's; GPU layers: the xin buffer), and the slots the CPU pool computes. */
+struct lane_state {
+  const struct st_decode_ctx *c;
+  struct st_lane_sync *sync;
+  const struct st_route *route; /* the layer's k entries */
+  const float *ffn_in;
+  int slots[64];                /* the layer's CPU-pool slots (top-k positions), in slot order */
+  int n_slots;
+  const uint8_t *xq_gate, *xq_up; /* quantised ffn_in, or NULL (float32 activations) */
+  float *scratch;
+};
+
+static const void *expert_mat(const struct st_decode_ctx *c, int layer, int e, int which) {
+  return c->expert_src[((size_t)layer * c->n_expert + (size_t)e) * 3 + which];
+}
+
+static uint64_t aq_row_bytes(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  return c->int8_dot ? st_q8_row_bytes(L->down_d.type, c->n_ff) : 0;
+}
+
+/* Rows [r0, r1) of W (desc w) times the row x [n], into out[0 .. r1 - r0). */
+static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1, const float *x, float *out) {
+  st_matmul(w->type, W, w->row_bytes, r0, r1, x, w->n, 1, w->n, out, r1 - r0);
+}
+
+/* ---- the items ---------------------------------------------------------------------------- */
+
+static void item_qkv(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int hd = c->head_dim, qrows = c->n_head * hd, kvrows = c->n_head_kv * hd, R = c->rows_qkv;
+  int64_t r0 = i * R;
+  if (r0 < qrows) {
+    rows(&L->wq_d, L->wq, r0, r0 + R, c->xn, c->q + r0);
+    return;
+  }
+  r0 -= qrows;
+  const int v = r0 >= kvrows;
+  if (v) r0 -= kvrows;
+  const int g = (int)(r0 / hd);
+  float *dst = L->kv + (((size_t)g * 2 + (size_t)v) * (size_t)c->n_ctx + (size_t)c->pos) * hd + r0 % hd;
+  rows(v ? &L->wv_d : &L->wk_d, v ? L->wv : L->wk, r0, r0 + R, c->xn, dst);
+}
+
+static void item_rope(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int hd = c->head_dim;
+  if (i < c->n_head) {
+    float *qh = c->q + (size_t)i * hd;
+    st_rmsnorm(qh, L->q_norm, qh, hd, c->eps);
+    st_rope_neox(qh, hd, c->pos, c->rope_theta);
+    return;
+  }
+  const int g = (int)i - c->n_head;
+  float *kt = L->kv + ((size_t)g * 2 * (size_t)c->n_ctx + (size_t)c->pos) * hd;
+  st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
+  st_rope_neox(kt, hd, c->pos, c->rope_theta);
+}
+
+static void item_attn(struct lane_state *s, int l, int64_t h) {
+  const struct st_decode_ctx *c = s->c;
+  const int hd = c->head_dim, g = (int)h / (c->n_head / c->n_head_kv);
+  const float *kc = c->layers[l].kv + (size_t)g * 2 * (size_t)c->n_ctx * hd, *vc = kc + (size_t)c->n_ctx * hd;
+  st_attend_head(c->q + (size_t)h * hd, kc, vc, c->pos + 1, hd, s->scratch, c->attn + (size_t)h * hd);
+}
+
+static void item_resnorm(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  for (int i = 0; i < c->n_embd; i++) c->h[i] = c->x[i] + c->xo[i];
+  st_rmsnorm(c->h, c->layers[l].ffn_norm, c->ffn_in, c->n_embd, c->eps);
+}
+
+/* Softmax and top-k of the layer's router logits; a non-finite choice is recorded (the host
+ * reports it after the step) and replaced by expert 0 so that later items stay in bounds. */
+static void item_topk(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  struct st_route *r = c->route + (size_t)l * c->k;
+  st_route_topk(c->rlogits, c->n_expert, c->k, r);
+  for (int j = 0; j < c->k; j++)
+    if (r[j].expert < 0 || r[j].expert >= c->n_expert || !(r[j].weight == r[j].weight)) {
+      if (!__atomic_exchange_n(&s->sync->error, 1, __ATOMIC_RELAXED)) s->sync->error_layer = l;
+      if (r[j].expert < 0 || r[j].expert >= c->n_expert) r[j].expert = 0;
+    }
+}
+
+/* ffn_in quantised for gate (and for up when its layout differs), as expert_rows_cpu does. */
+static void item_qx(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const uint64_t qg = st_q8_row_bytes(L->gate_d.type, c->n_embd), qu = st_q8_row_bytes(L->up_d.type, c->n_embd);
+  if (qg) st_quantize_act(L->gate_d.type, s->ffn_in, c->n_embd, 1, c->n_embd, c->xq);
+  if (qu && qu != qg) st_quantize_act(L->up_d.type, s->ffn_in, c->n_embd, 1, c->n_embd, c->xq + qg);
+}
+
+/* The layer's quantised FFN inputs (what item_qx wrote), or NULL for float32 activations. */
+static void lane_xq(struct lane_state *s, const struct st_decode_layer *L) {
+  const struct st_decode_ctx *c = s->c;
+  const uint64_t qg = c->int8_dot ? st_q8_row_bytes(L->gate_d.type, c->n_embd) : 0;
+  const uint64_t qu = c->int8_dot ? st_q8_row_bytes(L->up_d.type, c->n_embd) : 0;
+  s->xq_gate = qg ? c->xq : NULL;
+  s->xq_up = qu ? (qu == qg ? c->xq : c->xq + qg) : NULL;
+}
+
+static void item_gateup(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int R = c->rows_gateup, per = (int)div_up64(c->n_ff, R);
+  const int slot = s->slots[i / per];
+  const int64_t f0 = (i % per) * R, f1 = f0 + R < c->n_ff ? f0 + R : c->n_ff;
+  const int e = s->route[slot].expert, d = c->n_embd;
+  float *g = s->scratch, *u = g + R;
+  const void *gw = expert_mat(c, l, e, 0), *uw = expert_mat(c, l, e, 1);
+  if (s->xq_gate) st_matmul_q8(L->gate_d.type, gw, L->gate_d.row_bytes, f0, f1, s->xq_gate, 1, d, g, f1 - f0);
+  else st_matmul(L->gate_d.type, gw, L->gate_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, g, f1 - f0);
+  if (s->xq_up) st_matmul_q8(L->up_d.type, uw, L->up_d.row_bytes, f0, f1, s->xq_up, 1, d, u, f1 - f0);
+  else st_matmul(L->up_d.type, uw, L->up_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, u, f1 - f0);
+  float *act = c->act + (size_t)slot * c->n_ff + f0;
+  for (int64_t f = 0; f < f1 - f0; f++) act[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+}
+
+static void item_qa(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int slot = s->slots[i];
+  st_quantize_act(L->down_d.type, c->act + (size_t)slot * c->n_ff, c->n_ff, 1, c->n_ff,
+                  c->aq + (size_t)slot * aq_row_bytes(c, L));
+}
+
+static void item_down(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int R = c->rows_down, per = (int)div_up64(c->n_embd, R), ff = c->n_ff;
+  const int slot = s->slots[i / per];
+  const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
+  const void *dw = expert_mat(c, l, s->route[slot].expert, 2);
+  float *out = c->eout + (size_t)slot * c->n_embd + r0;
+  const uint64_t qa = aq_row_bytes(c, L);
+  if (qa) st_matmul_q8(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->aq + (size_t)slot * qa, 1, ff, out, r1 - r0);
+  else st_matmul(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->act + (size_t)slot * ff, ff, 1, ff, out, r1 - r0);
+  const float w = s->route[slot].weight;
+  for (int64_t r = 0; r < r1 - r0; r++) out[r] *= w;
+}
+
+/* x = h + the slots' rows added in slot order (as combine_cpu), then the next norm into xn. */
+static void item_combine(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  const int d = c->n_embd;
+  for (int i = 0; i < d; i++) {
+    float acc = 0.0f;
+    for (int j = 0; j < c->k; j++) acc += c->eout[(size_t)j * d + i];
+    c->x[i] = acc + c->h[i];
+  }
+  const float *norm = l + 1 < c->n_layer ? c->layers[l + 1].attn_norm : c->output_norm;
+  st_rmsnorm(c->x, norm, c->xn, d, c->eps);
+}
+
+static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = l < c->n_layer ? &c->layers[l] : NULL;
+  switch (kind) {
+  case ST_LP_EMBNORM: st_rmsnorm(c->x, c->layers[0].attn_norm, c->xn, c->n_embd, c->eps); break;
+  case ST_LP_QKV: item_qkv(s, l, i); break;
+  case ST_LP_ROPE: item_rope(s, l, i); break;
+  case ST_LP_ATTN: item_attn(s, l, i); break;
+  case ST_LP_OPROJ: {
+    const int64_t r0 = i * c->rows_o, r1 = r0 + c->rows_o < c->n_embd ? r0 + c->rows_o : c->n_embd;
+    rows(&L->wo_d, L->wo, r0, r1, c->attn, c->xo + r0);
+    break;
+  }
+  case ST_LP_RESNORM: item_resnorm(s, l); break;
+  case ST_LP_RLOGITS: {
+    const int64_t r0 = i * c->rows_router, r1 = r0 + c->rows_router < c->n_expert ? r0 + c->rows_router : c->n_expert;
+    rows(&L->router_d, L->router, r0, r1, c->ffn_in, c->rlogits + r0);
+    break;
+  }
+  case ST_LP_TOPK: item_topk(s, l); break;
+  case ST_LP_QX: item_qx(s, l); break;
+  case ST_LP_GATEUP: item_gateup(s, l, i); break;
+  case ST_LP_QA: item_qa(s, l, i); break;
+  case ST_LP_DOWN: item_down(s, l, i); break;
+  case ST_LP_COMBINE: item_combine(s, l); break;
+  case ST_LP_HEAD: {
+    const int64_t r0 = i * c->rows_head, r1 = r0 + c->rows_head < c->n_vocab ? r0 + c->rows_head : c->n_vocab;
+    rows(&c->output_d, c->output, r0, r1, c->xn, c->logits + r0);
+    break;
+  }
+  default: ST_ASSERT(0 && "unknown lane phase");
+  }
+}
+
+/* Per-layer set-up before an item of a new layer runs (CPU-only: routing and slots from the
+ * context; every slot is the CPU pool's). */
+static void enter_layer_cpu(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  s->route = c->route + (size_t)l * c->k;
+  s->ffn_in = c->ffn_in;
+  s->n_slots = c->k;
+  for (int j = 0; j < c->k; j++) s->slots[j] = j;
+  if (l < c->n_layer) lane_xq(s, &c->layers[l]);
+}
+
+/* Runs items of a plan (n_phases phases, starts[p] .. starts[p + 1], of kind[p] in layer[p])
+ * below `bound`. */
+static void run_plan(struct lane_state *s, const int64_t *starts, const int16_t *kind, const int16_t *layer,
+                     int n_phases, int64_t bound, int cpu_only) {
+  int p = 0, cur_layer = -1;
+  for (int64_t i; (i = claim(s->sync, bound)) >= 0;) {
+    while (p < n_phases && starts[p + 1] <= i) p++;
+    ST_ASSERT(p < n_phases);
+    if (cpu_only && layer[p] != cur_layer) {
+      cur_layer = layer[p];
+      enter_layer_cpu(s, cur_layer);
+    }
+    wait_at_least(&s->sync->done, starts[p]);
+    run_item(s, kind[p], layer[p], i - starts[p]);
+    __atomic_fetch_add(&s->sync->done, 1, __ATOMIC_RELEASE);
+  }
+}
+
+static float *worker_scratch(const struct st_decode_ctx *c) {
+  const int w = starpu_worker_get_id();
+  return c->scratch + (size_t)(w < 0 ? 0 : w) * (size_t)c->scratch_floats;
+}
+
+/* The CPU-pool experts of a GPU layer: the slots whose pair the CPU pool owns, then the local
+ * plan QX, GATEUP, QA, DOWN over them (every lane computes the same plan from the same input). */
+static void lane_experts(const struct st_lane_args *a, void *buffers[]) {
+  const struct st_decode_ctx *c = a->ctx;
+  const int l = a->layer;
+  const struct st_decode_layer *L = &c->layers[l];
+  struct lane_state s = {.c = c, .sync = &((struct st_lane_sync *)c->sync)[l], .scratch = worker_scratch(c)};
+  const struct st_route *route = (const struct st_route *)STARPU_VECTOR_GET_PTR(buffers[0]);
+  s.route = route;
+  s.ffn_in = (const float *)(route + c->k);
+  for (int j = 0; j < c->k && j < 64; j++) {
+    const int e = route[j].expert;
+    if (e >= 0 && e < c->n_expert && c->tier[(size_t)l * c->n_expert + e] == 0) s.slots[s.n_slots++] = j;
+  }
+  lane_xq(&s, L);
+  const int64_t n = s.n_slots, per_gu = div_up64(c->n_ff, c->rows_gateup), per_dn = div_up64(c->n_embd, c->rows_down);
+  const int int8 = s.xq_gate || s.xq_up;
+  const int64_t counts[4] = {n && int8 ? 1 : 0, n * per_gu, aq_row_bytes(c, L) ? n : 0, n * per_dn};
+  const int16_t kinds[4] = {ST_LP_QX, ST_LP_GATEUP, ST_LP_QA, ST_LP_DOWN}, layers[4] = {(int16_t)l, (int16_t)l, (int16_t)l, (int16_t)l};
+  int64_t starts[5] = {0};
+  for (int p = 0; p < 4; p++) starts[p + 1] = starts[p] + counts[p];
+  run_plan(&s, starts, kinds, layers, 4, starts[4], 0);
+  if (a->collector) wait_at_least(&s.sync->done, starts[4]); /* cpu_out is complete when this task ends */
+}
+
+static void decode_lane_cpu(void *buffers[], void *cl_arg) {
+  const struct st_lane_args *a = cl_arg;
+  const struct st_decode_ctx *c = a->ctx;
+  if (a->kind == ST_LANE_EXPERTS) {
+    lane_experts(a, buffers);
+    return;
+  }
+  struct lane_state s = {.c = c, .sync = (struct st_lane_sync *)c->sync, .scratch = worker_scratch(c)};
+  run_plan(&s, c->phase_start, c->phase_kind, c->phase_layer, c->n_phases, c->layer_end[a->layer], 1);
+}
+
+int st_lane_token_plan(struct st_decode_ctx *c) {
+  const int L = c->n_layer, per_layer = 12;
+  const int P = 1 + per_layer * L + 1;
+  c->phase_start = calloc((size_t)P + 1, sizeof *c->phase_start);
+  c->phase_kind = calloc((size_t)P, sizeof *c->phase_kind);
+  c->phase_layer = calloc((size_t)P, sizeof *c->phase_layer);
+  c->layer_end = calloc((size_t)L + 1, sizeof *c->layer_end);
+  if (!c->phase_start || !c->phase_kind || !c->phase_layer || !c->layer_end)
+    return st_set_error(ST_ENOMEM, "out of memory for the decode plan");
+  int p = 0;
+  int64_t at = 0;
+#define PHASE(kind_, layer_, n_)                                                                        \
+  do {                                                                                                  \
+    c->phase_kind[p] = (int16_t)(kind_);                                                                \
+    c->phase_layer[p] = (int16_t)(layer_);                                                              \
+    c->phase_start[p++] = at;                                                                           \
+    at += (n_);                                                                                         \
+  } while (0)
+  PHASE(ST_LP_EMBNORM, 0, 1);
+  for (int l = 0; l < L; l++) {
+    const struct st_decode_layer *Ly = &c->layers[l];
+    const int hd = c->head_dim;
+    const int int8_x = c->int8_dot && (st_q8_row_bytes(Ly->gate_d.type, c->n_embd) || st_q8_row_bytes(Ly->up_d.type, c->n_embd));
+    PHASE(ST_LP_QKV, l, (int64_t)(c->n_head + 2 * c->n_head_kv) * hd / c->rows_qkv);
+    PHASE(ST_LP_ROPE, l, c->n_head + c->n_head_kv);
+    PHASE(ST_LP_ATTN, l, c->n_head);
+    PHASE(ST_LP_OPROJ, l, div_up64(c->n_embd, c->rows_o));
+    PHASE(ST_LP_RESNORM, l, 1);
+    PHASE(ST_LP_RLOGITS, l, div_up64(c->n_expert, c->rows_router));
+    PHASE(ST_LP_TOPK, l, 1);
+    PHASE(ST_LP_QX, l, int8_x ? 1 : 0);
+    PHASE(ST_LP_GATEUP, l, (int64_t)c->k * div_up64(c->n_ff, c->rows_gateup));
+    PHASE(ST_LP_QA, l, aq_row_bytes(c, Ly) ? c->k : 0);
+    PHASE(ST_LP_DOWN, l, (int64_t)c->k * div_up64(c->n_embd, c->rows_down));
+    PHASE(ST_LP_COMBINE, l, 1);
+    c->layer_end[l] = at;
+  }
+  PHASE(ST_LP_HEAD, L, div_up64(c->n_vocab, c->rows_head));
+#undef PHASE
+  c->phase_start[p] = at;
+  c->layer_end[L] = at;
+  c->n_phases = p;
+  ST_ASSERT(p == P);
+  return 0;
+}
+
+static struct starpu_codelet decode_lane_cl = {
+    .cpu_funcs = {decode_lane_cpu},
+    .cpu_funcs_name = {"decode_lane_cpu"},
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+    .name = "decode_lane",
+};
+
+int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bufs, int nbufs, struct st_target tgt,
+                          const char *name) {
+  enum starpu_data_access_mode modes[2] = {STARPU_R, STARPU_W};
+  return st_submit_task(&decode_lane_cl, bufs, modes, nbufs, a, sizeof *a, tgt, name);
+}

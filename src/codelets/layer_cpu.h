@@ -1,0 +1,23 @@
+/* The per-head and per-token CPU math of a qwen3moe layer, shared by the prompt-path codelets
+ * (attention.c, router.c) and the decode lanes (decode_lane.c), so that a token computed either
+ * way gives the same bits. */
+#ifndef ST_LAYER_CPU_H
+#define ST_LAYER_CPU_H
+
+#include "codelets/codelets.h"
+
+/* NEOX RoPE of one head in place: v[i] and v[i + hd/2] rotated by pos * theta^(-2i/hd) (the
+ * rotation llama.cpp applies for qwen3moe, LLAMA_ROPE_TYPE_NEOX). hd even. */
+void st_rope_neox(float *v, int hd, int pos, float theta);
+
+/* Causal softmax attention of one query head qh [hd] over the first n_keys rows of the head's
+ * K and V caches (kc, vc [n_keys][hd]): scores scaled by 1/sqrt(hd), softmax (sum in double),
+ * o [hd] = sum of p_j v_j in key order. score: n_keys floats of caller scratch. */
+void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o);
+
+/* One token's routing from its E router logits (overwritten with the softmax): softmax, top-k
+ * by selection (highest first, ties to the lower expert id), weights renormalised to sum to 1
+ * (qwen3moe's norm_topk_prob). r: k entries. With non-finite logits the weights are NaN. */
+void st_route_topk(float *logits, int E, int k, struct st_route *r);
+
+#endif

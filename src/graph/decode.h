@@ -1,0 +1,68 @@
+/* The decode step (DESIGN.md, "The decode critical path"), as the engine builds it: one token's
+ * whole task graph submitted before its first task runs, with no wait on the submitting thread
+ * until the logits.
+ *
+ *   decode_bufs.c    the persistent buffers (host, the primary GPU's, and their StarPU handles),
+ *                    registered once per engine, and the codelets' context (codelets/decode.h)
+ *   device_tables.c  the tiers' device tables: each pair's slot in the primary cache
+ *   layer.c          one layer's tasks (the GPU's dense and expert tasks, the CPU pool's lanes)
+ *   token.c          the token's graph: every layer and the head, then the host's bookkeeping
+ *
+ * With a CUDA worker the dense work, the KV cache and attention run on the primary GPU, the
+ * primary cache's experts there too, and each layer with CPU-pool pairs gets one lane task per CPU
+ * worker; without one every layer is one lane task per CPU worker. Configurations the step does
+ * not cover (helper caches, the peer tier, a layer split; STRATA_DECODE_GRAPH=0) keep the per-task
+ * path of engine.c. */
+#ifndef ST_GRAPH_DECODE_H
+#define ST_GRAPH_DECODE_H
+
+#include <starpu.h>
+
+#include "codelets/decode.h"
+
+struct st_engine;
+
+struct st_decode {
+  struct st_decode_ctx ctx;
+  struct st_decode_layer *layers;   /* [n_layer] */
+  const void **expert_src;          /* [n_layer][n_expert][3] */
+  void *host_block;                 /* the host buffers, one allocation */
+  size_t host_bytes;
+  int gpu;                          /* dense work on the primary GPU */
+  int primary_worker;               /* its StarPU worker */
+  unsigned primary_node;
+  uintptr_t dev_block;              /* ctx.dev's allocation on that node */
+  starpu_data_handle_t h_xin, h_cpu_out, h_out; /* GPU mode: routing + FFN input, CPU-pool rows, logits + routing */
+  float *out;                       /* h_out's home: n_vocab logits, then [n_layer][k] st_route */
+  float *emb;                       /* the token's embedding row (n_embd), before submission */
+  uint8_t *layer_cpu;               /* [n_layer]: the CPU pool owns a pair of the layer */
+  int n_lanes;                      /* one per CPU worker */
+  int *lane_worker;                 /* [n_lanes] StarPU worker ids */
+  unsigned order;                   /* the primary worker's last starpu_task::workerorder */
+  char *names;                      /* task names (StarPU keeps the pointers) */
+  const char **layer_names, **experts_names, **lane_names; /* [n_layer + 1], [n_layer], [(n_layer + 1) * n_lanes] */
+  uint64_t tasks_last;              /* tasks of the last step */
+};
+
+/* Whether the engine's configuration runs decode steps through this path, and why not (`why`:
+ * a static string, for the start-up log). */
+int st_decode_supported(const struct st_engine *e, const char **why);
+
+/* Builds e->dec: buffers, handles, device tables, names. ST_ENOMEM / ST_ERUNTIME on failure. */
+int st_decode_init(struct st_engine *e);
+void st_decode_free(struct st_engine *e);
+
+/* Rewrites the primary GPU's pair -> slot table and the layers' CPU-pool flags from the placement
+ * (at start and after adaptive swaps; no task may be running). 0 or ST_ERUNTIME. */
+int st_decode_tables_update(struct st_engine *e);
+
+/* Submits layer l's tasks of a decode step (layer.c); l == n_layer: the output head. */
+int st_decode_submit_layer(struct st_engine *e, int l);
+
+/* One decode step (token.c): token `id` at position e->n_past through every layer and the head;
+ * the logits (n_vocab floats) into `logits`; the routing counted as the per-task path counts it.
+ * Does not advance n_past. Errors: ST_ERUNTIME when a router's input is not finite or a
+ * submission fails. */
+int st_decode_step(struct st_engine *e, int32_t id, float *logits);
+
+#endif

@@ -1,0 +1,273 @@
+/* The decode step's persistent buffers (graph/decode.h): the host buffers the lanes work in, the
+ * primary GPU's buffers its graphs replay over, and the three handles that cross between them
+ * (xin: a layer's routing and FFN input for the CPU pool; cpu_out: the CPU pool's rows back; out:
+ * the logits and the step's routing), all made and registered once per engine, so that every task
+ * of every step sees the same addresses. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codelets/dot.h"
+#include "codelets/quant.h"
+#include "common.h"
+#include "config.h"
+#include "graph/decode.h"
+#include "graph/engine.h"
+#include "tiers/arena.h"
+#ifdef ST_HAVE_CUDA
+#include "codelets/cuda/cuda_codelets.h"
+#endif
+
+#define MAX_SLOTS 64   /* top-k entries a lane handles (decode_lane.c) */
+#define MAX_KV_HEADS 32 /* ST_CUDA_MAX_KV_HEADS */
+
+int st_decode_supported(const struct st_engine *e, const char **why) {
+  const struct st_hparams *hp = &e->hp;
+  *why = NULL;
+  if (!e->decode_graph) *why = "STRATA_DECODE_GRAPH=0";
+  else if (e->placement.n_caches > 1) *why = "helper caches, the peer tier and layer splits keep the per-task decode path";
+  else if (hp->n_expert_used > MAX_SLOTS) *why = "more than 64 experts per token";
+  else if (hp->n_head_kv > MAX_KV_HEADS || hp->n_head % hp->n_head_kv) *why = "an unusual attention head layout";
+  return *why == NULL;
+}
+
+static size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
+static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* The largest power of two <= cap dividing n. */
+static int pow2_divisor(int n, int cap) {
+  int r = 1;
+  while (r * 2 <= cap && n % (r * 2) == 0) r *= 2;
+  return r;
+}
+
+static struct st_wdesc desc_of(const struct st_weight *w) { return (struct st_wdesc){w->type, w->row_bytes, (int64_t)w->ne[0]}; }
+
+/* Bytes of a quantised activation row of n for the widest layout any layer's `which` matrix needs. */
+static uint64_t q8_row_max(const struct st_engine *e, int which, int64_t n) {
+  uint64_t most = 0;
+  for (uint32_t l = 0; l < e->hp.n_layer; l++) {
+    const struct st_layer *L = &e->model->layers[l];
+    const struct st_weight *w = which == 0 ? &L->gate_exps : which == 1 ? &L->up_exps : &L->down_exps;
+    const uint64_t b = st_q8_row_bytes(w->type, n);
+    most = b > most ? b : most;
+  }
+  return most;
+}
+
+static int make_names(struct st_decode *d, const struct st_engine *e) {
+  const int L = (int)e->hp.n_layer, lanes = d->n_lanes;
+  const size_t n = (size_t)(L + 1) + (size_t)L + (size_t)(L + 1) * lanes;
+  d->names = malloc(n * 64);
+  d->layer_names = malloc(sizeof(char *) * (size_t)(L + 1));
+  d->experts_names = malloc(sizeof(char *) * (size_t)L);
+  d->lane_names = malloc(sizeof(char *) * (size_t)(L + 1) * lanes);
+  if (!d->names || !d->layer_names || !d->experts_names || !d->lane_names)
+    return st_set_error(ST_ENOMEM, "out of memory for task names");
+  char *p = d->names;
+  const char *gpu = e->placement.n_caches ? e->placement.cache[0].name : "CUDA0";
+  for (int l = 0; l <= L; l++) {
+    if (l < L) snprintf(p, 64, "decode_layer L%d %s", l, gpu);
+    else snprintf(p, 64, "output_head %s", gpu);
+    d->layer_names[l] = p;
+    p += 64;
+    if (l < L) {
+      snprintf(p, 64, "expert_rows L%d %s", l, gpu);
+      d->experts_names[l] = p;
+      p += 64;
+    }
+    for (int i = 0; i < lanes; i++) {
+      if (l < L) snprintf(p, 64, d->gpu ? "expert_rows L%d CPU lane %d" : "decode_lane L%d lane %d", l, i);
+      else snprintf(p, 64, "decode_lane head lane %d", i);
+      d->lane_names[(size_t)l * lanes + i] = p;
+      p += 64;
+    }
+  }
+  return 0;
+}
+
+/* Carves the host block: each array 64-byte aligned; with base NULL only counts. */
+static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t *base) {
+  const struct st_hparams *hp = &e->hp;
+  struct st_decode_ctx *c = &d->ctx;
+  const size_t dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
+  size_t at = 0;
+#define TAKE(dst, type, count)                                  \
+  do {                                                          \
+    if (base) (dst) = (type *)(void *)(base + at);             \
+    at += up64(sizeof(type) * (size_t)(count));                 \
+  } while (0)
+  TAKE(c->x, float, dm);
+  TAKE(c->h, float, dm);
+  TAKE(c->xn, float, dm);
+  TAKE(c->q, float, qw);
+  TAKE(c->attn, float, qw);
+  TAKE(c->xo, float, dm);
+  TAKE(c->ffn_in, float, dm);
+  TAKE(c->rlogits, float, hp->n_expert);
+  TAKE(c->act, float, k * ff);
+  TAKE(c->eout, float, k * dm);
+  TAKE(c->xin, float, 2 * k + dm);
+  TAKE(c->logits, float, d->gpu ? 1 : hp->n_vocab);
+  TAKE(c->route, struct st_route, (size_t)hp->n_layer * k);
+  TAKE(c->xq, uint8_t, q8_row_max(e, 0, dm) + q8_row_max(e, 1, dm) + 1);
+  TAKE(c->aq, uint8_t, k * q8_row_max(e, 2, (int64_t)ff) + 1);
+  TAKE(c->scratch, float, (size_t)c->scratch_floats * starpu_worker_get_count());
+  TAKE(c->sync, struct st_lane_sync, hp->n_layer + 1);
+  TAKE(d->out, float, d->gpu ? hp->n_vocab + 2 * (size_t)hp->n_layer * k : 1);
+  TAKE(d->emb, float, dm);
+#undef TAKE
+  return at;
+}
+
+#ifdef ST_HAVE_CUDA
+/* Carves the primary GPU's block (256-byte aligned arrays); with base 0 only counts. */
+static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_t base) {
+  const struct st_hparams *hp = &e->hp;
+  struct st_decode_dev *D = &d->ctx.dev;
+  const size_t dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
+  const size_t G = hp->n_head_kv, hd = hp->head_dim;
+  const size_t part = st_cuda_decode_part_floats(e->n_ctx, (int)(hp->n_head / hp->n_head_kv), (int)hd);
+  size_t at = 0;
+#define TAKE(dst, type, count)                                   \
+  do {                                                           \
+    if (base) (dst) = (type *)(base + at);                       \
+    at += up256(sizeof(type) * (size_t)(count));                 \
+  } while (0)
+  TAKE(D->x, float, dm);
+  TAKE(D->h, float, dm);
+  TAKE(D->xn, float, dm);
+  TAKE(D->q, float, qw);
+  TAKE(D->kvnew, float, 2 * G * hd);
+  TAKE(D->attn, float, qw);
+  TAKE(D->xo, float, dm);
+  TAKE(D->ffn_in, float, dm);
+  TAKE(D->rlogits, float, hp->n_expert);
+  TAKE(D->xg, float, k * dm);
+  TAKE(D->gate, float, k * ff);
+  TAKE(D->up, float, k * ff);
+  TAKE(D->wts, float, k);
+  TAKE(D->gpu_out, float, k * dm);
+  TAKE(D->cpu_out, float, k * dm);
+  TAKE(D->part, float, part);
+  TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
+  TAKE(D->pos, int32_t, 1);
+  TAKE(D->desc, uint8_t, 3 * k * 16);
+  TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);
+#undef TAKE
+  return at;
+}
+#endif
+
+int st_decode_init(struct st_engine *e) {
+  const struct st_hparams *hp = &e->hp;
+  struct st_decode *d = calloc(1, sizeof *d);
+  if (!d) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
+  e->dec = d;
+  struct st_decode_ctx *c = &d->ctx;
+  const int L = (int)hp->n_layer, E = (int)hp->n_expert;
+  d->gpu = e->placement.cuda0_worker >= 0;
+  d->primary_worker = e->placement.cuda0_worker;
+  d->primary_node = e->placement.cuda0_node;
+  *c = (struct st_decode_ctx){.n_layer = L, .n_embd = (int)hp->n_embd, .n_head = (int)hp->n_head,
+                              .n_head_kv = (int)hp->n_head_kv, .head_dim = (int)hp->head_dim, .n_expert = E,
+                              .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
+                              .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
+                              .int8_dot = e->int8_dot, .tier = e->placement.tier,
+                              .output = e->model->output.data, .output_norm = e->model->output_norm.data,
+                              .output_d = desc_of(&e->model->output)};
+  c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);
+  c->rows_o = 32;
+  c->rows_router = 32;
+  c->rows_gateup = 32;
+  c->rows_down = 128;
+  c->rows_head = 512;
+  c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16;
+  c->graph_key0 = 1 + 8 * (L + 2);
+
+  d->layers = calloc((size_t)L, sizeof *d->layers);
+  d->expert_src = malloc(sizeof(void *) * (size_t)L * E * 3);
+  d->layer_cpu = calloc((size_t)L, 1);
+  if (!d->layers || !d->expert_src || !d->layer_cpu) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
+  const size_t kv_layer = (size_t)hp->n_head_kv * 2 * (size_t)e->n_ctx * hp->head_dim;
+  for (int l = 0; l < L; l++) {
+    const struct st_layer *W = &e->model->layers[l];
+    d->layers[l] = (struct st_decode_layer){
+        .attn_norm = W->attn_norm.data, .q_norm = W->q_norm.data, .k_norm = W->k_norm.data,
+        .ffn_norm = W->ffn_norm.data, .wq = W->wq.data, .wk = W->wk.data, .wv = W->wv.data, .wo = W->wo.data,
+        .router = W->router.data, .wq_d = desc_of(&W->wq), .wk_d = desc_of(&W->wk), .wv_d = desc_of(&W->wv),
+        .wo_d = desc_of(&W->wo), .router_d = desc_of(&W->router), .gate_d = desc_of(&W->gate_exps),
+        .up_d = desc_of(&W->up_exps), .down_d = desc_of(&W->down_exps),
+        .gate_bytes = st_expert_bytes(&W->gate_exps), .up_bytes = st_expert_bytes(&W->up_exps),
+        .kv = e->kv + (size_t)l * kv_layer};
+    for (int x = 0; x < E; x++)
+      for (int i = 0; i < 3; i++)
+        d->expert_src[((size_t)l * E + x) * 3 + i] = st_host_arena_src(e->placement.arena, e->model, (uint32_t)l, (uint32_t)x, i);
+  }
+  c->layers = d->layers;
+  c->expert_src = d->expert_src;
+
+  /* lanes: one per CPU worker, in worker order */
+  const unsigned nw = starpu_worker_get_count();
+  d->lane_worker = malloc(sizeof(int) * (nw ? nw : 1));
+  if (!d->lane_worker) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
+  for (unsigned w = 0; w < nw; w++)
+    if (starpu_worker_get_type((int)w) == STARPU_CPU_WORKER) d->lane_worker[d->n_lanes++] = (int)w;
+  if (d->n_lanes == 0) return st_set_error(ST_ERUNTIME, "the decode step needs a CPU worker");
+
+  d->host_bytes = carve_host(d, e, NULL);
+  if (posix_memalign(&d->host_block, 4096, d->host_bytes)) {
+    d->host_block = NULL;
+    return st_set_error(ST_ENOMEM, "out of memory for the decode buffers (%.1f MiB)", d->host_bytes / 1048576.0);
+  }
+  memset(d->host_block, 0, d->host_bytes);
+  carve_host(d, e, d->host_block);
+  int rc = make_names(d, e);
+  if (!rc && !d->gpu) rc = st_lane_token_plan(c);
+#ifdef ST_HAVE_CUDA
+  if (!rc && d->gpu) {
+    char why[256];
+    if (!st_cuda_host_register(d->host_block, d->host_bytes, why, sizeof why))
+      fprintf(stderr, "strata: decode buffers not pinned (%s): transfers stage through pageable memory\n", why);
+    const size_t bytes = carve_dev(d, e, 0);
+    d->dev_block = starpu_malloc_on_node(d->primary_node, bytes);
+    if (!d->dev_block) return st_set_error(ST_ENOMEM, "the decode buffers need %.1f MiB on the primary GPU", bytes / 1048576.0);
+    c->dev.bytes = bytes;
+    carve_dev(d, e, d->dev_block);
+    const size_t kf = (size_t)c->k * 2 + (size_t)c->n_embd;
+    starpu_vector_data_register(&d->h_xin, STARPU_MAIN_RAM, (uintptr_t)c->xin, (uint32_t)kf, sizeof(float));
+    starpu_vector_data_register(&d->h_cpu_out, STARPU_MAIN_RAM, (uintptr_t)c->eout, (uint32_t)((size_t)c->k * c->n_embd),
+                                sizeof(float));
+    starpu_vector_data_register(&d->h_out, STARPU_MAIN_RAM, (uintptr_t)d->out,
+                                (uint32_t)((size_t)c->n_vocab + 2 * (size_t)L * c->k), sizeof(float));
+  }
+#endif
+  if (!rc) rc = st_decode_tables_update(e);
+  return rc;
+}
+
+void st_decode_free(struct st_engine *e) {
+  struct st_decode *d = e->dec;
+  if (!d) return;
+  if (d->h_xin) starpu_data_unregister(d->h_xin);
+  if (d->h_cpu_out) starpu_data_unregister(d->h_cpu_out);
+  if (d->h_out) starpu_data_unregister(d->h_out);
+  if (d->dev_block) starpu_free_on_node(d->primary_node, d->dev_block, d->ctx.dev.bytes);
+#ifdef ST_HAVE_CUDA
+  if (d->host_block && d->gpu) st_cuda_host_unregister(d->host_block);
+#endif
+  free(d->host_block);
+  free(d->layers);
+  free(d->expert_src);
+  free(d->layer_cpu);
+  free(d->lane_worker);
+  free(d->names);
+  free(d->layer_names);
+  free(d->experts_names);
+  free(d->lane_names);
+  free(d->ctx.phase_start);
+  free(d->ctx.phase_kind);
+  free(d->ctx.phase_layer);
+  free(d->ctx.layer_end);
+  free(d);
+  e->dec = NULL;
+}

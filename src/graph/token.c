@@ -1,0 +1,68 @@
+/* The token's graph of a decode step (graph/decode.h): every layer's tasks and the head submitted
+ * at once, then one wait for the logits; afterwards the host counts the step's routing (profiles,
+ * the adaptive cache, the tiers' counters) as the per-task path does when it reads each layer's
+ * routing table. */
+#include <string.h>
+
+#include "codelets/quant.h"
+#include "common.h"
+#include "graph/decode.h"
+#include "graph/engine.h"
+
+/* Counts the step's routing (route: [n_layer][k]); ST_ERUNTIME at the first non-finite choice. */
+static int count_routing(struct st_engine *e, const struct st_route *route, int bad_layer) {
+  const struct st_hparams *hp = &e->hp;
+  const int k = (int)hp->n_expert_used, E = (int)hp->n_expert;
+  for (uint32_t l = 0; l < hp->n_layer; l++)
+    for (int j = 0; j < k; j++) {
+      const struct st_route r = route[(size_t)l * k + j];
+      if ((bad_layer >= 0 && (int)l >= bad_layer) || r.expert < 0 || r.expert >= E || !(r.weight == r.weight))
+        return st_set_error(ST_ERUNTIME, "the router of layer %u chose expert %d (weight %g) for token %d: its input is "
+                            "not finite",
+                            bad_layer >= 0 ? (uint32_t)bad_layer : l, r.expert, r.weight, e->n_past);
+    }
+  for (uint32_t l = 0; l < hp->n_layer; l++) {
+    int tiers_seen = 0;
+    for (int j = 0; j < k; j++) {
+      const int x = route[(size_t)l * k + j].expert;
+      const size_t pair = (size_t)l * E + x;
+      e->route_counts[pair]++;
+      e->live_counts[pair]++;
+      const int t = e->placement.tier[pair];
+      e->stats.expert_entries[t]++;
+      tiers_seen |= 1 << t;
+      if (e->routing_trace) e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + j] = x;
+    }
+    for (int t = 0; t < ST_TIER_MAX; t++)
+      if (tiers_seen >> t & 1) e->stats.expert_tasks[t]++;
+  }
+  return 0;
+}
+
+int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
+  struct st_decode *d = e->dec;
+  struct st_decode_ctx *c = &d->ctx;
+  const struct st_hparams *hp = &e->hp;
+  const struct st_weight *emb = &e->model->tok_embd;
+  st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)id * emb->row_bytes, d->gpu ? d->emb : c->x,
+                    (int64_t)hp->n_embd);
+  c->pos = e->n_past;
+  memset(c->sync, 0, sizeof *c->sync * (hp->n_layer + 1));
+  d->tasks_last = 0;
+  int rc = 0;
+  for (int l = 0; l <= (int)hp->n_layer && !rc; l++) rc = st_decode_submit_layer(e, l);
+  const double t_wait = st_now();
+  const struct st_route *route = c->route;
+  if (d->gpu && !rc) {
+    starpu_data_acquire(d->h_out, STARPU_R);
+    memcpy(logits, d->out, sizeof(float) * hp->n_vocab);
+    memcpy(c->route, d->out + hp->n_vocab, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
+    starpu_data_release(d->h_out);
+  }
+  starpu_task_wait_for_all(); /* every lane has left its loop: the counters may be reset */
+  e->stats.wait_end_s += st_now() - t_wait;
+  if (rc) return rc;
+  if (!d->gpu) memcpy(logits, c->logits, sizeof(float) * hp->n_vocab);
+  const int bad = c->sync[0].error ? c->sync[0].error_layer : -1;
+  return count_routing(e, route, d->gpu ? -1 : bad);
+}
