@@ -46,6 +46,7 @@ struct result {
   double seconds;
   struct st_engine_stats delta;
   int graphs;                     /* decode rows: CUDA graphs on (1) or off (0); prompt rows: -1 */
+  double gpu_busy;                /* StarPU's executing time of the primary's CUDA worker / wall time */
   struct st_cuda_graph_stats gd; /* graph counters and dense host time of the measurement */
 };
 
@@ -88,6 +89,33 @@ static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const
   d.wait_routing_s -= a->wait_routing_s;
   d.wait_end_s -= a->wait_end_s;
   return d;
+}
+
+/* GPU memory per card, MiB: the most seen at the samples (after start and after each test). */
+#define MAX_CARDS 8
+static double peak_gpu_mib[MAX_CARDS];
+static int n_cards;
+static void sample_gpu_mem(void) {
+#ifdef ST_HAVE_CUDA
+  if (!n_cards) n_cards = st_cuda_device_count() < MAX_CARDS ? st_cuda_device_count() : MAX_CARDS;
+  for (int d = 0; d < n_cards; d++) {
+    const double u = st_cuda_device_used_mib(d);
+    peak_gpu_mib[d] = u > peak_gpu_mib[d] ? u : peak_gpu_mib[d];
+  }
+#endif
+}
+
+/* Resets StarPU's profiling counters of worker w (-1: none); starts a busy-share measurement. */
+static void busy_reset(int w) {
+  struct starpu_profiling_worker_info info;
+  if (w >= 0) starpu_profiling_worker_get_info(w, &info);
+}
+/* Worker w's executing time since busy_reset over `wall` seconds (0 without a worker). */
+static double busy_share(int w, double wall) {
+  struct starpu_profiling_worker_info info;
+  if (w < 0 || wall <= 0 || starpu_profiling_worker_get_info(w, &info)) return 0.0;
+  const double s = info.executing_time.tv_sec + info.executing_time.tv_nsec * 1e-9;
+  return s / wall < 1.0 ? s / wall : 1.0;
 }
 
 /* Synthetic prompt ids: ordinary word pieces cycled (the speed does not depend on the text). */
@@ -254,6 +282,7 @@ int st_cmd_bench(int argc, char **argv) {
   struct st_engine *e = NULL;
   if (!rc) rc = st_model_load(model, &m);
   if (!rc) rc = st_engine_create(m, &eo, &e);
+  if (!rc) sample_gpu_mem();
   int32_t *ids = rc ? NULL : malloc(sizeof(int32_t) * (size_t)need);
   float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);
   struct result res[3 * MAX_SIZES * MAX_REPS];
@@ -280,9 +309,13 @@ int st_cmd_bench(int argc, char **argv) {
       if (prompts[i] == 0) continue;
       st_engine_reset(e);
       const struct st_engine_stats before = e->stats;
+      busy_reset(e->placement.cuda0_worker);
       const double t0 = st_now();
       rc = st_engine_eval(e, ids, (int)prompts[i], logits, 0);
-      res[n_res++] = (struct result){"prompt", prompts[i], 0, st_now() - t0, stats_delta(&before, &e->stats), -1, {0}};
+      const double dt = st_now() - t0;
+      res[n_res++] = (struct result){"prompt", prompts[i], 0, dt, stats_delta(&before, &e->stats), -1,
+                                     busy_share(e->placement.cuda0_worker, dt), {0}};
+      sample_gpu_mem();
       if (!rc) held = prompts[i], held_next = st_argmax(logits, (int32_t)m->hp.n_vocab);
     }
     /* a depth equal to the last prompt's size decodes first, in that prompt's context: the prefill
@@ -308,13 +341,16 @@ int st_cmd_bench(int argc, char **argv) {
         }
         const struct st_engine_stats before = e->stats;
         const struct st_cuda_graph_stats gbefore = graph_stats_now();
+        busy_reset(e->placement.cuda0_worker);
         const double t0 = st_now();
         for (long s = 0; s < n_decode && !rc; s++) {
           rc = st_engine_eval(e, &id, 1, logits, 0);
           id = st_argmax(logits, (int32_t)m->hp.n_vocab);
         }
-        res[n_res++] = (struct result){"decode", n_decode, depths[i], st_now() - t0, stats_delta(&before, &e->stats),
-                                       graphs, graph_stats_delta(&gbefore)};
+        const double dt = st_now() - t0;
+        res[n_res++] = (struct result){"decode", n_decode, depths[i], dt, stats_delta(&before, &e->stats),
+                                       graphs, busy_share(e->placement.cuda0_worker, dt), graph_stats_delta(&gbefore)};
+        sample_gpu_mem();
       }
     if (rep == 0) per_rep = n_res;
   }
@@ -355,7 +391,8 @@ int st_cmd_bench(int argc, char **argv) {
              "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
-             "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f, \"tok_s_runs\": [",
+             "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f, \"tasks_per_token\": %.1f, "
+             "\"gpu_busy_share\": %.4f, \"tok_s_runs\": [",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
@@ -364,7 +401,8 @@ int st_cmd_bench(int argc, char **argv) {
              (unsigned long long)r->gd.captures, (unsigned long long)r->gd.updates,
              (unsigned long long)r->gd.instantiations, (unsigned long long)r->gd.reinstantiations,
              (unsigned long long)r->gd.launches, (unsigned long long)r->gd.fallbacks,
-             (unsigned long long)r->gd.dense_calls, dense_us(r));
+             (unsigned long long)r->gd.dense_calls, dense_us(r), (double)r->delta.tasks / (double)r->tokens,
+             r->gpu_busy);
       for (int q = 0; q < reps; q++) printf("%s%.3f", q ? ", " : "", reps > 1 ? runs[i][q] : r->tokens / r->seconds);
       printf("]}");
     }
@@ -377,8 +415,10 @@ int st_cmd_bench(int argc, char **argv) {
              n++ ? "," : "", on->depth, off->tokens / off->seconds, on->tokens / on->seconds,
              off->seconds / on->seconds * on->tokens / off->tokens, dense_us(off), dense_us(on));
     }
-    printf("], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f, \"peak_rss_gib\": %.3f}\n",
-           bw_host / 1e9, bw_gpu / 1e9, pair_b, st_peak_rss_gib());
+    printf("], \"bw_host_gbs\": %.2f, \"bw_gpu_gbs\": %.2f, \"expert_bytes_per_token\": %.0f, \"peak_rss_gib\": %.3f, "
+           "\"peak_gpu_mib\": [", bw_host / 1e9, bw_gpu / 1e9, pair_b, st_peak_rss_gib());
+    for (int d = 0; d < n_cards; d++) printf("%s%.0f", d ? ", " : "", peak_gpu_mib[d]);
+    printf("]}\n");
   } else if (!rc) {
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass%s\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
@@ -386,15 +426,17 @@ int st_cmd_bench(int argc, char **argv) {
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
-    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s %6s %10s\n", "test", "tokens", "depth", "seconds", "tok/s",
-           "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline", "graphs", "dense us/t");
+    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s %6s %10s %8s %7s\n", "test", "tokens", "depth", "seconds",
+           "tok/s", "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline", "graphs", "dense us/t",
+           "tasks/t", "GPU %");
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       const uint64_t g = st_stats_gpu_entries(&r->delta), cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
-      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f %6s %10.1f\n", r->test, r->tokens,
-             r->depth, r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
+      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f %6s %10.1f %8.1f %7.1f\n", r->test,
+             r->tokens, r->depth, r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
              g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r),
-             graphs_word(r->graphs), r->graphs < 0 ? 0.0 : dense_us(r));
+             graphs_word(r->graphs), r->graphs < 0 ? 0.0 : dense_us(r), (double)r->delta.tasks / (double)r->tokens,
+             100.0 * r->gpu_busy);
     }
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
@@ -424,6 +466,7 @@ int st_cmd_bench(int argc, char **argv) {
       printf("\n");
     }
     printf("peak resident memory %.2f GiB\n", st_peak_rss_gib());
+    for (int d = 0; d < n_cards; d++) printf("peak GPU memory CUDA%d: %.0f MiB (in use on the card, sampled after each test)\n", d, peak_gpu_mib[d]);
   }
 #undef ROOFLINE
   if (rc) fprintf(stderr, "strata bench: %s\n", st_last_error());

@@ -12,7 +12,8 @@
 enum {
   OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE,
   OPT_STREAM, OPT_HELPER1, OPT_HELPER2, OPT_HELPER3, OPT_PLACEMENT, OPT_REMOTE_PLACEMENT, OPT_REMOTE_OPT, OPT_PEER,
-  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS, OPT_RESIDENT
+  OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS, OPT_RESIDENT,
+  OPT_GPU_MEM
 };
 
 static const struct option engine_longopts[] = {
@@ -39,6 +40,7 @@ static const struct option engine_longopts[] = {
     {"layer-split", required_argument, 0, OPT_LAYER_SPLIT},
     {"cuda-graphs", required_argument, 0, OPT_GRAPHS},
     {"resident-experts", no_argument, 0, OPT_RESIDENT},
+    {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -132,6 +134,10 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     return 1;
   case OPT_TRACE: eo->trace_dir = arg; return 1;
   case OPT_RESIDENT: eo->resident_experts = 1; return 1;
+  case OPT_GPU_MEM:
+    if ((rc = st_parse_float("--gpu-mem", arg, 1.0, 1e5, &f))) return rc;
+    eo->gpu_mem_gib = f;
+    return 1;
   case OPT_STREAM:
     if (strcmp(arg, "auto") && strcmp(arg, "off"))
       return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
@@ -190,6 +196,10 @@ void st_engine_opts_help(FILE *f) {
           "      --expert-cache N|auto  primary-cache slots (expert pairs) on CUDA0; auto = what fits after\n"
           "                         the dense weights, KV cache, prompt buffers and --cache-reserve (default 0 = off)\n"
           "      --cache-reserve MIB  CUDA0 memory --expert-cache auto leaves free, MiB (default 1024)\n"
+          "      --gpu-mem GIB      cap on what strata takes on each GPU, GiB: the CUDA context, StarPU's\n"
+          "                         allocations (caches, weights, KV, buffers: STARPU_LIMIT_CUDA_MEM) and\n"
+          "                         --cache-reserve for kernel scratch; --expert-cache auto sizes within it\n"
+          "                         (default: the whole card)\n"
           "      --adapt-swaps N    adaptive cache: swap up to N cold cached pairs for hot CPU-pool pairs per\n"
           "                         round (default 0 = static cache)\n"
           "      --adapt-interval N tokens between adaptive rounds (default 32)\n"

@@ -39,6 +39,7 @@ struct env_conf {
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
+#define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
 #define FF_SLICE 0      /* STRATA_FF_SLICE's default: the prompt path's CPU-pool experts are not split
                           * (the decode step's lanes share an expert between workers instead) */
 #define CUBLAS_ROWS 32
@@ -182,7 +183,8 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
   const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
                            (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
                             (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
-  const uint64_t reserve = (uint64_t)((reserve_mib > 0 ? reserve_mib : 1024) * 1048576.0);
+  /* with --gpu-mem the reserve is already outside StarPU's limit (STARPU_LIMIT_CUDA_MEM) */
+  const uint64_t reserve = e->gpu_mem_capped ? 0 : (uint64_t)((reserve_mib > 0 ? reserve_mib : 1024) * 1048576.0);
   const int64_t avail = (int64_t)starpu_memory_get_available(C->node);
   const int64_t left = avail - (int64_t)(dense + kv + buffers + reserve);
   const int slots = left > 0 ? (int)(left / (int64_t)slot_bytes) : 0;
@@ -526,6 +528,31 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       return i == 0 && !strcmp(v, "0") ? st_set_error(ST_EINVAL, "STARPU_NCPU=0: strata needs at least one CPU worker") : rc;
     }
   }
+  /* --gpu-mem: StarPU's allocations on each card stay within the cap less the CUDA context and the
+   * kernels' scratch (--cache-reserve); a user's own STARPU_LIMIT_CUDA_MEM wins */
+  if (o->gpu_mem_gib > 0) {
+    const double reserve = o->reserve_mib > 0 ? o->reserve_mib : 1024;
+    const long limit = (long)(o->gpu_mem_gib * 1024.0 - ST_CUDA_CONTEXT_MIB - reserve);
+    if (limit < 256) {
+      st_engine_destroy(e);
+      return st_set_error(ST_EINVAL, "--gpu-mem %.2f GiB leaves %ld MiB after the CUDA context (about %d MiB) and "
+                          "--cache-reserve (%.0f MiB): give at least %.1f GiB", o->gpu_mem_gib, limit, ST_CUDA_CONTEXT_MIB,
+                          reserve, (256 + ST_CUDA_CONTEXT_MIB + reserve) / 1024.0);
+    }
+    if (getenv("STARPU_LIMIT_CUDA_MEM")) {
+      fprintf(stderr, "strata: --gpu-mem: STARPU_LIMIT_CUDA_MEM=%s is set and wins\n", getenv("STARPU_LIMIT_CUDA_MEM"));
+    } else {
+      char v[32];
+      snprintf(v, sizeof v, "%ld", limit);
+      setenv("STARPU_LIMIT_CUDA_MEM", v, 1);
+      fprintf(stderr, "strata: --gpu-mem %.2f GiB: StarPU may take %ld MiB on each GPU (the rest: the CUDA context, "
+              "about %d MiB, and %.0f MiB of kernel scratch, --cache-reserve)\n", o->gpu_mem_gib, limit, ST_CUDA_CONTEXT_MIB,
+              reserve);
+    }
+    e->gpu_mem_capped = 1;
+  }
+  /* the decode step queues up to this many GPU tasks on CUDA0's stream ahead of the one running */
+  setenv("STARPU_CUDA_PIPELINE", "4", 0);
   struct starpu_conf conf;
   starpu_conf_init(&conf);
   /* On a bigger machine keep one core for the thread that submits the graph and reads each

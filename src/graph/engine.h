@@ -38,6 +38,7 @@ struct st_engine_opts {
   int layer_split;            /* --layer-split auto: consecutive layers on consecutive GPUs */
   int cuda_graphs;            /* --cuda-graphs: ST_CUDA_GRAPHS_OFF (0, the default), _ON, or _BOTH
                                  (strata bench only: the engine starts with them on) */
+  double gpu_mem_gib;         /* --gpu-mem: GiB strata takes on each GPU at most; 0 = the whole card */
   int resident_experts;       /* --resident-experts: the pairs GPU caches hold at start stay out of
                                  the host expert arena (tiers/arena.h) */
 };
@@ -106,6 +107,7 @@ struct st_engine {
   int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
   int cublas_rows;         /* STRATA_CUBLAS: batches (experts) of >= this many rows use cuBLAS on a GPU; 0 off */
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
+  int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
   struct st_decode *dec;   /* the decode step's buffers and handles (graph/decode.h), or NULL: the
                               per-task path of this file decodes */

@@ -49,6 +49,10 @@ double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, i
 /* CUDA devices the runtime sees (0 without a driver or a device); callable before StarPU starts. */
 int st_cuda_device_count(void);
 
+/* MiB in use on CUDA device `device` as the driver counts it (total - free, every process's;
+ * what nvidia-smi shows), or -1 on an error. */
+double st_cuda_device_used_mib(int device);
+
 /* Whether CUDA devices a and b really exchange data over P2P: peer access both ways, and a test
  * copy each way that arrives intact (devices.cu; the seeds' peer tier, #2666). Returns 1, or 0
  * with the reason in why[len]. Call before StarPU starts; leaves peer access disabled. */

@@ -86,3 +86,15 @@ extern "C" int st_cuda_host_register(void *p, size_t n, char *why, size_t len) {
 extern "C" void st_cuda_host_unregister(void *p) {
   if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
 }
+
+extern "C" double st_cuda_device_used_mib(int device) {
+  int prev = 0;
+  size_t free_b = 0, total_b = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1.0;
+  }
+  cudaSetDevice(prev);
+  return (double)(total_b - free_b) / 1048576.0;
+}

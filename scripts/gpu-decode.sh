@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On a GPU host from the repository root, after scripts/gather-libs (builds nothing): the decode
+# step (graph/decode.h) against the per-task path (STRATA_DECODE_GRAPH=0) on CUDA0: bitwise-equal
+# logits over 300 one-token steps (--prefill 1, crossing the attention's 256-key chunk) with the
+# primary cache off, half full and full, under eager and dmda; byte-identical greedy ids; the
+# fixture comparisons (tests/test_forward_ref) on CUDA0. Prints a table last.
+set -u
+C=${CARRY:-carry}
+export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
+S=$PWD/$C/strata
+M=$C/fixtures/models
+out=${OUT:-/tmp}
+rows=()
+printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
+ids=$(seq -s, 100 399)
+for mf in tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m tiny-qwen3moe-bf16; do
+  "$S" profile -m "$M/$mf.gguf" -f "$out/calib.txt" -o "$out/$mf.profile" 2>/dev/null
+  for cache in 0 half all; do
+    args=()
+    if [ "$cache" != 0 ]; then args=(--expert-profile "$out/$mf.profile" --expert-cache "$([ $cache = all ] && echo auto || echo 8)"); fi
+    for sched in eager dmda; do
+      for g in 1 0; do
+        STRATA_DECODE_GRAPH=$g STARPU_SCHED=$sched timeout 120 "$S" eval -m "$M/$mf.gguf" -c 512 --prompt-ids "$ids" --prefill 1 \
+          --all-logits --logits-out "$out/l-$g.f32" "${args[@]}" 2>"$out/err-$g"
+        echo "exit $? ($mf cache $cache $sched graph $g): $(grep -E 'expert cache|decode steps' "$out/err-$g" | tr '\n' ' ')"
+      done
+      [ -s "$out/l-1.f32" ] && cmp -s "$out/l-1.f32" "$out/l-0.f32" && r=PASS || r="FAIL ($(tail -n 2 "$out/err-1" | tr '\n' ' '))"
+      rows+=("$mf, cache $cache, $sched: decode step vs per-task path, 300 steps, logits bitwise: $r")
+    done
+  done
+  gen() { timeout 120 "$S" generate -m "$M/$mf.gguf" -p "Explain why the sky is blue." -n 48 --temp 0 --ignore-eos --print-ids \
+          --expert-profile "$out/$mf.profile" --expert-cache 8 "$@" 2>>"$out/gen.err" | grep '^\['; }
+  a=$(gen); b=$(STRATA_DECODE_GRAPH=0 gen); c=$(STARPU_SCHED=dmda gen)
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && r=PASS || r="FAIL ($a / $b / $c)"
+  rows+=("$mf: greedy ids, decode step (lws, dmda) vs per-task path, half cached: $r")
+done
+FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
+rows+=("fixture comparisons on CUDA0 (test_forward_ref): $(tail -n 1 "$out/forward_ref.log")")
+grep -E "^(FAIL)" "$out/forward_ref.log" | head -n 10
+tail -n 5 "$out/gen.err"
+echo "== gpu-decode"
+for r in "${rows[@]}"; do echo "$r"; done
