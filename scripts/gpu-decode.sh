@@ -11,9 +11,11 @@ S=$PWD/$C/strata
 M=$C/fixtures/models
 out=${OUT:-/tmp}
 rows=()
+add() { rows+=("$1"); echo "ROW $1"; }
+MODELS=${MODELS:-tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m tiny-qwen3moe-bf16}
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
 ids=$(seq -s, 100 399)
-for mf in tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m tiny-qwen3moe-bf16; do
+for mf in $MODELS; do
   "$S" profile -m "$M/$mf.gguf" -f "$out/calib.txt" -o "$out/$mf.profile" 2>/dev/null
   for cache in 0 half all; do
     args=()
@@ -22,20 +24,19 @@ for mf in tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m tiny-qwen3moe-bf16; do
       for g in 1 0; do
         STRATA_DECODE_GRAPH=$g STARPU_SCHED=$sched timeout 120 "$S" eval -m "$M/$mf.gguf" -c 512 --prompt-ids "$ids" --prefill 1 \
           --all-logits --logits-out "$out/l-$g.f32" "${args[@]}" 2>"$out/err-$g"
-        echo "exit $? ($mf cache $cache $sched graph $g): $(grep -E 'expert cache|decode steps' "$out/err-$g" | tr '\n' ' ')"
       done
       [ -s "$out/l-1.f32" ] && cmp -s "$out/l-1.f32" "$out/l-0.f32" && r=PASS || r="FAIL ($(tail -n 2 "$out/err-1" | tr '\n' ' '))"
-      rows+=("$mf, cache $cache, $sched: decode step vs per-task path, 300 steps, logits bitwise: $r")
+      add "$mf, cache $cache, $sched: decode step vs per-task path, 300 steps, logits bitwise: $r"
     done
   done
   gen() { timeout 120 "$S" generate -m "$M/$mf.gguf" -p "Explain why the sky is blue." -n 48 --temp 0 --ignore-eos --print-ids \
           --expert-profile "$out/$mf.profile" --expert-cache 8 "$@" 2>>"$out/gen.err" | grep '^\['; }
   a=$(gen); b=$(STRATA_DECODE_GRAPH=0 gen); c=$(STARPU_SCHED=dmda gen)
   [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && r=PASS || r="FAIL ($a / $b / $c)"
-  rows+=("$mf: greedy ids, decode step (lws, dmda) vs per-task path, half cached: $r")
+  add "$mf: greedy ids, decode step (lws, dmda) vs per-task path, half cached: $r"
 done
 FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
-rows+=("fixture comparisons on CUDA0 (test_forward_ref): $(tail -n 1 "$out/forward_ref.log")")
+add "fixture comparisons on CUDA0 (test_forward_ref): $(tail -n 1 "$out/forward_ref.log")"
 grep -E "^(FAIL)" "$out/forward_ref.log" | head -n 10
 tail -n 5 "$out/gen.err"
 echo "== gpu-decode"

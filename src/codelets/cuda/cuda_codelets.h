@@ -92,6 +92,11 @@ void *st_cuda_graph_scratch(struct CUstream_st *stream, int key, size_t bytes);
 int st_cuda_graph_replay(struct CUstream_st *stream, int key, uint64_t sig, void (*body)(const void *, struct CUstream_st *),
                          const void *args);
 
+/* The decode step's codelets count their calls and host time with the dense codelets'
+ * (st_cuda_graph_stats dense_calls, dense_host_s): a call that started at st_cuda_now_ns() t0. */
+void st_cuda_decode_host_time(double t0_ns);
+double st_cuda_now_ns(void);
+
 /* Per CUDA worker, through starpu_execute_on_each_worker before StarPU shuts down: destroys the
  * graphs and frees the scratch cached for the worker's device (StarPU resets the devices at
  * shutdown, and a later engine in the same process must not find stale handles). */

@@ -149,7 +149,15 @@ void experts_graph_body(const void *args, cudaStream_t st) {
 // Graph keys: graph_key0 + 3 l + (0 the dense task, 1 the experts task), graph_key0 + 3 n_layer the head.
 int key_of(const st_decode_ctx *c, int layer, int kind) { return c->graph_key0 + 3 * layer + kind; }
 
+void decode_gpu_run(void *buffers[], void *cl_arg);
+
 void decode_gpu_cuda(void *buffers[], void *cl_arg) {
+  const double t0 = st_cuda_now_ns();
+  decode_gpu_run(buffers, cl_arg);
+  st_cuda_decode_host_time(t0);
+}
+
+void decode_gpu_run(void *buffers[], void *cl_arg) {
   const st_decode_gpu_args *a = (const st_decode_gpu_args *)cl_arg;
   const st_decode_ctx *c = a->ctx;
   const st_decode_dev &D = c->dev;
@@ -209,10 +217,12 @@ void decode_gpu_cuda(void *buffers[], void *cl_arg) {
 
 void decode_experts_cuda(void *buffers[], void *cl_arg) {
   (void)buffers;
+  const double t0 = st_cuda_now_ns();
   const st_decode_experts_args *a = (const st_decode_experts_args *)cl_arg;
   experts_graph g = {a->ctx, a->layer};
   st_cuda_graph_replay(starpu_cuda_get_local_stream(), key_of(a->ctx, a->layer, 1), 1, experts_graph_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());
+  st_cuda_decode_host_time(t0);
 }
 
 starpu_codelet decode_gpu_cl = [] {

@@ -204,6 +204,13 @@ extern "C" void st_cuda_dense_run(void *buffers[], const void *args, int key, si
   }
 }
 
+extern "C" void st_cuda_decode_host_time(double t0_ns) {
+  count(&cache.dense_calls);
+  count(&cache.dense_host_ns, (unsigned long long)(now_ns() - t0_ns));
+}
+
+extern "C" double st_cuda_now_ns(void) { return now_ns(); }
+
 extern "C" int st_cuda_graph_replay(cudaStream_t stream, int key, uint64_t sig, void (*body)(const void *, cudaStream_t),
                                     const void *args) {
   device_cache *dc = NULL;
