@@ -118,7 +118,12 @@ static void run_prompt(struct st_engine *e, const struct ref_file *r, const stru
   free(logits);
 }
 
-static void run_chunking(struct st_engine *e, const struct ref_file *r, const char *tag) {
+/* Chunkings of one prompt give the same logits within 1e-5 relative: every path computes a token
+ * the same way whatever the chunk, up to the GPU prompt path's cuBLAS (another summation order
+ * than the decode kernels). Where that meets the CPU pool's int8 activations (`mixed`), a
+ * rounding-level difference in the dense part can move an activation across an int8 quantisation
+ * step, so the bound is then the int8 path's: mean |Δ|/σ ≤ 0.01 and the same argmax. */
+static void run_chunking(struct st_engine *e, const struct ref_file *r, const char *tag, int mixed) {
   const struct ref_prompt *p = &r->p[0];
   for (int i = 1; i < r->n_prompts; i++)
     if (r->p[i].n_ids > p->n_ids) p = &r->p[i];
@@ -133,10 +138,18 @@ static void run_chunking(struct st_engine *e, const struct ref_file *r, const ch
       break;
     }
     if (!c) continue;
-    double mx = 0, scale = 0;
+    double mx = 0, scale = 0, sum = 0;
     for (int i = 0; i < V; i++) {
       mx = fmax(mx, fabs(l[i] - base[i]));
       scale = fmax(scale, fabs(base[i]));
+      sum += fabs(l[i] - base[i]);
+    }
+    if (mixed && mx > 1e-5 * scale) {
+      const double rel = sum / V / ref_sigma(base, V);
+      check(rel <= 0.01 && st_argmax(l, V) == st_argmax(base, V),
+            "%s/%s chunking: --prefill %d vs 512 over %d tokens: max |Δ| = %.2e, mean |Δ|/σ = %.2e (≤ 0.01, cuBLAS "
+            "prompt path with int8 CPU-pool activations), same argmax", tag, p->name, chunks[c], p->n_ids, mx, rel);
+      continue;
     }
     check(mx <= 1e-5 * scale, "%s/%s chunking: --prefill %d vs 512 over %d tokens: max |Δ| = %.2e (≤ 1e-5 × max|logit| = %.2e)%s",
           tag, p->name, chunks[c], p->n_ids, mx, 1e-5 * scale, memcmp(l, base, sizeof(float) * V) ? "" : ", bitwise identical");
@@ -211,7 +224,7 @@ int main(int argc, char **argv) {
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
       for (int j = 0; j < r.n_prompts; j++)
         run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8);
-      run_chunking(e, &r, ptag);
+      run_chunking(e, &r, ptag, q8 && e->cublas_rows > 0 && e->placement.cuda0_worker >= 0);
       if (pass == 0 && e->placement.cuda0_worker >= 0) {
         int fd = mkstemp(profile);
         if (fd >= 0) {

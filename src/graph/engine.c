@@ -183,8 +183,12 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
   const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
                            (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
                             (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
-  /* with --gpu-mem the reserve is already outside StarPU's limit (STARPU_LIMIT_CUDA_MEM) */
-  const uint64_t reserve = e->gpu_mem_capped ? 0 : (uint64_t)((reserve_mib > 0 ? reserve_mib : 1024) * 1048576.0);
+  /* with --gpu-mem half the reserve is outside StarPU's limit (kernel scratch) and half inside it:
+   * StarPU's transient replicas (a batch's handles, the decode step's xin and cpu_out) need room
+   * there, or every allocation evicts a dense weight or a KV replica and the run thrashes
+   * (measured on the H200: 26 GB host->device for 32 decode tokens with no room left) */
+  const double reserve_all = reserve_mib > 0 ? reserve_mib : 1024;
+  const uint64_t reserve = (uint64_t)((e->gpu_mem_capped ? reserve_all / 2 : reserve_all) * 1048576.0);
   const int64_t avail = (int64_t)starpu_memory_get_available(C->node);
   const int64_t left = avail - (int64_t)(dense + kv + buffers + reserve);
   const int slots = left > 0 ? (int)(left / (int64_t)slot_bytes) : 0;
@@ -532,7 +536,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
    * kernels' scratch (--cache-reserve); a user's own STARPU_LIMIT_CUDA_MEM wins */
   if (o->gpu_mem_gib > 0) {
     const double reserve = o->reserve_mib > 0 ? o->reserve_mib : 1024;
-    const long limit = (long)(o->gpu_mem_gib * 1024.0 - ST_CUDA_CONTEXT_MIB - reserve);
+    const long limit = (long)(o->gpu_mem_gib * 1024.0 - ST_CUDA_CONTEXT_MIB - reserve / 2);
     if (limit < 256) {
       st_engine_destroy(e);
       return st_set_error(ST_EINVAL, "--gpu-mem %.2f GiB leaves %ld MiB after the CUDA context (about %d MiB) and "
@@ -546,8 +550,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       snprintf(v, sizeof v, "%ld", limit);
       setenv("STARPU_LIMIT_CUDA_MEM", v, 1);
       fprintf(stderr, "strata: --gpu-mem %.2f GiB: StarPU may take %ld MiB on each GPU (the rest: the CUDA context, "
-              "about %d MiB, and %.0f MiB of kernel scratch, --cache-reserve)\n", o->gpu_mem_gib, limit, ST_CUDA_CONTEXT_MIB,
-              reserve);
+              "about %d MiB, and %.0f MiB of kernel scratch, half of --cache-reserve; the other half stays free within "
+              "StarPU's share)\n", o->gpu_mem_gib, limit, ST_CUDA_CONTEXT_MIB, reserve / 2);
     }
     e->gpu_mem_capped = 1;
   }
