@@ -212,7 +212,7 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
   fputc('\n', stderr);
   report_graphs(s->engine);
   st_memory_log("at exit", s->model, &s->engine->arena, s->engine->placement.tier); /* STRATA_MEMORY_LOG=1 */
-  fprintf(stderr, "peak resident memory %.2f GiB\n", st_peak_rss_gib());
+  fprintf(stderr, "peak resident memory %.2f GiB (%.1f MiB)\n", st_peak_rss_gib(), st_peak_rss_gib() * 1024.0);
 }
 
 int st_cmd_generate(int argc, char **argv) {

@@ -88,8 +88,18 @@ static starpu_data_handle_t reg(const void *ptr, uint64_t nx, uint64_t elemsize)
   return h;
 }
 
+/* A read-only weight: no task ever writes it, so it needs no implicit dependencies; and with them
+ * StarPU built with FxT (as strata's is) records every reader's job id on the handle in a list
+ * only a writer clears ("ghost accessors", implicit_data_deps.c), which grew the process by about
+ * 94 bytes per task (issue #21). */
+static starpu_data_handle_t reg_read_only(const void *ptr, uint64_t nx, uint64_t elemsize) {
+  starpu_data_handle_t h = reg(ptr, nx, elemsize);
+  starpu_data_set_sequential_consistency_flag(h, 0);
+  return h;
+}
+
 static starpu_data_handle_t reg_weight(const struct st_weight *w) {
-  return reg(w->data, w->ne[1] * w->ne[2], w->row_bytes);
+  return reg_read_only(w->data, w->ne[1] * w->ne[2], w->row_bytes);
 }
 
 static struct st_wdesc wdesc(const struct st_weight *w) {
@@ -407,7 +417,7 @@ static const starpu_data_handle_t *expert_handles(struct st_engine *e, uint32_t 
   if (!he[0]) {
     const struct st_layer *L = &e->model->layers[l];
     const struct st_weight *w[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
-    for (int i = 0; i < 3; i++) he[i] = reg(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
+    for (int i = 0; i < 3; i++) he[i] = reg_read_only(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
   }
   return he;
 }

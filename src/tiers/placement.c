@@ -142,6 +142,8 @@ static int load_slot(struct st_placement *p, int ci, const struct st_model *m, i
     if (rc) return st_set_error(ST_ERUNTIME, "copying expert (%u, %u) to %s failed (%d)", layer, expert, c->name, rc);
     starpu_vector_data_register(&c->h[(size_t)slot * 3 + i], (int)c->node, dst, (uint32_t)w[i]->ne[1],
                                 (size_t)w[i]->row_bytes);
+    /* read-only: no implicit dependencies (engine.c reg_read_only says why) */
+    starpu_data_set_sequential_consistency_flag(c->h[(size_t)slot * 3 + i], 0);
     dst += bytes;
     c->bytes_uploaded += bytes;
   }
