@@ -1,9 +1,13 @@
 /* The per-thread error message buffer and small utilities declared in common.h. */
 #include "common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char st_errbuf[1024];
 
@@ -29,4 +33,40 @@ double st_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int st_open_regular(const char *path) {
+  const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    st_set_error(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st)) {
+    const int e = errno;
+    close(fd);
+    st_set_error(ST_EIO, "%s: cannot open: %s", path, strerror(e));
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char *kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a plain file";
+    close(fd);
+    st_set_error(ST_EIO, "%s: cannot open: not a regular file (%s)", path, kind);
+    return -1;
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
+FILE *st_fopen_regular(const char *path) {
+  const int fd = st_open_regular(path);
+  if (fd < 0) return NULL;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    st_set_error(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+    close(fd);
+  }
+  return f;
 }

@@ -46,6 +46,14 @@ const char *st_last_error(void);
     }                                                                                        \
   } while (0)
 
+/* Opens `path` read-only when it is a regular file, without ever blocking on a FIFO, a socket or
+ * a device (opened O_NONBLOCK, checked with fstat, then the flag cleared): the descriptor, or -1
+ * with ST_EIO recorded as "<path>: cannot open: <reason>" (the system's, or "not a regular file
+ * (a FIFO)", "(a directory)", ...). The caller closes it. */
+int st_open_regular(const char *path);
+/* The same as a FILE * opened "rb" (fclose it), or NULL with the error recorded. */
+FILE *st_fopen_regular(const char *path);
+
 /* Monotonic wall-clock time in seconds. */
 double st_now(void);
 

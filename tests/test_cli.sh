@@ -41,6 +41,18 @@ sz=$(wc -c < "$tmp/l.f32" 2>/dev/null || echo 0)
 expect_error "unknown flag" "unknown option '--bogus'" "$STRATA" generate -m "$tiny" -p hi --bogus
 expect_error "unknown command" "unknown command" "$STRATA" frobnicate
 expect_error "missing model file" "$tmp/nope.gguf" "$STRATA" generate -m "$tmp/nope.gguf" -p hi
+# special files never block (issue #21): a FIFO or a directory given where a file is read is
+# refused at once (each under `timeout`: before the fix, open() on the FIFO waited forever)
+mkfifo "$tmp/fifo"
+q8=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
+expect_error "-m FIFO" "$tmp/fifo: cannot open: not a regular file (a FIFO)" timeout 20 "$STRATA" generate -m "$tmp/fifo" -p hi
+expect_error "-m directory" "$tmp: cannot open: not a regular file (a directory)" timeout 20 "$STRATA" generate -m "$tmp" -p hi
+expect_error "--expert-profile FIFO" "expert profile: $tmp/fifo: cannot open: not a regular file (a FIFO)" \
+  timeout 20 "$STRATA" generate -m "$q8" -p hi --expert-profile "$tmp/fifo"
+expect_error "serve --config FIFO" "$tmp/fifo: cannot open: not a regular file (a FIFO)" timeout 20 "$STRATA" serve --config "$tmp/fifo"
+expect_error "profile -f FIFO" "$tmp/fifo: cannot open: not a regular file (a FIFO)" \
+  timeout 20 "$STRATA" profile -m "$q8" -f "$tmp/fifo" -o "$tmp/p.prof"
+expect_error "trace of a FIFO" "$tmp/fifo: cannot open: not a regular file (a FIFO)" timeout 20 "$STRATA" trace "$tmp/fifo"
 expect_error "negative -n" "\-n must be between 0" "$STRATA" generate -m "$tiny" -p hi -n -1
 expect_error "no prompt" "give exactly one of" "$STRATA" generate -m "$tiny"
 expect_error "prompt longer than the context" "more than the context of 4 tokens" "$STRATA" generate -m "$tiny" -p "one two three four five six" -c 4

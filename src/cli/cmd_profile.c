@@ -13,7 +13,7 @@
 #include "io/tokenizer.h"
 
 static char *read_text(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
+  FILE *f = st_fopen_regular(path);
   if (!f) return NULL;
   size_t cap = 1 << 16, n = 0;
   char *buf = malloc(cap);
@@ -24,8 +24,16 @@ static char *read_text(const char *path, size_t *len) {
     if (!nb) free(buf);
     buf = nb;
   }
+  const int err = ferror(f);
   fclose(f);
-  if (buf) *len = n;
+  if (!buf) st_set_error(ST_ENOMEM, "%s: out of memory reading it", path);
+  else if (err) {
+    free(buf);
+    buf = NULL;
+    st_set_error(ST_EIO, "%s: read failed", path);
+  } else {
+    *len = n;
+  }
   return buf;
 }
 
@@ -67,7 +75,7 @@ int st_cmd_profile(int argc, char **argv) {
   char *text = NULL;
   int32_t *ids = NULL;
   size_t len = 0, n = 0;
-  if (!rc && !(text = read_text(text_path, &len))) rc = st_set_error(ST_EIO, "%s: cannot read", text_path);
+  if (!rc && !(text = read_text(text_path, &len))) rc = ST_EIO; /* read_text recorded the file and the reason */
   if (!rc) rc = st_model_load(model, &m);
   if (!rc) rc = st_tokenizer_encode(m->tok, text, len, 1, &ids, &n);
   if (!rc && n == 0) rc = st_set_error(ST_EINVAL, "%s holds no tokens", text_path);

@@ -20,7 +20,7 @@ static char *dup_str(const char *s) {
 }
 
 static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
+  FILE *f = st_fopen_regular(path);
   if (!f) return NULL;
   size_t cap = 4096, n = 0;
   char *buf = malloc(cap + 1);
@@ -40,6 +40,7 @@ static char *read_file(const char *path, size_t *len) {
   fclose(f);
   if (!buf || err) {
     free(buf);
+    st_set_error(buf ? ST_EIO : ST_ENOMEM, "%s: %s", path, buf ? "read failed" : "out of memory reading it");
     return NULL;
   }
   buf[n] = 0;
@@ -138,7 +139,7 @@ int st_config_load(const char *path, struct st_config *c) {
   *c = (struct st_config){.port = 8080};
   size_t len = 0;
   char *text = read_file(path, &len);
-  if (!text) return st_set_error(ST_EIO, "%s: cannot read: %s", path, strerror(errno ? errno : EIO));
+  if (!text) return ST_EIO; /* read_file named the file and the reason */
   cJSON *root = cJSON_ParseWithLength(text, len);
   int rc;
   if (!root) {

@@ -417,17 +417,13 @@ int st_gguf_open_buffer(const void *buf, size_t size, const char *name, struct s
 
 int st_gguf_open(const char *path, struct st_gguf **out) {
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return st_set_error(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+  int fd = st_open_regular(path); /* never blocks on a FIFO */
+  if (fd < 0) return ST_EIO;
   struct stat st;
   if (fstat(fd, &st)) {
     int e = errno;
     close(fd);
     return st_set_error(ST_EIO, "%s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return st_set_error(ST_EIO, "%s: not a regular file", path);
   }
   struct gguf_priv *gp = calloc(1, sizeof *gp);
   if (!gp || !(gp->pub.path = strdup(path))) {

@@ -101,7 +101,7 @@ void st_mkmodel_vocab_free(struct st_mkmodel_vocab *v) {
 }
 
 static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
+  FILE *f = st_fopen_regular(path);
   if (!f) return NULL;
   char *buf = NULL;
   size_t n = 0, cap = 0;
@@ -112,6 +112,7 @@ static char *read_file(const char *path, size_t *len) {
       if (!nb) {
         free(buf);
         fclose(f);
+        st_set_error(ST_ENOMEM, "%s: out of memory reading it", path);
         return NULL;
       }
       buf = nb;
@@ -124,6 +125,7 @@ static char *read_file(const char *path, size_t *len) {
   fclose(f);
   if (err) {
     free(buf);
+    st_set_error(ST_EIO, "%s: read failed", path);
     return NULL;
   }
   buf[n] = 0;
@@ -160,7 +162,7 @@ static int vocab_finish(struct st_mkmodel_vocab *v, uint64_t n_used, const char 
 static int vocab_from_json(const char *path, struct st_mkmodel_vocab *v) {
   size_t len;
   char *text = read_file(path, &len);
-  if (!text) return st_set_error(ST_EIO, "%s: cannot read: %s", path, strerror(errno));
+  if (!text) return ST_EIO; /* read_file named the file and the reason */
   cJSON *root = cJSON_ParseWithLength(text, len);
   free(text);
   if (!root) return st_set_error(ST_EFORMAT, "%s: not valid JSON", path);
@@ -350,8 +352,8 @@ out:
 int st_mkmodel_vocab_load(const char *path, struct st_mkmodel_vocab *v) {
   memset(v, 0, sizeof *v);
   v->eos_id = v->bos_id = v->pad_id = -1;
-  FILE *f = fopen(path, "rb");
-  if (!f) return st_set_error(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+  FILE *f = st_fopen_regular(path);
+  if (!f) return ST_EIO;
   char magic[4] = {0};
   size_t got = fread(magic, 1, 4, f);
   fclose(f);

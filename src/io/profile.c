@@ -42,8 +42,8 @@ int st_profile_write(const char *path, uint32_t n_layer, uint32_t n_expert, uint
 
 int st_profile_load(const char *path, uint32_t n_layer, uint32_t n_expert, struct st_profile *out) {
   memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "r");
-  if (!f) return st_set_error(ST_EIO, "%s: cannot open expert profile", path);
+  FILE *f = st_fopen_regular(path);
+  if (!f) return st_error_context(ST_EIO, "expert profile");
   char line[256];
   int rc = 0;
   unsigned version = 0;

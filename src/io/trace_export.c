@@ -231,8 +231,8 @@ static void set_span(struct st_trace *tr);
 
 int st_trace_load(const char *path, struct st_trace *tr) {
   memset(tr, 0, sizeof *tr);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return st_set_error(ST_EIO, "%s: %s", path, strerror(errno));
+  FILE *fp = st_fopen_regular(path);
+  if (!fp) return ST_EIO;
   struct lineinfo li = {path, 0};
   char *line = NULL;
   size_t lcap = 0, cap_w = 0, cap_s = 0, cap_t = 0;
