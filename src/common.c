@@ -70,3 +70,23 @@ FILE *st_fopen_regular(const char *path) {
   }
   return f;
 }
+
+int st_check_output(const char *what, const char *path) {
+  struct stat st;
+  if (!stat(path, &st)) {
+    if (S_ISDIR(st.st_mode)) return st_set_error(ST_EIO, "%s %s: is a directory, not a file", what, path);
+    if (!S_ISREG(st.st_mode)) return st_set_error(ST_EIO, "%s %s: not a regular file", what, path);
+    if (access(path, W_OK)) return st_set_error(ST_EIO, "%s %s: cannot write: %s", what, path, strerror(errno));
+    return 0;
+  }
+  if (errno != ENOENT) return st_set_error(ST_EIO, "%s %s: %s", what, path, strerror(errno));
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (stat(dir, &st)) return st_set_error(ST_EIO, "%s %s: directory %s: %s", what, path, dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return st_set_error(ST_EIO, "%s %s: %s is not a directory", what, path, dir);
+  if (access(dir, W_OK | X_OK)) return st_set_error(ST_EIO, "%s %s: cannot create files in %s: %s", what, path, dir, strerror(errno));
+  return 0;
+}

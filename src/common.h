@@ -54,6 +54,11 @@ int st_open_regular(const char *path);
 /* The same as a FILE * opened "rb" (fclose it), or NULL with the error recorded. */
 FILE *st_fopen_regular(const char *path);
 
+/* Whether `path` can be written as an output file, checked before a long run: an existing path
+ * must be a regular file the process may write, a new one needs a writable directory. 0, or
+ * ST_EIO recorded as "<what> <path>: <reason>" (the system's, or "a directory", ...). */
+int st_check_output(const char *what, const char *path);
+
 /* Monotonic wall-clock time in seconds. */
 double st_now(void);
 

@@ -53,6 +53,13 @@ expect_error "serve --config FIFO" "$tmp/fifo: cannot open: not a regular file (
 expect_error "profile -f FIFO" "$tmp/fifo: cannot open: not a regular file (a FIFO)" \
   timeout 20 "$STRATA" profile -m "$q8" -f "$tmp/fifo" -o "$tmp/p.prof"
 expect_error "trace of a FIFO" "$tmp/fifo: cannot open: not a regular file (a FIFO)" timeout 20 "$STRATA" trace "$tmp/fifo"
+# output paths are checked before the run, with the system's reason (issue #21)
+expect_error "eval --logits-out a directory" "\-\-logits-out $tmp: is a directory, not a file" \
+  "$STRATA" eval -m "$q8" -p hi --logits-out "$tmp"
+expect_error "eval --logits-out in a missing directory" "directory $tmp/none: No such file or directory" \
+  "$STRATA" eval -m "$q8" -p hi --logits-out "$tmp/none/l.f32"
+expect_error "profile -o a directory" "\-o $tmp: is a directory, not a file" \
+  "$STRATA" profile -m "$q8" -f "$FIXTURES/models/tiny-q8_0-reference.json" -o "$tmp"
 expect_error "negative -n" "\-n must be between 0" "$STRATA" generate -m "$tiny" -p hi -n -1
 expect_error "no prompt" "give exactly one of" "$STRATA" generate -m "$tiny"
 expect_error "prompt longer than the context" "more than the context of 4 tokens" "$STRATA" generate -m "$tiny" -p "one two three four five six" -c 4

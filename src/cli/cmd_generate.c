@@ -1,5 +1,6 @@
 /* `strata generate` and `strata eval`: load a model, start the engine, run a prompt; generate
  * streams sampled text and reports speed and per-tier expert work, eval writes logits. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,6 +290,7 @@ int st_cmd_eval(int argc, char **argv) {
   int rc = parse_run_opts(argc, argv, &o);
   if (rc == 1) return 0;
   if (!rc && o.all_logits && !o.logits_out) rc = st_set_error(ST_EINVAL, "--all-logits writes to --logits-out FILE, and none was given");
+  if (!rc && o.logits_out) rc = st_check_output("--logits-out", o.logits_out); /* before the run, not after */
   struct session s = {0};
   if (!rc) rc = session_open(&o, &s);
   float *logits = NULL;
@@ -307,8 +309,13 @@ int st_cmd_eval(int argc, char **argv) {
       report_graphs(s.engine);
       if (o.logits_out) {
         FILE *f = fopen(o.logits_out, "wb");
-        if (!f || fwrite(logits, sizeof(float) * V, n_rows, f) != n_rows || fclose(f))
-          rc = st_set_error(ST_EIO, "cannot write %s", o.logits_out);
+        if (!f) rc = st_set_error(ST_EIO, "--logits-out %s: cannot create: %s", o.logits_out, strerror(errno));
+        else if (fwrite(logits, sizeof(float) * V, n_rows, f) != n_rows) {
+          rc = st_set_error(ST_EIO, "--logits-out %s: write failed: %s", o.logits_out, strerror(errno));
+          fclose(f);
+        } else if (fclose(f)) {
+          rc = st_set_error(ST_EIO, "--logits-out %s: write failed: %s", o.logits_out, strerror(errno));
+        }
       }
     }
   }

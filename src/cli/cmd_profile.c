@@ -75,6 +75,7 @@ int st_cmd_profile(int argc, char **argv) {
   char *text = NULL;
   int32_t *ids = NULL;
   size_t len = 0, n = 0;
+  if (!rc) rc = st_check_output("-o", out); /* before the run, not after */
   if (!rc && !(text = read_text(text_path, &len))) rc = ST_EIO; /* read_text recorded the file and the reason */
   if (!rc) rc = st_model_load(model, &m);
   if (!rc) rc = st_tokenizer_encode(m->tok, text, len, 1, &ids, &n);

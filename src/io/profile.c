@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "common.h"
@@ -29,14 +30,14 @@ int st_profile_write(const char *path, uint32_t n_layer, uint32_t n_expert, uint
   FILE *f = fopen(path, "w");
   if (!f) {
     free(r);
-    return st_set_error(ST_EIO, "%s: cannot create", path);
+    return st_set_error(ST_EIO, "%s: cannot create: %s", path, strerror(errno));
   }
   fprintf(f, "strata-expert-profile 1\nlayers %u experts %u top_k %u tokens %" PRIu64 "\n", n_layer, n_expert,
           top_k, tokens);
   for (size_t i = 0; i < n; i++)
     fprintf(f, "%u %u %" PRIu64 "\n", r[i].pair / n_expert, r[i].pair % n_expert, r[i].count);
   free(r);
-  if (fclose(f)) return st_set_error(ST_EIO, "%s: write failed", path);
+  if (fclose(f)) return st_set_error(ST_EIO, "%s: write failed: %s", path, strerror(errno));
   return 0;
 }
 

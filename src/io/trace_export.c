@@ -527,7 +527,7 @@ int st_trace_write_svg(const struct st_trace *tr, const char *path) {
   xmlTextWriterPtr w = xmlNewTextWriterFilename(path, 0);
   if (!w) {
     free(ix), free(steps), free(layer_start);
-    return st_set_error(ST_EIO, "%s: cannot write", path);
+    return st_set_error(ST_EIO, "%s: cannot write: %s", path, strerror(errno));
   }
   CK(xmlTextWriterSetIndent(w, 1));
   CK(xmlTextWriterStartDocument(w, NULL, "UTF-8", NULL));
