@@ -90,3 +90,28 @@ int st_check_output(const char *what, const char *path) {
   if (access(dir, W_OK | X_OK)) return st_set_error(ST_EIO, "%s %s: cannot create files in %s: %s", what, path, dir, strerror(errno));
   return 0;
 }
+
+int st_utf8_valid(const char *str, size_t n) {
+  const unsigned char *s = (const unsigned char *)str;
+  for (size_t i = 0; i < n;) {
+    const unsigned c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t len;
+    uint32_t cp, min;
+    if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1f, min = 0x80;
+    else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0f, min = 0x800;
+    else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return 0;
+    if (i + len > n) return 0;
+    for (size_t j = 1; j < len; j++) {
+      if ((s[i + j] & 0xc0) != 0x80) return 0;
+      cp = cp << 6 | (s[i + j] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    i += len;
+  }
+  return 1;
+}

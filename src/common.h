@@ -59,6 +59,10 @@ FILE *st_fopen_regular(const char *path);
  * ST_EIO recorded as "<what> <path>: <reason>" (the system's, or "a directory", ...). */
 int st_check_output(const char *what, const char *path);
 
+/* Whether s[0..n) is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing past
+ * U+10FFFF). */
+int st_utf8_valid(const char *s, size_t n);
+
 /* Monotonic wall-clock time in seconds. */
 double st_now(void);
 

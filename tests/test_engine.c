@@ -93,18 +93,45 @@ static void test_profile(void) {
   uint64_t counts[3 * 4] = {5, 0, 9, 1, 7, 7, 2, 0, 3, 3, 3, 8};
   struct st_profile p = {0};
   int rc = st_profile_write(path, 3, 4, 2, 20, counts);
-  if (!rc) rc = st_profile_load(path, 3, 4, &p);
+  if (!rc) rc = st_profile_load(path, 3, 4, 2, &p);
   const int ok = !rc && p.pairs[0].layer == 0 && p.pairs[0].expert == 2 && p.pairs[0].count == 9 &&
                  p.pairs[1].layer == 2 && p.pairs[1].expert == 3 && p.total == 48;
   CHECK(ok, "profile round trip: 12 pairs ranked, first (L0, E2, 9) then (L2, E3, 8), total 48");
   if (!rc) st_profile_free(&p);
-  rc = st_profile_load(path, 4, 4, &p);
+  rc = st_profile_load(path, 4, 4, 2, &p);
   CHECK(rc == ST_EINVAL, "profile for another model refused: %s", st_last_error());
   FILE *f = fopen(path, "w");
   fputs("strata-expert-profile 1\nlayers 1 experts 2 top_k 1 tokens 3\n0 0 1\n0 1 2\n", f);
   fclose(f);
-  rc = st_profile_load(path, 1, 2, &p);
+  rc = st_profile_load(path, 1, 2, 1, &p);
   CHECK(rc == ST_EFORMAT, "unranked profile refused: %s", st_last_error());
+  /* strict (issue #21): no wrapped or signed numbers, the model's top-k, nothing trailing, any
+   * line length, the right line number */
+  char long_line[400];
+  memset(long_line, 'x', sizeof long_line - 1);
+  long_line[sizeof long_line - 1] = 0;
+  const struct {
+    const char *what, *text, *want;
+    int code;
+  } bad[] = {
+      {"a layer past 2^32 (read as 1 before)", "layers 4294967297 experts 2 top_k 1 tokens 3\n0 1 2\n0 0 1\n", ":2: expected", ST_EFORMAT},
+      {"a negative count", "layers 1 experts 2 top_k 1 tokens 3\n0 1 -1\n0 0 1\n", ":3: expected 'layer expert count'", ST_EFORMAT},
+      {"another top-k", "layers 1 experts 2 top_k 2 tokens 3\n0 1 2\n0 0 1\n", "top-2, this model has 1 x 2, top-1", ST_EINVAL},
+      {"text after a pair", "layers 1 experts 2 top_k 1 tokens 3\n0 1 2 junk\n0 0 1\n", ":3: expected", ST_EFORMAT},
+      {"text after the last pair", "layers 1 experts 2 top_k 1 tokens 3\n0 1 2\n0 0 1\nextra\n", ":5: text after the last", ST_EFORMAT},
+      {"a line of 407 bytes, numbered as one line", NULL, ":3: expected 'layer expert count'", ST_EFORMAT},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    f = fopen(path, "w");
+    fputs("strata-expert-profile 1\n", f);
+    if (bad[i].text) fputs(bad[i].text, f);
+    else fprintf(f, "layers 1 experts 2 top_k 1 tokens 3\n0 1 2 %s\n0 0 -1\n", long_line);
+    fclose(f);
+    rc = st_profile_load(path, 1, 2, 1, &p);
+    CHECK(rc == bad[i].code && strstr(st_last_error(), bad[i].want), "profile with %s refused: %s", bad[i].what,
+          st_last_error());
+    if (!rc) st_profile_free(&p);
+  }
   unlink(path);
 }
 
@@ -118,7 +145,7 @@ static void test_plan(void) {
   close(fd);
   const uint64_t counts[8] = {5, 9, 0, 2, 4, 1, 8, 0};
   struct st_profile p;
-  if (st_profile_write(path, 2, 4, 2, 10, counts) || st_profile_load(path, 2, 4, &p)) {
+  if (st_profile_write(path, 2, 4, 2, 10, counts) || st_profile_load(path, 2, 4, 2, &p)) {
     CHECK(0, "plan: profile: %s", st_last_error());
     unlink(path);
     return;
@@ -213,7 +240,7 @@ static void test_partial_sums(const char *fixtures) {
   bufs[0] = hx;
   for (int g = 0; g < 2; g++)
     for (int k = 0; k < 3; k++) bufs[1 + 3 * g + k] = e->h_expert[((size_t)0 * E + g) * 3 + k];
-  const struct st_target cpu = {STARPU_CPU, -1, NULL, NULL};
+  const struct st_target cpu = {STARPU_CPU, -1, NULL, NULL, 0};
   bufs[7] = hp;
   int rc = st_submit_expert_rows(a, bufs, cpu, "partial sums: packed");
   /* token 0: rows 0 then 2 (its slots in order); token 1: row 3; token 2: row 1 */

@@ -183,6 +183,10 @@ cfg "missing model" 'missing key "model"' '{"port":8080}'
 cfg "two GPUs: layer split" 'layer split' "{\"model\":\"$model\",\"gpu\":[0,1]}"
 cfg "two GPUs + --peer-device: peer tier" "peer tier on nvidia-smi's card 0" "{\"model\":\"$model\",\"gpu\":[2,0],\"args\":[\"--peer-device\",\"1\"]}"
 cfg "--peer-device outside the list" 'counts positions in "gpu"' "{\"model\":\"$model\",\"gpu\":[0,1],\"args\":[\"--peer-device\",\"2\"]}"
+# strict (issue #21): nothing after the object, no repeated key, UTF-8 only
+cfg "text after the object" 'text after the JSON object at byte' "{\"model\":\"$model\"} {\"port\":1}"
+cfg "a repeated key" 'key "port" appears twice' "{\"model\":\"$model\",\"port\":8080,\"port\":9090}"
+cfg "a name that is not UTF-8" 'the value of "name" is not valid UTF-8' "$(printf '{"model":"%s","name":"bad\377name"}' "$model")"
 cfg "bad engine flag in args" '"args": unknown engine flag' "{\"model\":\"$model\",\"args\":[\"--bogus\"]}"
 
 echo "test_serve: $pass passed, $fail failed"

@@ -378,7 +378,7 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
 static int setup_tiers(struct st_engine *e, const struct st_engine_opts *o) {
   if (!o->expert_profile) return setup_tiers_with(e, o, NULL);
   struct st_profile prof;
-  int rc = st_profile_load(o->expert_profile, e->hp.n_layer, e->hp.n_expert, &prof);
+  int rc = st_profile_load(o->expert_profile, e->hp.n_layer, e->hp.n_expert, e->hp.n_expert_used, &prof);
   if (rc) return rc;
   rc = setup_tiers_with(e, o, &prof);
   st_profile_free(&prof);

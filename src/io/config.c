@@ -68,8 +68,28 @@ static int whole_number(const cJSON *v, long lo, long hi, long *out) {
   return 1;
 }
 
+/* Every key and string value is valid UTF-8 (they reach the server's JSON responses), and no
+ * object repeats a key (cJSON would keep both; a later one must not win silently). */
+static int check_strings(const char *path, const cJSON *v, const char *key) {
+  if (v->string && !st_utf8_valid(v->string, strlen(v->string)))
+    return st_set_error(ST_EFORMAT, "%s: a key is not valid UTF-8", path);
+  if (cJSON_IsString(v) && !st_utf8_valid(v->valuestring, strlen(v->valuestring)))
+    return st_set_error(ST_EFORMAT, "%s: the value of \"%s\" is not valid UTF-8", path, key);
+  for (const cJSON *a = v->child; a; a = a->next) {
+    if (cJSON_IsObject(v))
+      for (const cJSON *b = v->child; b != a; b = b->next)
+        if (a->string && b->string && !strcmp(a->string, b->string) && st_utf8_valid(a->string, strlen(a->string)))
+          return st_set_error(ST_EFORMAT, "%s: key \"%s\" appears twice", path, a->string);
+    const int rc = check_strings(path, a, a->string ? a->string : key);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 static int parse(const char *path, const cJSON *root, struct st_config *c) {
   if (!cJSON_IsObject(root)) return st_set_error(ST_EFORMAT, "%s: the top level must be a JSON object", path);
+  int rc = check_strings(path, root, "");
+  if (rc) return rc;
   for (const cJSON *it = root->child; it; it = it->next) {
     const char *k = it->string;
     long v;
@@ -140,19 +160,26 @@ int st_config_load(const char *path, struct st_config *c) {
   size_t len = 0;
   char *text = read_file(path, &len);
   if (!text) return ST_EIO; /* read_file named the file and the reason */
-  cJSON *root = cJSON_ParseWithLength(text, len);
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   int rc;
   if (!root) {
     const char *at = cJSON_GetErrorPtr();
     size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
     rc = st_set_error(ST_EFORMAT, "%s: invalid JSON near byte %zu", path, off);
   } else {
-    rc = parse(path, root, c);
+    while (end && end < text + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end && end < text + len)
+      rc = st_set_error(ST_EFORMAT, "%s: text after the JSON object at byte %zu", path, (size_t)(end - text));
+    else
+      rc = parse(path, root, c);
   }
   cJSON_Delete(root);
   free(text);
   if (!rc && !c->host && !(c->host = dup_str("127.0.0.1"))) rc = st_set_error(ST_ENOMEM, "out of memory");
   if (!rc && !c->name && !(c->name = default_name(path))) rc = st_set_error(ST_ENOMEM, "out of memory");
+  if (!rc && !st_utf8_valid(c->name, strlen(c->name)))
+    rc = st_set_error(ST_EFORMAT, "%s: the file name is not valid UTF-8 and serves as the model name: give \"name\"", path);
   return rc;
 }
 

@@ -27,10 +27,14 @@ struct st_profile {
 int st_profile_write(const char *path, uint32_t n_layer, uint32_t n_expert, uint32_t top_k,
                      uint64_t tokens, const uint64_t *counts);
 
-/* Reads `path` and checks it is for a model of n_layer layers and n_expert experts (ST_EINVAL
- * naming both shapes otherwise), that every pair appears once and the ranking is by count
- * (ST_EFORMAT with the line number otherwise). *out is filled; free with st_profile_free(). */
-int st_profile_load(const char *path, uint32_t n_layer, uint32_t n_expert, struct st_profile *out);
+/* Reads `path` and checks it is for a model of n_layer layers, n_expert experts and top-k top_k
+ * (ST_EINVAL naming both shapes otherwise); strictly: exact keywords, whole decimal numbers
+ * (no sign, none past 2^32 - 1 for layers, experts and top_k, nor past 2^64 - 1 for counts;
+ * never wrapped), single spaces, nothing after a line's last number nor after the last pair,
+ * lines of any length; every pair once, ranked by count (ST_EFORMAT with the file and line
+ * number otherwise). *out is filled; free with st_profile_free(). What it accepts,
+ * st_profile_write writes back byte for byte (tests/fuzz_text.c checks it). */
+int st_profile_load(const char *path, uint32_t n_layer, uint32_t n_expert, uint32_t top_k, struct st_profile *out);
 void st_profile_free(struct st_profile *p);
 
 #endif
