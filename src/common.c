@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -114,4 +115,36 @@ int st_utf8_valid(const char *str, size_t n) {
     i += len;
   }
   return 1;
+}
+
+/* Bytes of the well-formed UTF-8 sequence at s (n bytes left), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  for (size_t len = 1; len <= 4 && len <= n; len++)
+    if (st_utf8_valid((const char *)s, len)) return len;
+  return 0;
+}
+
+char *st_utf8_sanitize(char *str, size_t cap) {
+  const size_t n = strlen(str);
+  if (st_utf8_valid(str, n) || cap == 0) return str;
+  char *copy = malloc(n + 1);
+  if (!copy) { /* no room to rewrite: drop every byte >= 0x80 */
+    for (char *p = str; *p; p++)
+      if ((unsigned char)*p >= 0x80) *p = '?';
+    return str;
+  }
+  memcpy(copy, str, n + 1);
+  size_t o = 0;
+  for (size_t i = 0; i < n;) {
+    const size_t len = utf8_seq((const unsigned char *)copy + i, n - i);
+    const char *src = len ? copy + i : "\xef\xbf\xbd";
+    const size_t w = len ? len : 3;
+    if (o + w + 1 > cap) break;
+    memcpy(str + o, src, w);
+    o += w;
+    i += len ? len : 1;
+  }
+  str[o] = 0;
+  free(copy);
+  return str;
 }

@@ -63,6 +63,11 @@ int st_check_output(const char *what, const char *path);
  * U+10FFFF). */
 int st_utf8_valid(const char *s, size_t n);
 
+/* Rewrites the NUL-terminated s in place (cap bytes available) so that it is valid UTF-8: every
+ * byte that does not start a well-formed sequence becomes U+FFFD (3 bytes; the text is cut to
+ * fit cap). For text from a client or a file that goes into JSON. Returns s. */
+char *st_utf8_sanitize(char *s, size_t cap);
+
 /* Monotonic wall-clock time in seconds. */
 double st_now(void);
 

@@ -93,6 +93,23 @@ words=$(i=0; while [ $i -lt 2100 ]; do printf 'word '; i=$((i + 1)); done)
 expect "prompt over the context" 400 -d "{\"prompt\":\"$words\"}" "$u/v1/completions"
 grep -q 'context_length_exceeded' "$tmp/r" || bad "over-long prompt code: $(cat "$tmp/r")"
 
+# invalid UTF-8 from the client never reaches the JSON it gets back (issue #21): the error quotes
+# it with U+FFFD instead (checked with iconv)
+utf8_expect() {
+  name=$1; want=$2; shift 2
+  code=$(curl -s -o "$tmp/r" -w '%{http_code}' "$@")
+  if [ "$code" = "$want" ] && has '"error":{"message":' && iconv -f UTF-8 -t UTF-8 "$tmp/r" >/dev/null 2>&1; then
+    ok "$name: $code, valid UTF-8: $(head -c 160 "$tmp/r")"
+  else
+    bad "$name: got $code want $want, or not UTF-8: $(head -c 300 "$tmp/r" | od -c | head -n 5)"
+  fi
+}
+printf '{"model":"bad\377model","messages":[{"role":"user","content":"hi"}]}' > "$tmp/badm.json"
+utf8_expect "unknown model with invalid UTF-8" 404 --data-binary "@$tmp/badm.json" "$u/v1/chat/completions"
+printf '{"messages":[{"role":"us\377er","content":"hi"}]}' > "$tmp/badr.json"
+utf8_expect "role with invalid UTF-8" 400 --data-binary "@$tmp/badr.json" "$u/v1/chat/completions"
+utf8_expect "URL with a raw 0xff byte" 404 -d '{}' "$u/v1/eng%FFines"
+
 # 7. clients that leave mid-request: streaming and not; the engine stops, the server answers
 curl -sN --max-time 0.5 -o "$tmp/cut1" "$u/v1/completions" -d '{"prompt":"x","max_tokens":2000,"ignore_eos":true,"stream":true}'
 curl -s --max-time 0.5 -o "$tmp/cut2" "$u/v1/completions" -d '{"prompt":"y","max_tokens":2000,"ignore_eos":true}'

@@ -309,7 +309,7 @@ static void run_job(struct server *s, struct job *j) {
   const double t_gen = st_now() - t0;
   const double tps = t_gen > 0 && j->n_gen ? j->n_gen / t_gen : 0.0;
   if (j->text.oom && !rc) rc = st_set_error(ST_ENOMEM, "out of memory for the generated text");
-  if (rc) j->error = strdup(st_last_error());
+  if (rc && (j->error = strdup(st_last_error()))) st_utf8_sanitize(j->error, strlen(j->error) + 1);
   if (j->stream && !cancelled) {
     if (rc) {
       cJSON *o = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(o, "error");
@@ -419,6 +419,7 @@ send_error(struct server *s, struct MHD_Connection *c, unsigned status, const ch
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  st_utf8_sanitize(msg, sizeof msg); /* it may quote the client's bytes (model, role, URL) */
   pthread_mutex_lock(&s->mu);
   s->http_errors++;
   pthread_mutex_unlock(&s->mu);
