@@ -511,6 +511,75 @@ static void test_arena(const char *fixtures) {
   unlink(path);
 }
 
+/* Garbage weights are the file's fault, but the engine must say so (issue #21): the tiny Q8_0
+ * fixture with one expert tensor's type id changed to Q5_0 (its bytes still fit) must stop with
+ * one message naming that tensor, not return NaN logits; for the last layer (caught at the
+ * logits) and the first (caught at the next layer's router), through the prompt path and decode
+ * steps (--prefill 1), with the decode step and the per-task path. */
+static void test_nonfinite(const char *fixtures) {
+  char src[4096];
+  snprintf(src, sizeof src, "%s/models/tiny-qwen3moe-q8_0.gguf", fixtures);
+  FILE *f = fopen(src, "rb");
+  if (!f) {
+    CHECK(0, "non-finite: %s: cannot open", src);
+    return;
+  }
+  fseek(f, 0, SEEK_END);
+  const long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *bytes = malloc((size_t)size);
+  const int got = bytes && fread(bytes, 1, (size_t)size, f) == (size_t)size;
+  fclose(f);
+  for (int layer = 3; got && layer >= 0; layer -= 3) {
+    char name[64], path[] = "/tmp/strata-test-nonfinite-XXXXXX";
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", layer);
+    /* the tensor info: u64 name length, the name, u32 n_dims, n_dims u64 dims, u32 type */
+    uint8_t *copy = malloc((size_t)size), *at = NULL;
+    memcpy(copy, bytes, (size_t)size);
+    const size_t nl = strlen(name);
+    for (long i = 8; i + (long)nl + 8 < size && !at; i++)
+      if (!memcmp(copy + i, name, nl) && copy[i - 8] == nl) at = copy + i + nl;
+    uint32_t n_dims = 0;
+    if (at) memcpy(&n_dims, at, 4);
+    uint32_t *type = at ? (uint32_t *)(void *)(at + 4 + 8 * n_dims) : NULL;
+    const int fd = mkstemp(path);
+    if (!type || *type != ST_TYPE_Q8_0 || fd < 0) {
+      CHECK(0, "non-finite: %s not found as a Q8_0 tensor", name);
+      free(copy);
+      continue;
+    }
+    *type = ST_TYPE_Q5_0;
+    const int wrote = write(fd, copy, (size_t)size) == size;
+    close(fd);
+    free(copy);
+    struct st_model *m = NULL;
+    if (!wrote || st_model_load(path, &m)) {
+      CHECK(0, "non-finite: the damaged copy: %s", st_last_error());
+      unlink(path);
+      continue;
+    }
+    const int32_t ids[6] = {785, 3974, 293, 4830, 282, 5131};
+    float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+    char want[96];
+    snprintf(want, sizeof want, "%s (q5_0) holds non-finite weights", name);
+    for (int run = 0; run < 3; run++) {
+      setenv("STRATA_DECODE_GRAPH", run == 2 ? "0" : "1", 1);
+      struct st_engine *e = NULL;
+      int rc = st_engine_create(m, &(struct st_engine_opts){.n_ctx = 64, .prefill = run ? 1 : 16}, &e);
+      if (!rc) rc = st_engine_eval(e, ids, 6, logits, 0);
+      const char *how = run == 0 ? "prompt path" : run == 1 ? "decode steps" : "decode steps, per-task path";
+      CHECK(rc == ST_ERUNTIME && strstr(st_last_error(), want), "non-finite weights in %s, %s: eval refused (%d): %s", name, how, rc,
+            rc ? st_last_error() : "(no error)");
+      st_engine_destroy(e);
+    }
+    unsetenv("STRATA_DECODE_GRAPH");
+    free(logits);
+    st_model_free(m);
+    unlink(path);
+  }
+  free(bytes);
+}
+
 int main(void) {
   const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
   test_profile();
@@ -521,6 +590,7 @@ int main(void) {
   test_partial_sums(fx);
   test_arena(fx);
   test_arena_rss(fx);
+  test_nonfinite(fx);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }

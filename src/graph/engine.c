@@ -7,6 +7,7 @@
 #include "graph/engine.h"
 
 #include <errno.h>
+#include <math.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -822,8 +823,11 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   }
   for (int i = 0; i < T * k && !rc; i++)
     if (route[i].expert < 0 || route[i].expert >= E || !(route[i].weight == route[i].weight))
-      rc = st_set_error(ST_ERUNTIME, "the router of layer %u chose expert %d (weight %g) for token %d: its input is not finite",
-                        l, route[i].expert, route[i].weight, e->n_past + i / k);
+      { /* layer l - 1's output (its experts) or layer l's attention made it */
+        char what[96];
+        snprintf(what, sizeof what, "the router input of layer %u (token %d)", l, e->n_past + i / k);
+        rc = st_engine_nonfinite(e, (int)l - 1, (int)l, what);
+      }
   if (rc) {
     starpu_data_release(b->routing);
     goto done;
@@ -1241,6 +1245,57 @@ int st_engine_adapt(struct st_engine *e) {
   return rc < 0 ? rc : total;
 }
 
+/* The first row of weight w holding a non-finite value once decoded: 1 with *row set, else 0. */
+static int weight_nonfinite(const struct st_weight *w, float *buf, uint64_t *row) {
+  const uint64_t rows = w->ne[1] * (w->ne[2] ? w->ne[2] : 1);
+  for (uint64_t r = 0; r < rows; r++) {
+    st_dequantize_row(w->type, (const uint8_t *)w->data + r * w->row_bytes, buf, (int64_t)w->ne[0]);
+    for (uint64_t i = 0; i < w->ne[0]; i++)
+      if (!isfinite(buf[i])) {
+        *row = r;
+        return 1;
+      }
+  }
+  return 0;
+}
+
+int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what) {
+  const struct st_model *m = e->model;
+  const int L = (int)e->hp.n_layer;
+  uint64_t most = m->tok_embd.ne[0];
+  float *buf = malloc(sizeof(float) * (size_t)(most > m->output.ne[0] ? most : m->output.ne[0]) * 2);
+  for (int l = l0 < 0 ? 0 : l0; buf && l <= l1 && l <= L; l++) {
+    const struct st_weight *cand[16];
+    int n = 0;
+    if (l < L) {
+      const struct st_layer *Ly = &m->layers[l];
+      const struct st_weight *ws[] = {&Ly->attn_norm, &Ly->wq, &Ly->wk, &Ly->wv, &Ly->q_norm, &Ly->k_norm, &Ly->wo,
+                                      &Ly->ffn_norm, &Ly->router, &Ly->gate_exps, &Ly->up_exps, &Ly->down_exps};
+      if (l == 0) cand[n++] = &m->tok_embd;
+      for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) cand[n++] = ws[i];
+    } else {
+      cand[n++] = &m->output_norm;
+      cand[n++] = &m->output;
+    }
+    for (int i = 0; i < n; i++) {
+      uint64_t row;
+      if (cand[i]->ne[0] > 2 * most || !weight_nonfinite(cand[i], buf, &row)) continue;
+      free(buf);
+      const uint64_t per = cand[i]->ne[1];
+      if (cand[i]->ne[2] > 1)
+        return st_set_error(ST_ERUNTIME, "non-finite values in %s: %s (%s) holds non-finite weights (expert %llu, row %llu): "
+                            "the model file is damaged", what, cand[i]->name, st_type_info(cand[i]->type)->name,
+                            (unsigned long long)(row / per), (unsigned long long)(row % per));
+      return st_set_error(ST_ERUNTIME, "non-finite values in %s: %s (%s) holds non-finite weights (row %llu): the model file "
+                          "is damaged", what, cand[i]->name, st_type_info(cand[i]->type)->name, (unsigned long long)row);
+    }
+  }
+  free(buf);
+  return st_set_error(ST_ERUNTIME, "non-finite values in %s: the weights of %s%d..%d are finite, so the activations overflowed "
+                      "(values wrong for their tensor types, or a damaged file)", what, l1 >= L ? "layers " : "layers ",
+                      l0 < 0 ? 0 : l0, l1 >= L ? L - 1 : l1);
+}
+
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
   if (n <= 0) return st_set_error(ST_EINVAL, "nothing to evaluate (0 tokens)");
   if (e->n_past + n > e->n_ctx)
@@ -1258,6 +1313,16 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
                               : eval_chunk(e, ids + done, T, all_logits || last, all_logits);
     if (e->rec) st_recorder_step(e->rec, n == 1, t_start, starpu_timing_now());
     if (rc) return rc;
+    if (all_logits || last) { /* garbage weights must not pass silently as NaN logits */
+      const size_t rows = all_logits ? (size_t)T : 1;
+      for (size_t i = 0; i < rows * V; i++)
+        if (!isfinite(e->logits[i])) {
+          char what[96];
+          snprintf(what, sizeof what, "the logits of token %d", e->n_past + (int)(all_logits ? i / V : (size_t)T - 1));
+          /* every router's input was finite: the last layer's experts or the head made it */
+          return st_engine_nonfinite(e, (int)e->hp.n_layer - 1, (int)e->hp.n_layer, what);
+        }
+    }
     if (all_logits)
       memcpy(logits + (size_t)done * V, e->logits, sizeof(float) * V * (size_t)T);
     else if (last)

@@ -160,6 +160,13 @@ uint64_t st_stats_gpu_entries(const struct st_engine_stats *s);
  * Returns whether they are on: never without a CUDA worker for the dense work. */
 int st_engine_set_cuda_graphs(struct st_engine *e, int on);
 
+/* After a non-finite router input or logit (`what`, e.g. "the logits of token 5"): looks for the
+ * first tensor of layers l0..l1 (l1 = n_layer: also the output head; layer 0: also token_embd)
+ * with a weight that decodes to a non-finite value, and records ST_ERUNTIME naming it (type,
+ * expert, row), or, when they are all finite, saying the activations overflowed. Returns
+ * ST_ERUNTIME. Reads the weights through the mapping (a few seconds for a large layer). */
+int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what);
+
 /* `t` with the run recorder's completion callback when the run is traced (--trace). */
 struct st_target st_engine_traced(const struct st_engine *e, struct st_target t);
 

@@ -16,10 +16,12 @@ static int count_routing(struct st_engine *e, const struct st_route *route, int 
   for (uint32_t l = 0; l < hp->n_layer; l++)
     for (int j = 0; j < k; j++) {
       const struct st_route r = route[(size_t)l * k + j];
-      if ((bad_layer >= 0 && (int)l >= bad_layer) || r.expert < 0 || r.expert >= E || !(r.weight == r.weight))
-        return st_set_error(ST_ERUNTIME, "the router of layer %u chose expert %d (weight %g) for token %d: its input is "
-                            "not finite",
-                            bad_layer >= 0 ? (uint32_t)bad_layer : l, r.expert, r.weight, e->n_past);
+      if ((bad_layer >= 0 && (int)l >= bad_layer) || r.expert < 0 || r.expert >= E || !(r.weight == r.weight)) {
+        const uint32_t at = bad_layer >= 0 ? (uint32_t)bad_layer : l;
+        char what[96];
+        snprintf(what, sizeof what, "the router input of layer %u (token %d)", at, e->n_past);
+        return st_engine_nonfinite(e, (int)at - 1, (int)at, what);
+      }
     }
   for (uint32_t l = 0; l < hp->n_layer; l++) {
     int tiers_seen = 0;

@@ -37,7 +37,7 @@ static int find_weight(const struct st_gguf *g, const char *name, int nd, const 
   const struct st_type_info *ti = st_type_info(t->type);
   if (!ti->computed || (norm && t->type != ST_TYPE_F32))
     return st_set_error(ST_EUNSUP, "unsupported tensor type %s for %s", ti->name, name);
-  w->name = t->name.ptr;
+  snprintf(w->name, sizeof w->name, "%s", name);
   w->data = t->data;
   w->type = t->type;
   memcpy(w->ne, t->ne, sizeof w->ne);

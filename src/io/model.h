@@ -13,7 +13,7 @@ struct st_tokenizer;
 /* A weight tensor inside the mapped GGUF file. Rows are ne[0] elements, `row_bytes` apart;
  * a 3-D expert tensor holds ne[2] experts of ne[1] rows each. */
 struct st_weight {
-  const char *name; /* points into the GGUF handle's tensor table */
+  char name[96];    /* the tensor's name (a copy: GGUF strings are not NUL-terminated) */
   const void *data; /* into the read-only mapping */
   uint32_t type;    /* enum st_type */
   uint64_t ne[4];
