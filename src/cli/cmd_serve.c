@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,11 +107,33 @@ struct server {
   uint64_t next_seq;
   pthread_t worker;
 
+  /* open connections (under mu): in all, and per client address (a short list: most come from few) */
+  int max_conns, max_per_addr;
+  unsigned header_timeout_s, idle_timeout_s;
+  int n_conns;
+  struct addr_count *addrs;
+  int n_addrs, cap_addrs;
+  uint64_t refused_conns;
+
   /* metrics, under mu */
   uint64_t requests_total, requests_failed, prompt_tokens_total, generated_tokens_total;
   uint64_t http_errors;
   double last_tps;
   struct st_engine_stats stats; /* a copy of the engine's after the last request */
+};
+
+/* Open connections from one client address (the address bytes, IPv4 or IPv6). */
+struct addr_count {
+  unsigned char addr[16];
+  int len, n;
+};
+
+/* Per-socket state (MHD's socket context): its address and whether it was over a limit when it
+ * opened (its request then gets 503). */
+struct sock {
+  unsigned char addr[16];
+  int len;
+  int over; /* 0, 1: the server's limit, 2: the address's */
 };
 
 /* Per-connection request state: the body as it arrives. */
@@ -455,7 +478,8 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
   const uint64_t req = s->requests_total, failed = s->requests_failed, pt = s->prompt_tokens_total,
                  gt = s->generated_tokens_total, herr = s->http_errors;
   const double tps = s->last_tps;
-  const int queued = s->n_queued;
+  const int queued = s->n_queued, open_conns = s->n_conns;
+  const uint64_t refused = s->refused_conns;
   pthread_mutex_unlock(&s->mu);
   const uint64_t routed = st.expert_entries[ST_TIER_CPU_POOL] + st_stats_gpu_entries(&st);
 #define METRIC(name, type, help, fmt, ...)                                                              \
@@ -489,6 +513,10 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
   METRIC("strata_host_to_device_bytes_total", "counter", "Bytes moved from main RAM to CUDA devices.", " %llu",
          (unsigned long long)st.h2d_bytes);
   METRIC("strata_queue_length", "gauge", "Requests waiting for the engine.", " %d", queued);
+  METRIC("strata_connections_open", "gauge", "Open HTTP connections.", " %d", open_conns);
+  METRIC("strata_connections_over_limit_total", "counter",
+         "Connections opened past --max-connections or --max-connections-per-address (their requests get 503).", " %llu",
+         (unsigned long long)refused);
 #undef METRIC
   if (b.oom) {
     free(b.s);
@@ -879,12 +907,82 @@ done:
   return ret;
 }
 
+/* The address bytes of a client (IPv4: 4, IPv6: 16), or 0. */
+static int addr_key(const struct sockaddr *sa, unsigned char *out) {
+  if (!sa) return 0;
+  if (sa->sa_family == AF_INET) {
+    memcpy(out, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+    return 4;
+  }
+  if (sa->sa_family == AF_INET6) {
+    memcpy(out, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+    return 16;
+  }
+  return 0;
+}
+
+/* Counts connections in and out (MHD_OPTION_NOTIFY_CONNECTION); a connection over the server's or
+ * its address's limit is kept until its request arrives, which gets 503, or until the header
+ * timeout closes it: a client that opens many connections and sends nothing blocks nobody else
+ * for longer than that. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+  struct server *s = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    struct sock *k = calloc(1, sizeof *k);
+    *socket_context = k;
+    if (!k) return;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    k->len = addr_key(ci ? ci->client_addr : NULL, k->addr);
+    pthread_mutex_lock(&s->mu);
+    s->n_conns++;
+    struct addr_count *a = NULL;
+    for (int i = 0; i < s->n_addrs && !a; i++)
+      if (s->addrs[i].len == k->len && !memcmp(s->addrs[i].addr, k->addr, (size_t)k->len)) a = &s->addrs[i];
+    if (!a && s->n_addrs == s->cap_addrs) {
+      const int cap = s->cap_addrs ? 2 * s->cap_addrs : 64;
+      struct addr_count *g = realloc(s->addrs, sizeof *g * (size_t)cap);
+      if (g) s->addrs = g, s->cap_addrs = cap;
+    }
+    if (!a && s->n_addrs < s->cap_addrs) {
+      a = &s->addrs[s->n_addrs++];
+      memcpy(a->addr, k->addr, sizeof a->addr);
+      a->len = k->len;
+      a->n = 0;
+    }
+    if (a) a->n++;
+    k->over = s->n_conns > s->max_conns ? 1 : a && a->n > s->max_per_addr ? 2 : 0;
+    if (k->over) s->refused_conns++;
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
+  struct sock *k = *socket_context;
+  if (!k) return;
+  pthread_mutex_lock(&s->mu);
+  s->n_conns--;
+  for (int i = 0; i < s->n_addrs; i++)
+    if (s->addrs[i].len == k->len && !memcmp(s->addrs[i].addr, k->addr, (size_t)k->len)) {
+      if (--s->addrs[i].n == 0) s->addrs[i] = s->addrs[--s->n_addrs];
+      break;
+    }
+  pthread_mutex_unlock(&s->mu);
+  free(k);
+  *socket_context = NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
   struct server *s = cls;
   struct conn *cn = *con_cls;
-  if (!cn) {
+  if (!cn) { /* the headers are in: the connection may now idle for the long timeout */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout_s);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const struct sock *k = ci ? ci->socket_context : NULL;
+    if (k && k->over)
+      return k->over == 1 ? send_error(s, c, 503, "too_many_connections", "the server has %d connections open, its "
+                                       "limit (--max-connections); retry later", s->max_conns)
+                          : send_error(s, c, 503, "too_many_connections", "your address has more than %d connections "
+                                       "open (--max-connections-per-address); close some and retry", s->max_per_addr);
     if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
     *con_cls = cn;
     return MHD_YES;
@@ -937,12 +1035,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 struct serve_opts {
   const char *config, *model, *host, *name;
-  long port, max_tokens, queue;
+  long port, max_tokens, queue, max_conns, max_per_addr, header_timeout, idle_timeout;
   int have_port;
   struct st_engine_opts eo;
 };
 
-enum { OPT_CONFIG = 256, OPT_HOST, OPT_PORT, OPT_NAME, OPT_MAX_TOKENS, OPT_QUEUE };
+enum { OPT_CONFIG = 256, OPT_HOST, OPT_PORT, OPT_NAME, OPT_MAX_TOKENS, OPT_QUEUE, OPT_MAX_CONNS, OPT_MAX_PER_ADDR,
+       OPT_HEADER_TIMEOUT, OPT_IDLE_TIMEOUT };
 
 static void serve_help(FILE *f) {
   fprintf(f,
@@ -959,7 +1058,13 @@ static void serve_help(FILE *f) {
           "                         file's name without .json/.gguf)\n"
           "      --max-tokens N     tokens a request generates when it gives no max_tokens (default: the rest\n"
           "                         of the context)\n"
-          "      --queue N          requests that may wait for the engine; more get 503 (default 64)\n");
+          "      --queue N          requests that may wait for the engine; more get 503 (default 64)\n"
+          "      --max-connections N  open connections in all; a request on one past it gets 503 (default\n"
+          "                         1024; past N + 64 the library refuses the connection)\n"
+          "      --max-connections-per-address N  open connections from one client address; a request on\n"
+          "                         one past it gets 503 (default 64)\n"
+          "      --header-timeout S seconds a connection may take to send its request headers (default 10)\n"
+          "      --idle-timeout S   seconds a connection may stay idle once its headers are in (default 600)\n");
   st_engine_opts_help(f);
   fprintf(f, "  -h, --help             this help\n\nSIGINT or SIGTERM stops the server.\n");
 }
@@ -972,6 +1077,10 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, int own_ok, c
       {"host", required_argument, 0, OPT_HOST},     {"port", required_argument, 0, OPT_PORT},
       {"name", required_argument, 0, OPT_NAME},     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
       {"queue", required_argument, 0, OPT_QUEUE},   {"help", no_argument, 0, 'h'},
+      {"max-connections", required_argument, 0, OPT_MAX_CONNS},
+      {"max-connections-per-address", required_argument, 0, OPT_MAX_PER_ADDR},
+      {"header-timeout", required_argument, 0, OPT_HEADER_TIMEOUT},
+      {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
       {0, 0, 0, 0}};
   static const struct option none[] = {{0, 0, 0, 0}};
   struct option *longopts = st_engine_longopts_with(own_ok ? own : none);
@@ -997,6 +1106,10 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, int own_ok, c
     case OPT_NAME: o->name = optarg; break;
     case OPT_MAX_TOKENS: rc = st_parse_int("--max-tokens", optarg, 1, 1 << 30, &o->max_tokens); break;
     case OPT_QUEUE: rc = st_parse_int("--queue", optarg, 1, 1 << 20, &o->queue); break;
+    case OPT_MAX_CONNS: rc = st_parse_int("--max-connections", optarg, 1, 1 << 16, &o->max_conns); break;
+    case OPT_MAX_PER_ADDR: rc = st_parse_int("--max-connections-per-address", optarg, 1, 1 << 16, &o->max_per_addr); break;
+    case OPT_HEADER_TIMEOUT: rc = st_parse_int("--header-timeout", optarg, 1, 3600, &o->header_timeout); break;
+    case OPT_IDLE_TIMEOUT: rc = st_parse_int("--idle-timeout", optarg, 1, 86400, &o->idle_timeout); break;
     case 'h':
       serve_help(stdout);
       free(longopts);
@@ -1022,7 +1135,7 @@ static char *name_from_path(const char *path) {
 }
 
 int st_cmd_serve(int argc, char **argv) {
-  struct serve_opts o = {.queue = 64};
+  struct serve_opts o = {.queue = 64, .max_conns = 1024, .max_per_addr = 64, .header_timeout = 10, .idle_timeout = 600};
   struct st_config cfg = {0};
   struct server s = {0};
   struct MHD_Daemon *d = NULL;
@@ -1104,6 +1217,10 @@ int st_cmd_serve(int argc, char **argv) {
     s.name = o.name;
     s.default_max_tokens = (int)o.max_tokens;
     s.queue_cap = (int)o.queue;
+    s.max_conns = (int)o.max_conns;
+    s.max_per_addr = (int)o.max_per_addr;
+    s.header_timeout_s = (unsigned)o.header_timeout;
+    s.idle_timeout_s = (unsigned)o.idle_timeout;
     s.stats = s.engine->stats;
     if (st_gguf_get_str(s.model->gguf, "tokenizer.chat_template", &tmpl)) tmpl = NULL;
     s.chat_kind = st_chat_template_detect(tmpl);
@@ -1129,18 +1246,29 @@ int st_cmd_serve(int argc, char **argv) {
       worker_started = 1;
   }
   if (!rc) {
-    d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
-                             (v6 ? MHD_USE_IPv6 : 0),
+    /* a descriptor per connection: room for the limits */
+    struct rlimit nofile;
+    if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur < nofile.rlim_max &&
+        nofile.rlim_cur < (rlim_t)(s.max_conns + 64 + 256)) {
+      nofile.rlim_cur = nofile.rlim_max < (rlim_t)(s.max_conns + 64 + 256) ? nofile.rlim_max : (rlim_t)(s.max_conns + 64 + 256);
+      setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                             MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
                          (uint16_t)o.port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
                          v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4, MHD_OPTION_NOTIFY_COMPLETED,
-                         on_completed, &s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s.queue_cap + 64),
-                         MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+                         on_completed, &s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s.max_conns + 64),
+                         MHD_OPTION_CONNECTION_TIMEOUT, s.header_timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
+                         (size_t)1 << 20, MHD_OPTION_END);
     if (!d) rc = st_set_error(ST_EIO, "cannot listen on %s port %ld (in use, or not an address of this host?)", o.host, o.port);
   }
   if (!rc) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "strata serve: listening on http://%s%s%s:%u (model id '%s', queue %d)\n", v6 ? "[" : "",
-            o.host, v6 ? "]" : "", di ? di->port : (unsigned)o.port, s.name, s.queue_cap);
+    fprintf(stderr, "strata serve: listening on http://%s%s%s:%u (model id '%s', queue %d; connections: %d, %d per "
+            "address, headers within %u s, idle %u s)\n", v6 ? "[" : "", o.host, v6 ? "]" : "",
+            di ? di->port : (unsigned)o.port, s.name, s.queue_cap, s.max_conns, s.max_per_addr, s.header_timeout_s,
+            s.idle_timeout_s);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "strata serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -1154,6 +1282,7 @@ int st_cmd_serve(int argc, char **argv) {
   }
   if (worker_started) pthread_join(s.worker, NULL);
   if (d) MHD_stop_daemon(d);
+  free(s.addrs);
   if (mu_ready) {
     pthread_cond_destroy(&s.work_cv);
     pthread_mutex_destroy(&s.mu);
