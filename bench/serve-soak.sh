@@ -15,15 +15,9 @@ pid=""
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 model=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
-"$STRATA" serve -m "$model" --port 0 -c 2048 --header-timeout 5 >"$tmp/srv.out" 2>"$tmp/srv.err" &
-pid=$!
-port=""
-i=0
-while [ $i -lt 100 ] && [ -z "$port" ]; do
-  port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/srv.err")
-  [ -z "$port" ] && sleep 0.1
-  i=$((i + 1))
-done
+. "$(dirname "$0")/../tests/lib.sh"
+start_server "$tmp/srv" -m "$model" -c 2048 --header-timeout 5
+pid=$server_pid port=$server_port
 [ -n "$port" ] || { echo "serve-soak: the server did not start: $(cat "$tmp/srv.err")"; exit 1; }
 u=http://127.0.0.1:$port
 rss() { sed -n 's/^VmRSS:[^0-9]*\([0-9]*\) kB/\1/p' "/proc/$pid/status"; }
@@ -91,7 +85,7 @@ for f in "$tmp"/count*; do read -r a b < "$f"; total=$((total + a + b)); bad=$((
 echo "serve-soak: $total responses, $bad failed or different from the reference"
 echo "serve-soak: VmRSS every 10 s (KiB):$series"
 set -- $series
-first=${2:-0}; last=$(echo "$series" | awk '{ print $NF }')
+first=${2:-${1:-0}}; last=$(echo "$series" | awk '{ print $NF }')
 echo "serve-soak: VmRSS from the second sample to the last: $first -> $last KiB ($((last - first)) KiB)"
 for f in "$tmp"/bad-*; do [ -f "$f" ] && { echo "first bad response ($f):"; head -c 400 "$f"; echo; break; }; done
 if [ -x "$HALFOPEN" ]; then

@@ -148,3 +148,32 @@ char *st_utf8_sanitize(char *str, size_t cap) {
   free(copy);
   return str;
 }
+
+char *st_read_file(const char *path, size_t *len) {
+  FILE *f = st_fopen_regular(path);
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap + 1);
+  while (buf) {
+    n += fread(buf + n, 1, cap - n, f);
+    if (n < cap) break;
+    char *grown = realloc(buf, 2 * cap + 1);
+    if (!grown) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = grown;
+    cap *= 2;
+  }
+  const int err = ferror(f);
+  fclose(f);
+  if (!buf || err) {
+    free(buf);
+    st_set_error(buf ? ST_EIO : ST_ENOMEM, "%s: %s", path, buf ? "read failed" : "out of memory reading it");
+    return NULL;
+  }
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}

@@ -54,6 +54,10 @@ int st_open_regular(const char *path);
 /* The same as a FILE * opened "rb" (fclose it), or NULL with the error recorded. */
 FILE *st_fopen_regular(const char *path);
 
+/* The whole of regular file `path` (st_fopen_regular) in a malloc'd buffer with a NUL after its
+ * *len bytes (len may be NULL); NULL with ST_EIO / ST_ENOMEM recorded, naming the file. */
+char *st_read_file(const char *path, size_t *len);
+
 /* Whether `path` can be written as an output file, checked before a long run: an existing path
  * must be a regular file the process may write, a new one needs a writable directory. 0, or
  * ST_EIO recorded as "<what> <path>: <reason>" (the system's, or "a directory", ...). */

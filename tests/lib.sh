@@ -14,3 +14,19 @@ expect_error() {
     bad "$name: exit $st, $lines stderr lines, want /$pat/: $(head -c 400 "$tmp/err")"
   fi
 }
+
+# start_server LOG_PREFIX ARGS...: starts `$STRATA serve ARGS --port 0` in the background with its
+# stdout and stderr in LOG_PREFIX.out and LOG_PREFIX.err, waits (10 s at most) for the port its log
+# names; sets $server_pid and $server_port (empty when it did not start).
+start_server() {
+  log=$1; shift
+  "$STRATA" serve "$@" --port 0 >"$log.out" 2>"$log.err" &
+  server_pid=$!
+  server_port=""
+  i=0
+  while [ $i -lt 100 ] && [ -z "$server_port" ]; do
+    server_port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$log.err")
+    [ -z "$server_port" ] && sleep 0.1
+    i=$((i + 1))
+  done
+}

@@ -31,15 +31,10 @@ for g in 1 0; do
 done
 
 # serve: 6 warm-up requests, then 40 more of 48 tokens; VmRSS (KiB) after the warm-up and every 8
-STRATA_DECODE_GRAPH=0 "$STRATA" serve -m "$model" --port 0 -c 2048 >"$tmp/srv.out" 2>"$tmp/srv.err" &
-pid=$!
-port=""
-i=0
-while [ $i -lt 100 ] && [ -z "$port" ]; do
-  port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/srv.err")
-  [ -z "$port" ] && sleep 0.1
-  i=$((i + 1))
-done
+export STRATA_DECODE_GRAPH=0
+start_server "$tmp/srv" -m "$model" -c 2048
+unset STRATA_DECODE_GRAPH
+pid=$server_pid port=$server_port
 rss() { sed -n 's/^VmRSS:[^0-9]*\([0-9]*\) kB/\1/p' "/proc/$pid/status"; }
 req() { curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' "http://127.0.0.1:$port/v1/completions" \
         -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":0,"ignore_eos":true}'; }

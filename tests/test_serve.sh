@@ -16,15 +16,8 @@ trap 'exit 1' INT TERM
 model=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
 
 # 1. start on 127.0.0.1, any free port (--port 0; the log names it), wait for /health
-"$STRATA" serve -m "$model" --port 0 -c 2048 >"$tmp/srv.out" 2>"$tmp/srv.err" &
-pid=$!
-port=""
-i=0
-while [ $i -lt 100 ] && [ -z "$port" ]; do
-  port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/srv.err")
-  [ -z "$port" ] && sleep 0.1
-  i=$((i + 1))
-done
+start_server "$tmp/srv" -m "$model" -c 2048
+pid=$server_pid port=$server_port
 if [ -z "$port" ] || ! curl -sf "http://127.0.0.1:$port/health" >"$tmp/h"; then
   bad "server did not start: $(cat "$tmp/srv.err")"
   echo "test_serve: $pass passed, $((fail)) failed"
@@ -194,16 +187,8 @@ fi
 # has closed the idle ones: within 2 s of it
 HALFOPEN=${HALFOPEN:-$(dirname "$STRATA")/tests/halfopen}
 if [ -x "$HALFOPEN" ]; then
-  "$STRATA" serve -m "$model" --port 0 -c 512 --header-timeout 3 --max-connections-per-address 64 \
-    >"$tmp/srv2.out" 2>"$tmp/srv2.err" &
-  pid2=$!
-  port2=""
-  i=0
-  while [ $i -lt 100 ] && [ -z "$port2" ]; do
-    port2=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\) .*|\1|p' "$tmp/srv2.err")
-    [ -z "$port2" ] && sleep 0.1
-    i=$((i + 1))
-  done
+  start_server "$tmp/srv2" -m "$model" -c 512 --header-timeout 3 --max-connections-per-address 64
+  pid2=$server_pid port2=$server_port
   t0=$(date +%s.%N)
   "$HALFOPEN" "$port2" 1000 10 > "$tmp/half.out" &
   hpid=$!

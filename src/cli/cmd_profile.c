@@ -12,30 +12,6 @@
 #include "io/profile.h"
 #include "io/tokenizer.h"
 
-static char *read_text(const char *path, size_t *len) {
-  FILE *f = st_fopen_regular(path);
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  while (buf) {
-    n += fread(buf + n, 1, cap - n, f);
-    if (n < cap) break;
-    char *nb = realloc(buf, cap *= 2);
-    if (!nb) free(buf);
-    buf = nb;
-  }
-  const int err = ferror(f);
-  fclose(f);
-  if (!buf) st_set_error(ST_ENOMEM, "%s: out of memory reading it", path);
-  else if (err) {
-    free(buf);
-    buf = NULL;
-    st_set_error(ST_EIO, "%s: read failed", path);
-  } else {
-    *len = n;
-  }
-  return buf;
-}
 
 int st_cmd_profile(int argc, char **argv) {
   static const struct option longopts[] = {{"model", required_argument, 0, 'm'}, {"file", required_argument, 0, 'f'},
@@ -76,7 +52,7 @@ int st_cmd_profile(int argc, char **argv) {
   int32_t *ids = NULL;
   size_t len = 0, n = 0;
   if (!rc) rc = st_check_output("-o", out); /* before the run, not after */
-  if (!rc && !(text = read_text(text_path, &len))) rc = ST_EIO; /* read_text recorded the file and the reason */
+  if (!rc && !(text = st_read_file(text_path, &len))) rc = ST_EIO; /* st_read_file named the file and the reason */
   if (!rc) rc = st_model_load(model, &m);
   if (!rc) rc = st_tokenizer_encode(m->tok, text, len, 1, &ids, &n);
   if (!rc && n == 0) rc = st_set_error(ST_EINVAL, "%s holds no tokens", text_path);

@@ -19,34 +19,6 @@ static char *dup_str(const char *s) {
   return d;
 }
 
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = st_fopen_regular(path);
-  if (!f) return NULL;
-  size_t cap = 4096, n = 0;
-  char *buf = malloc(cap + 1);
-  while (buf) {
-    n += fread(buf + n, 1, cap - n, f);
-    if (n < cap) break;
-    char *nb = realloc(buf, 2 * cap + 1);
-    if (!nb) {
-      free(buf);
-      buf = NULL;
-      break;
-    }
-    buf = nb;
-    cap *= 2;
-  }
-  int err = ferror(f);
-  fclose(f);
-  if (!buf || err) {
-    free(buf);
-    st_set_error(buf ? ST_EIO : ST_ENOMEM, "%s: %s", path, buf ? "read failed" : "out of memory reading it");
-    return NULL;
-  }
-  buf[n] = 0;
-  *len = n;
-  return buf;
-}
 
 /* The default "name": the basename without a .json suffix. */
 static char *default_name(const char *path) {
@@ -158,8 +130,8 @@ static int parse(const char *path, const cJSON *root, struct st_config *c) {
 int st_config_load(const char *path, struct st_config *c) {
   *c = (struct st_config){.port = 8080};
   size_t len = 0;
-  char *text = read_file(path, &len);
-  if (!text) return ST_EIO; /* read_file named the file and the reason */
+  char *text = st_read_file(path, &len);
+  if (!text) return ST_EIO; /* st_read_file named the file and the reason */
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   int rc;

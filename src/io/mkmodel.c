@@ -100,38 +100,6 @@ void st_mkmodel_vocab_free(struct st_mkmodel_vocab *v) {
   memset(v, 0, sizeof *v);
 }
 
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = st_fopen_regular(path);
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n + 65536 + 1 > cap) {
-      cap = cap ? 2 * cap : 1 << 20;
-      char *nb = realloc(buf, cap);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        st_set_error(ST_ENOMEM, "%s: out of memory reading it", path);
-        return NULL;
-      }
-      buf = nb;
-    }
-    size_t r = fread(buf + n, 1, cap - n - 1, f);
-    n += r;
-    if (r == 0) break;
-  }
-  int err = ferror(f);
-  fclose(f);
-  if (err) {
-    free(buf);
-    st_set_error(ST_EIO, "%s: read failed", path);
-    return NULL;
-  }
-  buf[n] = 0;
-  if (len) *len = n;
-  return buf;
-}
 
 static int64_t find_token(const struct st_mkmodel_vocab *v, const char *s) {
   for (uint64_t i = v->n_tokens; i-- > 0;)
@@ -161,8 +129,8 @@ static int vocab_finish(struct st_mkmodel_vocab *v, uint64_t n_used, const char 
 
 static int vocab_from_json(const char *path, struct st_mkmodel_vocab *v) {
   size_t len;
-  char *text = read_file(path, &len);
-  if (!text) return ST_EIO; /* read_file named the file and the reason */
+  char *text = st_read_file(path, &len);
+  if (!text) return ST_EIO; /* st_read_file named the file and the reason */
   cJSON *root = cJSON_ParseWithLength(text, len);
   free(text);
   if (!root) return st_set_error(ST_EFORMAT, "%s: not valid JSON", path);
@@ -269,7 +237,7 @@ static int vocab_from_json(const char *path, struct st_mkmodel_vocab *v) {
     const char *slash = strrchr(path, '/');
     int dirlen = slash ? (int)(slash - path) : 1;
     snprintf(cfgpath, sizeof cfgpath, "%.*s/tokenizer_config.json", dirlen, slash ? path : ".");
-    char *ctext = read_file(cfgpath, NULL);
+    char *ctext = st_read_file(cfgpath, NULL);
     cJSON *cfg = ctext ? cJSON_Parse(ctext) : NULL;
     cJSON *tmpl = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
     if (cJSON_IsString(tmpl)) v->chat_template = strdup(tmpl->valuestring);
