@@ -182,7 +182,7 @@ int st_decode_init(struct st_engine *e) {
   c->rows_down = 128;
   c->rows_head = 512;
   c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16;
-  c->graph_key0 = 1 + 8 * (L + 2);
+  c->graph_key0 = st_engine_graph_keys_used(e);
 
   d->layers = calloc((size_t)L, sizeof *d->layers);
   d->expert_src = malloc(sizeof(void *) * (size_t)L * E * 3);

@@ -763,6 +763,8 @@ int st_engine_set_cuda_graphs(struct st_engine *e, int on) {
  * every group, attn_output and the head unsliced: st_engine_create), so a key names one task. */
 enum { GRAPH_ATTENTION, GRAPH_ATTN_OUTPUT, GRAPH_ROUTER, GRAPH_COMBINE, GRAPH_SITES = 8 };
 
+int st_engine_graph_keys_used(const struct st_engine *e) { return 1 + ((int)e->hp.n_layer + 1) * GRAPH_SITES; }
+
 /* The graph key of a dense task of a T-token batch at layer l (l = n_layer: the output head):
  * 0 (plain launches) unless graphs are on and it is a decode step. */
 static int graph_key(const struct st_engine *e, int T, uint32_t l, int site) {
@@ -1291,9 +1293,9 @@ int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what) {
     }
   }
   free(buf);
-  return st_set_error(ST_ERUNTIME, "non-finite values in %s: the weights of %s%d..%d are finite, so the activations overflowed "
-                      "(values wrong for their tensor types, or a damaged file)", what, l1 >= L ? "layers " : "layers ",
-                      l0 < 0 ? 0 : l0, l1 >= L ? L - 1 : l1);
+  return st_set_error(ST_ERUNTIME, "non-finite values in %s: the weights of layers %d..%d%s are finite, so the activations "
+                      "overflowed (values wrong for their tensor types, or a damaged file)", what, l0 < 0 ? 0 : l0,
+                      l1 >= L ? L - 1 : l1, l1 >= L ? " and the output head" : "");
 }
 
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {

@@ -167,6 +167,10 @@ int st_engine_set_cuda_graphs(struct st_engine *e, int on);
  * ST_ERUNTIME. Reads the weights through the mapping (a few seconds for a large layer). */
 int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what);
 
+/* The CUDA graph keys (cuda_codelets.h) the per-task path's dense tasks use are below this; the
+ * decode step's start here. */
+int st_engine_graph_keys_used(const struct st_engine *e);
+
 /* `t` with the run recorder's completion callback when the run is traced (--trace). */
 struct st_target st_engine_traced(const struct st_engine *e, struct st_target t);
 
