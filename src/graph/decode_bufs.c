@@ -30,8 +30,13 @@ int st_decode_supported(const struct st_engine *e, const char **why) {
   return *why == NULL;
 }
 
-static size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
-static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+/* Places `count` items of `type` at offset `at` of the block at `base` (dst left alone while
+ * base is 0: the first pass only counts) and moves `at` on to the next multiple of `align`. */
+#define CARVE(base, at, align, dst, type, count)                                               \
+  do {                                                                                         \
+    if (base) (dst) = (type *)(void *)((uintptr_t)(base) + (at));                              \
+    (at) += (sizeof(type) * (size_t)(count) + (align) - 1) & ~(size_t)((align) - 1);           \
+  } while (0)
 
 /* The largest power of two <= cap dividing n. */
 static int pow2_divisor(int n, int cap) {
@@ -91,11 +96,7 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   struct st_decode_ctx *c = &d->ctx;
   const size_t dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
   size_t at = 0;
-#define TAKE(dst, type, count)                                  \
-  do {                                                          \
-    if (base) (dst) = (type *)(void *)(base + at);             \
-    at += up64(sizeof(type) * (size_t)(count));                 \
-  } while (0)
+#define TAKE(dst, type, count) CARVE(base, at, 64, dst, type, count)
   TAKE(c->x, float, dm);
   TAKE(c->h, float, dm);
   TAKE(c->xn, float, dm);
@@ -128,11 +129,7 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   const size_t G = hp->n_head_kv, hd = hp->head_dim;
   const size_t part = st_cuda_decode_part_floats(e->n_ctx, (int)(hp->n_head / hp->n_head_kv), (int)hd);
   size_t at = 0;
-#define TAKE(dst, type, count)                                   \
-  do {                                                           \
-    if (base) (dst) = (type *)(base + at);                       \
-    at += up256(sizeof(type) * (size_t)(count));                 \
-  } while (0)
+#define TAKE(dst, type, count) CARVE(base, at, 256, dst, type, count)
   TAKE(D->x, float, dm);
   TAKE(D->h, float, dm);
   TAKE(D->xn, float, dm);
