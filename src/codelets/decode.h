@@ -12,8 +12,9 @@
  *   to main RAM (the `xin` handle) and writing one row per (token, top-k slot) (`cpu_out`).
  * - decode GPU tasks (cuda/decode.cu): a layer's dense work (the previous layer's combine,
  *   attention with the KV append, the output projection, the FFN norm, router and top-k) as one
- *   CUDA graph instantiated once and replayed, the position read from device memory; a layer's
- *   cached experts (routing and the pair -> slot table read on the device); the output head.
+ *   CUDA graph of six fused kernels instantiated once and replayed, the position read from device
+ *   memory; a layer's cached experts (two kernels that read the routing and the pair -> slot table
+ *   on the device); the output head.
  *
  * Codelets know nothing of caches or tiers: the lanes compute the pairs whose `tier` entry is 0
  * (the CPU pool's, tiers/placement.h), a GPU task the pairs its slot table points at.
@@ -55,11 +56,11 @@ struct st_lane_sync {
  * (graph/decode_bufs.c); NULL without a GPU. Rows are float32 unless said. */
 struct st_decode_dev {
   float *x, *h, *xn, *q, *kvnew, *attn, *xo, *ffn_in, *rlogits; /* [d], [d], [d], [Hq hd], [2 G hd], [Hq hd], [d], [d], [E] */
-  float *xg, *gate, *up, *wts, *gpu_out, *cpu_out;               /* [k][d], [k][ff], [k][ff], [k], [k][d], [k][d] */
+  float *act, *gpu_out, *cpu_out;                               /* [k][ff] silu(gate) * up, [k][d], [k][d] */
   float *part;                                                  /* attention partials */
   struct st_route *route;                                       /* [n_layer][k] */
   int32_t *pos;                                                 /* [1]: the token's position */
-  void *desc;                                                   /* [3][k] grouped-product descriptors */
+  int32_t *counters; /* [n_head + 1]: the fused kernels' last-block counters, zero between launches */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
   uint64_t bytes;
 };

@@ -20,6 +20,21 @@
 #define MAX_SLOTS 64   /* top-k entries a lane handles (decode_lane.c) */
 #define MAX_KV_HEADS 32 /* ST_CUDA_MAX_KV_HEADS */
 
+#ifdef ST_HAVE_CUDA
+/* Whether the decode step's GPU kernels (cuda/decode.cu) take every matrix of the model. */
+static int gpu_layouts_ok(const struct st_engine *e) {
+  const struct st_weight *head = &e->model->output;
+  if (!st_cuda_mmv_takes(head->type, head->row_bytes, (int64_t)head->ne[0])) return 0;
+  for (uint32_t l = 0; l < e->hp.n_layer; l++) {
+    const struct st_layer *L = &e->model->layers[l];
+    const struct st_weight *w[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
+    for (int i = 0; i < 8; i++)
+      if (!st_cuda_mmv_takes(w[i]->type, w[i]->row_bytes, (int64_t)w[i]->ne[0])) return 0;
+  }
+  return e->hp.n_embd <= 12288;
+}
+#endif
+
 int st_decode_supported(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
@@ -27,6 +42,9 @@ int st_decode_supported(const struct st_engine *e, const char **why) {
   else if (e->placement.n_caches > 1) *why = "helper caches, the peer tier and layer splits keep the per-task decode path";
   else if (hp->n_expert_used > MAX_SLOTS) *why = "more than 64 experts per token";
   else if (hp->n_head_kv > MAX_KV_HEADS || hp->n_head % hp->n_head_kv) *why = "an unusual attention head layout";
+#ifdef ST_HAVE_CUDA
+  else if (e->placement.cuda0_worker >= 0 && !gpu_layouts_ok(e)) *why = "a weight layout the decode step's GPU kernels do not take";
+#endif
   return *why == NULL;
 }
 
@@ -127,7 +145,7 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   struct st_decode_dev *D = &d->ctx.dev;
   const size_t dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
   const size_t G = hp->n_head_kv, hd = hp->head_dim;
-  const size_t part = st_cuda_decode_part_floats(e->n_ctx, (int)(hp->n_head / hp->n_head_kv), (int)hd);
+  const size_t part = st_cuda_decode_part_floats(e->n_ctx, (int)hp->n_head, (int)hd);
   size_t at = 0;
 #define TAKE(dst, type, count) CARVE(base, at, 256, dst, type, count)
   TAKE(D->x, float, dm);
@@ -139,16 +157,13 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->xo, float, dm);
   TAKE(D->ffn_in, float, dm);
   TAKE(D->rlogits, float, hp->n_expert);
-  TAKE(D->xg, float, k * dm);
-  TAKE(D->gate, float, k * ff);
-  TAKE(D->up, float, k * ff);
-  TAKE(D->wts, float, k);
+  TAKE(D->act, float, k * ff);
   TAKE(D->gpu_out, float, k * dm);
   TAKE(D->cpu_out, float, k * dm);
   TAKE(D->part, float, part);
   TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(D->pos, int32_t, 1);
-  TAKE(D->desc, uint8_t, 3 * k * 16);
+  TAKE(D->counters, int32_t, hp->n_head + 1);
   TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);
 #undef TAKE
   return at;

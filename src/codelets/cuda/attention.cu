@@ -38,17 +38,25 @@ __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w
   norm_rope_head(h, h, hd, w, eps, (pos_dev ? *pos_dev : pos0) + blockIdx.x, theta, red);
 }
 
-// The decode step's KV append: block g takes KV head g's new K row (kvnew[g hd ..], before its norm)
-// and V row (kvnew[(G + g) hd ..]), writes K normed and rotated at position *pos of its cache and V
-// there as it is.
+// The decode step's q/k norm, RoPE and KV append in one launch: block h < Hq takes query head h in
+// place (as qk_norm_rope); block Hq + g takes KV head g's new K row (kvnew[g hd ..], before its
+// norm) and V row (kvnew[(G + g) hd ..]), writes K normed and rotated at position *pos of its cache
+// and V there as it is.
 struct kv_ptrs {
   float *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
 };
-__global__ static void kv_append(const float *kvnew, int G, int hd, const float *w, float eps, const int *pos_dev,
-                                 float theta, const __grid_constant__ kv_ptrs kv) {
+__global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw,
+                                   const float *kw, float eps, const int *pos_dev, float theta,
+                                   const __grid_constant__ kv_ptrs kv) {
   __shared__ float red[32];
-  const int g = blockIdx.x, pos = *pos_dev;
-  norm_rope_head(kvnew + (int64_t)g * hd, kv.k[g] + (int64_t)pos * hd, hd, w, eps, pos, theta, red);
+  const int b = blockIdx.x, pos = *pos_dev;
+  if (b < Hq) {
+    float *h = q + (int64_t)b * hd;
+    norm_rope_head(h, h, hd, qw, eps, pos, theta, red);
+    return;
+  }
+  const int g = b - Hq;
+  norm_rope_head(kvnew + (int64_t)g * hd, kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, theta, red);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) kv.v[g][(int64_t)pos * hd + i] = kvnew[(int64_t)(G + g) * hd + i];
 }
 
@@ -62,19 +70,18 @@ __global__ static void kv_append(const float *kvnew, int G, int hd, const float 
 #define WARPS 8
 #define MAX_DIMS_PER_LANE 8 /* head_dim <= 256 */
 
-__global__ static void attend_partial(const float *q, int64_t ldq, const float *kc, const float *vc, int hd,
-                                      int pos0, const int *pos_dev, float scale, int n_chunks, float *part) {
+// One block's partial of attend_partial: the query qh over keys [c KEY_CHUNK, (c + 1) KEY_CHUNK) ∩
+// [0, n_keys) of kc, vc, written to out ((max, sum, hd weighted values); (-inf, 0) for no key).
+__device__ __forceinline__ static void attend_partial_block(const float *qh, const float *kc, const float *vc, int hd,
+                                                            int n_keys, int c, float scale, float *out) {
   __shared__ float wm[WARPS], wl[WARPS], wacc[WARPS][256];
-  if (pos_dev) pos0 = *pos_dev;
-  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n_keys = pos0 + t + 1, start = c * KEY_CHUNK, end = min(start + KEY_CHUNK, n_keys);
-  float *out = part + (((int64_t)t * gridDim.y + h) * n_chunks + c) * (hd + 2);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int start = c * KEY_CHUNK, end = min(start + KEY_CHUNK, n_keys);
   if (start >= n_keys) {
     if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
     return;
   }
   const int nd = (hd + 31) / 32;
-  const float *qh = q + (int64_t)t * ldq + (int64_t)h * hd;
   float qd[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
 #pragma unroll
   for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
@@ -119,25 +126,61 @@ __global__ static void attend_partial(const float *q, int64_t ldq, const float *
   }
 }
 
-// Merges the chunks of (t, h) in chunk order: out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M).
+__global__ static void attend_partial(const float *q, int64_t ldq, const float *kc, const float *vc, int hd,
+                                      int pos0, const int *pos_dev, float scale, int n_chunks, float *part) {
+  if (pos_dev) pos0 = *pos_dev;
+  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z;
+  attend_partial_block(q + (int64_t)t * ldq + (int64_t)h * hd, kc, vc, hd, pos0 + t + 1, c, scale,
+                       part + (((int64_t)t * gridDim.y + h) * n_chunks + c) * (hd + 2));
+}
+
+// Merges `used` chunk partials p (attend_partial's layout) of one query row in chunk order into o:
+// out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M). Loads bypass L1 (another block of the same
+// kernel may have written p).
+__device__ __forceinline__ static void attend_merge(const float *p, int used, int hd, float *o) {
+  float M = -INFINITY;
+  for (int c = 0; c < used; c++) M = fmaxf(M, __ldcg(p + (int64_t)c * (hd + 2)));
+  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+    float a = 0.0f, L = 0.0f;
+    for (int c = 0; c < used; c++) {
+      const float *pc = p + (int64_t)c * (hd + 2), f = expf(__ldcg(pc) - M);
+      a += __ldcg(pc + 2 + dd) * f;
+      L += __ldcg(pc + 1) * f;
+    }
+    o[dd] = a / L;
+  }
+}
+
+// Merges the chunks of (t, h) in chunk order (attend_merge).
 // Chunks of `chunk` keys: KEY_CHUNK from attend_partial, flash_chunk's from attend_flash.
 __global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, const int *pos_dev,
                                       float *out, int64_t ldo) {
   if (pos_dev) pos0 = *pos_dev;
   const int t = blockIdx.x, h = blockIdx.y;
   const int used = (pos0 + t + 1 + chunk - 1) / chunk;
-  const float *p = part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2);
-  float M = -INFINITY;
-  for (int c = 0; c < used; c++) M = fmaxf(M, p[(int64_t)c * (hd + 2)]);
-  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-    float a = 0.0f, L = 0.0f;
-    for (int c = 0; c < used; c++) {
-      const float *pc = p + (int64_t)c * (hd + 2), f = expf(pc[0] - M);
-      a += pc[2 + dd] * f;
-      L += pc[1] * f;
-    }
-    out[(int64_t)t * ldo + (int64_t)h * hd + dd] = a / L;
+  attend_merge(part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2), used, hd,
+               out + (int64_t)t * ldo + (int64_t)h * hd);
+}
+
+// The decode step's attention of one token over every query head in one launch: block (h, c) is
+// attend_partial's block for query head h (KV head h / nq) and chunk c; the last block of a head to
+// finish (counters[h], reset by it) merges the head's chunks as attend_combine does.
+__global__ static void attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv,
+                                         const int *pos_dev, float scale, float *part, int *counters, float *out) {
+  __shared__ int last;
+  const int h = blockIdx.y, c = blockIdx.z, n_chunks = gridDim.z, n_keys = *pos_dev + 1, g = h / nq;
+  float *ph = part + (int64_t)h * n_chunks * (hd + 2);
+  attend_partial_block(q + (int64_t)h * hd, kv.k[g], kv.v[g], hd, n_keys, c, scale, ph + (int64_t)c * (hd + 2));
+  __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(&counters[h], 1) == n_chunks - 1;
   }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  attend_merge(ph, (n_keys + KEY_CHUNK - 1) / KEY_CHUNK, hd, out + (int64_t)h * hd);
+  if (threadIdx.x == 0) counters[h] = 0;
 }
 
 // Causal attention of a prompt chunk (T > 1), tiled as in FlashAttention-2 (Dao, 2023), in
@@ -411,28 +454,23 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
 
 int st_cuda_attn_chunks(int n_keys) { return (n_keys + KEY_CHUNK - 1) / KEY_CHUNK; }
 
-extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int nq, int hd) {
-  return (size_t)nq * (size_t)st_cuda_attn_chunks(n_ctx) * (size_t)(hd + 2);
+extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
+  return (size_t)n_heads * (size_t)st_cuda_attn_chunks(n_ctx) * (size_t)(hd + 2);
 }
 
-void st_cuda_qk_norm_rope_dev(float *q, int n_heads, int hd, const float *w, float eps, const int *pos_dev, float theta,
-                              cudaStream_t st) {
-  qk_norm_rope<<<dim3(1, n_heads), 64, 0, st>>>(q, (int64_t)n_heads * hd, hd, w, eps, 0, pos_dev, theta);
-}
-
-void st_cuda_kv_append(const float *kvnew, int G, int hd, const float *w, float eps, const int *pos_dev, float theta,
-                       float *const *k, float *const *v, cudaStream_t st) {
+void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
+                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  kv_append<<<G, 64, 0, st>>>(kvnew, G, hd, w, eps, pos_dev, theta, p);
+  rope_append<<<Hq + G, 64, 0, st>>>(q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev, theta, p);
 }
 
-void st_cuda_attend_decode(const float *q, const float *kc, const float *vc, int nq, int hd, const int *pos_dev,
-                           int n_chunks, float *part, float *out, cudaStream_t st) {
-  const float scale = 1.0f / sqrtf((float)hd);
-  attend_partial<<<dim3(1, nq, n_chunks), 32 * WARPS, 0, st>>>(q, (int64_t)nq * hd, kc, vc, hd, 0, pos_dev, scale,
-                                                                n_chunks, part);
-  attend_combine<<<dim3(1, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, 0, pos_dev, out, (int64_t)nq * hd);
+void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
+                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, cudaStream_t st) {
+  kv_ptrs p;
+  for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
+  attend_decode_all<<<dim3(1, Hq, n_chunks), 32 * WARPS, 0, st>>>(q, Hq / G, hd, p, pos_dev, 1.0f / sqrtf((float)hd),
+                                                                  part, counters, out);
 }
 
 // For tests (cuda_codelets.h): attend on host data, on the legacy default stream.

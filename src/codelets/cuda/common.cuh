@@ -198,6 +198,39 @@ __device__ __forceinline__ float st_block_sum(float v, float *shared32) {
   return s;
 }
 
+// A router's softmax and top-k for one token, run by one warp (every lane calls it): softmax over
+// the E logits l (sum in double, as the CPU variant), then k rounds of a warp-wide argmax (ties to
+// the lower expert id) over the experts not yet taken, weights renormalised over the k; written to
+// r[0..k). Each lane owns experts lane, lane + 32, ... (at most 32 of them: E <= 1024).
+__device__ __forceinline__ void st_dev_softmax_topk(const float *l, int E, int k, st_route *r) {
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  double sum = 0.0;
+  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  uint32_t taken = 0;
+  double wsum = 0.0;
+  for (int j = 0; j < k; j++) {
+    float best = -INFINITY;
+    int best_e = -1;
+    for (int e = lane, m = 0; e < E; e += 32, m++)
+      if (!(taken >> m & 1u) && (best_e < 0 || l[e] > best)) best = l[e], best_e = e;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e))) best = ob, best_e = oe;
+    }
+    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    const float p = (float)(expf(best - mx) / sum);
+    if (lane == 0) r[j] = st_route{best_e, p};
+    wsum += p;
+  }
+  __syncwarp();
+  if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
+}
+
 __device__ __forceinline__ float st_block_max(float v, float *shared32) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -254,18 +287,18 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 #define ST_CUDA_MAX_KV_HEADS 32 /* KV heads the decode step's KV append takes (engine.c refuses more) */
 // Chunks of keys the decode attention splits n_keys into; floats of its partials at most (n_ctx keys).
 int st_cuda_attn_chunks(int n_keys);
-// RMSNorm and RoPE in place of n_heads rows of hd floats at q, at position *pos_dev.
-void st_cuda_qk_norm_rope_dev(float *q, int n_heads, int hd, const float *w, float eps, const int *pos_dev, float theta,
-                              cudaStream_t st);
-// K rows kvnew[g hd ..] normed (w) and rotated, and V rows kvnew[(G + g) hd ..], written at position
-// *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each), g < G <= ST_CUDA_MAX_KV_HEADS.
-void st_cuda_kv_append(const float *kvnew, int G, int hd, const float *w, float eps, const int *pos_dev, float theta,
-                       float *const *k, float *const *v, cudaStream_t st);
-// One token's causal attention for the nq query heads at q ([nq][hd]) of one KV head over keys
-// 0..*pos_dev of kc, vc, split into n_chunks chunks (st_cuda_attn_chunks(pos + 1) or more): out [nq][hd];
-// part: st_cuda_decode_part_floats floats (cuda_codelets.h). The prompt codelet's decode kernels, bit for bit.
-void st_cuda_attend_decode(const float *q, const float *kc, const float *vc, int nq, int hd, const int *pos_dev,
-                           int n_chunks, float *part, float *out, cudaStream_t st);
+// The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
+// normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
+// the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
+// position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each). The per-task kernels' arithmetic.
+void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
+                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, cudaStream_t st);
+// One token's causal attention for all Hq query heads at q ([Hq][hd]; head h reads KV head h / (Hq / G))
+// over keys 0..*pos_dev of k[g], v[g], split into n_chunks = st_cuda_attn_chunks(pos + 1) chunks; out
+// [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats; counters: Hq ints, zero before
+// the launch and zero again after it. The prompt codelet's decode kernels, bit for bit, in one launch.
+void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
+                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, cudaStream_t st);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

@@ -124,9 +124,13 @@ struct st_cuda_graph_stats {
 };
 void st_cuda_graph_stats(struct st_cuda_graph_stats *out);
 
-/* Floats of the decode attention's partials for contexts of up to n_ctx keys, nq query heads per
- * KV head of hd dimensions (the decode step's device buffers, graph/decode_bufs.c). */
-size_t st_cuda_decode_part_floats(int n_ctx, int nq, int hd);
+/* Floats of the decode attention's partials for contexts of up to n_ctx keys and n_heads query
+ * heads of hd dimensions (the decode step's device buffers, graph/decode_bufs.c). */
+size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd);
+
+/* Whether the mat-vec kernels of mmv.cuh (and so the decode step's GPU kernels) take rows of n
+ * weights of `type`, row_bytes apart: a type they specialise on, whole blocks, aligned rows. */
+int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n);
 
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
 void st_cuda_worker_init(void *unused);

@@ -6,6 +6,7 @@
 // other block formats (and rows these kernels cannot take: mmv_fits) decode one weight at a time
 // through st_dev_weight.
 #include "codelets/cuda/common.cuh"
+#define MMV_LAUNCHERS /* st_cuda_matmul and st_cuda_grouped_matmul are defined here */
 #include "codelets/cuda/mmv.cuh"
 
 #define TT 8
@@ -144,7 +145,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int n, 
   const float *xr = x + (int64_t)blockIdx.x * n;
   float *yr = y + (int64_t)blockIdx.x * n;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
   ss = st_block_sum(ss, red);
   const float scale = rsqrtf(ss / (float)n + eps);
   __syncthreads();

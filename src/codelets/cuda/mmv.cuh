@@ -1,31 +1,45 @@
-// Decode kernels specialised on the block format (issue #5): Q4_K, Q6_K, Q8_0, Q5_K, IQ4_XS, Q4_0,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S and IQ2_XS weight rows times up to 8
-// float32 token rows, for matmul.cu's plain and grouped products.
-// A warp takes two weight rows and walks them in chunks of 1024 weights: it copies a chunk's
-// packed bytes of both rows into shared memory with 16-byte loads (consecutive lanes, consecutive
-// segments), then lane l decodes the scales of the chunk's 32-weight sub-block l once, and in 8
-// steps every lane decodes 4 consecutive weights (chunk offsets 128 k + 4 l, the sub-block's scales
-// fetched by a shuffle) and multiplies them with one float4 of each token row, read by the warp as
-// 512 contiguous bytes and used for both weight rows. Quants become floats exactly through the
+// Mat-vec kernels specialised on the block format (issues #5, #20): F32, F16, BF16, Q4_K, Q6_K,
+// Q8_0, Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S and IQ2_XS
+// weight rows times up to 8 float32 token rows, for matmul.cu's plain and grouped products and the
+// decode step's fused kernels (decode.cu).
+// A row is walked in chunks of 1024 weights. A thread block (8 warps) takes 8 (row, slot) items:
+// a row's chunks are dealt to S slots (S = mmv_slots(n), a power of two of at most 8: chunk c goes
+// to slot c % S), so the block holds 8 / S rows. The whole block first copies the packed bytes of
+// its rows' next S chunks into shared memory with 16-byte loads, all issued before the first is
+// stored (the bytes in flight hide the memory's latency); then each warp computes its item: lane l
+// decodes the scales of the chunk's 32-weight sub-block l once, and in 8 steps every lane decodes 4
+// consecutive weights (chunk offsets 128 k + 4 l, the sub-block's scales fetched by a shuffle) and
+// multiplies them with one float4 of each token row. Quants become floats exactly through the
 // mantissa of 2^23 (a byte permute and an add; an integer conversion runs at a quarter of the FMA
-// rate). Each (row, token) sum is a per-lane fma chain in a fixed order, then st_warp_sum: a
-// token's result depends neither on the other tokens of the launch nor on the other rows or
-// experts, and repeats bit for bit.
+// rate). Each (row, token) sum is a per-lane fma chain over the slot's chunks in order, then
+// st_warp_sum, then the S slot sums added in slot order: a function of the row, the token and n
+// alone, so a token's result depends neither on the other tokens of the launch nor on the other
+// rows, experts or kernels that share the core, and repeats bit for bit.
 #pragma once
+
+#include <type_traits>
 
 #include "codelets/cuda/common.cuh"
 
-#define MMV_CH 1024 /* weights of a row per chunk: 32 lanes x 32 */
-#define MMV_NR 2    /* weight rows per warp, sharing every activation load */
-#define MMV_WARPS 4 /* warps per thread block */
-#define MMV_TT 8    /* token rows per warp */
-/* __launch_bounds__(128, 6): at most 80 registers (no spills on sm_90), 24 warps per SM to keep
- * the loads of many chunks in flight. */
+#define MMV_CH 1024     /* weights of a row per chunk: 32 lanes x 32 */
+#define MMV_THREADS 256 /* threads of a block: 8 warps */
+#define MMV_ITEMS 8     /* (row, slot) items of a block, one per warp */
+#define MMV_TT 8        /* token rows of a batched launch */
 
 // Block geometry (quant.h): QK weights in BS bytes; ALIGN, the alignment the decoder's loads from
 // a block need (4: 32-bit reads of its fields; 2: 16-bit reads); MIN: a second per-sub-block value
 // (the K-quants' mins, Q6_K's second 16-weight scale).
 template <uint32_t TYPE> struct mmv_format;
+// The float formats as blocks of 32 weights with no scale.
+template <> struct mmv_format<ST_TYPE_F32> {
+  enum { QK = 32, BS = 128, ALIGN = 4, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_F16> {
+  enum { QK = 32, BS = 64, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_BF16> {
+  enum { QK = 32, BS = 64, ALIGN = 2, MIN = 0 };
+};
 template <> struct mmv_format<ST_TYPE_Q8_0> {
   enum { QK = 32, BS = 34, ALIGN = 2, MIN = 0 };
 };
@@ -75,9 +89,24 @@ template <> struct mmv_format<ST_TYPE_IQ2_XS> {
   enum { QK = 256, BS = 74, ALIGN = 2, MIN = 1 };
 };
 
-// 16-byte segments of one row's staged chunk: its bytes plus a misaligned start.
-template <uint32_t TYPE> __host__ __device__ constexpr int mmv_segs() {
-  return (MMV_CH / mmv_format<TYPE>::QK * mmv_format<TYPE>::BS + 15) / 16 + 1;
+// Chunk slots of a row of n weights (see the top of the file): a power of two, at most MMV_ITEMS,
+// no more than the row has chunks. A function of n alone.
+__host__ __device__ __forceinline__ int mmv_slots(int64_t n) {
+  const int64_t nch = (n + MMV_CH - 1) / MMV_CH;
+  int s = 1;
+  while (s < nch && s < MMV_ITEMS) s *= 2;
+  return s;
+}
+// Rows of a block for rows of n weights.
+__host__ __device__ __forceinline__ int mmv_block_rows(int64_t n) { return MMV_ITEMS / mmv_slots(n); }
+
+// Packed bytes of one chunk, and the 16-byte segments of a block's staging buffer: MMV_ITEMS
+// chunks, plus per row a misaligned start, a partial end and the rounding of S chunks.
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_chunk_bytes() {
+  return MMV_CH / mmv_format<TYPE>::QK * mmv_format<TYPE>::BS;
+}
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stage_segs() {
+  return (MMV_ITEMS * mmv_chunk_bytes<TYPE>() + 15) / 16 + 3 * MMV_ITEMS;
 }
 
 __host__ __device__ __forceinline__ float mmv_as_float(uint32_t u) {
@@ -158,7 +187,9 @@ template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, float &s0, float &s1) {
   constexpr int BS = mmv_format<TYPE>::BS;
   s1 = 0.0f;
-  if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0 || TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_IQ4_NL) {
+  if constexpr (TYPE == ST_TYPE_F32 || TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16) {
+    s0 = 1.0f;
+  } else if constexpr (TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_Q4_0 || TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_IQ4_NL) {
     s0 = mmv_f16(ch + l * BS);
   } else if constexpr (TYPE == ST_TYPE_Q4_1 || TYPE == ST_TYPE_Q5_1) {
     s0 = mmv_f16(ch + l * BS);
@@ -224,7 +255,18 @@ template <uint32_t TYPE>
 __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, float s0, float s1,
                                                       const float *kv, float w[4]) {
   constexpr int BS = mmv_format<TYPE>::BS;
-  if constexpr (TYPE == ST_TYPE_Q8_0) {
+  if constexpr (TYPE == ST_TYPE_F32) { // the weights as they are (4-byte aligned)
+    const float *f = (const float *)(ch + 4 * o);
+    w[0] = f[0];
+    w[1] = f[1];
+    w[2] = f[2];
+    w[3] = f[3];
+  } else if constexpr (TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16) { // 2-byte aligned halves
+    const uint16_t *h = (const uint16_t *)(ch + 2 * o);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      w[i] = TYPE == ST_TYPE_F16 ? mmv_f16((const uint8_t *)(h + i)) : mmv_as_float((uint32_t)h[i] << 16);
+  } else if constexpr (TYPE == ST_TYPE_Q8_0) {
     const uint32_t q = mmv_u32_a2(ch + (o >> 5) * BS + 2 + (o & 31)) ^ 0x80808080u; // int8 + 128
     w[0] = s0 * mmv_byte<0>(q, 128.0f);
     w[1] = s0 * mmv_byte<1>(q, 128.0f);
@@ -361,170 +403,128 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
 }
 
 #ifdef __CUDACC__
-// Copies `len` bytes (even) at each row's src (2-byte aligned) into its buffer so that byte i
-// lands at (src & 15) + i: the 16-byte segments inside the range with one 16-byte load each
-// (all of them issued before the stores), the partial segments at its two ends 2 bytes at a time.
-template <int SEGS>
-__device__ __forceinline__ void mmv_stage(uint4 (*buf)[SEGS], const uint8_t *const *src, int len, int lane) {
-  constexpr int PER = (SEGS + 31) / 32;
-  uint4 v[MMV_NR][PER];
-#pragma unroll
-  for (int r = 0; r < MMV_NR; r++) {
-    const int a = (int)((uintptr_t)src[r] & 15);
-    const uint8_t *base = src[r] - a;
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-      const int s = lane + 32 * j;
-      if (16 * s >= a && 16 * s + 16 <= a + len) v[r][j] = __ldcs((const uint4 *)(base + 16 * s));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < MMV_NR; r++) {
-    const int a = (int)((uintptr_t)src[r] & 15);
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-      const int s = lane + 32 * j;
-      if (16 * s >= a && 16 * s + 16 <= a + len) buf[r][s] = v[r][j];
-    }
-    if (lane < 2) { // lane 0: the first segment, lane 1: the last one, when partial
-      const int s = lane == 0 ? 0 : (a + len - 1) >> 4;
-      if ((lane == 0 || s > 0) && (16 * s < a || 16 * s + 16 > a + len)) {
-        const uint8_t *base = src[r] - a;
-        uint16_t *dst = (uint16_t *)buf[r];
-        for (int i = max(16 * s, a); i < min(16 * s + 16, a + len); i += 2)
-          dst[i / 2] = *(const uint16_t *)(base + i);
-      }
-    }
-  }
-}
+// Shared memory of a block that runs mmv_block.
+template <uint32_t TYPE, int TT> struct mmv_smem {
+  uint4 stage[mmv_stage_segs<TYPE>()];   // the rows' staged bytes, row r at r * (its stride)
+  const uint8_t *rows[MMV_ITEMS];        // the block's rows (set by the caller)
+  const uint8_t *src[MMV_ITEMS];         // where each row's bytes of the current round start
+  float red[MMV_ITEMS * TT];             // each item's warp sums
+  float res[MMV_ITEMS * TT];             // the results: row r, token t at r * TT + t
+  float kv[16];                          // IQ4_XS's and IQ4_NL's values as floats
+};
 
-// acc[r][t] = dot(row w[r], x[t * ldx .. + n]) for r < MMV_NR, t < nt (the same in every lane);
-// buf: this warp's staging buffers.
-template <uint32_t TYPE>
-__device__ __forceinline__ void mmv_rows(const uint8_t *const *w, const float *x, int64_t ldx, int nt,
-                                         int64_t n, float (*acc)[MMV_TT], uint4 (*buf)[mmv_segs<TYPE>()],
-                                         const float *kv) {
-  constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS;
-  const int lane = threadIdx.x;
-#pragma unroll
-  for (int r = 0; r < MMV_NR; r++)
-#pragma unroll
-    for (int t = 0; t < MMV_TT; t++)
-      acc[r][t] = 0.0f;
-  for (int64_t c0 = 0; c0 < n; c0 += MMV_CH) {
-    const int nw = (int)min((int64_t)MMV_CH, n - c0);
-    const uint8_t *src[MMV_NR], *ch[MMV_NR];
-    float s0[MMV_NR], s1[MMV_NR];
-#pragma unroll
-    for (int r = 0; r < MMV_NR; r++)
-      src[r] = w[r] + c0 / QK * BS;
-    __syncwarp(); // every lane is done with the previous chunk
-    mmv_stage<mmv_segs<TYPE>()>(buf, src, nw / QK * BS, lane);
-    __syncwarp();
-#pragma unroll
-    for (int r = 0; r < MMV_NR; r++) {
-      ch[r] = (const uint8_t *)buf[r] + ((uintptr_t)src[r] & 15);
-      s0[r] = s1[r] = 0.0f;
-      if (32 * lane < nw) mmv_scales<TYPE>(ch[r], lane, s0[r], s1[r]);
-    }
-#pragma unroll
-    for (int k = 0; k < MMV_CH / 128; k++) {
-      const int o = 128 * k + 4 * lane, sb = 4 * k + (lane >> 3);
-      float wv[MMV_NR][4];
-#pragma unroll
-      for (int r = 0; r < MMV_NR; r++) {
-        const float a0 = __shfl_sync(0xffffffffu, s0[r], sb);
-        const float a1 = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1[r], sb) : 0.0f;
-        if (o < nw) mmv_weights4<TYPE>(ch[r], o, a0, a1, kv, wv[r]);
-      }
-      if (o < nw)
-#pragma unroll
-        for (int t = 0; t < MMV_TT; t++)
-          if (t < nt) {
-            const float4 v = __ldg((const float4 *)(x + t * ldx + c0 + o));
-#pragma unroll
-            for (int r = 0; r < MMV_NR; r++)
-              acc[r][t] = fmaf(wv[r][0], v.x,
-                               fmaf(wv[r][1], v.y, fmaf(wv[r][2], v.z, fmaf(wv[r][3], v.w, acc[r][t]))));
-          }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < MMV_NR; r++)
-#pragma unroll
-    for (int t = 0; t < MMV_TT; t++)
-      if (t < nt) acc[r][t] = st_warp_sum(acc[r][t]);
-}
-
-// IQ4_XS's and IQ4_NL's value table as floats in shared memory (before any thread leaves the block).
+// IQ4_XS's and IQ4_NL's value table as floats in shared memory (every thread of the block calls it).
 template <uint32_t TYPE> __device__ __forceinline__ void mmv_table(float *kv) {
   if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
-    const int i = threadIdx.y * 32 + threadIdx.x;
-    if (i < 16) kv[i] = (float)st_dev_kvalues_iq4nl[i];
+    if (threadIdx.x < 16) kv[threadIdx.x] = (float)st_dev_kvalues_iq4nl[threadIdx.x];
     __syncthreads();
   }
 }
 
-// st_cuda_matmul's product: warp y of block x takes rows MMV_NR (MMV_WARPS x + y) + [0, MMV_NR)
-// (the last row repeated past nrows, not written), block y the token rows MMV_TT y + [0, MMV_TT).
-template <uint32_t TYPE>
-__global__ void __launch_bounds__(32 * MMV_WARPS, 6)
-    mmv_matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows, const float *x,
-                      int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
-  __shared__ uint4 stage[MMV_WARPS][MMV_NR][mmv_segs<TYPE>()];
-  __shared__ float kv[16];
-  mmv_table<TYPE>(kv);
-  const int64_t rw = ((int64_t)blockIdx.x * MMV_WARPS + threadIdx.y) * MMV_NR,
-                t0 = (int64_t)blockIdx.y * MMV_TT;
-  if (rw >= nrows) return;
-  const int nt = (int)min((int64_t)MMV_TT, T - t0);
-  const uint8_t *w[MMV_NR];
+// Copies the bytes [src[r], src[r] + len) of rows r < nr into the staging buffer, byte i of row r
+// at 16 rs r + (src[r] & 15) + i: every 16-byte segment inside a range with one 16-byte load (all
+// of them issued before the first store), the partial segments at a range's two ends 2 bytes at
+// a time (rows are 2-byte aligned, len even).
+template <int PER>
+__device__ __forceinline__ void mmv_stage_rows(uint4 *stage, const uint8_t *const *src, int nr, int len, int rs) {
+  constexpr int BATCH = PER < 4 ? PER : 4; // loads in flight per thread (registers: 4 per load)
 #pragma unroll
-  for (int r = 0; r < MMV_NR; r++)
-    w[r] = W + (uint64_t)(r0 + min(rw + r, nrows - 1)) * row_bytes;
-  float acc[MMV_NR][MMV_TT];
-  mmv_rows<TYPE>(w, x + t0 * ldx, ldx, nt, n, acc, stage[threadIdx.y], kv);
-  if (threadIdx.x == 0)
+  for (int j0 = 0; j0 < PER; j0 += BATCH) {
+    uint4 v[BATCH];
 #pragma unroll
-    for (int r = 0; r < MMV_NR; r++)
+    for (int j = 0; j < BATCH; j++) {
+      const int i = threadIdx.x + MMV_THREADS * (j0 + j), r = i / rs, sg = i - r * rs;
+      if (j0 + j < PER && r < nr) {
+        const int a = (int)((uintptr_t)src[r] & 15);
+        if (16 * sg >= a && 16 * sg + 16 <= a + len) v[j] = __ldcs((const uint4 *)(src[r] - a) + sg);
+      }
+    }
 #pragma unroll
-      for (int t = 0; t < MMV_TT; t++)
-        if (rw + r < nrows && t < nt) out[(t0 + t) * ldo + rw + r] = acc[r][t];
+    for (int j = 0; j < BATCH; j++) {
+      const int i = threadIdx.x + MMV_THREADS * (j0 + j), r = i / rs, sg = i - r * rs;
+      if (j0 + j < PER && r < nr) {
+        const int a = (int)((uintptr_t)src[r] & 15);
+        if (16 * sg >= a && 16 * sg + 16 <= a + len) {
+          stage[i] = v[j];
+        } else if (16 * sg < a + len && 16 * sg + 16 > a) {
+          const uint8_t *base = src[r] - a;
+          uint16_t *dst = (uint16_t *)(stage + i);
+          for (int b = max(16 * sg, a); b < min(16 * sg + 16, a + len); b += 2)
+            dst[(b - 16 * sg) / 2] = *(const uint16_t *)(base + b);
+        }
+      }
+    }
+  }
 }
 
-// st_cuda_grouped_matmul's product, the same per group (blockIdx.z) and scaled as it is written.
-template <uint32_t TYPE>
-__global__ void __launch_bounds__(32 * MMV_WARPS, 6)
-    mmv_grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out, const float *x,
-                       int64_t n, const float *scale, float *out) {
-  __shared__ uint4 stage[MMV_WARPS][MMV_NR][mmv_segs<TYPE>()];
-  __shared__ float kv[16];
-  mmv_table<TYPE>(kv);
-  const st_cuda_group g = groups[blockIdx.z];
-  const int64_t rw = ((int64_t)blockIdx.x * MMV_WARPS + threadIdx.y) * MMV_NR,
-                t0 = (int64_t)blockIdx.y * MMV_TT;
-  if (rw >= n_out || t0 >= g.n_rows) return;
-  const int nt = (int)min((int64_t)MMV_TT, (int64_t)g.n_rows - t0);
-  const int64_t row0 = g.row0 + t0;
-  const uint8_t *w[MMV_NR];
+// The block core: res[r * TT + t] = dot(row sm.rows[r], x[t * ldx .. + n]) for r < nr (at most
+// mmv_block_rows(n)), t < nt (<= TT). Every thread of the block calls it (it synchronises the
+// block); sm.rows is set before, by the threads that read it here (threads r < nr) or before a
+// barrier. x: 16-byte aligned rows, ldx a multiple of 4 (mmv_fits); global or shared memory.
+template <uint32_t TYPE, int TT>
+__device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_t n, const float *x, int64_t ldx,
+                                          int nt) {
+  constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
+  constexpr int PER = (mmv_stage_segs<TYPE>() + MMV_THREADS - 1) / MMV_THREADS;
+  const int S = mmv_slots(n), rs = (S * CB + 15) / 16 + 2;
+  const int64_t nch = (n + MMV_CH - 1) / MMV_CH;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, my_r = warp / S, my_s = warp % S;
+  float acc[TT];
 #pragma unroll
-  for (int r = 0; r < MMV_NR; r++)
-    w[r] = g.W + (uint64_t)min(rw + r, n_out - 1) * row_bytes;
-  float acc[MMV_NR][MMV_TT];
-  mmv_rows<TYPE>(w, x + row0 * n, n, nt, n, acc, stage[threadIdx.y], kv);
-  if (threadIdx.x == 0)
+  for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+  for (int64_t c0 = 0; c0 < nch; c0 += S) {
+    const int64_t w0 = c0 * MMV_CH, wn = min((int64_t)S * MMV_CH, n - w0);
+    if (threadIdx.x < nr) sm.src[threadIdx.x] = sm.rows[threadIdx.x] + w0 / QK * BS;
+    __syncthreads(); // src is set; every warp is done with the previous round's bytes
+    mmv_stage_rows<PER>(sm.stage, sm.src, nr, (int)(wn / QK * BS), rs);
+    __syncthreads();
+    const int64_t c = c0 + my_s;
+    if (my_r < nr && c < nch) { // warp-uniform
+      const int nw = (int)min((int64_t)MMV_CH, n - c * MMV_CH);
+      const uint8_t *ch = (const uint8_t *)(sm.stage + my_r * rs) + ((uintptr_t)sm.src[my_r] & 15) + my_s * CB;
+      const float *xc = x + c * MMV_CH;
+      float s0 = 0.0f, s1 = 0.0f;
+      if (32 * lane < nw) mmv_scales<TYPE>(ch, lane, s0, s1);
 #pragma unroll
-    for (int r = 0; r < MMV_NR; r++)
+      for (int k = 0; k < MMV_CH / 128; k++) {
+        const int o = 128 * k + 4 * lane, sb = 4 * k + (lane >> 3);
+        const float a0 = __shfl_sync(0xffffffffu, s0, sb);
+        const float a1 = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1, sb) : 0.0f;
+        if (o < nw) {
+          float w[4];
+          mmv_weights4<TYPE>(ch, o, a0, a1, sm.kv, w);
 #pragma unroll
-      for (int t = 0; t < MMV_TT; t++)
-        if (rw + r < n_out && t < nt)
-          out[(row0 + t) * n_out + rw + r] = scale ? acc[r][t] * scale[row0 + t] : acc[r][t];
+          for (int t = 0; t < TT; t++)
+            if (t < nt) {
+              const float4 v = *(const float4 *)(xc + t * ldx + o);
+              acc[t] = fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc[t]))));
+            }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TT; t++) {
+    const float v = st_warp_sum(acc[t]);
+    if (lane == 0) sm.red[warp * TT + t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < nr * TT) {
+    const int r = threadIdx.x / TT, t = threadIdx.x % TT;
+    float sum = sm.red[r * S * TT + t];
+    for (int sl = 1; sl < S; sl++) sum += sm.red[(r * S + sl) * TT + t];
+    sm.res[threadIdx.x] = sum;
+  }
+  __syncthreads();
 }
+
+// Registers: 64 for a single token (4 blocks, 32 warps per SM), 128 for a batch.
+#define MMV_BOUNDS(TT) __launch_bounds__(MMV_THREADS, (TT) == 1 ? 4 : 2)
 
 // Whether `type` has a specialised kernel usable here: n whole blocks, weights (and every row)
 // aligned for its loads, activation rows 16-byte aligned and 4-float strided.
 template <uint32_t TYPE>
-static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t ldx, int64_t n) {
+static inline bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t ldx, int64_t n) {
   constexpr int A = mmv_format<TYPE>::ALIGN;
   return n % mmv_format<TYPE>::QK == 0 && (uintptr_t)W % A == 0 && row_bytes % A == 0 &&
          ((uintptr_t)x & 15) == 0 && (ldx & 3) == 0;
@@ -533,20 +533,99 @@ static bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, int64_t 
 #define MMV_TYPES(X)                                                                                         \
   X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
   X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)           \
-  X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS)
+  X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS) X(ST_TYPE_F32) X(ST_TYPE_F16)        \
+  X(ST_TYPE_BF16)
+
+// Whether `type` is one of MMV_TYPES.
+static inline bool mmv_has(uint32_t type) {
+  switch (type) {
+#define MMV_CASE(TY) case TY:
+    MMV_TYPES(MMV_CASE)
+#undef MMV_CASE
+    return true;
+  default: return false;
+  }
+}
+
+// Calls f(std::integral_constant<uint32_t, TYPE>()) for a type of MMV_TYPES known at run time;
+// false (f not called) for another type.
+template <typename F> static bool mmv_dispatch(uint32_t type, F &&f) {
+  switch (type) {
+#define MMV_CASE(TY)                                                                                         \
+  case TY: f(std::integral_constant<uint32_t, TY>()); return true;
+    MMV_TYPES(MMV_CASE)
+#undef MMV_CASE
+  default: return false;
+  }
+}
+
+// Whether mmv_fits for a type known at run time.
+static inline bool mmv_fits_any(uint32_t type, uint64_t row_bytes, const void *W, const float *x, int64_t ldx,
+                                int64_t n) {
+  switch (type) {
+#define MMV_CASE(TY)                                                                                         \
+  case TY: return mmv_fits<TY>(row_bytes, W, x, ldx, n);
+    MMV_TYPES(MMV_CASE)
+#undef MMV_CASE
+  default: return false;
+  }
+}
+
+#ifdef MMV_LAUNCHERS
+// st_cuda_matmul's product: block x takes rows r0 + R x + [0, R) (R = mmv_block_rows(n)), block y
+// the token rows TT y + [0, TT).
+template <uint32_t TYPE, int TT>
+__global__ void MMV_BOUNDS(TT)
+    mmv_matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows, const float *x, int64_t ldx,
+                      int64_t T, int64_t n, float *out, int64_t ldo) {
+  __shared__ mmv_smem<TYPE, TT> sm;
+  mmv_table<TYPE>(sm.kv);
+  const int64_t rb = (int64_t)blockIdx.x * mmv_block_rows(n), t0 = (int64_t)blockIdx.y * TT;
+  const int nr = (int)min((int64_t)mmv_block_rows(n), nrows - rb), nt = (int)min((int64_t)TT, T - t0);
+  if (threadIdx.x < nr) sm.rows[threadIdx.x] = W + (uint64_t)(r0 + rb + threadIdx.x) * row_bytes;
+  mmv_block<TYPE, TT>(sm, nr, n, x + t0 * ldx, ldx, nt);
+  if (threadIdx.x < nr * TT) {
+    const int r = threadIdx.x / TT, t = threadIdx.x % TT;
+    if (t < nt) out[(t0 + t) * ldo + rb + r] = sm.res[threadIdx.x];
+  }
+}
+
+// st_cuda_grouped_matmul's product, the same per group (blockIdx.z) and scaled as it is written.
+template <uint32_t TYPE, int TT>
+__global__ void MMV_BOUNDS(TT)
+    mmv_grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out, const float *x, int64_t n,
+                       const float *scale, float *out) {
+  __shared__ mmv_smem<TYPE, TT> sm;
+  const st_cuda_group g = groups[blockIdx.z];
+  const int64_t rb = (int64_t)blockIdx.x * mmv_block_rows(n), t0 = (int64_t)blockIdx.y * TT;
+  if (rb >= n_out || t0 >= g.n_rows) return; // the whole block
+  mmv_table<TYPE>(sm.kv);
+  const int nr = (int)min((int64_t)mmv_block_rows(n), n_out - rb), nt = (int)min((int64_t)TT, (int64_t)g.n_rows - t0);
+  const int64_t row0 = g.row0 + t0;
+  if (threadIdx.x < nr) sm.rows[threadIdx.x] = g.W + (uint64_t)(rb + threadIdx.x) * row_bytes;
+  mmv_block<TYPE, TT>(sm, nr, n, x + row0 * n, n, nt);
+  if (threadIdx.x < nr * TT) {
+    const int r = threadIdx.x / TT, t = threadIdx.x % TT;
+    if (t < nt) out[(row0 + t) * n_out + rb + r] = scale ? sm.res[threadIdx.x] * scale[row0 + t] : sm.res[threadIdx.x];
+  }
+}
 
 // st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
-static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
+static inline bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
                        const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
                        cudaStream_t stream) {
-  const dim3 block(32, MMV_WARPS);
-  const dim3 grid((unsigned)((nrows + MMV_WARPS * MMV_NR - 1) / (MMV_WARPS * MMV_NR)),
-                  (unsigned)((T + MMV_TT - 1) / MMV_TT));
+  if (!mmv_fits_any(type, row_bytes, W + r0 * row_bytes, x, ldx, n)) return false;
+  const int rb = mmv_block_rows(n);
+  const unsigned gx = (unsigned)((nrows + rb - 1) / rb);
   switch (type) {
 #define MMV_CASE(TY)                                                                                         \
   case TY:                                                                                                   \
-    if (!mmv_fits<TY>(row_bytes, W + r0 * row_bytes, x, ldx, n)) return false;                               \
-    mmv_matmul_kernel<TY><<<grid, block, 0, stream>>>(W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo);      \
+    if (T == 1)                                                                                              \
+      mmv_matmul_kernel<TY, 1><<<dim3(gx, 1), MMV_THREADS, 0, stream>>>(W, row_bytes, r0, nrows, x, ldx, T, n,  \
+                                                                         out, ldo);                          \
+    else                                                                                                     \
+      mmv_matmul_kernel<TY, MMV_TT><<<dim3(gx, (unsigned)((T + MMV_TT - 1) / MMV_TT)), MMV_THREADS, 0,          \
+                                      stream>>>(W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo);             \
     return true;
     MMV_TYPES(MMV_CASE)
 #undef MMV_CASE
@@ -556,21 +635,26 @@ static bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int6
 
 // st_cuda_grouped_matmul through a specialised kernel, or false. The groups' weights are device
 // allocations plus whole rows or blocks (expert_rows.cu), so aligned as their blocks are.
-static bool mmv_grouped(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev, int n_groups,
+static inline bool mmv_grouped(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev, int n_groups,
                         int max_rows, int64_t n_out, const float *x, int64_t n, const float *scale,
                         float *out, cudaStream_t stream) {
-  const dim3 block(32, MMV_WARPS);
-  const dim3 grid((unsigned)((n_out + MMV_WARPS * MMV_NR - 1) / (MMV_WARPS * MMV_NR)),
-                  (unsigned)((max_rows + MMV_TT - 1) / MMV_TT), (unsigned)n_groups);
+  if (!mmv_fits_any(type, row_bytes, NULL, x, n, n)) return false;
+  const int rb = mmv_block_rows(n);
+  const unsigned gx = (unsigned)((n_out + rb - 1) / rb);
   switch (type) {
 #define MMV_CASE(TY)                                                                                         \
   case TY:                                                                                                   \
-    if (!mmv_fits<TY>(row_bytes, NULL, x, n, n)) return false;                                               \
-    mmv_grouped_kernel<TY><<<grid, block, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out);      \
+    if (max_rows == 1)                                                                                       \
+      mmv_grouped_kernel<TY, 1><<<dim3(gx, 1, (unsigned)n_groups), MMV_THREADS, 0, stream>>>(                  \
+          row_bytes, groups_dev, n_out, x, n, scale, out);                                                   \
+    else                                                                                                     \
+      mmv_grouped_kernel<TY, MMV_TT><<<dim3(gx, (unsigned)((max_rows + MMV_TT - 1) / MMV_TT), (unsigned)n_groups), \
+                                       MMV_THREADS, 0, stream>>>(row_bytes, groups_dev, n_out, x, n, scale, out); \
     return true;
     MMV_TYPES(MMV_CASE)
 #undef MMV_CASE
   default: return false;
   }
 }
+#endif // MMV_LAUNCHERS
 #endif

@@ -16,39 +16,11 @@ __global__ static void residual_piece(const float *x, const float *xo, int64_t d
   }
 }
 
-// One warp per token: softmax over the E logits (sum in double, as the CPU variant), then k
-// rounds of a warp-wide argmax (ties to the lower expert id) over the experts not yet taken.
-// Each lane owns experts lane, lane + 32, ... (at most 32 of them: E <= 1024).
+// One warp per token (st_dev_softmax_topk, common.cuh).
 __global__ static void softmax_topk(const float *logits, int T, int E, int k, st_route *routing) {
-  const int lane = threadIdx.x & 31, t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
-  const float *l = logits + (int64_t)t * E;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  double sum = 0.0;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint32_t taken = 0;
-  st_route *r = routing + (int64_t)t * k;
-  double wsum = 0.0;
-  for (int j = 0; j < k; j++) {
-    float best = -INFINITY;
-    int best_e = -1;
-    for (int e = lane, m = 0; e < E; e += 32, m++)
-      if (!(taken >> m & 1u) && (best_e < 0 || l[e] > best)) best = l[e], best_e = e;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e))) best = ob, best_e = oe;
-    }
-    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-    const float p = (float)(expf(best - mx) / sum);
-    if (lane == 0) r[j] = st_route{best_e, p};
-    wsum += p;
-  }
-  __syncwarp();
-  if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
+  st_dev_softmax_topk(logits + (int64_t)t * E, E, k, routing + (int64_t)t * k);
 }
 
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st) {
