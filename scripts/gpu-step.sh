@@ -7,6 +7,7 @@
 #     (cache off and full, eager), and the fixture comparisons on CUDA0 (test_forward_ref);
 #  3. speed on the qwen3-30b-a3b preset (Q8_0, 48 layers; ROWS: gpu = every expert cached, 24gb =
 #     --gpu-mem GPU_MEM, cpu = STARPU_NCUDA=0): strata bench, decode step and (gpu) per-task path.
+# gpu also runs the decode step with STRATA_PDL=0.
 # Environment: STEPS (which of 1 2 3, default all), ROWS (default "gpu 24gb cpu"), GPU_MEM (21.55),
 # W work folder (/tmp/gpu-step), DECODE tokens per bench run (64), R repetitions (3).
 # Prints a table last.
@@ -81,13 +82,22 @@ if has 3; then
     tpt=$(grep -o '"tasks_per_token": [0-9.]*' "$out/bench-$name.json" | head -n 1 | awk '{print $2}')
     busy=$(grep -o '"gpu_busy_share": [0-9.]*' "$out/bench-$name.json" | head -n 1 | awk '{print $2}')
     peak=$(grep -o '"peak_gpu_mib": \[[0-9., ]*\]' "$out/bench-$name.json" | head -n 1)
-    add "bench $name: exit $rc, decode ${ts:-?} tok/s, tasks/token ${tpt:-?}, GPU busy ${busy:-?}, ${peak:-?} ($((SECONDS - t0)) s)"
+    local host
+    host=$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+n = r["tokens"]
+print("per token: %.0f us, in the step %.0f (submitting %.0f, waiting %.0f), outside %.0f" % (
+    1e6 * r["seconds"] / n, 1e6 * r["step_s"] / n, 1e6 * r["submit_s"] / n, 1e6 * r["wait_end_s"] / n,
+    1e6 * (r["seconds"] - r["step_s"]) / n))' "$out/bench-$name.json" 2>/dev/null)
+    add "bench $name: exit $rc, decode ${ts:-?} tok/s, tasks/token ${tpt:-?}, GPU busy ${busy:-?}, ${peak:-?} ($((SECONDS - t0)) s); $host"
     [ $rc = 0 ] || tail -n 5 "$out/bench-$name.err"
   }
   for row in $ROWS; do
     case $row in
       gpu)
         bench gpu-step STRATA_DECODE_GRAPH=1 -- "${cache[@]}"
+        bench gpu-step-nopdl STRATA_DECODE_GRAPH=1 STRATA_PDL=0 -- "${cache[@]}"
         bench gpu-pertask STRATA_DECODE_GRAPH=0 -- "${cache[@]}" ;;
       24gb) TMO=200 bench 24gb STRATA_DECODE_GRAPH=1 -- "${cache[@]}" --gpu-mem "${GPU_MEM:-21.55}" ;;
       cpu) bench cpu STARPU_NCUDA=0 -- ;;

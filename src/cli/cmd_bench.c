@@ -88,6 +88,8 @@ static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const
   d.swaps -= a->swaps;
   d.wait_routing_s -= a->wait_routing_s;
   d.wait_end_s -= a->wait_end_s;
+  d.submit_s -= a->submit_s;
+  d.step_s -= a->step_s;
   return d;
 }
 
@@ -388,7 +390,7 @@ int st_cmd_bench(int argc, char **argv) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
              "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
-             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
+             "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"submit_s\": %.4f, \"step_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
              "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f, \"tasks_per_token\": %.1f, "
@@ -396,7 +398,7 @@ int st_cmd_bench(int argc, char **argv) {
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
-             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, ROOFLINE(r),
+             (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, r->delta.submit_s, r->delta.step_s, ROOFLINE(r),
              r->graphs < 0 ? "" : "\"", r->graphs < 0 ? "null" : graphs_word(r->graphs), r->graphs < 0 ? "" : "\"",
              (unsigned long long)r->gd.captures, (unsigned long long)r->gd.updates,
              (unsigned long long)r->gd.instantiations, (unsigned long long)r->gd.reinstantiations,

@@ -70,6 +70,7 @@ struct st_decode_ctx {
   int n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, k, n_ff, n_vocab, n_ctx;
   float eps, rope_theta;
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
+  int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
   const struct st_decode_layer *layers; /* [n_layer] */
   const void *const *expert_src;       /* [n_layer][n_expert][3] host gate/up/down of each pair */
   const uint8_t *tier;                 /* [n_layer][n_expert]: 0 = the CPU pool computes the pair */

@@ -31,7 +31,10 @@ static int gpu_layouts_ok(const struct st_engine *e) {
     for (int i = 0; i < 8; i++)
       if (!st_cuda_mmv_takes(w[i]->type, w[i]->row_bytes, (int64_t)w[i]->ne[0])) return 0;
   }
-  return e->hp.n_embd <= 12288;
+  /* the streaming mat-vec takes rows of up to 8 chunks (8192 weights); gate and up share a group
+   * of rows while a row is at most 4 chunks (the hidden size at most 4096) */
+  const struct st_hparams *hp = &e->hp;
+  return hp->n_embd <= 4096 && (uint64_t)hp->n_head * hp->head_dim <= 8192 && hp->n_ff_exp <= 8192;
 }
 #endif
 
@@ -184,7 +187,7 @@ int st_decode_init(struct st_engine *e) {
                               .n_head_kv = (int)hp->n_head_kv, .head_dim = (int)hp->head_dim, .n_expert = E,
                               .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
                               .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
-                              .int8_dot = e->int8_dot, .tier = e->placement.tier,
+                              .int8_dot = e->int8_dot, .pdl = e->pdl, .tier = e->placement.tier,
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};
   c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);

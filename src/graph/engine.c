@@ -38,6 +38,7 @@ struct env_conf {
   long int8_dot;       /* STRATA_INT8_DOT: 0 or 1 */
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
+  long pdl;            /* STRATA_PDL: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -67,6 +68,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
+  if (!rc) rc = env_long("STRATA_PDL", 0, 1, 1, &c->pdl);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
 }
@@ -508,6 +510,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   const int cublas_rows = env.cublas == 1 ? CUBLAS_ROWS : (int)env.cublas;
   e->int8_dot = (int)env.int8_dot;
   e->decode_graph = (int)env.decode_graph;
+  e->pdl = (int)env.pdl;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "

@@ -60,6 +60,8 @@ struct st_engine_stats {
   uint64_t swaps;                         /* adaptive-cache swaps so far */
   double wait_routing_s;                  /* host time blocked reading routing tables, s */
   double wait_end_s;                      /* host time waiting for a batch's last tasks, s */
+  double submit_s;                        /* host time submitting decode steps' tasks, s */
+  double step_s;                          /* host time inside decode steps (submission to logits), s */
 };
 
 struct st_engine {
@@ -109,6 +111,7 @@ struct st_engine {
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
   int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
+  int pdl;                 /* STRATA_PDL: the decode step's kernels as programmatic dependent launches (default 1) */
   struct st_decode *dec;   /* the decode step's buffers and handles (graph/decode.h), or NULL: the
                               per-task path of this file decodes */
 };

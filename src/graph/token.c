@@ -48,12 +48,14 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   const struct st_weight *emb = &e->model->tok_embd;
   st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)id * emb->row_bytes, d->gpu ? d->emb : c->x,
                     (int64_t)hp->n_embd);
+  const double t_step = st_now();
   c->pos = e->n_past;
   memset(c->sync, 0, sizeof *c->sync * (hp->n_layer + 1));
   d->tasks_last = 0;
   int rc = 0;
   for (int l = 0; l <= (int)hp->n_layer && !rc; l++) rc = st_decode_submit_layer(e, l);
   const double t_wait = st_now();
+  e->stats.submit_s += t_wait - t_step;
   const struct st_route *route = c->route;
   if (d->gpu && !rc) {
     starpu_data_acquire(d->h_out, STARPU_R);
@@ -65,6 +67,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   e->stats.wait_end_s += st_now() - t_wait;
   if (rc) return rc;
   if (!d->gpu) memcpy(logits, c->logits, sizeof(float) * hp->n_vocab);
+  e->stats.step_s += st_now() - t_step;
   const int bad = c->sync[0].error ? c->sync[0].error_layer : -1;
   return count_routing(e, route, d->gpu ? -1 : bad);
 }

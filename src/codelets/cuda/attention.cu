@@ -49,6 +49,8 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
                                    const float *kw, float eps, const int *pos_dev, float theta,
                                    const __grid_constant__ kv_ptrs kv) {
   __shared__ float red[32];
+  st_dev_griddep_launch();
+  st_dev_griddep_wait();
   const int b = blockIdx.x, pos = *pos_dev;
   if (b < Hq) {
     float *h = q + (int64_t)b * hd;
@@ -168,6 +170,8 @@ __global__ static void attend_combine(const float *part, int n_chunks, int chunk
 __global__ static void attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv,
                                          const int *pos_dev, float scale, float *part, int *counters, float *out) {
   __shared__ int last;
+  st_dev_griddep_launch();
+  st_dev_griddep_wait();
   const int h = blockIdx.y, c = blockIdx.z, n_chunks = gridDim.z, n_keys = *pos_dev + 1, g = h / nq;
   float *ph = part + (int64_t)h * n_chunks * (hd + 2);
   attend_partial_block(q + (int64_t)h * hd, kv.k[g], kv.v[g], hd, n_keys, c, scale, ph + (int64_t)c * (hd + 2));
@@ -459,18 +463,20 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 }
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, cudaStream_t st) {
+                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
+                         cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  rope_append<<<Hq + G, 64, 0, st>>>(q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev, theta, p);
+  st_cuda_launch(rope_append, dim3(Hq + G), dim3(64), 0, st, pdl, q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev, theta, p);
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
-                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, cudaStream_t st) {
+                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, int pdl,
+                               cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  attend_decode_all<<<dim3(1, Hq, n_chunks), 32 * WARPS, 0, st>>>(q, Hq / G, hd, p, pos_dev, 1.0f / sqrtf((float)hd),
-                                                                  part, counters, out);
+  st_cuda_launch(attend_decode_all, dim3(1, Hq, n_chunks), dim3(32 * WARPS), 0, st, pdl, q, Hq / G, hd, p, pos_dev,
+                 1.0f / sqrtf((float)hd), part, counters, out);
 }
 
 // For tests (cuda_codelets.h): attend on host data, on the legacy default stream.

@@ -198,6 +198,21 @@ __device__ __forceinline__ float st_block_sum(float v, float *shared32) {
   return s;
 }
 
+// Programmatic dependent launch (sm_90; no-ops before): a kernel launched with st_cuda_launch's
+// pdl flag may start before the previous kernel of its stream has finished; it must call
+// st_dev_griddep_wait() before it touches memory any earlier kernel writes or reads (only constant
+// data, such as weights, before). st_dev_griddep_launch() lets the next such kernel start early.
+__device__ __forceinline__ void st_dev_griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void st_dev_griddep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // A router's softmax and top-k for one token, run by one warp (every lane calls it): softmax over
 // the E logits l (sum in double, as the CPU variant), then k rounds of a warp-wide argmax (ties to
 // the lower expert id) over the experts not yet taken, weights renormalised over the k; written to
@@ -292,15 +307,37 @@ int st_cuda_attn_chunks(int n_keys);
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
 // position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each). The per-task kernels' arithmetic.
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, cudaStream_t st);
+                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
+                         cudaStream_t st);
 // One token's causal attention for all Hq query heads at q ([Hq][hd]; head h reads KV head h / (Hq / G))
 // over keys 0..*pos_dev of k[g], v[g], split into n_chunks = st_cuda_attn_chunks(pos + 1) chunks; out
 // [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats; counters: Hq ints, zero before
 // the launch and zero again after it. The prompt codelet's decode kernels, bit for bit, in one launch.
+// pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
-                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, cudaStream_t st);
+                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, int pdl,
+                               cudaStream_t st);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
+
+// Launches kernel<<<grid, block, smem, st>>>(args...), with programmatic stream serialisation when
+// pdl (the kernel then calls st_dev_griddep_wait first; see above). Errors are reported as the
+// other launches' are.
+template <typename... KArgs, typename... Args>
+static inline void st_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int pdl,
+                                  Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
 
 // Once per CUDA worker (engine start): keeps freed stream-ordered memory in the device's pool
 // instead of returning it at every synchronisation, so per-task scratch costs no cudaMalloc.

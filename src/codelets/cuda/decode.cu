@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
   extern __shared__ float xs[];
   __shared__ const float *src[64];
   __shared__ float red[32];
+  st_dev_griddep_launch();
   if (combine) {
     if ((int)threadIdx.x < k) {
       const int e = min(max(route[threadIdx.x].expert, 0), n_expert - 1);
@@ -61,73 +62,109 @@ __global__ void __launch_bounds__(PRE_THREADS)
   for (int i = threadIdx.x; i < d; i += blockDim.x) xn[i] = xs[i] * scale * w[i];
 }
 
-// Up to three matrices of one type times the same vector in one launch: the blocks of segment 0,
-// then those of segment 1, ... (mmv_block_rows(n) rows each).
+// Up to three matrices of one type times the same vector in one launch: the row groups of segment
+// 0, then those of segment 1, ... (mmv_block_rows(n) rows each).
 struct dk_seg {
   const uint8_t *W;
   uint64_t row_bytes;
   int64_t rows;
   float *out;
-  int64_t blocks;
+  int64_t groups;
 };
 struct dk_segs {
   dk_seg s[3];
   int n;
 };
 
+struct mv_job {
+  static constexpr bool static_rows = true;
+  const dk_segs *g;
+  const float *xv;
+  int R;
+  __device__ int seg(int64_t &grp) const {
+    int i = 0;
+    while (i + 1 < g->n && grp >= g->s[i].groups) grp -= g->s[i].groups, i++;
+    return i;
+  }
+  __device__ int count(int64_t grp) const {
+    const int i = seg(grp);
+    return (int)min((int64_t)R, g->s[i].rows - grp * R);
+  }
+  __device__ const uint8_t *row(int64_t grp, int r) const {
+    const int i = seg(grp);
+    return g->s[i].W + (uint64_t)(grp * R + r) * g->s[i].row_bytes;
+  }
+  __device__ const float *x(int64_t) const { return xv; }
+  __device__ void put(int64_t grp, const float *res, int nr) const {
+    const int i = seg(grp);
+    if ((int)threadIdx.x < nr) g->s[i].out[grp * R + threadIdx.x] = res[threadIdx.x];
+  }
+};
+
 template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, const float *x, int64_t n) {
-  __shared__ mmv_smem<TYPE, 1> sm;
+__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int64_t n_groups, const float *x, int64_t n) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ mmv_pipe<TYPE> sm;
+  sm.stage = dyn_smem;
+  st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  int64_t b = blockIdx.x;
-  int i = 0;
-  while (i + 1 < g.n && b >= g.s[i].blocks) b -= g.s[i].blocks, i++;
-  const int R = mmv_block_rows(n);
-  const int64_t rb = b * R;
-  const int nr = (int)min((int64_t)R, g.s[i].rows - rb);
-  if ((int)threadIdx.x < nr) sm.rows[threadIdx.x] = g.s[i].W + (uint64_t)(rb + threadIdx.x) * g.s[i].row_bytes;
-  mmv_block<TYPE, 1>(sm, nr, n, x, n, 1);
-  if ((int)threadIdx.x < nr) g.s[i].out[rb + threadIdx.x] = sm.res[threadIdx.x];
+  const mv_job job = {&g, x, mmv_block_rows(n)};
+  mmv_stream(sm, job, n_groups, n, [] { st_dev_griddep_wait(); });
 }
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
 // block into shared memory and written by block 0; then the router logits of the block's rows; the
 // last block to finish (*counter, reset by it) runs softmax and top-k into route. Dynamic shared
-// memory: d + E floats.
+// memory: the staging buffers, then d + E floats.
+struct router_job {
+  static constexpr bool static_rows = true;
+  const uint8_t *W;
+  uint64_t row_bytes;
+  int E, R;
+  const float *xs;
+  float *logits;
+  __device__ int count(int64_t g) const { return (int)min((int64_t)R, (int64_t)E - g * R); }
+  __device__ const uint8_t *row(int64_t g, int r) const { return W + (uint64_t)(g * R + r) * row_bytes; }
+  __device__ const float *x(int64_t) const { return xs; }
+  __device__ void put(int64_t g, const float *res, int nr) const {
+    if ((int)threadIdx.x < nr) logits[g * R + threadIdx.x] = res[threadIdx.x];
+  }
+};
+
 template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
                                         uint64_t row_bytes, int E, int k, float *h, float *ffn_in, float *logits,
                                         st_route *route, int *counter) {
-  extern __shared__ float xs[];
-  __shared__ mmv_smem<TYPE, 1> sm;
+  extern __shared__ uint4 dyn_smem[];
+  float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
+  __shared__ mmv_pipe<TYPE> sm;
   __shared__ float red[32];
   __shared__ int last;
+  sm.stage = dyn_smem;
+  st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = x[i] + xo[i];
-    xs[i] = v;
-    ss = fmaf(v, v, ss);
-    if (blockIdx.x == 0) h[i] = v;
-  }
-  ss = st_block_sum(ss, red);
-  const float scale = rsqrtf(ss / (float)d + eps);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = xs[i] * scale * w[i];
-    xs[i] = v;
-    if (blockIdx.x == 0) ffn_in[i] = v;
-  }
   const int R = mmv_block_rows(d);
-  const int64_t rb = (int64_t)blockIdx.x * R;
-  const int nr = (int)min((int64_t)R, (int64_t)E - rb);
-  if ((int)threadIdx.x < nr) sm.rows[threadIdx.x] = W + (uint64_t)(rb + threadIdx.x) * row_bytes;
-  mmv_block<TYPE, 1>(sm, nr, d, xs, d, 1); // its first barrier orders the writes to xs before the reads
-  if ((int)threadIdx.x < nr) logits[rb + threadIdx.x] = sm.res[threadIdx.x];
+  const router_job job = {W, row_bytes, E, R, xs, logits};
+  mmv_stream(sm, job, (E + R - 1) / R, d, [&] {
+    st_dev_griddep_wait();
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      const float v = x[i] + xo[i];
+      xs[i] = v;
+      ss = fmaf(v, v, ss);
+      if (blockIdx.x == 0) h[i] = v;
+    }
+    ss = st_block_sum(ss, red);
+    const float scale = rsqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      const float v = xs[i] * scale * w[i];
+      xs[i] = v;
+      if (blockIdx.x == 0) ffn_in[i] = v;
+    }
+  }); // the stream's barriers order the writes to xs before the first group's reads
   __threadfence(); // each writer's logits are visible device-wide before the block counts itself done
   __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
-  }
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -138,60 +175,82 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   if (threadIdx.x == 0) *counter = 0;
 }
 
-// The slot's cached pair of routing slot blockIdx.y (NULL: another tier computes it).
-__device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const uint8_t *const *slot_ptr, int n_expert) {
-  return slot_ptr[min(max(route[blockIdx.y].expert, 0), n_expert - 1)];
+// The cached pair of routing slot j (NULL: another tier computes it).
+__device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const uint8_t *const *slot_ptr, int n_expert,
+                                                  int j) {
+  return slot_ptr[min(max(route[j].expert, 0), n_expert - 1)];
 }
 
-// act[j][r] = silu(gate_r x) * up_r x for the ff rows of routing slot j = blockIdx.y when its pair is
-// in this card's cache (swiglu's float operations): half of a block's rows from gate, half from up.
-template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_gateup(const st_route *route, const uint8_t *const *slot_ptr, int n_expert,
-                                        uint64_t up_off, uint64_t row_bytes, int ff, const float *x, int64_t n,
-                                        float *act) {
-  __shared__ mmv_smem<TYPE, 1> sm;
-  const uint8_t *p = dk_slot(route, slot_ptr, n_expert);
-  if (!p) return; // the whole block
-  mmv_table<TYPE>(sm.kv);
-  const int R = mmv_block_rows(n), H = R >= 2 ? R / 2 : 1;
-  const int64_t rb = (int64_t)blockIdx.x * H;
-  const int nr = (int)min((int64_t)H, (int64_t)ff - rb);
-  float g, u;
-  if (R >= 2) {
-    if ((int)threadIdx.x < 2 * H) {
-      const int r = (int)threadIdx.x % H;
-      sm.rows[threadIdx.x] = p + ((int)threadIdx.x < H ? 0 : up_off) + (uint64_t)min(rb + r, (int64_t)ff - 1) * row_bytes;
-    }
-    mmv_block<TYPE, 1>(sm, 2 * H, n, x, n, 1);
-    g = sm.res[threadIdx.x % H];
-    u = sm.res[H + threadIdx.x % H];
-  } else {
-    if (threadIdx.x == 0) sm.rows[0] = p + (uint64_t)rb * row_bytes;
-    mmv_block<TYPE, 1>(sm, 1, n, x, n, 1);
-    g = sm.res[0];
-    if (threadIdx.x == 0) sm.rows[0] = p + up_off + (uint64_t)rb * row_bytes;
-    mmv_block<TYPE, 1>(sm, 1, n, x, n, 1);
-    u = sm.res[0];
+// act[j][r] = silu(gate_r x) * up_r x for the ff rows of every routing slot j whose pair is in this
+// card's cache (swiglu's float operations). A group is (slot j, H rows): its first H rows from
+// gate, its last H from up (H = mmv_block_rows(n) / 2; rows past ff repeat the last one).
+struct gateup_job {
+  static constexpr bool static_rows = false;
+  const st_route *route;
+  const uint8_t *const *slot_ptr;
+  int n_expert, ff, H;
+  int64_t per; // groups per slot
+  uint64_t up_off, row_bytes;
+  const float *xv;
+  float *act;
+  __device__ int count(int64_t g) const { return dk_slot(route, slot_ptr, n_expert, (int)(g / per)) ? 2 * H : 0; }
+  __device__ const uint8_t *row(int64_t g, int r) const {
+    const uint8_t *p = dk_slot(route, slot_ptr, n_expert, (int)(g / per));
+    const int64_t rr = min((g % per) * H + r % H, (int64_t)ff - 1);
+    return p + (r < H ? 0 : up_off) + (uint64_t)rr * row_bytes;
   }
-  if ((int)threadIdx.x < nr) act[(int64_t)blockIdx.y * ff + rb + threadIdx.x] = g / (1.0f + expf(-g)) * u;
+  __device__ const float *x(int64_t) const { return xv; }
+  __device__ void put(int64_t g, const float *res, int nr) const {
+    const int64_t j = g / per, r0 = (g % per) * H;
+    if (nr && (int)threadIdx.x < H && r0 + threadIdx.x < ff) {
+      const float gv = res[threadIdx.x], uv = res[H + threadIdx.x];
+      act[j * ff + r0 + threadIdx.x] = gv / (1.0f + expf(-gv)) * uv;
+    }
+  }
+};
+
+template <uint32_t TYPE>
+__global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job job, int64_t n_groups, int64_t n) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ mmv_pipe<TYPE> sm;
+  sm.stage = dyn_smem;
+  st_dev_griddep_launch();
+  mmv_table<TYPE>(sm.kv);
+  mmv_stream(sm, job, n_groups, n, [] { st_dev_griddep_wait(); });
 }
 
-// out[j][r] = weight_j * down_r act[j] for the d rows of routing slot j = blockIdx.y when its pair
-// is in this card's cache (the grouped kernel's scaling).
+// out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
+// card's cache (the grouped kernel's scaling). A group is (slot j, R rows).
+struct down_job {
+  static constexpr bool static_rows = false;
+  const st_route *route;
+  const uint8_t *const *slot_ptr;
+  int n_expert, d, R;
+  int64_t per, ff;
+  uint64_t down_off, row_bytes;
+  const float *act;
+  float *out;
+  __device__ int count(int64_t g) const {
+    return dk_slot(route, slot_ptr, n_expert, (int)(g / per)) ? (int)min((int64_t)R, d - (g % per) * R) : 0;
+  }
+  __device__ const uint8_t *row(int64_t g, int r) const {
+    return dk_slot(route, slot_ptr, n_expert, (int)(g / per)) + down_off + (uint64_t)((g % per) * R + r) * row_bytes;
+  }
+  __device__ const float *x(int64_t g) const { return act + (g / per) * ff; }
+  __device__ void put(int64_t g, const float *res, int nr) const {
+    const int64_t j = g / per;
+    if ((int)threadIdx.x < nr) out[j * d + (g % per) * R + threadIdx.x] = res[threadIdx.x] * route[j].weight;
+  }
+};
+
 template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_down(const st_route *route, const uint8_t *const *slot_ptr, int n_expert,
-                                      uint64_t down_off, uint64_t row_bytes, int d, const float *act, int64_t ff,
-                                      float *out) {
-  __shared__ mmv_smem<TYPE, 1> sm;
-  const uint8_t *p = dk_slot(route, slot_ptr, n_expert);
-  if (!p) return;
+__global__ void MMV_BOUNDS(1) dk_down(const __grid_constant__ down_job job, int64_t n_groups, int64_t n) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ mmv_pipe<TYPE> sm;
+  sm.stage = dyn_smem;
+  st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  const int R = mmv_block_rows(ff);
-  const int64_t rb = (int64_t)blockIdx.x * R;
-  const int nr = (int)min((int64_t)R, (int64_t)d - rb);
-  if ((int)threadIdx.x < nr) sm.rows[threadIdx.x] = p + down_off + (uint64_t)(rb + threadIdx.x) * row_bytes;
-  mmv_block<TYPE, 1>(sm, nr, ff, act + (int64_t)blockIdx.y * ff, ff, 1);
-  if ((int)threadIdx.x < nr) out[(int64_t)blockIdx.y * d + rb + threadIdx.x] = sm.res[threadIdx.x] * route[blockIdx.y].weight;
+  mmv_stream(sm, job, n_groups, n, [] { st_dev_griddep_wait(); });
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -205,25 +264,56 @@ struct mv_part {
 };
 
 // out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type.
-void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, cudaStream_t st) {
+void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st) {
   const int R = mmv_block_rows(n);
   for (int i = 0; i < n_parts;) {
     dk_segs g = {};
-    int64_t blocks = 0;
+    int64_t groups = 0;
     const uint32_t type = parts[i].type;
     for (; i < n_parts && g.n < 3 && parts[i].type == type; i++, g.n++) {
       g.s[g.n] = dk_seg{(const uint8_t *)parts[i].W, parts[i].row_bytes, parts[i].rows, parts[i].out,
                         (parts[i].rows + R - 1) / R};
-      blocks += g.s[g.n].blocks;
+      groups += g.s[g.n].groups;
     }
     mmv_dispatch(type, [&](auto ty) {
-      dk_mv<decltype(ty)::value><<<(unsigned)blocks, MMV_THREADS, 0, st>>>(g, x, n);
+      constexpr uint32_t TY = decltype(ty)::value;
+      auto kernel = dk_mv<TY>;
+      static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
+      st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
+                     pdl, g, groups, x, n);
     });
   }
 }
 
-template <typename K> void allow_dyn_smem(K kernel, size_t dyn) {
-  if (dyn > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+// Lets every decode kernel of every format take the dynamic shared memory it asks for (the float
+// formats' staging buffers pass the default 48 KiB), once per device and before any capture.
+void allow_smem(int n_embd, int n_expert) {
+  static int done[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return (void)cudaGetLastError();
+  if (done[dev]) return;
+  done[dev] = 1;
+  for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
+    mmv_dispatch(t, [&](auto ty) {
+      constexpr uint32_t TY = decltype(ty)::value;
+      const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * (n_embd + n_expert);
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
+    });
+}
+
+// Whether the current device takes programmatic dependent launches (compute capability 9.0 or more).
+int pdl_ok() {
+  static int known[64]; // per device: 0 unknown, 1 no, 2 yes
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaGetLastError(), 0;
+  if (!known[dev]) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) cudaGetLastError();
+    known[dev] = major >= 9 ? 2 : 1;
+  }
+  return known[dev] == 2;
 }
 
 // What a layer's graph reads besides the context: the weight and KV device pointers of the task.
@@ -234,25 +324,41 @@ struct layer_graph {
   int n_chunks;
 };
 
-void experts_body(const st_decode_ctx *c, int l, cudaStream_t st) {
+// The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph.
+void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[l];
   const int k = c->k, d = c->n_embd, ff = c->n_ff;
   const st_route *route = D.route + (size_t)l * k;
   const uint8_t *const *slots = D.slot_ptr + (size_t)l * c->n_expert;
   const int Rg = mmv_block_rows(d), H = Rg >= 2 ? Rg / 2 : 1;
+  if (Rg < 2) return; // st_cuda_mmv_takes refuses such rows for the decode step (gpu_layouts_ok)
+  const int64_t per_g = (ff + H - 1) / H;
+  const gateup_job gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in, D.act};
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
-    dk_gateup<decltype(ty)::value><<<dim3((unsigned)((ff + H - 1) / H), (unsigned)k), MMV_THREADS, 0, st>>>(
-        route, slots, c->n_expert, L->gate_bytes, L->gate_d.row_bytes, ff, D.ffn_in, d, D.act);
+    constexpr uint32_t TY = decltype(ty)::value;
+    auto kernel = dk_gateup<TY>;
+    static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
+    const int64_t groups = per_g * k;
+    st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
+                   pdl, gj, groups, (int64_t)d);
   });
   const int Rd = mmv_block_rows(ff);
+  const int64_t per_d = (d + Rd - 1) / Rd;
+  const down_job dj = {route, slots, c->n_expert, d, Rd, per_d, ff, L->gate_bytes + L->up_bytes, L->down_d.row_bytes,
+                       D.act, D.gpu_out};
   mmv_dispatch(L->down_d.type, [&](auto ty) {
-    dk_down<decltype(ty)::value><<<dim3((unsigned)((d + Rd - 1) / Rd), (unsigned)k), MMV_THREADS, 0, st>>>(
-        route, slots, c->n_expert, L->gate_bytes + L->up_bytes, L->down_d.row_bytes, d, D.act, ff, D.gpu_out);
+    constexpr uint32_t TY = decltype(ty)::value;
+    auto kernel = dk_down<TY>;
+    static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
+    const int64_t groups = per_d * k;
+    st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
+                   pdl, dj, groups, (int64_t)ff);
   });
 }
 
-// dk_pre over layer l's input (combine: add layer l - 1's expert rows first) with norm w.
+// dk_pre over layer l's input (combine: add layer l - 1's expert rows first) with norm w; the first
+// kernel of its graph.
 void pre_launch(const st_decode_ctx *c, int l, int combine, const float *w, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const int lp = l > 0 ? l - 1 : 0;
@@ -268,26 +374,27 @@ void layer_body(const void *args, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[a->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
+  const int pdl = c->pdl && pdl_ok();
   pre_launch(c, a->layer, a->combine, (const float *)g->w[0], st);
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  mv_launch(qkv, 3, D.xn, d, st);
+  mv_launch(qkv, 3, D.xn, d, pdl, st);
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
-                      c->rope_theta, g->k, g->v, st);
-  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, g->n_chunks, D.part, D.counters, D.attn, st);
+                      c->rope_theta, g->k, g->v, pdl, st);
+  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, g->n_chunks, D.part, D.counters, D.attn, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
-  mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, st);
+  mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
   const int Rr = mmv_block_rows(d);
-  const size_t dyn = sizeof(float) * ((size_t)d + (size_t)E);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
-    auto kernel = dk_router<decltype(ty)::value>;
-    allow_dyn_smem(kernel, dyn);
-    kernel<<<(unsigned)((E + Rr - 1) / Rr), MMV_THREADS, dyn, st>>>(
-        D.x, D.xo, (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, c->k, D.h,
-        D.ffn_in, D.rlogits, D.route + (size_t)a->layer * c->k, D.counters + Hq);
+    constexpr uint32_t TY = decltype(ty)::value;
+    auto kernel = dk_router<TY>;
+    const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * ((size_t)d + (size_t)E);
+    st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
+                   (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, c->k, D.h,
+                   D.ffn_in, D.rlogits, D.route + (size_t)a->layer * c->k, D.counters + Hq);
   });
-  if (a->experts) experts_body(c, a->layer, st);
+  if (a->experts) experts_body(c, a->layer, pdl, st);
 }
 
 struct head_graph {
@@ -303,7 +410,7 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   pre_launch(c, c->n_layer, 1, g->norm, st);
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, g->out};
-  mv_launch(&head, 1, D.xn, c->n_embd, st);
+  mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st);
   ST_CUDA_CHECK(cudaMemcpyAsync(g->out + c->n_vocab, D.route, sizeof(st_route) * (size_t)c->n_layer * c->k,
                                 cudaMemcpyDeviceToDevice, st));
 }
@@ -315,7 +422,7 @@ struct experts_graph {
 
 void experts_graph_body(const void *args, cudaStream_t st) {
   const experts_graph *g = (const experts_graph *)args;
-  experts_body(g->c, g->layer, st);
+  experts_body(g->c, g->layer, 0, st); // the first kernel of its graph
 }
 
 // Graph keys: graph_key0 + 3 l + (0 the dense task, 1 the experts task), graph_key0 + 3 n_layer the head.
@@ -343,6 +450,7 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   const st_decode_ctx *c = a->ctx;
   const st_decode_dev &D = c->dev;
   cudaStream_t st = starpu_cuda_get_local_stream();
+  allow_smem(c->n_embd, c->n_expert);
   sig_hash sig;
   if (a->layer == c->n_layer) {
     head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
@@ -402,6 +510,7 @@ void decode_experts_cuda(void *buffers[], void *cl_arg) {
   (void)buffers;
   const double t0 = st_cuda_now_ns();
   const st_decode_experts_args *a = (const st_decode_experts_args *)cl_arg;
+  allow_smem(a->ctx->n_embd, a->ctx->n_expert);
   experts_graph g = {a->ctx, a->layer};
   st_cuda_graph_replay(starpu_cuda_get_local_stream(), key_of(a->ctx, a->layer, 1), 1, experts_graph_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());

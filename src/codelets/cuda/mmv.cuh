@@ -457,6 +457,32 @@ __device__ __forceinline__ void mmv_stage_rows(uint4 *stage, const uint8_t *cons
   }
 }
 
+// One warp's share of a row: acc[t] += the chunk at ch (nw weights, staged in shared memory) times
+// x[t * ldx .. + nw] for t < nt, a per-lane fma chain (every lane of the warp calls it).
+template <uint32_t TYPE, int TT>
+__device__ __forceinline__ void mmv_chunk(const uint8_t *ch, int nw, const float *xc, int64_t ldx, int nt,
+                                          const float *kv, float (&acc)[TT]) {
+  const int lane = threadIdx.x & 31;
+  float s0 = 0.0f, s1 = 0.0f;
+  if (32 * lane < nw) mmv_scales<TYPE>(ch, lane, s0, s1);
+#pragma unroll
+  for (int k = 0; k < MMV_CH / 128; k++) {
+    const int o = 128 * k + 4 * lane, sb = 4 * k + (lane >> 3);
+    const float a0 = __shfl_sync(0xffffffffu, s0, sb);
+    const float a1 = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1, sb) : 0.0f;
+    if (o < nw) {
+      float w[4];
+      mmv_weights4<TYPE>(ch, o, a0, a1, kv, w);
+#pragma unroll
+      for (int t = 0; t < TT; t++)
+        if (t < nt) {
+          const float4 v = *(const float4 *)(xc + t * ldx + o);
+          acc[t] = fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc[t]))));
+        }
+    }
+  }
+}
+
 // The block core: res[r * TT + t] = dot(row sm.rows[r], x[t * ldx .. + n]) for r < nr (at most
 // mmv_block_rows(n)), t < nt (<= TT). Every thread of the block calls it (it synchronises the
 // block); sm.rows is set before, by the threads that read it here (threads r < nr) or before a
@@ -479,29 +505,9 @@ __device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_
     mmv_stage_rows<PER>(sm.stage, sm.src, nr, (int)(wn / QK * BS), rs);
     __syncthreads();
     const int64_t c = c0 + my_s;
-    if (my_r < nr && c < nch) { // warp-uniform
-      const int nw = (int)min((int64_t)MMV_CH, n - c * MMV_CH);
-      const uint8_t *ch = (const uint8_t *)(sm.stage + my_r * rs) + ((uintptr_t)sm.src[my_r] & 15) + my_s * CB;
-      const float *xc = x + c * MMV_CH;
-      float s0 = 0.0f, s1 = 0.0f;
-      if (32 * lane < nw) mmv_scales<TYPE>(ch, lane, s0, s1);
-#pragma unroll
-      for (int k = 0; k < MMV_CH / 128; k++) {
-        const int o = 128 * k + 4 * lane, sb = 4 * k + (lane >> 3);
-        const float a0 = __shfl_sync(0xffffffffu, s0, sb);
-        const float a1 = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1, sb) : 0.0f;
-        if (o < nw) {
-          float w[4];
-          mmv_weights4<TYPE>(ch, o, a0, a1, sm.kv, w);
-#pragma unroll
-          for (int t = 0; t < TT; t++)
-            if (t < nt) {
-              const float4 v = *(const float4 *)(xc + t * ldx + o);
-              acc[t] = fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc[t]))));
-            }
-        }
-      }
-    }
+    if (my_r < nr && c < nch) // warp-uniform
+      mmv_chunk<TYPE, TT>((const uint8_t *)(sm.stage + my_r * rs) + ((uintptr_t)sm.src[my_r] & 15) + my_s * CB,
+                          (int)min((int64_t)MMV_CH, n - c * MMV_CH), x + c * MMV_CH, ldx, nt, sm.kv, acc);
   }
 #pragma unroll
   for (int t = 0; t < TT; t++) {
@@ -516,6 +522,141 @@ __device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_
     sm.res[threadIdx.x] = sum;
   }
   __syncthreads();
+}
+
+// ---- the streaming core (one token, rows of at most MMV_ITEMS chunks: one round) -------------
+// A persistent block walks row groups g = blockIdx.x, + gridDim.x, ... (mmv_block_rows(n) rows each)
+// and copies the next group's bytes into the second of two staging buffers with cp.async while it
+// computes the current one, so that every block keeps loads in flight from start to end. Each
+// row's sum is mmv_block's (the same chunks, chains, warp sums and slot order), bit for bit.
+
+// 16 bytes global -> shared without registers (cp.async, sm_80+; a plain copy before).
+__device__ __forceinline__ void mmv_cp16(uint4 *dst, const uint4 *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#else
+  *dst = __ldcs(src);
+#endif
+}
+__device__ __forceinline__ void mmv_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until this thread's copies of every group but the newest are done.
+__device__ __forceinline__ void mmv_cp_wait_prev() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
+// The two staging buffers live in dynamic shared memory (mmv_pipe_bytes, at its start).
+template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() { return 2 * 16 * (size_t)mmv_stage_segs<TYPE>(); }
+template <uint32_t TYPE> struct mmv_pipe {
+  uint4 *stage; // [2][mmv_stage_segs]
+  const uint8_t *rows[2][MMV_ITEMS];
+  const float *x[2];
+  int nr[2];
+  float red[MMV_ITEMS];
+  float res[MMV_ITEMS];
+  float kv[16];
+};
+
+// A job tells the streaming core its groups:
+//   int count(int64_t g)            rows of group g present (0: nothing to compute)
+//   const uint8_t *row(int64_t g, int r)   row r < count(g)
+//   const float *x(int64_t g)       the group's input vector (n floats, 16-byte aligned)
+//   void put(int64_t g, const float *res, int nr)   every thread calls it: res[r], r < nr, ready
+//   static constexpr bool static_rows   rows never written by an earlier kernel (may be fetched
+//                                       before st_dev_griddep_wait)
+
+// Group g's rows and input into buffer b (threads r < mmv_block_rows(n)).
+template <uint32_t TYPE, typename Job>
+__device__ __forceinline__ void mmv_meta(mmv_pipe<TYPE> &sm, const Job &job, int64_t g, int b, int R) {
+  if ((int)threadIdx.x < R) {
+    const int nr = job.count(g);
+    if ((int)threadIdx.x < nr) sm.rows[b][threadIdx.x] = job.row(g, threadIdx.x);
+    if (threadIdx.x == 0) {
+      sm.nr[b] = nr;
+      sm.x[b] = job.x(g);
+    }
+  }
+}
+
+// Starts the copies of buffer b's rows (len bytes each; row r at 16 rs r + its misalignment).
+template <uint32_t TYPE>
+__device__ __forceinline__ void mmv_issue(mmv_pipe<TYPE> &sm, int b, int len, int rs) {
+  constexpr int PER = (mmv_stage_segs<TYPE>() + MMV_THREADS - 1) / MMV_THREADS;
+  const int nr = sm.nr[b];
+#pragma unroll
+  for (int j = 0; j < PER; j++) {
+    const int i = threadIdx.x + MMV_THREADS * j, r = i / rs, sg = i - r * rs;
+    if (r >= nr) continue;
+    const uint8_t *src = sm.rows[b][r];
+    const int a = (int)((uintptr_t)src & 15);
+    const uint8_t *base = src - a;
+    if (16 * sg >= a && 16 * sg + 16 <= a + len) {
+      mmv_cp16(sm.stage + b * mmv_stage_segs<TYPE>() + i, (const uint4 *)base + sg);
+    } else if (16 * sg < a + len && 16 * sg + 16 > a) {
+      uint16_t *dst = (uint16_t *)(sm.stage + b * mmv_stage_segs<TYPE>() + i);
+      for (int k = max(16 * sg, a); k < min(16 * sg + 16, a + len); k += 2) dst[(k - 16 * sg) / 2] = *(const uint16_t *)(base + k);
+    }
+  }
+}
+
+// Runs the job's n_groups groups of rows of n (<= MMV_ITEMS * MMV_CH) weights. Every thread of the
+// block calls it, sm.stage pointing at mmv_pipe_bytes of dynamic shared memory; wait() runs once before the first group is computed (and before the first group's
+// rows are looked up unless Job::static_rows): st_dev_griddep_wait and the kernel's own prologue.
+template <uint32_t TYPE, typename Job, typename Wait>
+__device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, const Job &job, int64_t n_groups, int64_t n, Wait wait) {
+  constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
+  const int S = mmv_slots(n), R = MMV_ITEMS / S, rs = (S * CB + 15) / 16 + 2, len = (int)(n / QK * BS);
+  const int64_t nch = (n + MMV_CH - 1) / MMV_CH;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, my_r = warp / S, my_s = warp % S;
+  int64_t g = blockIdx.x;
+  if (!Job::static_rows) wait();
+  if (g < n_groups) mmv_meta(sm, job, g, 0, R);
+  __syncthreads();
+  if (g < n_groups) mmv_issue(sm, 0, len, rs);
+  mmv_cp_commit();
+  if (Job::static_rows) wait();
+  for (int it = 0; g < n_groups; it++, g += gridDim.x) {
+    const int b = it & 1;
+    const int64_t gn = g + gridDim.x;
+    if (gn < n_groups) mmv_meta(sm, job, gn, b ^ 1, R);
+    __syncthreads(); // the next group's rows are set; every warp is done with buffer b ^ 1
+    if (gn < n_groups) mmv_issue(sm, b ^ 1, len, rs);
+    mmv_cp_commit();
+    mmv_cp_wait_prev();
+    __syncthreads(); // buffer b is complete
+    const int nr = sm.nr[b];
+    float acc[1] = {0.0f};
+    if (my_r < nr && my_s < nch) // warp-uniform
+      mmv_chunk<TYPE, 1>((const uint8_t *)(sm.stage + b * mmv_stage_segs<TYPE>()) + 16 * my_r * rs + ((uintptr_t)sm.rows[b][my_r] & 15) + my_s * CB,
+                         (int)min((int64_t)MMV_CH, n - my_s * MMV_CH), sm.x[b] + my_s * MMV_CH, 0, 1, sm.kv, acc);
+    const float v = st_warp_sum(acc[0]);
+    if (lane == 0) sm.red[warp] = v;
+    __syncthreads();
+    if ((int)threadIdx.x < nr) {
+      float sum = sm.red[threadIdx.x * S];
+      for (int sl = 1; sl < S; sl++) sum += sm.red[threadIdx.x * S + sl];
+      sm.res[threadIdx.x] = sum;
+    }
+    __syncthreads();
+    job.put(g, sm.res, nr);
+  }
+}
+
+// Persistent blocks of `kernel` (MMV_THREADS threads, `smem` dynamic bytes) the device holds at once.
+template <typename K> static int mmv_resident_blocks(K kernel, size_t smem) {
+  int dev = 0, sms = 0, per = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MMV_THREADS, smem) != cudaSuccess || per < 1) {
+    cudaGetLastError();
+    return 132;
+  }
+  return sms * per;
 }
 
 // Registers: 64 for a single token (4 blocks, 32 warps per SM), 128 for a batch.
