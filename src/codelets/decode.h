@@ -98,6 +98,8 @@ struct st_decode_ctx {
   int pos;                             /* the step's position (set before submission) */
   struct st_decode_dev dev;
   int graph_key0;                      /* first CUDA graph key of the decode tasks */
+  int *smem_set;                       /* per engine, 0 at start: the CUDA side has set its kernels'
+                                          shared-memory attributes (StarPU resets the devices at shutdown) */
 };
 
 /* Phases of lane work items, in the order a layer runs them. */

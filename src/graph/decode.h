@@ -42,6 +42,7 @@ struct st_decode {
   char *names;                      /* task names (StarPU keeps the pointers) */
   const char **layer_names, **experts_names, **lane_names; /* [n_layer + 1], [n_layer], [(n_layer + 1) * n_lanes] */
   uint64_t tasks_last;              /* tasks of the last step */
+  int smem_set;                     /* ctx.smem_set's home */
 };
 
 /* Whether the engine's configuration runs decode steps through this path, and why not (`why`:

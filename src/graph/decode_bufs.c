@@ -198,6 +198,7 @@ int st_decode_init(struct st_engine *e) {
   c->rows_head = 512;
   c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16;
   c->graph_key0 = st_engine_graph_keys_used(e);
+  c->smem_set = &d->smem_set;
 
   d->layers = calloc((size_t)L, sizeof *d->layers);
   d->expert_src = malloc(sizeof(void *) * (size_t)L * E * 3);

@@ -129,7 +129,8 @@ void st_cuda_graph_stats(struct st_cuda_graph_stats *out);
 size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd);
 
 /* Whether the mat-vec kernels of mmv.cuh (and so the decode step's GPU kernels) take rows of n
- * weights of `type`, row_bytes apart: a type they specialise on, whole blocks, aligned rows. */
+ * weights of `type`, row_bytes apart: a type they specialise on, whole blocks, aligned rows, and
+ * staging buffers that fit the current device's shared memory. */
 int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n);
 
 /* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
 }
 
 // Up to three matrices of one type times the same vector in one launch: the row groups of segment
-// 0, then those of segment 1, ... (mmv_block_rows(n) rows each).
+// 0, then those of segment 1, ... (mmv_stream_rows(n) rows each).
 struct dk_seg {
   const uint8_t *W;
   uint64_t row_bytes;
@@ -77,7 +77,7 @@ struct dk_segs {
 };
 
 struct mv_job {
-  static constexpr bool static_rows = true;
+  static constexpr bool static_rows = true, x_shared = false;
   const dk_segs *g;
   const float *xv;
   int R;
@@ -105,11 +105,10 @@ template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int64_t n_groups, const float *x, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
-  sm.stage = dyn_smem;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  const mv_job job = {&g, x, mmv_block_rows(n)};
-  mmv_stream(sm, job, n_groups, n, [] { st_dev_griddep_wait(); });
+  const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); });
 }
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
@@ -117,7 +116,7 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int64_t n
 // last block to finish (*counter, reset by it) runs softmax and top-k into route. Dynamic shared
 // memory: the staging buffers, then d + E floats.
 struct router_job {
-  static constexpr bool static_rows = true;
+  static constexpr bool static_rows = true, x_shared = true;
   const uint8_t *W;
   uint64_t row_bytes;
   int E, R;
@@ -140,12 +139,11 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   __shared__ mmv_pipe<TYPE> sm;
   __shared__ float red[32];
   __shared__ int last;
-  sm.stage = dyn_smem;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  const int R = mmv_block_rows(d);
+  const int R = mmv_stream_rows<TYPE>(d);
   const router_job job = {W, row_bytes, E, R, xs, logits};
-  mmv_stream(sm, job, (E + R - 1) / R, d, [&] {
+  mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
     st_dev_griddep_wait();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -183,9 +181,9 @@ __device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const u
 
 // act[j][r] = silu(gate_r x) * up_r x for the ff rows of every routing slot j whose pair is in this
 // card's cache (swiglu's float operations). A group is (slot j, H rows): its first H rows from
-// gate, its last H from up (H = mmv_block_rows(n) / 2; rows past ff repeat the last one).
+// gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one).
 struct gateup_job {
-  static constexpr bool static_rows = false;
+  static constexpr bool static_rows = false, x_shared = false;
   const st_route *route;
   const uint8_t *const *slot_ptr;
   int n_expert, ff, H;
@@ -213,16 +211,15 @@ template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job job, int64_t n_groups, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
-  sm.stage = dyn_smem;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  mmv_stream(sm, job, n_groups, n, [] { st_dev_griddep_wait(); });
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); });
 }
 
 // out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
 // card's cache (the grouped kernel's scaling). A group is (slot j, R rows).
 struct down_job {
-  static constexpr bool static_rows = false;
+  static constexpr bool static_rows = false, x_shared = false;
   const st_route *route;
   const uint8_t *const *slot_ptr;
   int n_expert, d, R;
@@ -247,10 +244,9 @@ template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_down(const __grid_constant__ down_job job, int64_t n_groups, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
-  sm.stage = dyn_smem;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  mmv_stream(sm, job, n_groups, n, [] { st_dev_griddep_wait(); });
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); });
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -265,18 +261,20 @@ struct mv_part {
 
 // out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type.
 void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st) {
-  const int R = mmv_block_rows(n);
   for (int i = 0; i < n_parts;) {
-    dk_segs g = {};
-    int64_t groups = 0;
+    const int i0 = i;
     const uint32_t type = parts[i].type;
-    for (; i < n_parts && g.n < 3 && parts[i].type == type; i++, g.n++) {
-      g.s[g.n] = dk_seg{(const uint8_t *)parts[i].W, parts[i].row_bytes, parts[i].rows, parts[i].out,
-                        (parts[i].rows + R - 1) / R};
-      groups += g.s[g.n].groups;
-    }
+    while (i < n_parts && i - i0 < 3 && parts[i].type == type) i++;
     mmv_dispatch(type, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
+      const int R = mmv_stream_rows<TY>(n);
+      dk_segs g = {};
+      int64_t groups = 0;
+      for (int p = i0; p < i; p++, g.n++) {
+        g.s[g.n] = dk_seg{(const uint8_t *)parts[p].W, parts[p].row_bytes, parts[p].rows, parts[p].out,
+                          (parts[p].rows + R - 1) / R};
+        groups += g.s[g.n].groups;
+      }
       auto kernel = dk_mv<TY>;
       static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
       st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
@@ -286,13 +284,12 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
 }
 
 // Lets every decode kernel of every format take the dynamic shared memory it asks for (the float
-// formats' staging buffers pass the default 48 KiB), once per device and before any capture.
-void allow_smem(int n_embd, int n_expert) {
-  static int done[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return (void)cudaGetLastError();
-  if (done[dev]) return;
-  done[dev] = 1;
+// formats' staging buffers pass the default 48 KiB): once per engine (a device reset at StarPU's
+// shutdown forgets the attributes), on the primary GPU's worker thread, before any capture.
+void allow_smem(const st_decode_ctx *c) {
+  if (*c->smem_set) return;
+  *c->smem_set = 1;
+  const int n_embd = c->n_embd, n_expert = c->n_expert;
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
@@ -331,24 +328,23 @@ void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
   const int k = c->k, d = c->n_embd, ff = c->n_ff;
   const st_route *route = D.route + (size_t)l * k;
   const uint8_t *const *slots = D.slot_ptr + (size_t)l * c->n_expert;
-  const int Rg = mmv_block_rows(d), H = Rg >= 2 ? Rg / 2 : 1;
-  if (Rg < 2) return; // st_cuda_mmv_takes refuses such rows for the decode step (gpu_layouts_ok)
-  const int64_t per_g = (ff + H - 1) / H;
-  const gateup_job gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in, D.act};
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
+    const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
+    const int64_t per_g = (ff + H - 1) / H;
+    const gateup_job gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in, D.act};
     auto kernel = dk_gateup<TY>;
     static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
     const int64_t groups = per_g * k;
     st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
                    pdl, gj, groups, (int64_t)d);
   });
-  const int Rd = mmv_block_rows(ff);
-  const int64_t per_d = (d + Rd - 1) / Rd;
-  const down_job dj = {route, slots, c->n_expert, d, Rd, per_d, ff, L->gate_bytes + L->up_bytes, L->down_d.row_bytes,
-                       D.act, D.gpu_out};
   mmv_dispatch(L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
+    const int Rd = mmv_stream_rows<TY>(ff);
+    const int64_t per_d = (d + Rd - 1) / Rd;
+    const down_job dj = {route, slots, c->n_expert, d, Rd, per_d, ff, L->gate_bytes + L->up_bytes, L->down_d.row_bytes,
+                         D.act, D.gpu_out};
     auto kernel = dk_down<TY>;
     static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
     const int64_t groups = per_d * k;
@@ -385,9 +381,9 @@ void layer_body(const void *args, cudaStream_t st) {
   st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, g->n_chunks, D.part, D.counters, D.attn, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
-  const int Rr = mmv_block_rows(d);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
+    const int Rr = mmv_stream_rows<TY>(d);
     auto kernel = dk_router<TY>;
     const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * ((size_t)d + (size_t)E);
     st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
@@ -450,7 +446,7 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   const st_decode_ctx *c = a->ctx;
   const st_decode_dev &D = c->dev;
   cudaStream_t st = starpu_cuda_get_local_stream();
-  allow_smem(c->n_embd, c->n_expert);
+  allow_smem(c);
   sig_hash sig;
   if (a->layer == c->n_layer) {
     head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
@@ -510,7 +506,7 @@ void decode_experts_cuda(void *buffers[], void *cl_arg) {
   (void)buffers;
   const double t0 = st_cuda_now_ns();
   const st_decode_experts_args *a = (const st_decode_experts_args *)cl_arg;
-  allow_smem(a->ctx->n_embd, a->ctx->n_expert);
+  allow_smem(a->ctx);
   experts_graph g = {a->ctx, a->layer};
   st_cuda_graph_replay(starpu_cuda_get_local_stream(), key_of(a->ctx, a->layer, 1), 1, experts_graph_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());
@@ -541,7 +537,12 @@ extern "C" int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n) {
   bool ok = false;
   mmv_dispatch(type, [&](auto ty) {
     constexpr uint32_t T = decltype(ty)::value;
-    ok = n % mmv_format<T>::QK == 0 && row_bytes % mmv_format<T>::ALIGN == 0;
+    int dev = 0, smem = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      cudaGetLastError();
+    ok = n % mmv_format<T>::QK == 0 && row_bytes % mmv_format<T>::ALIGN == 0 &&
+         mmv_pipe_bytes<T>() + sizeof(float) * (4096 + 1024) <= (size_t)smem;
   });
   return ok;
 }

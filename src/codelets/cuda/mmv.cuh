@@ -551,27 +551,38 @@ __device__ __forceinline__ void mmv_cp_wait_prev() {
 #endif
 }
 
-// The two staging buffers live in dynamic shared memory (mmv_pipe_bytes, at its start).
-template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() { return 2 * 16 * (size_t)mmv_stage_segs<TYPE>(); }
+// Rows a warp takes in the streaming core: two for the packed formats (they share every activation
+// load and the block's fixed costs), one for the float formats (their bytes fill the buffers).
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_nr() { return mmv_format<TYPE>::BS < 2 * mmv_format<TYPE>::QK ? 2 : 1; }
+// Rows of a streaming group for rows of n weights.
+template <uint32_t TYPE> __host__ __device__ __forceinline__ int mmv_stream_rows(int64_t n) {
+  return mmv_stream_nr<TYPE>() * mmv_block_rows(n);
+}
+// Segments of one staging buffer, and the dynamic shared memory of the two (at its start).
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_segs() {
+  return mmv_stream_nr<TYPE>() * mmv_stage_segs<TYPE>();
+}
+template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() { return 2 * 16 * (size_t)mmv_stream_segs<TYPE>(); }
+
 template <uint32_t TYPE> struct mmv_pipe {
-  uint4 *stage; // [2][mmv_stage_segs]
-  const uint8_t *rows[2][MMV_ITEMS];
+  const uint8_t *rows[2][2 * MMV_ITEMS];
   const float *x[2];
   int nr[2];
-  float red[MMV_ITEMS];
-  float res[MMV_ITEMS];
+  float red[2 * MMV_ITEMS];
+  float res[2 * MMV_ITEMS];
   float kv[16];
 };
 
-// A job tells the streaming core its groups:
+// A job tells the streaming core its groups (mmv_stream_rows(n) rows each at most):
 //   int count(int64_t g)            rows of group g present (0: nothing to compute)
 //   const uint8_t *row(int64_t g, int r)   row r < count(g)
 //   const float *x(int64_t g)       the group's input vector (n floats, 16-byte aligned)
 //   void put(int64_t g, const float *res, int nr)   every thread calls it: res[r], r < nr, ready
 //   static constexpr bool static_rows   rows never written by an earlier kernel (may be fetched
 //                                       before st_dev_griddep_wait)
+//   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
 
-// Group g's rows and input into buffer b (threads r < mmv_block_rows(n)).
+// Group g's rows and input into buffer b (threads r < R).
 template <uint32_t TYPE, typename Job>
 __device__ __forceinline__ void mmv_meta(mmv_pipe<TYPE> &sm, const Job &job, int64_t g, int b, int R) {
   if ((int)threadIdx.x < R) {
@@ -584,41 +595,92 @@ __device__ __forceinline__ void mmv_meta(mmv_pipe<TYPE> &sm, const Job &job, int
   }
 }
 
-// Starts the copies of buffer b's rows (len bytes each; row r at 16 rs r + its misalignment).
-template <uint32_t TYPE>
-__device__ __forceinline__ void mmv_issue(mmv_pipe<TYPE> &sm, int b, int len, int rs) {
-  constexpr int PER = (mmv_stage_segs<TYPE>() + MMV_THREADS - 1) / MMV_THREADS;
+// This thread's staging segments: segment j of the thread is (row seg_r[j], segment seg_s[j]) of
+// the buffer, rows rs segments apart; seg_r is R or more when the thread has no j-th segment.
+template <int PER> struct mmv_segmap {
+  int r[PER], s[PER];
+};
+
+// Starts the copies of buffer `stage`'s rows (len bytes each; row r at 16 rs r + its misalignment).
+template <uint32_t TYPE, int PER>
+__device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage, int b, int len, int rs,
+                                          const mmv_segmap<PER> &map) {
   const int nr = sm.nr[b];
 #pragma unroll
   for (int j = 0; j < PER; j++) {
-    const int i = threadIdx.x + MMV_THREADS * j, r = i / rs, sg = i - r * rs;
+    const int r = map.r[j], sg = map.s[j];
     if (r >= nr) continue;
     const uint8_t *src = sm.rows[b][r];
     const int a = (int)((uintptr_t)src & 15);
     const uint8_t *base = src - a;
+    uint4 *dst = stage + r * rs + sg;
     if (16 * sg >= a && 16 * sg + 16 <= a + len) {
-      mmv_cp16(sm.stage + b * mmv_stage_segs<TYPE>() + i, (const uint4 *)base + sg);
+      mmv_cp16(dst, (const uint4 *)base + sg);
     } else if (16 * sg < a + len && 16 * sg + 16 > a) {
-      uint16_t *dst = (uint16_t *)(sm.stage + b * mmv_stage_segs<TYPE>() + i);
-      for (int k = max(16 * sg, a); k < min(16 * sg + 16, a + len); k += 2) dst[(k - 16 * sg) / 2] = *(const uint16_t *)(base + k);
+      uint16_t *d16 = (uint16_t *)dst;
+      for (int k = max(16 * sg, a); k < min(16 * sg + 16, a + len); k += 2) d16[(k - 16 * sg) / 2] = *(const uint16_t *)(base + k);
+    }
+  }
+}
+
+// mmv_chunk for NR rows sharing the activation loads, one token (the same chain per row).
+template <uint32_t TYPE, int NR, bool XS>
+__device__ __forceinline__ void mmv_chunk_rows(const uint8_t *const (&ch)[NR], int nw, const float *xc, const float *kv,
+                                               float (&acc)[NR]) {
+  const int lane = threadIdx.x & 31;
+  float s0[NR], s1[NR];
+#pragma unroll
+  for (int q = 0; q < NR; q++) {
+    s0[q] = s1[q] = 0.0f;
+    if (32 * lane < nw) mmv_scales<TYPE>(ch[q], lane, s0[q], s1[q]);
+  }
+#pragma unroll
+  for (int k = 0; k < MMV_CH / 128; k++) {
+    const int o = 128 * k + 4 * lane, sb = 4 * k + (lane >> 3);
+    float a0[NR], a1[NR];
+#pragma unroll
+    for (int q = 0; q < NR; q++) {
+      a0[q] = __shfl_sync(0xffffffffu, s0[q], sb);
+      a1[q] = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1[q], sb) : 0.0f;
+    }
+    if (o < nw) {
+      const float4 v = XS ? *(const float4 *)(xc + o) : __ldg((const float4 *)(xc + o));
+#pragma unroll
+      for (int q = 0; q < NR; q++) {
+        float w[4];
+        mmv_weights4<TYPE>(ch[q], o, a0[q], a1[q], kv, w);
+        acc[q] = fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc[q]))));
+      }
     }
   }
 }
 
 // Runs the job's n_groups groups of rows of n (<= MMV_ITEMS * MMV_CH) weights. Every thread of the
-// block calls it, sm.stage pointing at mmv_pipe_bytes of dynamic shared memory; wait() runs once before the first group is computed (and before the first group's
-// rows are looked up unless Job::static_rows): st_dev_griddep_wait and the kernel's own prologue.
+// block calls it; stage: mmv_pipe_bytes of dynamic shared memory. wait() runs once before the first
+// group is computed (and before the first group's rows are looked up unless Job::static_rows):
+// st_dev_griddep_wait and the kernel's own prologue.
 template <uint32_t TYPE, typename Job, typename Wait>
-__device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, const Job &job, int64_t n_groups, int64_t n, Wait wait) {
+__device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, const Job &job, int64_t n_groups, int64_t n,
+                                           Wait wait) {
   constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
-  const int S = mmv_slots(n), R = MMV_ITEMS / S, rs = (S * CB + 15) / 16 + 2, len = (int)(n / QK * BS);
+  constexpr int NR = mmv_stream_nr<TYPE>(), SEGS = mmv_stream_segs<TYPE>();
+  constexpr int PER = (SEGS + MMV_THREADS - 1) / MMV_THREADS;
+  const int S = mmv_slots(n), R = NR * (MMV_ITEMS / S), rs = (S * CB + 15) / 16 + 2, len = (int)(n / QK * BS);
   const int64_t nch = (n + MMV_CH - 1) / MMV_CH;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, my_r = warp / S, my_s = warp % S;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, my_r = NR * (warp / S), my_s = warp % S;
+  mmv_segmap<PER> map;
+#pragma unroll
+  for (int j = 0; j < PER; j++) {
+    const int i = threadIdx.x + MMV_THREADS * j;
+    map.r[j] = i / rs;
+    map.s[j] = i - map.r[j] * rs;
+    if (map.r[j] >= R) map.r[j] = 2 * MMV_ITEMS; // never a row
+  }
   int64_t g = blockIdx.x;
   if (!Job::static_rows) wait();
   if (g < n_groups) mmv_meta(sm, job, g, 0, R);
   __syncthreads();
-  if (g < n_groups) mmv_issue(sm, 0, len, rs);
+  if (g < n_groups) mmv_issue(sm, stage, 0, len, rs, map);
   mmv_cp_commit();
   if (Job::static_rows) wait();
   for (int it = 0; g < n_groups; it++, g += gridDim.x) {
@@ -626,21 +688,34 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, const Job &job, i
     const int64_t gn = g + gridDim.x;
     if (gn < n_groups) mmv_meta(sm, job, gn, b ^ 1, R);
     __syncthreads(); // the next group's rows are set; every warp is done with buffer b ^ 1
-    if (gn < n_groups) mmv_issue(sm, b ^ 1, len, rs);
+    if (gn < n_groups) mmv_issue(sm, stage + (b ^ 1) * SEGS, b ^ 1, len, rs, map);
     mmv_cp_commit();
     mmv_cp_wait_prev();
     __syncthreads(); // buffer b is complete
     const int nr = sm.nr[b];
-    float acc[1] = {0.0f};
-    if (my_r < nr && my_s < nch) // warp-uniform
-      mmv_chunk<TYPE, 1>((const uint8_t *)(sm.stage + b * mmv_stage_segs<TYPE>()) + 16 * my_r * rs + ((uintptr_t)sm.rows[b][my_r] & 15) + my_s * CB,
-                         (int)min((int64_t)MMV_CH, n - my_s * MMV_CH), sm.x[b] + my_s * MMV_CH, 0, 1, sm.kv, acc);
-    const float v = st_warp_sum(acc[0]);
-    if (lane == 0) sm.red[warp] = v;
+    float acc[NR];
+#pragma unroll
+    for (int q = 0; q < NR; q++) acc[q] = 0.0f;
+    if (my_r < nr && my_s < nch) { // warp-uniform; a second row past nr repeats the first, unused
+      const uint8_t *ch[NR];
+#pragma unroll
+      for (int q = 0; q < NR; q++) {
+        const int r = my_r + q < nr ? my_r + q : my_r;
+        ch[q] = (const uint8_t *)(stage + b * SEGS + r * rs) + ((uintptr_t)sm.rows[b][r] & 15) + my_s * CB;
+      }
+      mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, (int)min((int64_t)MMV_CH, n - my_s * MMV_CH), sm.x[b] + my_s * MMV_CH,
+                                              sm.kv, acc);
+    }
+#pragma unroll
+    for (int q = 0; q < NR; q++) {
+      const float v = st_warp_sum(acc[q]);
+      if (lane == 0) sm.red[(warp / S) * NR * S + q * S + my_s] = v;
+    }
     __syncthreads();
     if ((int)threadIdx.x < nr) {
-      float sum = sm.red[threadIdx.x * S];
-      for (int sl = 1; sl < S; sl++) sum += sm.red[threadIdx.x * S + sl];
+      const float *rr = sm.red + threadIdx.x * S;
+      float sum = rr[0];
+      for (int sl = 1; sl < S; sl++) sum += rr[sl];
       sm.res[threadIdx.x] = sum;
     }
     __syncthreads();
