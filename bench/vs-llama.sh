@@ -18,7 +18,8 @@
 # Environment: W work folder (default /tmp/vs-llama), R repetitions (3), NCMOE llama.cpp's
 # -ncmoe for the 24 GB class (17), GPU_MEM strata's --gpu-mem for it in GiB (default: llama.cpp's
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
-# default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0).
+# default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
+# QUICK=1 decode rows only at depth 0 (no prompt rows; llama.cpp with -t 16 only), for a short lease.
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=$root/carry
@@ -100,11 +101,13 @@ strata_phase() {
   local gm=${GPU_MEM:-}
   if [ -z "$gm" ] && [ -f "$W/llama-24gb.peak" ]; then gm=$(awk '{ printf "%.2f", $1 / 1024 }' "$W/llama-24gb.peak"); fi
   gm=${gm:-20.2}
+  local pg=4096 pc=128 dd=0,4096
+  [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=0
   for row in $ROWS; do
     case $row in
-      gpu) sbench gpu --prompt 4096 --decode 128 --expert-profile "$profile" --expert-cache auto ;;
-      24gb) sbench 24gb --prompt 4096 --decode 64 --depth 0,4096 --expert-profile "$profile" --expert-cache auto --gpu-mem "$gm" ;;
-      cpu) STARPU_NCUDA=0 sbench cpu --prompt 128 --decode 32 ;;
+      gpu) sbench gpu --prompt $pg --decode 128 --expert-profile "$profile" --expert-cache auto ;;
+      24gb) sbench 24gb --prompt $pg --decode 64 --depth $dd --expert-profile "$profile" --expert-cache auto --gpu-mem "$gm" ;;
+      cpu) STARPU_NCUDA=0 sbench cpu --prompt $pc --decode 32 ;;
       deep) R=1 sbench deep -c 32832 --prompt 0 --decode 64 --depth 0,32768 --expert-profile "$profile" --expert-cache auto ;;
     esac
   done
@@ -125,11 +128,13 @@ llama_phase() {
     sleep 5; waited=$((waited + 5))
   done
   [ -x "$LB" ] || { echo "llama-bench is not built (waited $waited s): $(tail -n 3 "$W/llama-build.log")"; return 1; }
+  local pg=4096 pc=128 dd=0,4096 th=8,16
+  [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=0 th=16
   for row in $ROWS; do
     case $row in
-      gpu) lbench gpu -ngl 99 -p 4096 -n 128 ;;
-      24gb) lbench 24gb -ngl 99 -ncmoe "$NCMOE" -t 8,16 -p 4096 -n 64 -d 0,4096 ;;
-      cpu) lbench cpu -dev none -t 8,16 -p 128 -n 32 ;;
+      gpu) lbench gpu -ngl 99 -p $pg -n 128 ;;
+      24gb) lbench 24gb -ngl 99 -ncmoe "$NCMOE" -t $th -p $pg -n 64 -d $dd ;;
+      cpu) lbench cpu -dev none -t $th -p $pc -n 32 ;;
       deep) R=1 lbench deep -ngl 99 -p 0 -n 64 -d 32768 ;;
     esac
   done

@@ -7,7 +7,7 @@
 #     (cache off and full, eager), and the fixture comparisons on CUDA0 (test_forward_ref);
 #  3. speed on the qwen3-30b-a3b preset (Q8_0, 48 layers; ROWS: gpu = every expert cached, 24gb =
 #     --gpu-mem GPU_MEM, cpu = STARPU_NCUDA=0): strata bench, decode step and (gpu) per-task path.
-# gpu also runs the decode step with STRATA_PDL=0 and (PERTASK=1, the default) the per-task path.
+# gpu also runs the decode step with STRATA_PDL=1 (PDL=1, the default) and (PERTASK=1, the default) the per-task path.
 # Environment: STEPS (which of 1 2 3, default all), ROWS (default "gpu 24gb cpu"), GPU_MEM (21.55),
 # W work folder (/tmp/gpu-step), DECODE tokens per bench run (64), R repetitions (3).
 # Prints a table last.
@@ -97,7 +97,7 @@ print("per token: %.0f us, in the step %.0f (submitting %.0f, waiting %.0f), out
     case $row in
       gpu)
         bench gpu-step STRATA_DECODE_GRAPH=1 -- "${cache[@]}"
-        bench gpu-step-nopdl STRATA_DECODE_GRAPH=1 STRATA_PDL=0 -- "${cache[@]}"
+        [ "${PDL:-1}" = 1 ] && bench gpu-step-pdl STRATA_DECODE_GRAPH=1 STRATA_PDL=1 -- "${cache[@]}"
         [ "${PERTASK:-1}" = 1 ] && bench gpu-pertask STRATA_DECODE_GRAPH=0 -- "${cache[@]}" ;;
       24gb) TMO=200 bench 24gb STRATA_DECODE_GRAPH=1 -- "${cache[@]}" --gpu-mem "${GPU_MEM:-21.55}" ;;
       cpu) bench cpu STARPU_NCUDA=0 -- ;;

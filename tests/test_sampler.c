@@ -3,6 +3,7 @@
  * a tiny top-p keeps only the best id; the same seed gives the same draws. */
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "graph/sampler.h"
@@ -18,6 +19,35 @@ int main(void) {
   int32_t g = st_sampler_sample(&s, logits, N);
   printf("%s greedy: %d (want 123)\n", g == 123 ? "PASS" : "FAIL", g);
   g == 123 ? pass++ : fail++;
+
+  /* st_argmax (interleaved maxima) against one sequential scan: random logits with many ties (values
+   * in steps of 1/8), lengths 0..67 and 151,680, a NaN first or inside, -inf everywhere */
+  {
+    enum { V = 151680 };
+    float *v = malloc(sizeof(float) * V);
+    int same = 0, tried = 0;
+    uint64_t r = 12345;
+    for (int round = 0; round < 200 && v; round++) {
+      const int n = round < 68 ? round : round < 190 ? 68 + (round * 977) % 4000 : V;
+      for (int i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (float)((r >> 33) % 40) / 8.0f;
+      }
+      if (round == 100 && n > 0) v[0] = NAN;
+      if (round == 101 && n > 5) v[5] = NAN;
+      if (round == 102)
+        for (int i = 0; i < n; i++) v[i] = -INFINITY;
+      int32_t want = 0;
+      for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[want]) want = i;
+      same += st_argmax(v, n) == want;
+      tried++;
+    }
+    free(v);
+    printf("%s st_argmax equals a sequential first-max scan on %d of %d vectors (ties, NaN, -inf, 0..151680 long)\n",
+           same == tried && tried == 200 ? "PASS" : "FAIL", same, tried);
+    same == tried && tried == 200 ? pass++ : fail++;
+  }
 
   st_sampler_init(&s, 0.7f, 3, 1.0f, 5);
   int counts[N] = {0}, outside = 0;

@@ -68,7 +68,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
-  if (!rc) rc = env_long("STRATA_PDL", 0, 1, 1, &c->pdl);
+  if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
 }

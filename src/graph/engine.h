@@ -111,7 +111,7 @@ struct st_engine {
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
   int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
-  int pdl;                 /* STRATA_PDL: the decode step's kernels as programmatic dependent launches (default 1) */
+  int pdl;                 /* STRATA_PDL: the decode step's kernels as programmatic dependent launches (default 0) */
   struct st_decode *dec;   /* the decode step's buffers and handles (graph/decode.h), or NULL: the
                               per-task path of this file decodes */
 };
