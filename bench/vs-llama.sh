@@ -9,7 +9,8 @@
 #   carry/llama-src.tar.xz; scripts/gather-libs puts strata and its libraries into carry/.
 # There (the GPU host, repository root):   bench/vs-llama.sh [PHASE ...]
 #   build   start building llama-bench (CUDA for sm_90, CPU backend native) in the background
-#           (setsid; about 5 minutes with 15 jobs); its log is $W/llama-build.log
+#           (setsid; about 5 minutes with 15 jobs); its log is $W/llama-build.log. Only untimed work
+#           (model, checks) may overlap it: the strata and llama phases wait for it to finish
 #   model   strata mkmodel --preset qwen3-30b-a3b --type q8_0 and strata profile over ~440 tokens
 #   strata  strata bench rows (JSON into $W/strata-*.json)
 #   llama   wait for the build, then llama-bench rows (JSON into $W/llama-*.json)
@@ -97,7 +98,20 @@ sbench() { # name, then strata bench arguments
   grep -E '"test"' "$W/strata-$name.json" | sed 's/, "entries_cpu.*"tasks_per_token"/ ... "tasks_per_token"/' | head -n 6
 }
 
+# Waits (up to 520 s) while a build started by `build` is still compiling: no timed row may share
+# the CPU with it (on 2026-12-02 a compile on 15 of the 16 cores cut strata's decode with every
+# expert on the GPU from 196 to 59 tok/s and its 24 GB row from 69 to 5 tok/s).
+wait_build() {
+  local waited=0
+  [ -f "$W/llama-build.log" ] || return 0
+  while [ ! -x "$LB" ] && ! grep -q "BUILD-DONE\|Error\|error:" "$W/llama-build.log" 2>/dev/null && [ $waited -lt 520 ]; do
+    sleep 5; waited=$((waited + 5))
+  done
+  echo "waited $waited s for the llama.cpp build"
+}
+
 strata_phase() {
+  wait_build
   local gm=${GPU_MEM:-}
   if [ -z "$gm" ] && [ -f "$W/llama-24gb.peak" ]; then gm=$(awk '{ printf "%.2f", $1 / 1024 }' "$W/llama-24gb.peak"); fi
   gm=${gm:-20.2}
@@ -123,11 +137,8 @@ lbench() { # name, then llama-bench arguments
 }
 
 llama_phase() {
-  local waited=0
-  while [ ! -x "$LB" ] && ! grep -q "BUILD-DONE\|Error\|error:" "$W/llama-build.log" 2>/dev/null && [ $waited -lt 520 ]; do
-    sleep 5; waited=$((waited + 5))
-  done
-  [ -x "$LB" ] || { echo "llama-bench is not built (waited $waited s): $(tail -n 3 "$W/llama-build.log")"; return 1; }
+  wait_build
+  [ -x "$LB" ] || { echo "llama-bench is not built: $(tail -n 3 "$W/llama-build.log")"; return 1; }
   local pg=4096 pc=128 dd=0,4096 th=8,16
   [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=0 th=16
   for row in $ROWS; do
