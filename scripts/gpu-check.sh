@@ -16,7 +16,7 @@ M=$C/fixtures/models
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 rows=()
-FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
+STRATA_FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
 rows+=("fixture comparisons (tiny BF16, tiny Q8_0, small Q4_K_M) on CUDA0, cache off/half/full: $(tail -n 1 "$out/forward_ref.log") (exit $?)")
 grep -E "^(FAIL|SKIP)" "$out/forward_ref.log" | head -n 20
 
@@ -79,7 +79,7 @@ fi
 # chunk) with every expert cached, twice with cuBLAS: bitwise-identical logits; the same with
 # STRATA_CUBLAS=0 (differs by rounding); on two GPUs, the experts on a helper card instead of CUDA0.
 for cb in 0 1; do
-  STRATA_CUBLAS=$cb FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" small > "$out/forward_ref_cublas$cb.log" 2>&1
+  STRATA_CUBLAS=$cb STRATA_FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" small > "$out/forward_ref_cublas$cb.log" 2>&1
   st=$?
   rows+=("small Q4_K_M fixture, STRATA_CUBLAS=$cb: $(tail -n 1 "$out/forward_ref_cublas$cb.log") (exit $st)")
   grep -E "^FAIL" "$out/forward_ref_cublas$cb.log" | head -n 10

@@ -35,7 +35,7 @@ for mf in $MODELS; do
   [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && r=PASS || r="FAIL ($a / $b / $c)"
   add "$mf: greedy ids, decode step (lws, dmda) vs per-task path, half cached: $r"
 done
-FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
+STRATA_FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
 add "fixture comparisons on CUDA0 (test_forward_ref): $(tail -n 1 "$out/forward_ref.log")"
 grep -E "^(FAIL)" "$out/forward_ref.log" | head -n 10
 tail -n 5 "$out/gen.err"

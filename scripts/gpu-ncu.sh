@@ -11,7 +11,7 @@ W=${W:-/tmp/gpu-step}
 out=${OUT:-$W}
 mkdir -p "$W" "$out"
 if [ "${FWD:-1}" = 1 ]; then
-  FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
+  STRATA_FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
   echo "test_forward_ref: exit $?: $(tail -n 1 "$out/forward_ref.log")"
   grep -iE "^FAIL|error|abort" "$out/forward_ref.log" | head -n 8
 fi

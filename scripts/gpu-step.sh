@@ -52,7 +52,7 @@ if has 2; then
       add "$mf, cache $cache: decode step vs per-task path, 300 steps, logits bitwise: $r"
     done
   done
-  FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
+  STRATA_FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
   add "fixture comparisons on CUDA0 (test_forward_ref): $(tail -n 1 "$out/forward_ref.log")"
   grep -E "^FAIL" "$out/forward_ref.log" | head -n 10
 fi

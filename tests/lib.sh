@@ -1,5 +1,28 @@
-# Shared by the shell tests: PASS/FAIL counters and expect_error. Source it after setting $tmp.
+# Shared by the shell tests: PASS/FAIL counters, expect_error, the test models and the external
+# references. Source it after setting $tmp.
 pass=0; fail=0
+: "${STRATA:=./strata}" "${STRATA_FIXTURES:=../shared/fixtures}"
+
+# test_model NAME [MKMODEL-ARGS...]: prints the path of a model `strata mkmodel` makes once per
+# build (random weights, the Qwen3 tokenizer the build installs) in $STRATA_TEST_MODELS (default
+# tests/models); written under a temporary name and renamed, so parallel tests never read half a
+# file. Default arguments: --preset tiny.
+test_model() {
+  _n=$1; shift
+  _d=${STRATA_TEST_MODELS:-tests/models}
+  mkdir -p "$_d"
+  _f="$_d/$_n.gguf"
+  if [ ! -s "$_f" ]; then
+    [ $# -gt 0 ] || set -- --preset tiny
+    "$STRATA" mkmodel -q -o "$_f.$$.tmp" "$@" >/dev/null 2>"$_d/$_n.err" && mv "$_f.$$.tmp" "$_f"       || { echo "test_model $_n: strata mkmodel $*: $(cat "$_d/$_n.err")" >&2; rm -f "$_f.$$.tmp"; }
+  fi
+  echo "$_f"
+}
+
+# have_fixtures: whether the external references (../shared/fixtures, or $STRATA_FIXTURES) are
+# there; the comparisons with them are skipped, and said to be, when not.
+have_fixtures() { [ -d "$STRATA_FIXTURES/models" ]; }
+skip() { echo "SKIP $1"; }
 ok()  { echo "PASS $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,4 +136,15 @@ double ref_sigma(const float *v, int n) {
   m /= n;
   for (int i = 0; i < n; i++) s += (v[i] - m) * (v[i] - m);
   return sqrt(s / n);
+}
+
+const char *ref_fixtures(const char *what) {
+  const char *f = getenv("STRATA_FIXTURES");
+  if (!f || !*f) f = "../shared/fixtures";
+  char models[4096];
+  struct stat st;
+  snprintf(models, sizeof models, "%s/models", f);
+  if (stat(models, &st) == 0 && S_ISDIR(st.st_mode)) return f;
+  printf("SKIP %s: no %s (set STRATA_FIXTURES)\n", what, models);
+  return NULL;
 }

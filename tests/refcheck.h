@@ -28,6 +28,11 @@ struct ref_file {
   double tol_mean_over_sigma, tol_top1_01, tol_top1_025, tol_f32_max_abs, tol_routing;
 };
 
+/* The external references' folder: $STRATA_FIXTURES, else ../shared/fixtures (relative to the
+ * directory the tests run in); NULL when it has no models/ folder, after printing one line
+ * "SKIP <what>: no <folder> (set STRATA_FIXTURES)". */
+const char *ref_fixtures(const char *what);
+
 /* Loads dir/json_name and the logits files it names. 0 or -1 with a message on stderr. */
 int ref_load(const char *dir, const char *json_name, struct ref_file *r);
 void ref_free(struct ref_file *r);

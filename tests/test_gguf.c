@@ -109,7 +109,7 @@ static void expect_bad(const char *case_name, struct buf *b, int code, const cha
 /* ---- fixtures -------------------------------------------------------------------------------- */
 
 static const char *fixtures_dir(void) {
-  const char *f = getenv("FIXTURES");
+  const char *f = getenv("STRATA_FIXTURES");
   return f && *f ? f : "../shared/fixtures";
 }
 
@@ -123,7 +123,7 @@ static void test_fixture(const char *rel, int tiny_model) {
   snprintf(name, sizeof name, "fixture %s", strrchr(rel, '/') + 1);
   if (access(path, R_OK)) {
     char why[4200];
-    snprintf(why, sizeof why, "%s not found (set FIXTURES)", path);
+    snprintf(why, sizeof why, "%s not found (set STRATA_FIXTURES)", path);
     skip(name, why);
     return;
   }

@@ -4,14 +4,15 @@
 # the same through decode steps (--prefill 1: every token one decode step, its lanes sharing work
 # items whatever the workers), and through the per-task decode path (STRATA_DECODE_GRAPH=0), all
 # against the prompt path's logits. Then greedy generation: the same ids under every setting.
-# Prints the scheduler/worker settings compared and the checksum of each logits file.
+# Prints the scheduler/worker settings compared and the checksum of each logits file. The models are
+# the tiny preset of `strata mkmodel` in BF16 and Q8_0 (tests/lib.sh test_model).
 set -u
-: "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-pass=0; fail=0
+. "$(dirname "$0")/lib.sh"
+models="$(test_model tiny-qwen3moe-bf16 --preset tiny --type bf16) $(test_model tiny-qwen3moe-q8_0 --preset tiny --type q8_0)"
 prompt='Mixture-of-experts models route every token through a few experts; the rest stay idle.'
-for model in tiny-qwen3moe-bf16 tiny-qwen3moe-q8_0; do
-  m="$FIXTURES/models/$model.gguf"
+for m in $models; do
+  model=$(basename "$m" .gguf)
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=2" \
              "STARPU_SCHED=dmda STARPU_NCPU=2" "STARPU_SCHED=lws STARPU_NCPU=1" \
@@ -37,8 +38,8 @@ for model in tiny-qwen3moe-bf16 tiny-qwen3moe-q8_0; do
     fi
   done
 done
-for model in tiny-qwen3moe-bf16 tiny-qwen3moe-q8_0; do
-  m="$FIXTURES/models/$model.gguf"
+for m in $models; do
+  model=$(basename "$m" .gguf)
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=1" "STARPU_SCHED=dmda STARPU_NCPU=2" \
              "STARPU_SCHED=lws STARPU_NCPU=2 STRATA_DECODE_GRAPH=0"; do

@@ -1,11 +1,12 @@
 #!/bin/sh
-# `strata serve` as an OpenAI client sees it, on loopback with the tiny Q8_0 model: health,
+# `strata serve` as an OpenAI client sees it, on loopback with the tiny Q8_0 model of `strata
+# mkmodel`: health,
 # models, chat and text completions streamed and not, metrics; 16 concurrent clients for
 # TEST_SERVE_SECONDS (default 30) where every response is complete and carries its own request's
 # token count; malformed requests each get their status and an OpenAI-style error; clients that
 # disconnect mid-request free the engine; config files refused with the key or mode named.
 set -u
-: "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}" "${TEST_SERVE_SECONDS:=30}"
+: "${TEST_SERVE_SECONDS:=30}"
 export STARPU_SILENT=1
 tmp=$(mktemp -d)
 pid=""
@@ -13,7 +14,7 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 . "$(dirname "$0")/lib.sh"
-model=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
+model=$(test_model tiny-qwen3moe-q8_0 --preset tiny --type q8_0)
 
 # 1. start on 127.0.0.1, any free port (--port 0; the log names it), wait for /health
 start_server "$tmp/srv" -m "$model" -c 2048

@@ -283,10 +283,11 @@ static void check_refusal(void) {
 }
 
 int main(void) {
-  const char *fix = getenv("FIXTURES");
-  if (!fix || !*fix) fix = "../shared/fixtures";
-  check_full_vocab(fix);
-  check_model_prompts(fix);
+  const char *fix = ref_fixtures("the Qwen3 tokenizer cases and the tiny model's prompts (external references)");
+  if (fix) {
+    check_full_vocab(fix);
+    check_model_prompts(fix);
+  }
   check_refusal();
   printf("test_tokenizer: other checks (round-trip, stream, load, refusal, ...): %d, %d failed\n",
          n_checks, n_checks_failed);

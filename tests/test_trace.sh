@@ -1,17 +1,16 @@
 #!/bin/sh
 # Traces and tuning as a user drives them: `strata trace` on an event log (a synthetic one with
 # 2 CPU workers and 4 layers over 1 prompt chunk and 3 decode steps, plus a real
-# `generate --trace` of the tiny fixture once generate has that flag) writes a well-formed
+# `generate --trace` of the tiny Q8_0 model of `strata mkmodel`) writes a well-formed
 # timeline.svg with one lane per worker and one box per expert_rows task, a trace.json that
 # parses, and a summary; a malformed event log gives exit 1 and one line naming the file and
 # line; `strata tune` over two schedulers ranks them. Prints the counts it compared.
 set -u
-: "${STRATA:=./strata}" "${FIXTURES:=../shared/fixtures}"
 export STARPU_SILENT=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export STARPU_HOME="$tmp" # performance models calibrated by the runs stay out of $HOME
 . "$(dirname "$0")/lib.sh"
-tiny=$FIXTURES/models/tiny-qwen3moe-q8_0.gguf
+tiny=$(test_model tiny-qwen3moe-q8_0 --preset tiny --type q8_0)
 have() { command -v "$1" >/dev/null 2>&1; }
 
 # A synthetic event log: W workers, P prompt chunks and D decode steps of L layers with E

@@ -54,6 +54,9 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n);
 
 /* The process's peak resident memory so far (getrusage ru_maxrss), GiB; 0 when unknown. */
 double st_peak_rss_gib(void);
+/* Anonymous resident memory now (RssAnon of /proc/self/status: the heap and private buffers, not
+ * the pages of the mapped model file), MiB; -1 where the kernel does not say. */
+double st_anon_rss_mib(void);
 
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);

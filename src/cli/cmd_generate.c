@@ -213,7 +213,8 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
   fputc('\n', stderr);
   report_graphs(s->engine);
   st_memory_log("at exit", s->model, &s->engine->arena, s->engine->placement.tier); /* STRATA_MEMORY_LOG=1 */
-  fprintf(stderr, "peak resident memory %.2f GiB (%.1f MiB)\n", st_peak_rss_gib(), st_peak_rss_gib() * 1024.0);
+  fprintf(stderr, "peak resident memory %.2f GiB (%.1f MiB); anonymous %.1f MiB at the end\n", st_peak_rss_gib(),
+          st_peak_rss_gib() * 1024.0, st_anon_rss_mib());
 }
 
 int st_cmd_generate(int argc, char **argv) {

@@ -127,6 +127,17 @@ int st_parse_ids(const char *s, int32_t **ids, size_t *n) {
   return 0;
 }
 
+double st_anon_rss_mib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  double kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "RssAnon: %lf kB", &kib) == 1) break;
+  fclose(f);
+  return kib < 0 ? -1 : kib / 1024.0;
+}
+
 double st_peak_rss_gib(void) {
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru)) return 0;
