@@ -47,9 +47,9 @@ grep -Eq "^cuda graphs: .* [1-9][0-9]* launches, 0 fallbacks" "$out/g_on.err" ||
 rows+=("--cuda-graphs on vs off: byte-identical greedy output (all 64 experts cached): $r")
 rows+=("  $(grep '^cuda graphs:' "$out/g_on.err")")
 g_on=$(STARPU_SCHED=eager "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 \
-       --ignore-eos --print-ids --cuda-graphs on 2>/dev/null)
+       --ignore-eos --print-ids --cuda-graphs on --expert-cache 0 2>/dev/null)
 g_off=$(STARPU_SCHED=eager "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 \
-        --ignore-eos --print-ids --cuda-graphs off 2>/dev/null)
+        --ignore-eos --print-ids --cuda-graphs off --expert-cache 0 2>/dev/null)
 [ -n "$g_on" ] && [ "$g_on" = "$g_off" ] && r=PASS || r="FAIL ($g_on vs $g_off)"
 rows+=("--cuda-graphs on vs off: byte-identical greedy output (no cache: experts on the CPU pool): $r")
 # --prefill 1 runs every prompt token as a one-token step (the graph path); 300 steps cross the
@@ -58,12 +58,12 @@ ids=$(seq -s, 100 399)
 for mf in tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m; do
   for g in on off; do
     "$S" eval -m "$M/$mf.gguf" -c 512 --prompt-ids "$ids" --prefill 1 --all-logits --logits-out "$out/logits-$mf-$g.f32" \
-      --cuda-graphs $g 2>"$out/eval-$mf-$g.err"
+      --cuda-graphs $g --expert-cache 0 2>"$out/eval-$mf-$g.err"
   done
   [ -s "$out/logits-$mf-on.f32" ] && cmp -s "$out/logits-$mf-on.f32" "$out/logits-$mf-off.f32" && r=PASS || r=FAIL
   rows+=("--cuda-graphs on vs off: bitwise-identical logits, $mf, 300 one-token steps: $r; $(grep '^cuda graphs:' "$out/eval-$mf-on.err")")
 done
-"$S" bench -m "$M/small-qwen3moe-q4_k_m.gguf" --prompt 0 --decode 64 --depth 0,1024 --cuda-graphs both \
+"$S" bench -m "$M/small-qwen3moe-q4_k_m.gguf" --prompt 0 --decode 64 --depth 0,1024 --cuda-graphs both --expert-cache 0 \
   > "$out/bench-graphs.txt" 2>&1
 cat "$out/bench-graphs.txt"
 while read -r line; do rows+=("small Q4_K_M bench: $line"); done < <(grep "^cuda graphs, decode" "$out/bench-graphs.txt")

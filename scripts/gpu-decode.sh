@@ -18,7 +18,7 @@ ids=$(seq -s, 100 399)
 for mf in $MODELS; do
   "$S" profile -m "$M/$mf.gguf" -f "$out/calib.txt" -o "$out/$mf.profile" 2>/dev/null
   for cache in 0 half all; do
-    args=()
+    args=(--expert-cache 0)
     if [ "$cache" != 0 ]; then args=(--expert-profile "$out/$mf.profile" --expert-cache "$([ $cache = all ] && echo auto || echo 8)"); fi
     for sched in eager dmda; do
       for g in 1 0; do

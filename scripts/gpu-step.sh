@@ -42,7 +42,7 @@ if has 2; then
   for mf in tiny-qwen3moe-q8_0 tiny-qwen3moe-bf16 small-qwen3moe-q4_k_m; do
     "$S" profile -m "$M/$mf.gguf" -f "$W/calib.txt" -o "$W/$mf.profile" 2>/dev/null
     for cache in 0 half all; do
-      args=()
+      args=(--expert-cache 0)
       [ "$cache" != 0 ] && args=(--expert-profile "$W/$mf.profile" --expert-cache "$([ $cache = all ] && echo auto || echo 8)")
       for g in 1 0; do
         STRATA_DECODE_GRAPH=$g STARPU_SCHED=eager timeout 120 "$S" eval -m "$M/$mf.gguf" -c 512 --prompt-ids "$ids" \

@@ -58,6 +58,17 @@ double st_peak_rss_gib(void);
  * the pages of the mapped model file), MiB; -1 where the kernel does not say. */
 double st_anon_rss_mib(void);
 
+/* Learned expert profiles (learn.c, io/learned.h), for the commands that run a model. Before the
+ * engine starts: unless --no-learn, opens the model's learned profile and, when it is there and no
+ * --expert-profile was given, points eo->expert_profile at it (a corrupt file: one warning). */
+struct st_learned;
+void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct st_engine_opts *eo);
+/* Prints the line saying which expert profile the run uses (after the engine has started). */
+void st_cli_learn_say(const struct st_learned *l);
+/* After a run (and, in strata serve, now and then): adds the engine's routing counts to the learned
+ * profile and saves it (a failure is a warning). */
+void st_cli_learn_save(const struct st_learned *l, const struct st_engine *e);
+
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);
 

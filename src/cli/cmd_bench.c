@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h" /* struct st_cuda_graph_stats (C only, no CUDA headers) */
 #include "codelets/dot.h"
 #include "common.h"
@@ -282,8 +283,11 @@ int st_cmd_bench(int argc, char **argv) {
 
   struct st_model *m = NULL;
   struct st_engine *e = NULL;
+  struct st_learned learned = {0};
   if (!rc) rc = st_model_load(model, &m);
+  if (!rc) st_cli_learn_begin(&learned, m, &eo); /* read only: a benchmark's tokens are not learned */
   if (!rc) rc = st_engine_create(m, &eo, &e);
+  if (!rc) st_cli_learn_say(&learned);
   if (!rc) sample_gpu_mem();
   int32_t *ids = rc ? NULL : malloc(sizeof(int32_t) * (size_t)need);
   float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);
@@ -475,6 +479,7 @@ int st_cmd_bench(int argc, char **argv) {
   free(ids);
   free(logits);
   st_engine_destroy(e);
+  st_learned_close(&learned);
   st_model_free(m);
   return rc ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h"
 #include "common.h"
 #include "config.h"
@@ -119,11 +120,13 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
 struct session {
   struct st_model *model;
   struct st_engine *engine;
+  struct st_learned learned;
   int32_t *ids;
   size_t n_ids;
 };
 
 static void session_free(struct session *s) {
+  st_learned_close(&s->learned);
   st_engine_destroy(s->engine);
   st_model_free(s->model);
   free(s->ids);
@@ -161,7 +164,9 @@ static int session_open(const struct run_opts *o, struct session *s) {
       return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", s->ids[i], hp->n_vocab);
   struct st_engine_opts eo = o->eo;
   eo.n_ctx = n_ctx;
+  st_cli_learn_begin(&s->learned, s->model, &eo);
   if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
+  st_cli_learn_say(&s->learned);
   fprintf(stderr,
           "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
           "context %d tokens, prompt chunk %d tokens; %.2f s\n",
@@ -275,6 +280,7 @@ int st_cmd_generate(int argc, char **argv) {
       fputc('\n', stdout);
     }
     fflush(stdout);
+    st_cli_learn_save(&s.learned, s.engine);
     report(&s, s.n_ids, t_prompt, n_gen, t_gen);
   } else {
     fprintf(stderr, "strata generate: %s\n", st_last_error());
@@ -308,6 +314,7 @@ int st_cmd_eval(int argc, char **argv) {
       fprintf(stderr, "strata eval: %zu tokens in %.3f s; last position argmax %d (logit %.4f)\n", s.n_ids,
               st_now() - t0, best, last[best]);
       report_graphs(s.engine);
+      st_cli_learn_save(&s.learned, s.engine);
       if (o.logits_out) {
         FILE *f = fopen(o.logits_out, "wb");
         if (!f) rc = st_set_error(ST_EIO, "--logits-out %s: cannot create: %s", o.logits_out, strerror(errno));

@@ -212,7 +212,10 @@ int st_cmd_serve(int argc, char **argv) {
     const struct st_hparams *hp = &s.model->hp;
     struct st_engine_opts eo = o.eo;
     eo.n_ctx = st_engine_ctx_size(hp, eo.n_ctx);
+    st_cli_learn_begin(&s.learned, s.model, &eo);
+    s.learned_saved_at = st_now();
     rc = st_engine_create(s.model, &eo, &s.engine);
+    if (!rc) st_cli_learn_say(&s.learned);
     if (!rc && !(s.logits = malloc(sizeof(float) * hp->n_vocab))) rc = st_set_error(ST_ENOMEM, "out of memory");
   }
   if (!rc) {
@@ -285,6 +288,8 @@ int st_cmd_serve(int argc, char **argv) {
     pthread_mutex_unlock(&s.mu);
   }
   if (worker_started) pthread_join(s.worker, NULL);
+  if (s.engine) st_cli_learn_save(&s.learned, s.engine); /* the worker has stopped: its counts are final */
+  st_learned_close(&s.learned);
   if (d) MHD_stop_daemon(d);
   free(s.addrs);
   if (mu_ready) {

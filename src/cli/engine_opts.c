@@ -13,7 +13,7 @@ enum {
   OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE,
   OPT_STREAM, OPT_HELPER1, OPT_HELPER2, OPT_HELPER3, OPT_PLACEMENT, OPT_REMOTE_PLACEMENT, OPT_REMOTE_OPT, OPT_PEER,
   OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS, OPT_RESIDENT,
-  OPT_GPU_MEM
+  OPT_GPU_MEM, OPT_NO_LEARN
 };
 
 static const struct option engine_longopts[] = {
@@ -41,6 +41,7 @@ static const struct option engine_longopts[] = {
     {"cuda-graphs", required_argument, 0, OPT_GRAPHS},
     {"resident-experts", no_argument, 0, OPT_RESIDENT},
     {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
+    {"no-learn", no_argument, 0, OPT_NO_LEARN},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -138,6 +139,7 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     if ((rc = st_parse_float("--gpu-mem", arg, 1.0, 1e5, &f))) return rc;
     eo->gpu_mem_gib = f;
     return 1;
+  case OPT_NO_LEARN: eo->no_learn = 1; return 1;
   case OPT_STREAM:
     if (strcmp(arg, "auto") && strcmp(arg, "off"))
       return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
@@ -162,7 +164,7 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
     return st_set_error(ST_EINVAL, "--peer-device cannot be combined with --expert-cache-device1..3 (the peer tier already caches experts there)");
   if (eo->peer_device > 0 && !eo->expert_profile)
     return st_set_error(ST_EINVAL, "--peer-device needs --expert-profile FILE (`strata profile` writes one)");
-  if (eo->peer_device > 0 && !eo->expert_cache)
+  if (eo->peer_device > 0 && (!eo->expert_cache || eo->expert_cache == ST_CACHE_DEFAULT))
     return st_set_error(ST_EINVAL, "--peer-device needs an enabled expert cache (--expert-cache N|auto)");
   if (eo->peer_device <= 0 && (eo->peer_slots || eo->peer_reserve_mib != 600 || eo->peer_adapt_swaps != -1 ||
                                eo->peer_prefill_rows != -1))
@@ -180,8 +182,6 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
     return st_set_error(ST_EINVAL, "--remote-expert-opt needs a helper cache (--expert-cache-device1 N|auto)");
   if (eo->gpu_placement == ST_PLACE_LAYER && !helpers)
     return st_set_error(ST_EINVAL, "--gpu-placement layer needs a helper cache (--expert-cache-device1 N|auto)");
-  if (eo->expert_cache && !eo->expert_profile)
-    return st_set_error(ST_EINVAL, "--expert-cache needs --expert-profile FILE (`strata profile` writes one)");
   if (eo->adapt_swaps && !eo->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
   if (eo->cuda_graphs == ST_CUDA_GRAPHS_BOTH)
     return st_set_error(ST_EINVAL, "--cuda-graphs both is for strata bench; here give on or off");
@@ -192,9 +192,14 @@ void st_engine_opts_help(FILE *f) {
   fprintf(f,
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
           "      --prefill N        prompt chunk in tokens (default 512)\n"
-          "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take\n"
+          "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
+          "                         the profile learned on this model file by earlier runs, else a prior that gives\n"
+          "                         every layer the same share; doc/expert-profile.md)\n"
+          "      --no-learn         neither read nor write the learned expert profile ($XDG_CACHE_HOME/strata/ or\n"
+          "                         ~/.cache/strata/; default: learn)\n"
           "      --expert-cache N|auto  primary-cache slots (expert pairs) on CUDA0; auto = what fits after\n"
-          "                         the dense weights, KV cache, prompt buffers and --cache-reserve (default 0 = off)\n"
+          "                         the dense weights, KV cache, prompt buffers and --cache-reserve; 0 = off\n"
+          "                         (default: auto when StarPU finds a GPU and no other tier flag is given)\n"
           "      --cache-reserve MIB  CUDA0 memory --expert-cache auto leaves free, MiB (default 1024)\n"
           "      --gpu-mem GIB      cap on what strata takes on each GPU, GiB: the CUDA context, StarPU's\n"
           "                         allocations (caches, weights, KV, buffers: STARPU_LIMIT_CUDA_MEM) and\n"

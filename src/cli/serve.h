@@ -13,8 +13,10 @@
 
 #include "graph/engine.h"
 #include "io/chat_template.h"
+#include "io/learned.h"
 #define MAX_BODY_BYTES (16u << 20) /* a request body larger than this gets 413 */
 #define MAX_STOPS 16
+#define LEARN_SAVE_S 60.0 /* seconds between saves of the learned expert profile while requests run */
 
 struct buf {
   char *s;
@@ -82,6 +84,11 @@ struct server {
   uint64_t requests_total, requests_failed, prompt_tokens_total, generated_tokens_total;
   uint64_t http_errors;
   double last_tps;
+
+  /* the learned expert profile (io/learned.h): saved by the worker every LEARN_SAVE_S seconds of
+   * requests and once at shutdown */
+  struct st_learned learned;
+  double learned_saved_at;
   struct st_engine_stats stats; /* a copy of the engine's after the last request */
 };
 

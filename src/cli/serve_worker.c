@@ -280,6 +280,10 @@ static void run_job(struct server *s, struct job *j) {
   s->last_tps = tps;
   s->stats = *st;
   pthread_mutex_unlock(&s->mu);
+  if (st_now() - s->learned_saved_at >= LEARN_SAVE_S) { /* the worker owns the engine's counts */
+    st_cli_learn_save(&s->learned, e);
+    s->learned_saved_at = st_now();
+  }
 }
 
 void *st_serve_worker_main(void *arg) {

@@ -165,6 +165,7 @@ static uint64_t weight_bytes(const struct st_weight *w) { return w->row_bytes * 
 
 void st_engine_opts_init(struct st_engine_opts *o) {
   memset(o, 0, sizeof *o);
+  o->expert_cache = ST_CACHE_DEFAULT;
   o->peer_reserve_mib = 600;
   o->peer_adapt_swaps = -1;
   o->peer_prefill_rows = -1;
@@ -249,7 +250,11 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
     if (o->helper_cache[h])
       return st_set_error(ST_EINVAL, "--expert-cache-device%d needs --expert-cache-device%d: tiers must be enabled in order",
                           h + 1, h);
-  if (!o->expert_cache && !n_helpers && o->peer_device <= 0 && !o->layer_split) return 0;
+  /* the primary cache by default: what fits on CUDA0 when StarPU found one and no other tier is asked for */
+  const int cache = o->expert_cache != ST_CACHE_DEFAULT ? o->expert_cache
+                    : pl->cuda0_worker >= 0 && !n_helpers && o->peer_device <= 0 && !o->layer_split ? ST_CACHE_AUTO
+                                                                                                       : 0;
+  if (!cache && !n_helpers && o->peer_device <= 0 && !o->layer_split) return 0;
   if (o->layer_split && (n_helpers || o->peer_device > 0))
     return st_set_error(ST_EINVAL, "--layer-split cannot be combined with helper caches or the peer tier");
   if (n_helpers && o->peer_device > 0)
@@ -288,9 +293,19 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
     pl->peer = pl->n_caches - 1;
   }
   e->remote_opt = o->remote_expert_opt && n_helpers > 0;
-  if (!o->expert_cache && !n_helpers && o->peer_device <= 0) return 0; /* a layer split of the dense work only */
-  if (!prof)
-    return st_set_error(ST_EINVAL, "the expert caches need --expert-profile FILE (`strata profile` writes one)");
+  if (!cache && !n_helpers && o->peer_device <= 0) return 0; /* a layer split of the dense work only */
+  /* no profile yet: a prior that needs no calibration, the plan's order for pairs never seen routed:
+   * expert x of every layer before expert x + 1 of any, so every layer gets the same share of the
+   * slots (with no routing seen, each layer's top-k is as likely to fall on any of its experts) */
+  struct st_profile prior = {hp->n_layer, E, hp->n_expert_used, 0, 0, NULL};
+  if (!prof) {
+    prior.pairs = calloc(n_pairs ? n_pairs : 1, sizeof *prior.pairs);
+    if (!prior.pairs) return st_set_error(ST_ENOMEM, "out of memory for the expert caches' prior");
+    for (uint32_t i = 0; i < n_pairs; i++) prior.pairs[i] = (struct st_profile_pair){i / E, i % E, 0};
+    prof = &prior;
+    fprintf(stderr, "strata: expert profile: none yet; the caches start from a prior (every layer the same share "
+                    "of the slots) and the run's routing is learned for the next one (--expert-profile, --no-learn)\n");
+  }
 
   int rc = 0;
   uint32_t *order = malloc(sizeof *order * n_pairs);
@@ -307,13 +322,12 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
       uint32_t l0 = hp->n_layer, l1 = 0;
       for (uint32_t l = 0; l < hp->n_layer; l++)
         if (pl->layer_stage[l] == s) l0 = l < l0 ? l : l0, l1 = l + 1;
-      const int want = o->expert_cache == ST_CACHE_AUTO ? auto_slots(e, s, l0, l1, s == pl->n_stages - 1, o->reserve_mib)
-                                                        : o->expert_cache;
+      const int want = cache == ST_CACHE_AUTO ? auto_slots(e, s, l0, l1, s == pl->n_stages - 1, o->reserve_mib) : cache;
       for (uint32_t i = 0, taken = 0; i < n_pairs && (int)taken < want; i++)
         if (pl->layer_stage[order[i] / E] == s) owner[order[i]] = (uint8_t)(1 + s), taken++;
     }
   } else if (!rc) {
-    int primary = o->expert_cache == ST_CACHE_AUTO ? auto_slots(e, 0, 0, hp->n_layer, 1, o->reserve_mib) : o->expert_cache;
+    int primary = cache == ST_CACHE_AUTO ? auto_slots(e, 0, 0, hp->n_layer, 1, o->reserve_mib) : cache;
     int cards = n_helpers, slots[3] = {0, 0, 0};
     uint64_t budget[3] = {0, 0, 0};
     for (int h = 0; h < n_helpers; h++) {
@@ -355,9 +369,14 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
         if (pl->tier[prof->pairs[i].layer * E + prof->pairs[i].expert] == 1 + c) held += prof->pairs[i].count;
       e->cache_mass[c] = prof->total ? (double)held / (double)prof->total : 0.0;
       all += e->cache_mass[c];
-      fprintf(stderr, "strata: %s expert cache: %d of %u expert pairs on %s (%.2f GiB), %.1f%% of the profile's routed mass\n",
-              roles[pl->cache[c].role], pl->cache[c].n_slots, n_pairs, pl->cache[c].name,
-              pl->cache[c].bytes / 1073741824.0, 100.0 * e->cache_mass[c]);
+      if (prof == &prior)
+        fprintf(stderr, "strata: %s expert cache: %d of %u expert pairs on %s (%.2f GiB), from the prior\n",
+                roles[pl->cache[c].role], pl->cache[c].n_slots, n_pairs, pl->cache[c].name,
+                pl->cache[c].bytes / 1073741824.0);
+      else
+        fprintf(stderr, "strata: %s expert cache: %d of %u expert pairs on %s (%.2f GiB), %.1f%% of the profile's routed mass\n",
+                roles[pl->cache[c].role], pl->cache[c].n_slots, n_pairs, pl->cache[c].name,
+                pl->cache[c].bytes / 1073741824.0, 100.0 * e->cache_mass[c]);
     }
     e->cache_mass_share = all;
     if (pl->n_caches > 1)
@@ -369,6 +388,7 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
   free(owner);
   free(list);
   free(layer_bytes);
+  free(prior.pairs);
   return rc;
 }
 

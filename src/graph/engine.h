@@ -18,7 +18,9 @@ struct st_engine_opts {
   int n_ctx;                  /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
   int prefill;                /* prompt chunk in tokens; 0 = 512 */
   const char *expert_profile; /* ranked expert pairs (io/profile.h) for the caches, or NULL */
-  int expert_cache;           /* primary-cache slots on CUDA0; 0 = none, ST_CACHE_AUTO = what fits */
+  int expert_cache;           /* primary-cache slots on CUDA0; 0 = none, ST_CACHE_AUTO = what fits,
+                                 ST_CACHE_DEFAULT (flag not given) = auto when StarPU has a CUDA worker
+                                 and no other tier flag is given, else none */
   int adapt_swaps;            /* adaptive cache: swaps per round (0 = static cache) */
   int adapt_interval;         /* tokens between adaptive rounds; 0 = 32 */
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
@@ -41,11 +43,15 @@ struct st_engine_opts {
   double gpu_mem_gib;         /* --gpu-mem: GiB strata takes on each GPU at most; 0 = the whole card */
   int resident_experts;       /* --resident-experts: the pairs GPU caches hold at start stay out of
                                  the host expert arena (tiers/arena.h) */
+  int no_learn;               /* --no-learn (the commands, io/learned.h): no learned expert profile is
+                                 read or written; the engine itself never reads it */
 };
 #define ST_CACHE_AUTO (-1)
+#define ST_CACHE_DEFAULT (-2)
 enum { ST_CUDA_GRAPHS_OFF = 0, ST_CUDA_GRAPHS_ON, ST_CUDA_GRAPHS_BOTH };
 
-/* The defaults of the flags above (everything off, peer_reserve_mib 600, the -1 defaults). */
+/* The defaults of the flags above (everything off, expert_cache ST_CACHE_DEFAULT, peer_reserve_mib
+ * 600, the -1 defaults). */
 void st_engine_opts_init(struct st_engine_opts *o);
 
 struct st_engine_stats {
