@@ -70,13 +70,17 @@ libbase=$(find "$build" -name libggml-base.a | head -n 1)
 obj=$build/strata-obj
 mkdir -p "$obj"
 cflags=(-std=gnu11 -O2 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -I"$strata/src")
-for f in src/codelets/dot.c src/codelets/quant.c src/common.c src/cli/membw.c; do
+# the CPU kernels: dot.c, and in trees with the split by format family also dot_b32.c, dot_k.c, dot_grid.c
+mapfile -t dots < <(cd "$strata" && ls src/codelets/dot*.c)
+dot_objs=()
+for f in "${dots[@]}" src/codelets/quant.c src/common.c src/cli/membw.c; do
   gcc "${cflags[@]}" -c "$strata/$f" -o "$obj/$(basename "$f" .c).o"
+  case $f in src/codelets/dot*.c) dot_objs+=("$obj/$(basename "$f" .c).o") ;; esac
 done
-echo "strata kernels from $strata: $(cd "$strata" && md5sum src/codelets/dot.c src/codelets/quant.c | tr '\n' ' ')"
+echo "strata kernels from $strata: $(cd "$strata" && md5sum "${dots[@]}" src/codelets/quant.c | tr '\n' ' ')"
 gcc "${cflags[@]}" -I"$src/ggml/include" -c "$root/bench/ggml-matvec.c" -o "$obj/ggml-matvec.o"
 mkdir -p "$(dirname "$bin")"
-g++ -s -static-libstdc++ -static-libgcc -o "$bin" "$obj/ggml-matvec.o" "$obj/dot.o" "$obj/quant.o" \
+g++ -s -static-libstdc++ -static-libgcc -o "$bin" "$obj/ggml-matvec.o" "${dot_objs[@]}" "$obj/quant.o" \
   "$obj/common.o" "$obj/membw.o" "$libcpu" "$libbase" -lm -pthread
 echo "built $bin; shared libraries:"
 ldd "$bin" | sed 's/^/  /'
