@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "config.h"
 #include "graph/decode.h"
 #include "graph/engine.h"
 
@@ -43,6 +44,10 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   struct st_decode *d = e->dec;
   const int L = (int)e->hp.n_layer, G = (int)e->hp.n_head_kv;
   if (!d->gpu) return submit_lanes(e, l, ST_LANE_TOKEN);
+#ifndef ST_HAVE_CUDA
+  (void)L, (void)G;
+  return st_set_error(ST_ERUNTIME, "a GPU decode step in a build without CUDA"); /* d->gpu needs a CUDA worker */
+#else
   const size_t args_size = sizeof(struct st_decode_gpu_args) + (l == 0 ? sizeof(float) * e->hp.n_embd : 0);
   struct st_decode_gpu_args *a = malloc(args_size);
   if (!a) return st_set_error(ST_ENOMEM, "out of memory submitting layer %d", l);
@@ -76,4 +81,5 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   e->stats.tasks++;
   d->tasks_last++;
   return rc ? rc : submit_lanes(e, l, ST_LANE_EXPERTS);
+#endif
 }
