@@ -4,23 +4,13 @@
 # qwen3-30b-a3b shape (Q8_0, every expert cached), one instance each (KERNELS: a regex), after
 # test_forward_ref (the fixture comparisons on CUDA0) when FWD=1.
 set -u
-C=${CARRY:-carry}
-export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
-S=$PWD/$C/strata
-W=${W:-/tmp/gpu-step}
-out=${OUT:-$W}
-mkdir -p "$W" "$out"
+. "$(dirname "$0")/gpu-lib.sh"
 if [ "${FWD:-1}" = 1 ]; then
   STRATA_FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
   echo "test_forward_ref: exit $?: $(tail -n 1 "$out/forward_ref.log")"
   grep -iE "^FAIL|error|abort" "$out/forward_ref.log" | head -n 8
 fi
-tok=$C/tokenizer.json
-[ -f "$tok" ] || { xz -dc "$tok.xz" > "$W/tokenizer.json" && tok=$W/tokenizer.json; }
-m8=$W/m8.gguf
-[ -f "$m8" ] || STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$m8" --preset qwen3-30b-a3b --layers 8 --type q8_0
-yes 'The history of mixture of experts models and their routing.' | head -n 40 | tr '\n' ' ' > "$W/calib30.txt"
-[ -f "$W/m8.profile" ] || "$S" profile -m "$m8" -f "$W/calib30.txt" -o "$W/m8.profile" 2>&1 | tail -n 1
+m8=$(gpu_model m8 --preset qwen3-30b-a3b --layers 8 --type q8_0)
 timeout 400 ncu --clock-control none --cache-control none --set full --graph-profiling node \
   --kernel-name "regex:${KERNELS:-dk_gateup|dk_mv}" --launch-skip "${SKIP:-40}" --launch-count "${COUNT:-2}" \
   "$S" generate -m "$m8" -p "Hi" -n 24 --temp 0 --ignore-eos --expert-profile "$W/m8.profile" --expert-cache auto \

@@ -5,18 +5,8 @@
 # none, clocks as found), then a recorded trace's summary of one decode step of the 48-layer model
 # (W/q30b.gguf when scripts/gpu-step.sh made it, else made here). Builds nothing.
 set -u
-C=${CARRY:-carry}
-export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
-S=$PWD/$C/strata
-W=${W:-/tmp/gpu-step}
-out=${OUT:-$W}
-mkdir -p "$W" "$out"
-tok=$C/tokenizer.json
-[ -f "$tok" ] || { xz -dc "$tok.xz" > "$W/tokenizer.json" && tok=$W/tokenizer.json; }
-yes 'The history of mixture of experts models and their routing.' | head -n 40 | tr '\n' ' ' > "$W/calib30.txt"
-m8=$W/m8.gguf
-[ -f "$m8" ] || STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$m8" --preset qwen3-30b-a3b --layers 8 --type q8_0
-[ -f "$W/m8.profile" ] || "$S" profile -m "$m8" -f "$W/calib30.txt" -o "$W/m8.profile" 2>&1 | tail -n 1
+. "$(dirname "$0")/gpu-lib.sh"
+m8=$(gpu_model m8 --preset qwen3-30b-a3b --layers 8 --type q8_0)
 if command -v ncu > /dev/null && [ "${NCU:-1}" = 1 ]; then
   # a prompt of 2 tokens, then decode steps; skip the prompt and the first steps' captures
   timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --launch-skip "${SKIP:-400}" \
@@ -54,9 +44,7 @@ EOF
   tail -n 3 "$out/ncu.err"
 fi
 [ "${TRACE:-1}" = 1 ] || exit 0
-m=$W/q30b.gguf
-[ -f "$m" ] || STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$m" --preset qwen3-30b-a3b --type q8_0
-[ -f "$W/q30b.profile" ] || "$S" profile -m "$m" -f "$W/calib30.txt" -o "$W/q30b.profile" 2>&1 | tail -n 1
+m=$(gpu_model q30b --preset qwen3-30b-a3b --type q8_0)
 rm -rf "$W/tr"
 timeout 200 "$S" generate -m "$m" -p "Explain the sky." -n 24 --temp 0 --ignore-eos --expert-profile "$W/q30b.profile" \
   --expert-cache auto --trace "$W/tr" > /dev/null 2> "$W/gen.err"

@@ -12,12 +12,7 @@
 # W work folder (/tmp/gpu-step), DECODE tokens per bench run (64), R repetitions (3).
 # Prints a table last.
 set -u
-C=${CARRY:-carry}
-export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
-S=$PWD/$C/strata
-W=${W:-/tmp/gpu-step}
-out=${OUT:-$W}
-mkdir -p "$W" "$out"
+. "$(dirname "$0")/gpu-lib.sh"
 STEPS=${STEPS:-1 2 3}
 ROWS=${ROWS:-gpu 24gb cpu}
 R=${R:-3}
@@ -58,16 +53,7 @@ if has 2; then
 fi
 
 if has 3; then
-  m=$W/q30b.gguf
-  if [ ! -f "$m" ]; then
-    t0=$SECONDS
-    tok=$C/tokenizer.json
-    [ -f "$tok" ] || { xz -dc "$tok.xz" > "$W/tokenizer.json" && tok=$W/tokenizer.json; }
-    STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$m" --preset qwen3-30b-a3b --type q8_0
-    echo "mkmodel: $((SECONDS - t0)) s"
-  fi
-  yes 'The history of mixture of experts models and their routing.' | head -n 40 | tr '\n' ' ' > "$W/calib30.txt"
-  [ -f "$W/q30b.profile" ] || "$S" profile -m "$m" -f "$W/calib30.txt" -o "$W/q30b.profile" 2>&1 | tail -n 1
+  m=$(gpu_model q30b --preset qwen3-30b-a3b --type q8_0)
   cache=(--expert-profile "$W/q30b.profile" --expert-cache auto)
   bench() { # name, env..., -- args
     local name=$1; shift

@@ -29,13 +29,11 @@ __device__ __forceinline__ static void norm_rope_head(const float *in, float *ou
   }
 }
 
-// q/k RMSNorm and RoPE in place at position pos0 + t (pos0 from *pos_dev when it is set: a decode
-// graph replays with the position in device memory); one block per (t, head).
-__global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w, float eps, int pos0,
-                                    const int *pos_dev, float theta) {
+// q/k RMSNorm and RoPE in place at position pos0 + t; one block per (t, head).
+__global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w, float eps, int pos0, float theta) {
   __shared__ float red[32];
   float *h = v + (int64_t)blockIdx.x * ld + (int64_t)blockIdx.y * hd;
-  norm_rope_head(h, h, hd, w, eps, (pos_dev ? *pos_dev : pos0) + blockIdx.x, theta, red);
+  norm_rope_head(h, h, hd, w, eps, pos0 + blockIdx.x, theta, red);
 }
 
 // The decode step's q/k norm, RoPE and KV append in one launch: block h < Hq takes query head h in
@@ -129,8 +127,7 @@ __device__ __forceinline__ static void attend_partial_block(const float *qh, con
 }
 
 __global__ static void attend_partial(const float *q, int64_t ldq, const float *kc, const float *vc, int hd,
-                                      int pos0, const int *pos_dev, float scale, int n_chunks, float *part) {
-  if (pos_dev) pos0 = *pos_dev;
+                                      int pos0, float scale, int n_chunks, float *part) {
   const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z;
   attend_partial_block(q + (int64_t)t * ldq + (int64_t)h * hd, kc, vc, hd, pos0 + t + 1, c, scale,
                        part + (((int64_t)t * gridDim.y + h) * n_chunks + c) * (hd + 2));
@@ -155,9 +152,8 @@ __device__ __forceinline__ static void attend_merge(const float *p, int used, in
 
 // Merges the chunks of (t, h) in chunk order (attend_merge).
 // Chunks of `chunk` keys: KEY_CHUNK from attend_partial, flash_chunk's from attend_flash.
-__global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, const int *pos_dev,
-                                      float *out, int64_t ldo) {
-  if (pos_dev) pos0 = *pos_dev;
+__global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, float *out,
+                                      int64_t ldo) {
   const int t = blockIdx.x, h = blockIdx.y;
   const int used = (pos0 + t + 1 + chunk - 1) / chunk;
   attend_merge(part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2), used, hd,
@@ -394,8 +390,8 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
   const float scale = 1.0f / sqrtf((float)hd);
   if (!flash) {
     const int n_chunks = (pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
-    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, NULL, scale, n_chunks, part);
-    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, pos0, NULL, out, ldo);
+    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, scale, n_chunks, part);
+    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, pos0, out, ldo);
     return;
   }
   const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
@@ -404,7 +400,7 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
     attend_flash<1><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
   else
     attend_flash<2><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
-  if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, NULL, out, ldo);
+  if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
 }
 
 // Scratch floats of one call: the normed input, one group's queries and the attention partials.
@@ -440,8 +436,8 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
                    d, kdst, hd, st);
     st_cuda_product(cb, a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
                    d, vdst, hd, st);
-    qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, NULL, a->rope_theta);
-    qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, NULL, a->rope_theta);
+    qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
+    qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
     // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
     attend(q, qw, kc, vc, T, a->pos0, nq, hd, part, out, qw, T > 1 && flash_fits(q, qw, kc, vc, hd, out, qw), st);
   }

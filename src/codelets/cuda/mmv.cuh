@@ -752,17 +752,6 @@ static inline bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, i
   X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS) X(ST_TYPE_F32) X(ST_TYPE_F16)        \
   X(ST_TYPE_BF16)
 
-// Whether `type` is one of MMV_TYPES.
-static inline bool mmv_has(uint32_t type) {
-  switch (type) {
-#define MMV_CASE(TY) case TY:
-    MMV_TYPES(MMV_CASE)
-#undef MMV_CASE
-    return true;
-  default: return false;
-  }
-}
-
 // Calls f(std::integral_constant<uint32_t, TYPE>()) for a type of MMV_TYPES known at run time;
 // false (f not called) for another type.
 template <typename F> static bool mmv_dispatch(uint32_t type, F &&f) {
