@@ -8,13 +8,22 @@
  *   counts it done. Every output element is computed by exactly one item with the same
  *   arithmetic whichever lane runs it, so results do not depend on STARPU_NCPU or the scheduler.
  *   With no GPU the lanes run the whole token (attention, router, experts, combine, head); with
- *   a GPU they run the layer's CPU-pool experts, reading the routing and FFN input StarPU moved
- *   to main RAM (the `xin` handle) and writing one row per (token, top-k slot) (`cpu_out`).
+ *   a GPU one lane task per CPU worker runs the CPU-pool experts of every layer of the token, in
+ *   layer order, through the mailbox (st_decode_mail).
  * - decode GPU tasks (cuda/decode.cu): a layer's dense work (the previous layer's combine,
- *   attention with the KV append, the output projection, the FFN norm, router and top-k) as one
- *   CUDA graph of six fused kernels instantiated once and replayed, the position read from device
- *   memory; a layer's cached experts (two kernels that read the routing and the pair -> slot table
- *   on the device); the output head.
+ *   attention with the KV append, the output projection, the FFN norm, router and top-k) and its
+ *   cached experts (two kernels that read the routing and the pair -> slot table on the device) as
+ *   one CUDA graph of eight fused kernels instantiated once and replayed, the position and the step
+ *   number read from device memory; the output head.
+ *
+ * The mailbox: host memory the GPU maps (pinned, cudaHostAllocMapped), through which a layer's
+ * routing and FFN input go to the CPU pool and its rows come back, each half announced by a flag
+ * that carries the step number (st_decode_ctx::seq; flags are never reset). The layer's router
+ * kernel writes the routing and FFN input, fences (system scope) and stores xin_seq[l]; the lanes
+ * spin on it, compute, and the lane that finishes the layer's last item stores cpu_seq[l]
+ * (release); the next layer's first kernel spins on that flag (acquire, system scope) when one of
+ * the token's slots is the CPU pool's, then reads the rows. No StarPU transfer, dependency or host
+ * wait sits between the GPU and the CPU pool inside a step.
  *
  * Codelets know nothing of caches or tiers: the lanes compute the pairs whose `tier` entry is 0
  * (the CPU pool's, tiers/placement.h), a GPU task the pairs its slot table points at.
@@ -56,13 +65,26 @@ struct st_lane_sync {
  * (graph/decode_bufs.c); NULL without a GPU. Rows are float32 unless said. */
 struct st_decode_dev {
   float *x, *h, *xn, *q, *kvnew, *attn, *xo, *ffn_in, *rlogits; /* [d], [d], [d], [Hq hd], [2 G hd], [Hq hd], [d], [d], [E] */
-  float *act, *gpu_out, *cpu_out;                               /* [k][ff] silu(gate) * up, [k][d], [k][d] */
+  float *act, *gpu_out;                                         /* [k][ff] silu(gate) * up, [k][d] */
   float *part;                                                  /* attention partials */
   struct st_route *route;                                       /* [n_layer][k] */
-  int32_t *pos;                                                 /* [1]: the token's position */
+  int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
   int32_t *counters; /* [n_head + 1]: the fused kernels' last-block counters, zero between launches */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
   uint64_t bytes;
+};
+
+/* The mailbox between the primary GPU and the CPU pool (see the top of the file), one allocation of
+ * pinned host memory mapped into the GPU's address space; st_decode_ctx holds its host addresses
+ * (`mail`) and the same memory's device addresses (`dmail`). Flags are 64 bytes apart. */
+#define ST_MAIL_FLAG_STRIDE 16 /* uint32 words between two layers' flags */
+struct st_decode_mail {
+  uint32_t *xin_seq;       /* [n_layer] (strided): the layer's routing and FFN input are written */
+  uint32_t *cpu_seq;       /* [n_layer] (strided): the CPU pool's rows of the layer are written */
+  uint32_t *abort_seq;     /* [1]: the host gave up the step (a failed submission): lanes leave */
+  struct st_route *xroute; /* [n_layer][k] the layer's routing */
+  float *xffn;             /* [n_layer][n_embd] the layer's FFN input */
+  float *cpu_out;          /* [n_layer][k][n_embd] the CPU pool's weighted expert row of each slot */
 };
 
 /* Everything the decode codelets read, built once per engine and owned by it (graph/decode_bufs.c). */
@@ -80,8 +102,7 @@ struct st_decode_ctx {
   /* host buffers */
   float *x, *h, *xn, *q, *attn, *xo, *ffn_in, *rlogits; /* as on the device */
   float *act;                          /* [k][n_ff]: silu(gate) * up of each slot */
-  float *eout;                         /* [k][n_embd]: each slot's weighted expert row (the cpu_out handle's home) */
-  float *xin;                          /* [k st_route | n_embd floats]: routing and FFN input from the GPU (xin's home) */
+  float *eout;                         /* [k][n_embd]: each slot's weighted expert row (CPU-only) */
   float *logits;                       /* [n_vocab] (CPU-only: the head's output) */
   struct st_route *route;              /* [n_layer][k]: the step's routing (CPU-only) */
   uint8_t *xq;                         /* quantised FFN input: [2][q8 row of n_embd] (gate's, up's layout) */
@@ -96,6 +117,9 @@ struct st_decode_ctx {
   int64_t *layer_end;                  /* [n_layer + 1]: first item after layer l (n_layer: the head) */
   struct st_lane_sync *sync;           /* [n_layer + 1]: the token's (CPU-only: sync[0]) or each layer's */
   int pos;                             /* the step's position (set before submission) */
+  uint32_t seq;                        /* the step's number, never 0 (set before submission) */
+  const uint8_t *layer_cpu;            /* [n_layer]: the CPU pool owns a pair of the layer */
+  struct st_decode_mail mail, dmail;   /* GPU mode: the mailbox's host and device addresses */
   struct st_decode_dev dev;
   int graph_key0;                      /* first CUDA graph key of the decode tasks */
   int *smem_set;                       /* per engine, 0 at start: the CUDA side has set its kernels'
@@ -122,12 +146,13 @@ enum st_lane_kind {
 };
 
 /* Lane task arguments. kind: ST_LANE_TOKEN (CPU-only: items of sync[0] before layer_end[layer]),
- * ST_LANE_EXPERTS (the CPU-pool experts of `layer`, counters sync[layer]; buffers: xin R, and for
- * the collector also cpu_out W: the collector returns only once every item is done). */
+ * ST_LANE_EXPERTS (GPU mode: the CPU-pool experts of every layer with layer_cpu set, in layer
+ * order, each once its xin flag carries ctx->seq, counters sync[layer]; layer is unused). No
+ * buffers: the mailbox carries what crosses. */
 enum { ST_LANE_TOKEN, ST_LANE_EXPERTS };
 struct st_lane_args {
   const struct st_decode_ctx *ctx;
-  int32_t kind, layer, collector;
+  int32_t kind, layer;
 };
 int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bufs, int nbufs, struct st_target tgt,
                           const char *name);
@@ -136,29 +161,21 @@ int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bu
  * any position (the counts do not depend on it). Returns 0 or ST_ENOMEM. */
 int st_lane_token_plan(struct st_decode_ctx *c);
 
-/* GPU task arguments (cuda/decode.cu). The dense task of `layer` (< n_layer) has buffers
- * attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm, router (R), the layer's K and V caches per
- * KV head (RW), then cpu_in (layer - 1's cpu_out, R) when has_cpu_in, then xin (W) when has_xin;
+/* GPU task arguments (cuda/decode.cu). The task of `layer` (< n_layer) has buffers attn_norm, wq,
+ * wk, wv, wo, q_norm, k_norm, ffn_norm, router (R) and the layer's K and V caches per KV head (RW);
  * the head (layer == n_layer) has output_norm, output (R) and out (W: n_vocab logits, then the
  * step's routing [n_layer][k]). emb: layer 0's input row. */
 struct st_decode_gpu_args {
   const struct st_decode_ctx *ctx;
   int32_t layer, pos;
+  uint32_t seq;       /* the step's number (layer 0 copies it to the device with pos) */
   int32_t combine;    /* add layer - 1's expert rows to x first (every layer but 0, and the head) */
-  int32_t has_cpu_in; /* layer - 1 has CPU-pool rows */
-  int32_t has_xin;    /* this layer's CPU pool reads routing and FFN input */
-  int32_t experts;    /* also run this layer's cached experts in the same task */
+  int32_t has_cpu_in; /* layer - 1 has CPU-pool pairs: wait for its rows in the mailbox when routed there */
+  int32_t has_xin;    /* this layer has CPU-pool pairs: publish its routing and FFN input to the mailbox */
   float emb[];        /* layer 0: n_embd floats */
 };
 int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
                          struct st_target tgt, const char *name);
-/* The cached experts of `layer` on the primary GPU (no buffers: routing, slot table and rows are
- * the device buffers of ctx->dev). */
-struct st_decode_experts_args {
-  const struct st_decode_ctx *ctx;
-  int32_t layer;
-};
-int st_submit_decode_experts(const struct st_decode_experts_args *a, struct st_target tgt, const char *name);
 
 #ifdef __cplusplus
 }

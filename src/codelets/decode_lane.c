@@ -39,7 +39,7 @@ static int64_t claim(struct st_lane_sync *s, int64_t bound) {
 }
 
 /* What an item needs beyond the context: the layer's routing and FFN input (CPU-only: the
- * context's; GPU layers: the xin buffer), and the slots the CPU pool computes. */
+ * context's; GPU layers: the mailbox), and the slots the CPU pool computes. */
 struct lane_state {
   const struct st_decode_ctx *c;
   struct st_lane_sync *sync;
@@ -48,6 +48,7 @@ struct lane_state {
   int slots[64];                /* the layer's CPU-pool slots (top-k positions), in slot order */
   int n_slots;
   const uint8_t *xq_gate, *xq_up; /* quantised ffn_in, or NULL (float32 activations) */
+  float *eout;                  /* [k][n_embd]: the slots' weighted expert rows */
   float *scratch;
 };
 
@@ -175,7 +176,7 @@ static void item_down(struct lane_state *s, int l, int64_t i) {
   const int slot = s->slots[i / per];
   const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
   const void *dw = expert_mat(c, l, s->route[slot].expert, 2);
-  float *out = c->eout + (size_t)slot * c->n_embd + r0;
+  float *out = s->eout + (size_t)slot * c->n_embd + r0;
   const uint64_t qa = aq_row_bytes(c, L);
   if (qa) st_matmul_q8(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->aq + (size_t)slot * qa, 1, ff, out, r1 - r0);
   else st_matmul(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->act + (size_t)slot * ff, ff, 1, ff, out, r1 - r0);
@@ -236,16 +237,19 @@ static void enter_layer_cpu(struct lane_state *s, int l) {
   const struct st_decode_ctx *c = s->c;
   s->route = c->route + (size_t)l * c->k;
   s->ffn_in = c->ffn_in;
+  s->eout = c->eout;
   s->n_slots = c->k;
   for (int j = 0; j < c->k; j++) s->slots[j] = j;
   if (l < c->n_layer) lane_xq(s, &c->layers[l]);
 }
 
 /* Runs items of a plan (n_phases phases, starts[p] .. starts[p + 1], of kind[p] in layer[p])
- * below `bound`. */
-static void run_plan(struct lane_state *s, const int64_t *starts, const int16_t *kind, const int16_t *layer,
-                     int n_phases, int64_t bound, int cpu_only) {
+ * below `bound`. Returns the done count this lane's last item reached (0 if it ran none): the
+ * lane that returns the plan's item count finished the last one. */
+static int64_t run_plan(struct lane_state *s, const int64_t *starts, const int16_t *kind, const int16_t *layer,
+                        int n_phases, int64_t bound, int cpu_only) {
   int p = 0, cur_layer = -1;
+  int64_t reached = 0;
   for (int64_t i; (i = claim(s->sync, bound)) >= 0;) {
     while (p < n_phases && starts[p + 1] <= i) p++;
     ST_ASSERT(p < n_phases);
@@ -255,8 +259,9 @@ static void run_plan(struct lane_state *s, const int64_t *starts, const int16_t 
     }
     wait_at_least(&s->sync->done, starts[p]);
     run_item(s, kind[p], layer[p], i - starts[p]);
-    __atomic_fetch_add(&s->sync->done, 1, __ATOMIC_RELEASE);
+    reached = __atomic_add_fetch(&s->sync->done, 1, __ATOMIC_ACQ_REL);
   }
+  return reached;
 }
 
 static float *worker_scratch(const struct st_decode_ctx *c) {
@@ -264,16 +269,30 @@ static float *worker_scratch(const struct st_decode_ctx *c) {
   return c->scratch + (size_t)(w < 0 ? 0 : w) * (size_t)c->scratch_floats;
 }
 
-/* The CPU-pool experts of a GPU layer: the slots whose pair the CPU pool owns, then the local
- * plan QX, GATEUP, QA, DOWN over them (every lane computes the same plan from the same input). */
-static void lane_experts(const struct st_lane_args *a, void *buffers[]) {
-  const struct st_decode_ctx *c = a->ctx;
-  const int l = a->layer;
+/* Spins until the 32-bit flag at p holds `want` (acquire), as wait_at_least. */
+static void wait_flag(const uint32_t *p, uint32_t want, const uint32_t *abort_seq) {
+  for (unsigned spins = 0; __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; spins++) {
+    if (__atomic_load_n(abort_seq, __ATOMIC_ACQUIRE) == want) return;
+    if (spins < (1u << 14)) __builtin_ia32_pause();
+    else sched_yield();
+  }
+}
+
+/* The CPU-pool experts of GPU layer l: once the router kernel has written the layer's routing and
+ * FFN input to the mailbox, the slots whose pair the CPU pool owns, then the local plan QX, GATEUP,
+ * QA, DOWN over them (every lane computes the same plan from the same input) into the mailbox's
+ * rows; the lane that counts the last item done (every lane, when there is none) raises cpu_seq. */
+static void lane_experts_layer(const struct st_decode_ctx *c, int l, float *scratch) {
   const struct st_decode_layer *L = &c->layers[l];
-  struct lane_state s = {.c = c, .sync = &((struct st_lane_sync *)c->sync)[l], .scratch = worker_scratch(c)};
-  const struct st_route *route = (const struct st_route *)STARPU_VECTOR_GET_PTR(buffers[0]);
+  const struct st_decode_mail *m = &c->mail;
+  const uint32_t seq = c->seq;
+  wait_flag(&m->xin_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], seq, m->abort_seq);
+  if (__atomic_load_n(m->abort_seq, __ATOMIC_ACQUIRE) == seq) return;
+  struct lane_state s = {.c = c, .sync = &((struct st_lane_sync *)c->sync)[l], .scratch = scratch};
+  const struct st_route *route = m->xroute + (size_t)l * c->k;
   s.route = route;
-  s.ffn_in = (const float *)(route + c->k);
+  s.ffn_in = m->xffn + (size_t)l * c->n_embd;
+  s.eout = m->cpu_out + (size_t)l * c->k * c->n_embd;
   for (int j = 0; j < c->k && j < 64; j++) {
     const int e = route[j].expert;
     if (e >= 0 && e < c->n_expert && c->tier[(size_t)l * c->n_expert + e] == 0) s.slots[s.n_slots++] = j;
@@ -285,15 +304,27 @@ static void lane_experts(const struct st_lane_args *a, void *buffers[]) {
   const int16_t kinds[4] = {ST_LP_QX, ST_LP_GATEUP, ST_LP_QA, ST_LP_DOWN}, layers[4] = {(int16_t)l, (int16_t)l, (int16_t)l, (int16_t)l};
   int64_t starts[5] = {0};
   for (int p = 0; p < 4; p++) starts[p + 1] = starts[p] + counts[p];
-  run_plan(&s, starts, kinds, layers, 4, starts[4], 0);
-  if (a->collector) wait_at_least(&s.sync->done, starts[4]); /* cpu_out is complete when this task ends */
+  uint32_t *done_flag = &m->cpu_seq[(size_t)l * ST_MAIL_FLAG_STRIDE];
+  if (starts[4] == 0) {
+    __atomic_store_n(done_flag, seq, __ATOMIC_RELEASE);
+    return;
+  }
+  if (run_plan(&s, starts, kinds, layers, 4, starts[4], 0) == starts[4]) __atomic_store_n(done_flag, seq, __ATOMIC_RELEASE);
+}
+
+/* GPU mode: the CPU-pool experts of every layer the pool has a pair of, in layer order. */
+static void lane_experts(const struct st_decode_ctx *c) {
+  float *scratch = worker_scratch(c);
+  for (int l = 0; l < c->n_layer; l++)
+    if (c->layer_cpu[l]) lane_experts_layer(c, l, scratch);
 }
 
 static void decode_lane_cpu(void *buffers[], void *cl_arg) {
   const struct st_lane_args *a = cl_arg;
   const struct st_decode_ctx *c = a->ctx;
+  (void)buffers;
   if (a->kind == ST_LANE_EXPERTS) {
-    lane_experts(a, buffers);
+    lane_experts(c);
     return;
   }
   struct lane_state s = {.c = c, .sync = (struct st_lane_sync *)c->sync, .scratch = worker_scratch(c)};
@@ -355,6 +386,6 @@ static struct starpu_codelet decode_lane_cl = {
 
 int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bufs, int nbufs, struct st_target tgt,
                           const char *name) {
-  enum starpu_data_access_mode modes[2] = {STARPU_R, STARPU_W};
+  enum starpu_data_access_mode modes[1] = {STARPU_R};
   return st_submit_task(&decode_lane_cl, bufs, modes, nbufs, a, sizeof *a, tgt, name);
 }

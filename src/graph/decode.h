@@ -5,12 +5,13 @@
  *   decode_bufs.c    the persistent buffers (host, the primary GPU's, and their StarPU handles),
  *                    registered once per engine, and the codelets' context (codelets/decode.h)
  *   device_tables.c  the tiers' device tables: each pair's slot in the primary cache
- *   layer.c          one layer's tasks (the GPU's dense and expert tasks, the CPU pool's lanes)
+ *   layer.c          one layer's task (the GPU's dense work and cached experts), the CPU pool's lanes
  *   token.c          the token's graph: every layer and the head, then the host's bookkeeping
  *
  * With a CUDA worker the dense work, the KV cache and attention run on the primary GPU, the
- * primary cache's experts there too, and each layer with CPU-pool pairs gets one lane task per CPU
- * worker; without one every layer is one lane task per CPU worker. Configurations the step does
+ * primary cache's experts there too, one task per layer, and the CPU pool's experts of every layer
+ * run in one lane task per CPU worker per token, fed through the mailbox (codelets/decode.h);
+ * without a GPU every layer is one lane task per CPU worker. Configurations the step does
  * not cover (helper caches, the peer tier, a layer split; STRATA_DECODE_GRAPH=0) keep the per-task
  * path of engine.c. */
 #ifndef ST_GRAPH_DECODE_H
@@ -32,7 +33,9 @@ struct st_decode {
   int primary_worker;               /* its StarPU worker */
   unsigned primary_node;
   uintptr_t dev_block;              /* ctx.dev's allocation on that node */
-  starpu_data_handle_t h_xin, h_cpu_out, h_out; /* GPU mode: routing + FFN input, CPU-pool rows, logits + routing */
+  starpu_data_handle_t h_out;       /* GPU mode: the logits and the step's routing */
+  void *mail_block;                 /* GPU mode: the mailbox (pinned, mapped), one allocation */
+  size_t mail_bytes;
   float *out;                       /* h_out's home: n_vocab logits, then [n_layer][k] st_route */
   float *emb;                       /* the token's embedding row (n_embd), before submission */
   uint8_t *layer_cpu;               /* [n_layer]: the CPU pool owns a pair of the layer */
@@ -40,7 +43,7 @@ struct st_decode {
   int *lane_worker;                 /* [n_lanes] StarPU worker ids */
   unsigned order;                   /* the primary worker's last starpu_task::workerorder */
   char *names;                      /* task names (StarPU keeps the pointers) */
-  const char **layer_names, **experts_names, **lane_names; /* [n_layer + 1], [n_layer], [(n_layer + 1) * n_lanes] */
+  const char **layer_names, **lane_names; /* [n_layer + 1], [(n_layer + 1) * n_lanes] */
   uint64_t tasks_last;              /* tasks of the last step */
   int smem_set;                     /* ctx.smem_set's home */
 };
@@ -59,6 +62,9 @@ int st_decode_tables_update(struct st_engine *e);
 
 /* Submits layer l's tasks of a decode step (layer.c); l == n_layer: the output head. */
 int st_decode_submit_layer(struct st_engine *e, int l);
+/* GPU mode: submits the step's CPU-pool lanes (one per CPU worker; none when the CPU pool owns no
+ * pair), before the layers (layer.c). 0 or the submission's error. */
+int st_decode_submit_lanes(struct st_engine *e);
 
 /* One decode step (token.c): token `id` at position e->n_past through every layer and the head;
  * the logits (n_vocab floats) into `logits`; the routing counted as the per-task path counts it.

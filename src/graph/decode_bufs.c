@@ -1,8 +1,9 @@
 /* The decode step's persistent buffers (graph/decode.h): the host buffers the lanes work in, the
- * primary GPU's buffers its graphs replay over, and the three handles that cross between them
- * (xin: a layer's routing and FFN input for the CPU pool; cpu_out: the CPU pool's rows back; out:
- * the logits and the step's routing), all made and registered once per engine, so that every task
- * of every step sees the same addresses. */
+ * primary GPU's buffers its graphs replay over, the mailbox between the two (pinned host memory the
+ * GPU maps: a layer's routing and FFN input for the CPU pool, the CPU pool's rows back, their
+ * flags; codelets/decode.h) and the handle of the step's result (out: the logits and the step's
+ * routing), all made and registered once per engine, so that every task of every step sees the
+ * same addresses. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,12 +83,11 @@ static uint64_t q8_row_max(const struct st_engine *e, int which, int64_t n) {
 
 static int make_names(struct st_decode *d, const struct st_engine *e) {
   const int L = (int)e->hp.n_layer, lanes = d->n_lanes;
-  const size_t n = (size_t)(L + 1) + (size_t)L + (size_t)(L + 1) * lanes;
+  const size_t n = (size_t)(L + 1) + (size_t)(L + 1) * lanes;
   d->names = malloc(n * 64);
   d->layer_names = malloc(sizeof(char *) * (size_t)(L + 1));
-  d->experts_names = malloc(sizeof(char *) * (size_t)L);
   d->lane_names = malloc(sizeof(char *) * (size_t)(L + 1) * lanes);
-  if (!d->names || !d->layer_names || !d->experts_names || !d->lane_names)
+  if (!d->names || !d->layer_names || !d->lane_names)
     return st_set_error(ST_ENOMEM, "out of memory for task names");
   char *p = d->names;
   const char *gpu = e->placement.n_caches ? e->placement.cache[0].name : "CUDA0";
@@ -96,13 +96,9 @@ static int make_names(struct st_decode *d, const struct st_engine *e) {
     else snprintf(p, 64, "output_head %s", gpu);
     d->layer_names[l] = p;
     p += 64;
-    if (l < L) {
-      snprintf(p, 64, "expert_rows L%d %s", l, gpu);
-      d->experts_names[l] = p;
-      p += 64;
-    }
     for (int i = 0; i < lanes; i++) {
-      if (l < L) snprintf(p, 64, d->gpu ? "expert_rows L%d CPU lane %d" : "decode_lane L%d lane %d", l, i);
+      if (d->gpu) snprintf(p, 64, "expert_rows CPU lane %d", i); /* once per token, l == L */
+      else if (l < L) snprintf(p, 64, "decode_lane L%d lane %d", l, i);
       else snprintf(p, 64, "decode_lane head lane %d", i);
       d->lane_names[(size_t)l * lanes + i] = p;
       p += 64;
@@ -128,7 +124,6 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->rlogits, float, hp->n_expert);
   TAKE(c->act, float, k * ff);
   TAKE(c->eout, float, k * dm);
-  TAKE(c->xin, float, 2 * k + dm);
   TAKE(c->logits, float, d->gpu ? 1 : hp->n_vocab);
   TAKE(c->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(c->xq, uint8_t, q8_row_max(e, 0, dm) + q8_row_max(e, 1, dm) + 1);
@@ -142,6 +137,23 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
 }
 
 #ifdef ST_HAVE_CUDA
+/* Carves the mailbox at base (host or device addresses of the same memory) into m: flags on their
+ * own cache lines, rows 64-byte aligned; with base 0 only counts. */
+static size_t carve_mail(const struct st_engine *e, uintptr_t base, struct st_decode_mail *m) {
+  const struct st_hparams *hp = &e->hp;
+  const size_t L = hp->n_layer, k = hp->n_expert_used, dm = hp->n_embd;
+  size_t at = 0;
+#define TAKE(dst, type, count) CARVE(base, at, 64, dst, type, count)
+  TAKE(m->xin_seq, uint32_t, L * ST_MAIL_FLAG_STRIDE);
+  TAKE(m->cpu_seq, uint32_t, L * ST_MAIL_FLAG_STRIDE);
+  TAKE(m->abort_seq, uint32_t, ST_MAIL_FLAG_STRIDE);
+  TAKE(m->xroute, struct st_route, L * k);
+  TAKE(m->xffn, float, L * dm);
+  TAKE(m->cpu_out, float, L * k * dm);
+#undef TAKE
+  return at;
+}
+
 /* Carves the primary GPU's block (256-byte aligned arrays); with base 0 only counts. */
 static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_t base) {
   const struct st_hparams *hp = &e->hp;
@@ -162,10 +174,9 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->rlogits, float, hp->n_expert);
   TAKE(D->act, float, k * ff);
   TAKE(D->gpu_out, float, k * dm);
-  TAKE(D->cpu_out, float, k * dm);
   TAKE(D->part, float, part);
   TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
-  TAKE(D->pos, int32_t, 1);
+  TAKE(D->pos, int32_t, 2);
   TAKE(D->counters, int32_t, hp->n_head + 1);
   TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);
 #undef TAKE
@@ -221,6 +232,7 @@ int st_decode_init(struct st_engine *e) {
   }
   c->layers = d->layers;
   c->expert_src = d->expert_src;
+  c->layer_cpu = d->layer_cpu;
 
   /* lanes: one per CPU worker, in worker order */
   const unsigned nw = starpu_worker_get_count();
@@ -249,10 +261,13 @@ int st_decode_init(struct st_engine *e) {
     if (!d->dev_block) return st_set_error(ST_ENOMEM, "the decode buffers need %.1f MiB on the primary GPU", bytes / 1048576.0);
     c->dev.bytes = bytes;
     carve_dev(d, e, d->dev_block);
-    const size_t kf = (size_t)c->k * 2 + (size_t)c->n_embd;
-    starpu_vector_data_register(&d->h_xin, STARPU_MAIN_RAM, (uintptr_t)c->xin, (uint32_t)kf, sizeof(float));
-    starpu_vector_data_register(&d->h_cpu_out, STARPU_MAIN_RAM, (uintptr_t)c->eout, (uint32_t)((size_t)c->k * c->n_embd),
-                                sizeof(float));
+    d->mail_bytes = carve_mail(e, 0, &c->mail);
+    uintptr_t dmail = 0;
+    d->mail_block = st_cuda_host_alloc_mapped(d->mail_bytes, starpu_worker_get_devid(d->primary_worker), &dmail, why, sizeof why);
+    if (!d->mail_block) return st_set_error(ST_ERUNTIME, "the decode step's mailbox (%zu bytes of mapped host memory): %s", d->mail_bytes, why);
+    memset(d->mail_block, 0, d->mail_bytes);
+    carve_mail(e, (uintptr_t)d->mail_block, &c->mail);
+    carve_mail(e, dmail, &c->dmail);
     starpu_vector_data_register(&d->h_out, STARPU_MAIN_RAM, (uintptr_t)d->out,
                                 (uint32_t)((size_t)c->n_vocab + 2 * (size_t)L * c->k), sizeof(float));
   }
@@ -264,12 +279,11 @@ int st_decode_init(struct st_engine *e) {
 void st_decode_free(struct st_engine *e) {
   struct st_decode *d = e->dec;
   if (!d) return;
-  if (d->h_xin) starpu_data_unregister(d->h_xin);
-  if (d->h_cpu_out) starpu_data_unregister(d->h_cpu_out);
   if (d->h_out) starpu_data_unregister(d->h_out);
   if (d->dev_block) starpu_free_on_node(d->primary_node, d->dev_block, d->ctx.dev.bytes);
 #ifdef ST_HAVE_CUDA
   if (d->host_block && d->gpu) st_cuda_host_unregister(d->host_block);
+  if (d->mail_block) st_cuda_host_free_mapped(d->mail_block);
 #endif
   free(d->host_block);
   free(d->layers);
@@ -278,7 +292,6 @@ void st_decode_free(struct st_engine *e) {
   free(d->lane_worker);
   free(d->names);
   free(d->layer_names);
-  free(d->experts_names);
   free(d->lane_names);
   free(d->ctx.phase_start);
   free(d->ctx.phase_kind);

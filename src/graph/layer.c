@@ -1,15 +1,14 @@
 /* One layer's tasks of a decode step (graph/decode.h). With the dense work on the primary GPU:
  *   decode_layer  (CUDA0, ordered)  the previous layer's combine, attention with the KV append,
- *                                   the output projection, FFN norm, router and top-k; for a layer
- *                                   the CPU pool has no pair of, also the cached experts
- *   decode_experts (CUDA0, ordered) the cached experts, beside the CPU pool's lanes
- *   cpu_pool lanes (one per CPU worker) the CPU pool's experts, from the xin handle StarPU moved
- *                                   to main RAM; the first lane (the collector) writes cpu_out
+ *                                   the output projection, FFN norm, router and top-k, and the
+ *                                   layer's cached experts; a layer the CPU pool has a pair of
+ *                                   also publishes its routing and FFN input to the mailbox
+ *   cpu_pool lanes (one per CPU worker, once per token: st_decode_submit_lanes) the CPU pool's
+ *                                   experts of every such layer, through the mailbox
  * and the output head (layer n_layer) adds the last layer's experts, norms and projects. The GPU
  * tasks carry consecutive starpu_task::workerorder values, so CUDA0 queues them on its stream in
- * submission order while the lanes of earlier layers still run; data handles link only what
- * crosses between the GPU and the CPU pool. Without a GPU every layer is one lane task per CPU
- * worker over the token's work items (codelets/decode.h). */
+ * submission order; nothing links them to the lanes but the mailbox's flags (codelets/decode.h).
+ * Without a GPU every layer is one lane task per CPU worker over the token's work items. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,19 +24,25 @@ static struct st_target on_worker(const struct st_engine *e, int32_t where, int 
   return st_engine_traced(e, t);
 }
 
+/* One lane task per CPU worker of `kind` (ST_LANE_TOKEN: up to the end of layer l). */
 static int submit_lanes(struct st_engine *e, int l, int kind) {
   struct st_decode *d = e->dec;
   int rc = 0;
   for (int i = 0; i < d->n_lanes && !rc; i++) {
-    const struct st_lane_args a = {&d->ctx, kind, l, kind == ST_LANE_EXPERTS && i == 0};
-    starpu_data_handle_t bufs[2] = {d->h_xin, d->h_cpu_out};
-    const int nb = kind == ST_LANE_EXPERTS ? 1 + a.collector : 0;
-    rc = st_submit_decode_lane(&a, bufs, nb, on_worker(e, STARPU_CPU, d->lane_worker[i], 0),
+    const struct st_lane_args a = {&d->ctx, kind, l};
+    rc = st_submit_decode_lane(&a, NULL, 0, on_worker(e, STARPU_CPU, d->lane_worker[i], 0),
                                d->lane_names[(size_t)l * d->n_lanes + i]);
     e->stats.tasks++;
     d->tasks_last++;
   }
   return rc;
+}
+
+int st_decode_submit_lanes(struct st_engine *e) {
+  struct st_decode *d = e->dec;
+  int any = 0;
+  for (uint32_t l = 0; l < e->hp.n_layer; l++) any |= d->layer_cpu[l];
+  return d->gpu && any ? submit_lanes(e, (int)e->hp.n_layer, ST_LANE_EXPERTS) : 0;
 }
 
 int st_decode_submit_layer(struct st_engine *e, int l) {
@@ -51,11 +56,10 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   const size_t args_size = sizeof(struct st_decode_gpu_args) + (l == 0 ? sizeof(float) * e->hp.n_embd : 0);
   struct st_decode_gpu_args *a = malloc(args_size);
   if (!a) return st_set_error(ST_ENOMEM, "out of memory submitting layer %d", l);
-  *a = (struct st_decode_gpu_args){.ctx = &d->ctx, .layer = l, .pos = e->n_past, .combine = l > 0,
-                                   .has_cpu_in = l > 0 && d->layer_cpu[l - 1], .has_xin = l < L && d->layer_cpu[l],
-                                   .experts = l < L && !d->layer_cpu[l]};
+  *a = (struct st_decode_gpu_args){.ctx = &d->ctx, .layer = l, .pos = e->n_past, .seq = d->ctx.seq, .combine = l > 0,
+                                   .has_cpu_in = l > 0 && d->layer_cpu[l - 1], .has_xin = l < L && d->layer_cpu[l]};
   if (l == 0) memcpy(a->emb, d->emb, sizeof(float) * e->hp.n_embd);
-  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 2];
+  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 1];
   int nb = 0;
   if (l < L) {
     for (int i = 0; i < W_COUNT; i++) bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + i];
@@ -66,20 +70,13 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   } else {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;
+    bufs[nb++] = d->h_out;
   }
-  if (a->has_cpu_in) bufs[nb++] = d->h_cpu_out;
-  if (a->has_xin) bufs[nb++] = d->h_xin;
-  if (l == L) bufs[nb++] = d->h_out;
-  int rc = st_submit_decode_gpu(a, args_size, bufs, nb, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order),
-                                d->layer_names[l]);
+  const int rc = st_submit_decode_gpu(a, args_size, bufs, nb, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order),
+                                      d->layer_names[l]);
   free(a);
   e->stats.tasks++;
   d->tasks_last++;
-  if (rc || l == L || !d->layer_cpu[l]) return rc;
-  const struct st_decode_experts_args xa = {&d->ctx, l};
-  rc = st_submit_decode_experts(&xa, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order), d->experts_names[l]);
-  e->stats.tasks++;
-  d->tasks_last++;
-  return rc ? rc : submit_lanes(e, l, ST_LANE_EXPERTS);
+  return rc;
 #endif
 }

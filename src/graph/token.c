@@ -1,5 +1,5 @@
-/* The token's graph of a decode step (graph/decode.h): every layer's tasks and the head submitted
- * at once, then one wait for the logits; afterwards the host counts the step's routing (profiles,
+/* The token's graph of a decode step (graph/decode.h): the CPU pool's lanes, every layer's task
+ * and the head submitted at once, then one wait for the logits; afterwards the host counts the step's routing (profiles,
  * the adaptive cache, the tiers' counters) as the per-task path does when it reads each layer's
  * routing table. */
 #include <string.h>
@@ -50,10 +50,16 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
                     (int64_t)hp->n_embd);
   const double t_step = st_now();
   c->pos = e->n_past;
+  c->seq = c->seq + 1 ? c->seq + 1 : 1; /* never 0: the mailbox's flags start at 0 */
   memset(c->sync, 0, sizeof *c->sync * (hp->n_layer + 1));
   d->tasks_last = 0;
-  int rc = 0;
+  int rc = d->gpu ? st_decode_submit_lanes(e) : 0;
   for (int l = 0; l <= (int)hp->n_layer && !rc; l++) rc = st_decode_submit_layer(e, l);
+  if (rc && d->gpu) { /* release whatever was submitted: lanes leave, the GPU's waits end */
+    __atomic_store_n(c->mail.abort_seq, c->seq, __ATOMIC_RELEASE);
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+      __atomic_store_n(&c->mail.cpu_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], c->seq, __ATOMIC_RELEASE);
+  }
   const double t_wait = st_now();
   e->stats.submit_s += t_wait - t_step;
   const struct st_route *route = c->route;

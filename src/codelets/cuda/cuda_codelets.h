@@ -64,6 +64,13 @@ int st_cuda_p2p_check(int a, int b, char *why, size_t len);
 int st_cuda_host_register(void *p, size_t n, char *why, size_t len);
 void st_cuda_host_unregister(void *p);
 
+/* Allocates n bytes of pinned host memory mapped into the address space of CUDA device `device`
+ * (cudaHostAlloc, portable and mapped), its device address in *dev_addr: the decode step's mailbox
+ * (graph/decode_bufs.c). Returns the host address, or NULL with CUDA's reason in why[len]. Freed
+ * by st_cuda_host_free_mapped. */
+void *st_cuda_host_alloc_mapped(size_t n, int device, uintptr_t *dev_addr, char *why, size_t len);
+void st_cuda_host_free_mapped(void *p);
+
 /* ---- graph.cu: CUDA Graphs for the dense codelets on the decode path ----------------------
  * A graph key (> 0) names one task site of a step (a layer's attention, attention output,
  * router or combine; the output head), st_*_args.graph_key. The executable graphs are cached per

@@ -1,11 +1,14 @@
-// CUDA variants of the decode step's GPU tasks (decode.h): a layer's dense work, its cached experts
-// and the output head, each one CUDA graph captured once and replayed (st_cuda_graph_replay) over
-// the engine's persistent device buffers, the token's position read from device memory.
+// CUDA variants of the decode step's GPU tasks (decode.h): a layer's dense work with its cached
+// experts, and the output head, each one CUDA graph captured once and replayed
+// (st_cuda_graph_replay) over the engine's persistent device buffers, the token's position and the
+// step number read from device memory. A layer the CPU pool has pairs of hands its routing and FFN
+// input to the CPU pool through the mailbox (dk_router's last block) and the next layer's dk_pre
+// takes the pool's rows from it (codelets/decode.h).
 //
 // A layer is eight kernels: dk_pre (the previous layer's combine and the attention norm), dk_mv
 // (Q, K and V in one launch when their types agree), rope_append and attend_decode_all
 // (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits and,
-// in the last block to finish, softmax and top-k), dk_gateup (gate, up and SwiGLU of every cached
+// in the last block to finish, softmax, top-k and the mailbox), dk_gateup (gate, up and SwiGLU of every cached
 // routed expert) and dk_down (down, weighted). The mat-vec products share mmv.cuh's block core with
 // st_cuda_matmul and st_cuda_grouped_matmul, and every other step repeats the float operations of
 // the per-task kernels (rmsnorm_kernel, combine_token, residual_piece, swiglu, softmax_topk), so a
@@ -21,27 +24,55 @@ namespace {
 #define PRE_THREADS 1024
 #define NORM_THREADS 256 /* rmsnorm_kernel's block: its sums' order */
 
+// The mailbox's flags (codelets/decode.h): system-scope acquire loads and release stores on
+// mapped host memory.
+__device__ __forceinline__ uint32_t dk_flag_load(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void dk_flag_store(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // x = h + the k slots' rows added in slot order (combine != 0: a slot whose pair is in this card's
-// cache, slot_ptr != NULL, from gpu_out, the others from cpu_out; plain adds, as combine_token),
-// else x as it is; then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block; dynamic
-// shared memory: d floats.
+// cache, slot_ptr != NULL, from gpu_out, the others from the mailbox's rows cpu_out, once the CPU
+// pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
+// set; plain adds, as combine_token), else x as it is; then xn = RMSNorm(x) * w as rmsnorm_kernel
+// computes it. One block; dynamic shared memory: d floats.
 __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
-           const float *cpu_out, const float *h, int k, int d, int combine, float *x, const float *w, float eps,
-           float *xn) {
+           const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
+           int combine, float *x, const float *w, float eps, float *xn) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
+  __shared__ int from_cpu[64], any_cpu;
   __shared__ float red[32];
   st_dev_griddep_launch();
   if (combine) {
+    if (threadIdx.x == 0) any_cpu = 0;
+    __syncthreads();
     if ((int)threadIdx.x < k) {
       const int e = min(max(route[threadIdx.x].expert, 0), n_expert - 1);
+      from_cpu[threadIdx.x] = !slot_ptr[e];
       src[threadIdx.x] = (slot_ptr[e] ? gpu_out : cpu_out) + (size_t)threadIdx.x * d;
+      if (!slot_ptr[e]) atomicOr(&any_cpu, 1);
     }
+    __syncthreads();
+    if (threadIdx.x == 0 && cpu_flag && any_cpu)
+      for (const uint32_t want = *seq; dk_flag_load(cpu_flag) != want;) __nanosleep(128);
     __syncthreads();
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       float acc = 0.0f;
-      for (int j = 0; j < k; j++) acc = __fadd_rn(acc, src[j][i]);
+      for (int j0 = 0; j0 < k; j0 += 8) { // every load of a row group in flight (the mailbox's cross the bus)
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+          if (j0 + u < k) v[u] = from_cpu[j0 + u] ? __ldcv(src[j0 + u] + i) : src[j0 + u][i];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+          if (j0 + u < k) acc = __fadd_rn(acc, v[u]);
+      }
       const float v = __fadd_rn(acc, h[i]);
       x[i] = v;
       xs[i] = v;
@@ -113,8 +144,10 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int64_t n
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
 // block into shared memory and written by block 0; then the router logits of the block's rows; the
-// last block to finish (*counter, reset by it) runs softmax and top-k into route. Dynamic shared
-// memory: the staging buffers, then d + E floats.
+// last block to finish (*counter, reset by it) runs softmax and top-k into route and, when pub_flag
+// is set, publishes the routing and ffn_in to the mailbox (pub_route, pub_x), fences (system scope)
+// and raises *pub_flag to the step number *seq. Dynamic shared memory: the staging buffers, then
+// d + E floats.
 struct router_job {
   static constexpr bool static_rows = true, x_shared = true;
   const uint8_t *W;
@@ -133,7 +166,8 @@ struct router_job {
 template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
                                         uint64_t row_bytes, int E, int k, float *h, float *ffn_in, float *logits,
-                                        st_route *route, int *counter) {
+                                        st_route *route, int *counter, st_route *pub_route, float *pub_x,
+                                        uint32_t *pub_flag, const uint32_t *seq) {
   extern __shared__ uint4 dyn_smem[];
   float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   __shared__ mmv_pipe<TYPE> sm;
@@ -171,6 +205,13 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   __syncthreads();
   if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, route);
   if (threadIdx.x == 0) *counter = 0;
+  if (!pub_flag) return;
+  __syncthreads(); // the routing is written
+  for (int i = threadIdx.x; i < d; i += blockDim.x) pub_x[i] = xs[i];
+  if ((int)threadIdx.x < k) pub_route[threadIdx.x] = route[threadIdx.x];
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) dk_flag_store(pub_flag, *seq);
 }
 
 // The cached pair of routing slot j (NULL: another tier computes it).
@@ -353,14 +394,19 @@ void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
   });
 }
 
-// dk_pre over layer l's input (combine: add layer l - 1's expert rows first) with norm w; the first
-// kernel of its graph.
-void pre_launch(const st_decode_ctx *c, int l, int combine, const float *w, cudaStream_t st) {
+// The step number in device memory (after the position).
+const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.pos + 1); }
+
+// dk_pre over layer l's input (combine: add layer l - 1's expert rows first, waiting for the CPU
+// pool's rows in the mailbox when wait_cpu) with norm w; the first kernel of its graph.
+void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const int lp = l > 0 ? l - 1 : 0;
+  const float *rows = c->dmail.cpu_out + (size_t)lp * c->k * c->n_embd;
+  const uint32_t *flag = wait_cpu ? c->dmail.cpu_seq + (size_t)lp * ST_MAIL_FLAG_STRIDE : NULL;
   dk_pre<<<1, PRE_THREADS, sizeof(float) * (size_t)c->n_embd, st>>>(
-      D.route + (size_t)lp * c->k, D.slot_ptr + (size_t)lp * c->n_expert, c->n_expert, D.gpu_out, D.cpu_out, D.h, c->k,
-      c->n_embd, combine, D.x, w, c->eps, D.xn);
+      D.route + (size_t)lp * c->k, D.slot_ptr + (size_t)lp * c->n_expert, c->n_expert, D.gpu_out, rows, flag,
+      dev_seq(D), D.h, c->k, c->n_embd, combine, D.x, w, c->eps, D.xn);
 }
 
 void layer_body(const void *args, cudaStream_t st) {
@@ -371,7 +417,7 @@ void layer_body(const void *args, cudaStream_t st) {
   const st_decode_layer *L = &c->layers[a->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
-  pre_launch(c, a->layer, a->combine, (const float *)g->w[0], st);
+  pre_launch(c, a->layer, a->combine, a->has_cpu_in, (const float *)g->w[0], st);
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
@@ -386,11 +432,14 @@ void layer_body(const void *args, cudaStream_t st) {
     const int Rr = mmv_stream_rows<TY>(d);
     auto kernel = dk_router<TY>;
     const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * ((size_t)d + (size_t)E);
+    const st_decode_mail &M = c->dmail;
+    const size_t l = (size_t)a->layer;
     st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
                    (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, c->k, D.h,
-                   D.ffn_in, D.rlogits, D.route + (size_t)a->layer * c->k, D.counters + Hq);
+                   D.ffn_in, D.rlogits, D.route + l * c->k, D.counters + Hq, M.xroute + l * c->k, M.xffn + l * d,
+                   a->has_xin ? M.xin_seq + l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D));
   });
-  if (a->experts) experts_body(c, a->layer, pdl, st);
+  experts_body(c, a->layer, pdl, st);
 }
 
 struct head_graph {
@@ -404,24 +453,14 @@ void head_body(const void *args, cudaStream_t st) {
   const head_graph *g = (const head_graph *)args;
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
-  pre_launch(c, c->n_layer, 1, g->norm, st);
+  pre_launch(c, c->n_layer, 1, g->a->has_cpu_in, g->norm, st);
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, g->out};
   mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st);
   ST_CUDA_CHECK(cudaMemcpyAsync(g->out + c->n_vocab, D.route, sizeof(st_route) * (size_t)c->n_layer * c->k,
                                 cudaMemcpyDeviceToDevice, st));
 }
 
-struct experts_graph {
-  const st_decode_ctx *c;
-  int layer;
-};
-
-void experts_graph_body(const void *args, cudaStream_t st) {
-  const experts_graph *g = (const experts_graph *)args;
-  experts_body(g->c, g->layer, 0, st); // the first kernel of its graph
-}
-
-// Graph keys: graph_key0 + 3 l + (0 the dense task, 1 the experts task), graph_key0 + 3 n_layer the head.
+// Graph keys: graph_key0 + 3 l the task of layer l, graph_key0 + 3 n_layer the head.
 int key_of(const st_decode_ctx *c, int layer, int kind) { return c->graph_key0 + 3 * layer + kind; }
 
 void decode_gpu_run(void *buffers[], void *cl_arg);
@@ -451,16 +490,12 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   if (a->layer == c->n_layer) {
     head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
                     NULL};
-    int b = 2;
-    if (a->has_cpu_in) {
-      ST_CUDA_CHECK(cudaMemcpyAsync(D.cpu_out, (const void *)STARPU_VECTOR_GET_PTR(buffers[b]),
-                                    sizeof(float) * (size_t)c->k * c->n_embd, cudaMemcpyDeviceToDevice, st));
-      b++;
-    }
+    const int b = 2;
     g.out = (float *)STARPU_VECTOR_GET_PTR(buffers[b]);
     sig.add(g.norm);
     sig.add(g.w);
     sig.add(g.out);
+    sig.add((uint64_t)a->has_cpu_in);
     st_cuda_graph_replay(st, key_of(c, c->n_layer, 0), sig.h, head_body, &g);
     ST_CUDA_CHECK(cudaGetLastError());
     return;
@@ -480,37 +515,15 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   }
   g.n_chunks = st_cuda_attn_chunks(a->pos + 1);
   sig.add((uint64_t)g.n_chunks);
-  sig.add((uint64_t)(a->combine | a->experts << 1));
-  int b = 9 + 2 * G;
-  if (a->layer == 0) { // the token's embedding row and position (cl_arg: staged before cudaMemcpyAsync returns)
+  sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
+  if (a->layer == 0) { // the token's embedding row, position and step number (pageable: staged before the call returns)
+    const int32_t pos_seq[2] = {a->pos, (int32_t)a->seq};
     ST_CUDA_CHECK(cudaMemcpyAsync(D.x, a->emb, sizeof(float) * (size_t)c->n_embd, cudaMemcpyHostToDevice, st));
-    ST_CUDA_CHECK(cudaMemcpyAsync(D.pos, &a->pos, sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    ST_CUDA_CHECK(cudaMemcpyAsync(D.pos, pos_seq, sizeof pos_seq, cudaMemcpyHostToDevice, st));
     ST_CUDA_CHECK(cudaMemsetAsync(D.counters, 0, sizeof(int32_t) * (size_t)(c->n_head + 1), st));
   }
-  if (a->has_cpu_in) {
-    ST_CUDA_CHECK(cudaMemcpyAsync(D.cpu_out, (const void *)STARPU_VECTOR_GET_PTR(buffers[b]),
-                                  sizeof(float) * (size_t)c->k * c->n_embd, cudaMemcpyDeviceToDevice, st));
-    b++;
-  }
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
-  if (a->has_xin) { // the CPU pool's input: routing, then the FFN input
-    uint8_t *xin = (uint8_t *)STARPU_VECTOR_GET_PTR(buffers[b]);
-    const size_t rb = sizeof(st_route) * (size_t)c->k;
-    ST_CUDA_CHECK(cudaMemcpyAsync(xin, D.route + (size_t)a->layer * c->k, rb, cudaMemcpyDeviceToDevice, st));
-    ST_CUDA_CHECK(cudaMemcpyAsync(xin + rb, D.ffn_in, sizeof(float) * (size_t)c->n_embd, cudaMemcpyDeviceToDevice, st));
-  }
   ST_CUDA_CHECK(cudaGetLastError());
-}
-
-void decode_experts_cuda(void *buffers[], void *cl_arg) {
-  (void)buffers;
-  const double t0 = st_cuda_now_ns();
-  const st_decode_experts_args *a = (const st_decode_experts_args *)cl_arg;
-  allow_smem(a->ctx);
-  experts_graph g = {a->ctx, a->layer};
-  st_cuda_graph_replay(starpu_cuda_get_local_stream(), key_of(a->ctx, a->layer, 1), 1, experts_graph_body, &g);
-  ST_CUDA_CHECK(cudaGetLastError());
-  st_cuda_decode_host_time(t0);
 }
 
 starpu_codelet decode_gpu_cl = [] {
@@ -519,15 +532,6 @@ starpu_codelet decode_gpu_cl = [] {
   cl.cuda_flags[0] = STARPU_CUDA_ASYNC;
   cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
   cl.name = "decode_layer";
-  return cl;
-}();
-
-starpu_codelet decode_experts_cl = [] {
-  starpu_codelet cl = {};
-  cl.cuda_funcs[0] = decode_experts_cuda;
-  cl.cuda_flags[0] = STARPU_CUDA_ASYNC;
-  cl.nbuffers = 0;
-  cl.name = "decode_experts";
   return cl;
 }();
 
@@ -555,10 +559,7 @@ extern "C" int st_submit_decode_gpu(const st_decode_gpu_args *a, size_t args_siz
   for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
   if (a->layer < c->n_layer)
     for (int i = 0; i < 2 * c->n_head_kv; i++) modes[9 + i] = STARPU_RW;
-  if (a->layer == c->n_layer || a->has_xin) modes[nbufs - 1] = STARPU_W;
+  if (a->layer == c->n_layer) modes[nbufs - 1] = STARPU_W;
   return st_submit_task(&decode_gpu_cl, bufs, modes, nbufs, a, args_size, tgt, name);
 }
 
-extern "C" int st_submit_decode_experts(const st_decode_experts_args *a, st_target tgt, const char *name) {
-  return st_submit_task(&decode_experts_cl, NULL, NULL, 0, a, sizeof *a, tgt, name);
-}

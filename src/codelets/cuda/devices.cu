@@ -87,6 +87,29 @@ extern "C" void st_cuda_host_unregister(void *p) {
   if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
+extern "C" void *st_cuda_host_alloc_mapped(size_t n, int device, uintptr_t *dev_addr, char *why, size_t len) {
+  int prev = 0;
+  void *p = NULL, *dp = NULL;
+  cudaError_t err = cudaGetDevice(&prev);
+  if (err == cudaSuccess) err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaHostAlloc(&p, n, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (err == cudaSuccess) err = cudaHostGetDevicePointer(&dp, p, 0);
+  if (err != cudaSuccess) {
+    snprintf(why, len, "%s", cudaGetErrorString(err));
+    (void)cudaGetLastError();
+    if (p) cudaFreeHost(p);
+    p = NULL;
+  } else {
+    *dev_addr = (uintptr_t)dp;
+  }
+  cudaSetDevice(prev);
+  return p;
+}
+
+extern "C" void st_cuda_host_free_mapped(void *p) {
+  if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 extern "C" double st_cuda_device_used_mib(int device) {
   int prev = 0;
   size_t free_b = 0, total_b = 0;
