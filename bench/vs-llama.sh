@@ -67,7 +67,9 @@ S=$C/strata
 model_phase() {
   if [ ! -f "$model" ]; then
     local t0=$SECONDS
-    STRATA_TOKENIZER_JSON=$C/tokenizer.json "$S" mkmodel -q -o "$model" --preset qwen3-30b-a3b --type q8_0 || return 1
+    local tok=$C/tokenizer.json
+    [ -f "$tok" ] || { xz -dc "$tok.xz" > "$W/tokenizer.json" && tok=$W/tokenizer.json; }
+    STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$model" --preset qwen3-30b-a3b --type q8_0 || return 1
     echo "mkmodel: $((SECONDS - t0)) s, $(du -h "$model" | cut -f1)"
   fi
   if [ ! -f "$profile" ]; then

@@ -8,7 +8,8 @@
 #  3. speed on the qwen3-30b-a3b preset (Q8_0, 48 layers; ROWS: gpu = every expert cached, 24gb =
 #     --gpu-mem GPU_MEM, cpu = STARPU_NCUDA=0): strata bench, decode step and (gpu) per-task path.
 # gpu also runs the decode step with STRATA_PDL=1 (PDL=1, the default) and (PERTASK=1, the default) the per-task path.
-# Environment: STEPS (which of 1 2 3, default all), ROWS (default "gpu 24gb cpu"), GPU_MEM (21.55),
+# Environment: STEPS (which of 1 2 3, default all), FIXTURES and CACHES (step 2's fixture models and
+# cache settings, default all three and "0 half all"), ROWS (default "gpu 24gb cpu"), GPU_MEM (21.55),
 # W work folder (/tmp/gpu-step), DECODE tokens per bench run (64), R repetitions (3).
 # Prints a table last.
 set -u
@@ -34,9 +35,9 @@ if has 2; then
   M=$C/fixtures/models
   printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$W/calib.txt"
   ids=$(seq -s, 100 399)
-  for mf in tiny-qwen3moe-q8_0 tiny-qwen3moe-bf16 small-qwen3moe-q4_k_m; do
+  for mf in ${FIXTURES:-tiny-qwen3moe-q8_0 tiny-qwen3moe-bf16 small-qwen3moe-q4_k_m}; do
     "$S" profile -m "$M/$mf.gguf" -f "$W/calib.txt" -o "$W/$mf.profile" 2>/dev/null
-    for cache in 0 half all; do
+    for cache in ${CACHES:-0 half all}; do
       args=(--expert-cache 0)
       [ "$cache" != 0 ] && args=(--expert-profile "$W/$mf.profile" --expert-cache "$([ $cache = all ] && echo auto || echo 8)")
       for g in 1 0; do

@@ -23,7 +23,8 @@
  * spin on it, compute, and the lane that finishes the layer's last item stores cpu_seq[l]
  * (release); the next layer's first kernel spins on that flag (acquire, system scope) when one of
  * the token's slots is the CPU pool's, then reads the rows. No StarPU transfer, dependency or host
- * wait sits between the GPU and the CPU pool inside a step.
+ * wait sits between the GPU and the CPU pool inside a step. The head writes the logits and the
+ * step's routing there too and raises head_seq, which the submitting thread waits for.
  *
  * Codelets know nothing of caches or tiers: the lanes compute the pairs whose `tier` entry is 0
  * (the CPU pool's, tiers/placement.h), a GPU task the pairs its slot table points at.
@@ -85,6 +86,9 @@ struct st_decode_mail {
   struct st_route *xroute; /* [n_layer][k] the layer's routing */
   float *xffn;             /* [n_layer][n_embd] the layer's FFN input */
   float *cpu_out;          /* [n_layer][k][n_embd] the CPU pool's weighted expert row of each slot */
+  uint32_t *head_seq;      /* [1]: the head's logits and the step's routing are written */
+  float *logits;           /* [n_vocab] the head's logits */
+  struct st_route *route;  /* [n_layer][k] the step's routing */
 };
 
 /* Everything the decode codelets read, built once per engine and owned by it (graph/decode_bufs.c). */
@@ -163,8 +167,8 @@ int st_lane_token_plan(struct st_decode_ctx *c);
 
 /* GPU task arguments (cuda/decode.cu). The task of `layer` (< n_layer) has buffers attn_norm, wq,
  * wk, wv, wo, q_norm, k_norm, ffn_norm, router (R) and the layer's K and V caches per KV head (RW);
- * the head (layer == n_layer) has output_norm, output (R) and out (W: n_vocab logits, then the
- * step's routing [n_layer][k]). emb: layer 0's input row. */
+ * the head (layer == n_layer) has output_norm and output (R) and writes the logits and the step's
+ * routing to the mailbox, then raises head_seq. emb: layer 0's input row. */
 struct st_decode_gpu_args {
   const struct st_decode_ctx *ctx;
   int32_t layer, pos;

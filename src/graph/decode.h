@@ -33,10 +33,8 @@ struct st_decode {
   int primary_worker;               /* its StarPU worker */
   unsigned primary_node;
   uintptr_t dev_block;              /* ctx.dev's allocation on that node */
-  starpu_data_handle_t h_out;       /* GPU mode: the logits and the step's routing */
   void *mail_block;                 /* GPU mode: the mailbox (pinned, mapped), one allocation */
   size_t mail_bytes;
-  float *out;                       /* h_out's home: n_vocab logits, then [n_layer][k] st_route */
   float *emb;                       /* the token's embedding row (n_embd), before submission */
   uint8_t *layer_cpu;               /* [n_layer]: the CPU pool owns a pair of the layer */
   int n_lanes;                      /* one per CPU worker */

@@ -1,9 +1,8 @@
 /* The decode step's persistent buffers (graph/decode.h): the host buffers the lanes work in, the
  * primary GPU's buffers its graphs replay over, the mailbox between the two (pinned host memory the
- * GPU maps: a layer's routing and FFN input for the CPU pool, the CPU pool's rows back, their
- * flags; codelets/decode.h) and the handle of the step's result (out: the logits and the step's
- * routing), all made and registered once per engine, so that every task of every step sees the
- * same addresses. */
+ * GPU maps: a layer's routing and FFN input for the CPU pool, the CPU pool's rows back, the head's
+ * logits and the step's routing, their flags; codelets/decode.h), all made and registered once per
+ * engine, so that every task of every step sees the same addresses. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,7 +129,6 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->aq, uint8_t, k * q8_row_max(e, 2, (int64_t)ff) + 1);
   TAKE(c->scratch, float, (size_t)c->scratch_floats * starpu_worker_get_count());
   TAKE(c->sync, struct st_lane_sync, hp->n_layer + 1);
-  TAKE(d->out, float, d->gpu ? hp->n_vocab + 2 * (size_t)hp->n_layer * k : 1);
   TAKE(d->emb, float, dm);
 #undef TAKE
   return at;
@@ -150,6 +148,9 @@ static size_t carve_mail(const struct st_engine *e, uintptr_t base, struct st_de
   TAKE(m->xroute, struct st_route, L * k);
   TAKE(m->xffn, float, L * dm);
   TAKE(m->cpu_out, float, L * k * dm);
+  TAKE(m->head_seq, uint32_t, ST_MAIL_FLAG_STRIDE);
+  TAKE(m->logits, float, hp->n_vocab);
+  TAKE(m->route, struct st_route, L * k);
 #undef TAKE
   return at;
 }
@@ -268,8 +269,6 @@ int st_decode_init(struct st_engine *e) {
     memset(d->mail_block, 0, d->mail_bytes);
     carve_mail(e, (uintptr_t)d->mail_block, &c->mail);
     carve_mail(e, dmail, &c->dmail);
-    starpu_vector_data_register(&d->h_out, STARPU_MAIN_RAM, (uintptr_t)d->out,
-                                (uint32_t)((size_t)c->n_vocab + 2 * (size_t)L * c->k), sizeof(float));
   }
 #endif
   if (!rc) rc = st_decode_tables_update(e);
@@ -279,7 +278,6 @@ int st_decode_init(struct st_engine *e) {
 void st_decode_free(struct st_engine *e) {
   struct st_decode *d = e->dec;
   if (!d) return;
-  if (d->h_out) starpu_data_unregister(d->h_out);
   if (d->dev_block) starpu_free_on_node(d->primary_node, d->dev_block, d->ctx.dev.bytes);
 #ifdef ST_HAVE_CUDA
   if (d->host_block && d->gpu) st_cuda_host_unregister(d->host_block);

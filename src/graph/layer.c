@@ -70,7 +70,6 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   } else {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;
-    bufs[nb++] = d->h_out;
   }
   const int rc = st_submit_decode_gpu(a, args_size, bufs, nb, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order),
                                       d->layer_names[l]);

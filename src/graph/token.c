@@ -2,6 +2,7 @@
  * and the head submitted at once, then one wait for the logits; afterwards the host counts the step's routing (profiles,
  * the adaptive cache, the tiers' counters) as the per-task path does when it reads each layer's
  * routing table. */
+#include <sched.h>
 #include <string.h>
 
 #include "codelets/quant.h"
@@ -63,11 +64,11 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   const double t_wait = st_now();
   e->stats.submit_s += t_wait - t_step;
   const struct st_route *route = c->route;
-  if (d->gpu && !rc) {
-    starpu_data_acquire(d->h_out, STARPU_R);
-    memcpy(logits, d->out, sizeof(float) * hp->n_vocab);
-    memcpy(c->route, d->out + hp->n_vocab, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
-    starpu_data_release(d->h_out);
+  if (d->gpu && !rc) { /* the head raises head_seq once the logits and the routing are in the mailbox */
+    for (unsigned spins = 0; __atomic_load_n(c->mail.head_seq, __ATOMIC_ACQUIRE) != c->seq; spins++)
+      if (spins >= (1u << 12)) sched_yield();
+    memcpy(logits, c->mail.logits, sizeof(float) * hp->n_vocab);
+    memcpy(c->route, c->mail.route, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
   }
   starpu_task_wait_for_all(); /* every lane has left its loop: the counters may be reset */
   e->stats.wait_end_s += st_now() - t_wait;

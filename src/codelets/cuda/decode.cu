@@ -446,18 +446,25 @@ struct head_graph {
   const st_decode_gpu_args *a;
   const float *norm;
   const void *w;
-  float *out;
 };
+
+// The step's routing to the mailbox (n entries), then, once every write of the step to the
+// mailbox is out (the head's logits came from the previous kernel), *flag = *seq. One block.
+__global__ void dk_head_done(const st_route *route, int n, st_route *to, uint32_t *flag, const uint32_t *seq) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) to[i] = route[i];
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) dk_flag_store(flag, *seq);
+}
 
 void head_body(const void *args, cudaStream_t st) {
   const head_graph *g = (const head_graph *)args;
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
   pre_launch(c, c->n_layer, 1, g->a->has_cpu_in, g->norm, st);
-  const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, g->out};
+  const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
   mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st);
-  ST_CUDA_CHECK(cudaMemcpyAsync(g->out + c->n_vocab, D.route, sizeof(st_route) * (size_t)c->n_layer * c->k,
-                                cudaMemcpyDeviceToDevice, st));
+  dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D));
 }
 
 // Graph keys: graph_key0 + 3 l the task of layer l, graph_key0 + 3 n_layer the head.
@@ -488,13 +495,9 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   allow_smem(c);
   sig_hash sig;
   if (a->layer == c->n_layer) {
-    head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
-                    NULL};
-    const int b = 2;
-    g.out = (float *)STARPU_VECTOR_GET_PTR(buffers[b]);
+    head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1])};
     sig.add(g.norm);
     sig.add(g.w);
-    sig.add(g.out);
     sig.add((uint64_t)a->has_cpu_in);
     st_cuda_graph_replay(st, key_of(c, c->n_layer, 0), sig.h, head_body, &g);
     ST_CUDA_CHECK(cudaGetLastError());
@@ -559,7 +562,6 @@ extern "C" int st_submit_decode_gpu(const st_decode_gpu_args *a, size_t args_siz
   for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
   if (a->layer < c->n_layer)
     for (int i = 0; i < 2 * c->n_head_kv; i++) modes[9 + i] = STARPU_RW;
-  if (a->layer == c->n_layer) modes[nbufs - 1] = STARPU_W;
   return st_submit_task(&decode_gpu_cl, bufs, modes, nbufs, a, args_size, tgt, name);
 }
 

@@ -246,50 +246,71 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
   }
 }
 
-// Weights o .. o + 3 of the chunk at ch (o a multiple of 4), with their sub-block's scales, bit for
-// bit as st_dequantize_row computes them: a scale times a quant is exact in float32 (an fp16 scale,
-// or one times an integer of at most 6 bits, times at most 6 bits), so an fma with the min or
-// offset rounds as the CPU's product-then-add does.
-// kv: IQ4_XS's and IQ4_NL's value table as floats.
+// How a format's weight follows from its quant q (mmv_quants4): q itself (the float formats),
+// sc * q, or fmaf(sc, q, off) (a min or an offset; Q5_0's offset is +0, as the CPU adds its m = 0).
+enum { MMV_DIRECT, MMV_SCALED, MMV_OFFSET };
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_form() {
+  return TYPE == ST_TYPE_F32 || TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16 ? MMV_DIRECT
+         : TYPE == ST_TYPE_Q4_1 || TYPE == ST_TYPE_Q5_1 || TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_Q4_K ||
+                 TYPE == ST_TYPE_Q5_K || TYPE == ST_TYPE_Q2_K
+             ? MMV_OFFSET
+             : MMV_SCALED;
+}
+// Whether the mat-vec applies the scale once to the sum of the four quants' products (mmv_dot4):
+// the formats whose weight is the scale times the quant (Q5_0's offset is 0).
+template <uint32_t TYPE> __host__ __device__ constexpr bool mmv_folds() {
+  return mmv_form<TYPE>() == MMV_SCALED || TYPE == ST_TYPE_Q5_0;
+}
+
+// The quants of weights o .. o + 3 of the chunk at ch (o a multiple of 4), exact small integers or
+// table values as floats (the float formats: the weights), and the sc, off that make them weights
+// (mmv_form) as qscale, qoff, from their sub-block's scales s0, s1. kv: IQ4_XS's and IQ4_NL's value
+// table as floats.
 template <uint32_t TYPE>
-__host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, float s0, float s1,
-                                                      const float *kv, float w[4]) {
+__host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, float s0, float s1, const float *kv,
+                                                     float qf[4], float &qscale, float &qoff) {
   constexpr int BS = mmv_format<TYPE>::BS;
   if constexpr (TYPE == ST_TYPE_F32) { // the weights as they are (4-byte aligned)
     const float *f = (const float *)(ch + 4 * o);
-    w[0] = f[0];
-    w[1] = f[1];
-    w[2] = f[2];
-    w[3] = f[3];
+    qf[0] = f[0];
+    qf[1] = f[1];
+    qf[2] = f[2];
+    qf[3] = f[3];
+    qscale = 1.0f;
   } else if constexpr (TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16) { // 2-byte aligned halves
     const uint16_t *h = (const uint16_t *)(ch + 2 * o);
 #pragma unroll
     for (int i = 0; i < 4; i++)
-      w[i] = TYPE == ST_TYPE_F16 ? mmv_f16((const uint8_t *)(h + i)) : mmv_as_float((uint32_t)h[i] << 16);
+      qf[i] = TYPE == ST_TYPE_F16 ? mmv_f16((const uint8_t *)(h + i)) : mmv_as_float((uint32_t)h[i] << 16);
+    qscale = 1.0f;
   } else if constexpr (TYPE == ST_TYPE_Q8_0) {
     const uint32_t q = mmv_u32_a2(ch + (o >> 5) * BS + 2 + (o & 31)) ^ 0x80808080u; // int8 + 128
-    w[0] = s0 * mmv_byte<0>(q, 128.0f);
-    w[1] = s0 * mmv_byte<1>(q, 128.0f);
-    w[2] = s0 * mmv_byte<2>(q, 128.0f);
-    w[3] = s0 * mmv_byte<3>(q, 128.0f);
+    qf[0] = mmv_byte<0>(q, 128.0f);
+    qf[1] = mmv_byte<1>(q, 128.0f);
+    qf[2] = mmv_byte<2>(q, 128.0f);
+    qf[3] = mmv_byte<3>(q, 128.0f);
+    qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_Q4_0) {
     const int j = o & 31; // weights 0..15: low nibbles of qs[0..15]; 16..31: high nibbles
     const uint32_t q = (mmv_u32_a2(ch + (o >> 5) * BS + 2 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
-    w[0] = s0 * mmv_byte<0>(q, 8.0f);
-    w[1] = s0 * mmv_byte<1>(q, 8.0f);
-    w[2] = s0 * mmv_byte<2>(q, 8.0f);
-    w[3] = s0 * mmv_byte<3>(q, 8.0f);
+    qf[0] = mmv_byte<0>(q, 8.0f);
+    qf[1] = mmv_byte<1>(q, 8.0f);
+    qf[2] = mmv_byte<2>(q, 8.0f);
+    qf[3] = mmv_byte<3>(q, 8.0f);
+    qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_Q4_K || TYPE == ST_TYPE_Q5_K) {
     // qs[32 (r / 64) + r % 32]: low nibble for the first 32 of each 64 weights, high for the next
     const uint8_t *b = ch + (o >> 8) * BS;
     const int r = o & 255;
-    const int qoff = TYPE == ST_TYPE_Q4_K ? 16 : 48;
-    uint32_t q = (mmv_u32(b + qoff + 32 * (r >> 6) + (r & 31)) >> ((r & 32) >> 3)) & 0x0F0F0F0Fu;
+    const int qsoff = TYPE == ST_TYPE_Q4_K ? 16 : 48;
+    uint32_t q = (mmv_u32(b + qsoff + 32 * (r >> 6) + (r & 31)) >> ((r & 32) >> 3)) & 0x0F0F0F0Fu;
     if constexpr (TYPE == ST_TYPE_Q5_K) q |= ((mmv_u32(b + 16 + (r & 31)) >> (r >> 5)) & 0x01010101u) << 4;
-    w[0] = fmaf(s0, mmv_byte<0>(q, 0.0f), -s1);
-    w[1] = fmaf(s0, mmv_byte<1>(q, 0.0f), -s1);
-    w[2] = fmaf(s0, mmv_byte<2>(q, 0.0f), -s1);
-    w[3] = fmaf(s0, mmv_byte<3>(q, 0.0f), -s1);
+    qf[0] = mmv_byte<0>(q, 0.0f);
+    qf[1] = mmv_byte<1>(q, 0.0f);
+    qf[2] = mmv_byte<2>(q, 0.0f);
+    qf[3] = mmv_byte<3>(q, 0.0f);
+    qscale = s0;
+    qoff = -s1;
   } else if constexpr (TYPE == ST_TYPE_Q6_K) {
     // per 128 weights: ql[64] (quarters 0/1 low nibbles of ql[0..31]/ql[32..63], 2/3 high), qh[32]
     const uint8_t *b = ch + (o >> 8) * BS;
@@ -298,28 +319,31 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
                    qh = mmv_u32_a2(b + 128 + 32 * h + l);
     const uint32_t q =
         ((ql >> (4 * (quarter >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * quarter)) & 0x03030303u) << 4);
-    const float s = l < 16 ? s0 : s1;
-    w[0] = s * mmv_byte<0>(q, 32.0f);
-    w[1] = s * mmv_byte<1>(q, 32.0f);
-    w[2] = s * mmv_byte<2>(q, 32.0f);
-    w[3] = s * mmv_byte<3>(q, 32.0f);
+    qf[0] = mmv_byte<0>(q, 32.0f);
+    qf[1] = mmv_byte<1>(q, 32.0f);
+    qf[2] = mmv_byte<2>(q, 32.0f);
+    qf[3] = mmv_byte<3>(q, 32.0f);
+    qscale = l < 16 ? s0 : s1;
   } else if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
     // per 32 weights 16 bytes of qs, laid out as Q4_0's (IQ4_XS: 8 sub-blocks after 8 bytes of
     // scales; IQ4_NL: one block after its scale)
     const int r = TYPE == ST_TYPE_IQ4_XS ? o & 255 : o & 31, j = r & 31;
     const uint8_t *qs = TYPE == ST_TYPE_IQ4_XS ? ch + (o >> 8) * BS + 8 + 16 * (r >> 5) : ch + (o >> 5) * BS + 2;
     const uint32_t q = (mmv_u32_at<TYPE>(qs + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
-    w[0] = s0 * kv[q & 15];
-    w[1] = s0 * kv[(q >> 8) & 15];
-    w[2] = s0 * kv[(q >> 16) & 15];
-    w[3] = s0 * kv[q >> 24];
+    qf[0] = kv[q & 15];
+    qf[1] = kv[(q >> 8) & 15];
+    qf[2] = kv[(q >> 16) & 15];
+    qf[3] = kv[q >> 24];
+    qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_Q4_1) { // qs after d and m, laid out as Q4_0's
     const int j = o & 31;
     const uint32_t q = (mmv_u32(ch + (o >> 5) * BS + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
-    w[0] = fmaf(s0, mmv_byte<0>(q, 0.0f), s1);
-    w[1] = fmaf(s0, mmv_byte<1>(q, 0.0f), s1);
-    w[2] = fmaf(s0, mmv_byte<2>(q, 0.0f), s1);
-    w[3] = fmaf(s0, mmv_byte<3>(q, 0.0f), s1);
+    qf[0] = mmv_byte<0>(q, 0.0f);
+    qf[1] = mmv_byte<1>(q, 0.0f);
+    qf[2] = mmv_byte<2>(q, 0.0f);
+    qf[3] = mmv_byte<3>(q, 0.0f);
+    qscale = s0;
+    qoff = s1;
   } else if constexpr (TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_Q5_1) {
     // the low nibbles as Q4_0's; the fifth bit of weight j is bit j of qh, the 4 bytes after the
     // scales: bits j .. j + 3 spread to bit 4 of bytes 0..3 by one multiply (no carries)
@@ -330,10 +354,12 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
     const uint32_t hi = ((((mmv_u32_at<TYPE>(b + H) >> j) & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
     const uint32_t q = lo | hi;
     const float bias = TYPE == ST_TYPE_Q5_0 ? 16.0f : 0.0f;
-    w[0] = fmaf(s0, mmv_byte<0>(q, bias), s1); // Q5_0: s1 = +0, as the CPU adds its m = 0
-    w[1] = fmaf(s0, mmv_byte<1>(q, bias), s1);
-    w[2] = fmaf(s0, mmv_byte<2>(q, bias), s1);
-    w[3] = fmaf(s0, mmv_byte<3>(q, bias), s1);
+    qf[0] = mmv_byte<0>(q, bias); // Q5_0: s1 = +0, as the CPU adds its m = 0
+    qf[1] = mmv_byte<1>(q, bias);
+    qf[2] = mmv_byte<2>(q, bias);
+    qf[3] = mmv_byte<3>(q, bias);
+    qscale = s0;
+    qoff = s1;
   } else if constexpr (TYPE == ST_TYPE_Q2_K || TYPE == ST_TYPE_Q3_K) {
     // per 128 weights 32 bytes of 2-bit quants (Q2_K's after 16 bytes of scales, Q3_K's after the
     // 32 bytes of hmask), weights 32 s + [0, 32) of them in bits 2 s of bytes 0..31; Q3_K's third
@@ -345,17 +371,20 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
     if constexpr (TYPE == ST_TYPE_Q2_K) {
       const uint32_t sc = b[r >> 4];
       const float dl = s0 * mmv_byte<0>(sc & 0xFu, 0.0f), ml = s1 * mmv_byte<0>(sc >> 4, 0.0f);
-      w[0] = fmaf(dl, mmv_byte<0>(q, 0.0f), -ml);
-      w[1] = fmaf(dl, mmv_byte<1>(q, 0.0f), -ml);
-      w[2] = fmaf(dl, mmv_byte<2>(q, 0.0f), -ml);
-      w[3] = fmaf(dl, mmv_byte<3>(q, 0.0f), -ml);
+      qf[0] = mmv_byte<0>(q, 0.0f);
+      qf[1] = mmv_byte<1>(q, 0.0f);
+      qf[2] = mmv_byte<2>(q, 0.0f);
+      qf[3] = mmv_byte<3>(q, 0.0f);
+      qscale = dl;
+      qoff = -ml;
     } else {
       q |= ((mmv_u32_a2(b + (r & 31)) >> (4 * n + s)) & 0x01010101u) << 2;
       const float dl = r & 16 ? s1 : s0;
-      w[0] = dl * mmv_byte<0>(q, 4.0f);
-      w[1] = dl * mmv_byte<1>(q, 4.0f);
-      w[2] = dl * mmv_byte<2>(q, 4.0f);
-      w[3] = dl * mmv_byte<3>(q, 4.0f);
+      qf[0] = mmv_byte<0>(q, 4.0f);
+      qf[1] = mmv_byte<1>(q, 4.0f);
+      qf[2] = mmv_byte<2>(q, 4.0f);
+      qf[3] = mmv_byte<3>(q, 4.0f);
+      qscale = dl;
     }
   } else if constexpr (TYPE == ST_TYPE_IQ2_XS || TYPE == ST_TYPE_IQ2_S) {
     // group g = r / 8: a grid entry of 8 magnitudes and a sign byte (IQ2_XS: the uint16 qs[g],
@@ -375,10 +404,11 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
     }
     const uint32_t m = (uint32_t)(grid >> (32 * hf)), sg = signs >> (4 * hf);
     const float dl = r & 16 ? s1 : s0;
-    w[0] = mmv_signed(dl * mmv_byte<0>(m, 0.0f), sg);
-    w[1] = mmv_signed(dl * mmv_byte<1>(m, 0.0f), sg >> 1);
-    w[2] = mmv_signed(dl * mmv_byte<2>(m, 0.0f), sg >> 2);
-    w[3] = mmv_signed(dl * mmv_byte<3>(m, 0.0f), sg >> 3);
+    qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
+    qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
+    qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
+    qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+    qscale = dl;
   } else if constexpr (TYPE == ST_TYPE_IQ3_XXS || TYPE == ST_TYPE_IQ3_S) {
     // one grid entry of 4 magnitudes per 4 weights, index byte qs[r / 4] (IQ3_S: ninth bit
     // (r / 4) % 8 of qh[r / 32]); signs: IQ3_XXS's 7-bit field (r / 8) % 4 of the sub-block's
@@ -393,13 +423,45 @@ __host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, 
       m = MMV_GRID(iq3s_grid)[b[2 + (r >> 2)] | ((b[66 + (r >> 5)] >> k) & 1) << 8];
       sg = b[74 + (r >> 3)] >> (4 * (k & 1));
     }
-    w[0] = mmv_signed(s0 * mmv_byte<0>(m, 0.0f), sg);
-    w[1] = mmv_signed(s0 * mmv_byte<1>(m, 0.0f), sg >> 1);
-    w[2] = mmv_signed(s0 * mmv_byte<2>(m, 0.0f), sg >> 2);
-    w[3] = mmv_signed(s0 * mmv_byte<3>(m, 0.0f), sg >> 3);
+    qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
+    qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
+    qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
+    qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+    qscale = s0;
   }
   (void)s1;
   (void)kv;
+}
+
+// Weights o .. o + 3 of the chunk at ch, with their sub-block's scales, bit for bit as
+// st_dequantize_row computes them: a scale times a quant is exact in float32 (an fp16 scale, or one
+// times an integer of at most 6 bits, times at most 6 bits), so an fma with the min or offset
+// rounds as the CPU's product-then-add does.
+template <uint32_t TYPE>
+__host__ __device__ __forceinline__ void mmv_weights4(const uint8_t *ch, int o, float s0, float s1,
+                                                      const float *kv, float w[4]) {
+  float q[4], sc = 1.0f, off = 0.0f;
+  mmv_quants4<TYPE>(ch, o, s0, s1, kv, q, sc, off);
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    w[i] = mmv_form<TYPE>() == MMV_DIRECT ? q[i] : mmv_form<TYPE>() == MMV_SCALED ? sc * q[i] : fmaf(sc, q[i], off);
+}
+
+// acc plus weights o .. o + 3 of the chunk at ch times v: the scale applied once to the four
+// products' sum where mmv_folds (fewer instructions per weight; a rounding of its own), else each
+// decoded weight's fma.
+template <uint32_t TYPE>
+__host__ __device__ __forceinline__ float mmv_dot4(const uint8_t *ch, int o, float s0, float s1, const float *kv,
+                                                   float4 v, float acc) {
+  if constexpr (mmv_folds<TYPE>()) {
+    float q[4], sc = 1.0f, off = 0.0f;
+    mmv_quants4<TYPE>(ch, o, s0, s1, kv, q, sc, off);
+    return fmaf(sc, fmaf(q[0], v.x, fmaf(q[1], v.y, fmaf(q[2], v.z, q[3] * v.w))), acc);
+  } else {
+    float w[4];
+    mmv_weights4<TYPE>(ch, o, s0, s1, kv, w);
+    return fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc))));
+  }
 }
 
 #ifdef __CUDACC__
@@ -471,14 +533,9 @@ __device__ __forceinline__ void mmv_chunk(const uint8_t *ch, int nw, const float
     const float a0 = __shfl_sync(0xffffffffu, s0, sb);
     const float a1 = mmv_format<TYPE>::MIN ? __shfl_sync(0xffffffffu, s1, sb) : 0.0f;
     if (o < nw) {
-      float w[4];
-      mmv_weights4<TYPE>(ch, o, a0, a1, kv, w);
 #pragma unroll
       for (int t = 0; t < TT; t++)
-        if (t < nt) {
-          const float4 v = *(const float4 *)(xc + t * ldx + o);
-          acc[t] = fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc[t]))));
-        }
+        if (t < nt) acc[t] = mmv_dot4<TYPE>(ch, o, a0, a1, kv, *(const float4 *)(xc + t * ldx + o), acc[t]);
     }
   }
 }
@@ -646,11 +703,7 @@ __device__ __forceinline__ void mmv_chunk_rows(const uint8_t *const (&ch)[NR], i
     if (o < nw) {
       const float4 v = XS ? *(const float4 *)(xc + o) : __ldg((const float4 *)(xc + o));
 #pragma unroll
-      for (int q = 0; q < NR; q++) {
-        float w[4];
-        mmv_weights4<TYPE>(ch[q], o, a0[q], a1[q], kv, w);
-        acc[q] = fmaf(w[0], v.x, fmaf(w[1], v.y, fmaf(w[2], v.z, fmaf(w[3], v.w, acc[q]))));
-      }
+      for (int q = 0; q < NR; q++) acc[q] = mmv_dot4<TYPE>(ch[q], o, a0[q], a1[q], kv, v, acc[q]);
     }
   }
 }
