@@ -7,7 +7,8 @@
 # configuration GPU use twice on the model (scripts/gpu-learn.sh, LEARN=0 skips it); then, once the
 # build is done, strata's and llama.cpp's decode rows in this one job (bench/vs-llama.sh QUICK=1
 # strata llama report) and the table.
-# Environment: ROWS (default "gpu 24gb cpu"), GPU_MEM (strata's --gpu-mem for the 24 GB row, GiB,
+# Environment: ROWS (default "gpu 24gb cpu"), QUICK_DEPTHS (the 24 GB row's depths, default 0),
+# CHECK_NCPU (CPU workers of the checks, default 4, so that they take less from the compile), GPU_MEM (strata's --gpu-mem for the 24 GB row, GiB,
 # default 21.25: its nvidia-smi peak then sits at llama.cpp's -ncmoe 17 peak of about 21,100 MiB),
 # FIXTURES (default "tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m"), LEARN (1).
 set -u
@@ -15,7 +16,8 @@ cd "$(dirname "$0")/.."
 export W=/tmp/vs-llama
 t0=$SECONDS
 bench/vs-llama.sh build model
-FIXTURES=${FIXTURES:-tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m} STEPS="1 2" W=/tmp/gpu-step scripts/gpu-step.sh 2>&1 \
+STARPU_NCPU=${CHECK_NCPU:-4} FIXTURES=${FIXTURES:-tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m} STEPS="1 2" W=/tmp/gpu-step \
+  scripts/gpu-step.sh 2>&1 \
   | sed -n '/^== gpu-step/,$p'
 echo "checks done at $((SECONDS - t0)) s"
 [ "${LEARN:-1}" = 1 ] && W=/tmp/gpu-step scripts/gpu-learn.sh "$W/q30b-q8_0.gguf" 16

@@ -20,7 +20,8 @@
 # -ncmoe for the 24 GB class (17), GPU_MEM strata's --gpu-mem for it in GiB (default: llama.cpp's
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
 # default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
-# QUICK=1 decode rows only at depth 0 (no prompt rows; llama.cpp with -t 16 only), for a short lease.
+# QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
+# depths QUICK_DEPTHS gives for the 24 GB row (default 0).
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=$root/carry
@@ -118,7 +119,7 @@ strata_phase() {
   if [ -z "$gm" ] && [ -f "$W/llama-24gb.peak" ]; then gm=$(awk '{ printf "%.2f", $1 / 1024 }' "$W/llama-24gb.peak"); fi
   gm=${gm:-20.2}
   local pg=4096 pc=128 dd=0,4096
-  [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=0
+  [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=${QUICK_DEPTHS:-0}
   for row in $ROWS; do
     case $row in
       gpu) sbench gpu --prompt $pg --decode 128 --expert-profile "$profile" --expert-cache auto ;;
@@ -142,7 +143,7 @@ llama_phase() {
   wait_build
   [ -x "$LB" ] || { echo "llama-bench is not built: $(tail -n 3 "$W/llama-build.log")"; return 1; }
   local pg=4096 pc=128 dd=0,4096 th=8,16
-  [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=0 th=16
+  [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=${QUICK_DEPTHS:-0} th=16
   for row in $ROWS; do
     case $row in
       gpu) lbench gpu -ngl 99 -p $pg -n 128 ;;

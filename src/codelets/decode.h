@@ -86,6 +86,8 @@ struct st_decode_mail {
   struct st_route *xroute; /* [n_layer][k] the layer's routing */
   float *xffn;             /* [n_layer][n_embd] the layer's FFN input */
   float *cpu_out;          /* [n_layer][k][n_embd] the CPU pool's weighted expert row of each slot */
+  int32_t *pos_seq;        /* [2]: the step's position and number, written by the host before submission */
+  float *emb;              /* [n_embd] the token's embedding row, likewise (layer 0's input) */
   uint32_t *head_seq;      /* [1]: the head's logits and the step's routing are written */
   float *logits;           /* [n_vocab] the head's logits */
   struct st_route *route;  /* [n_layer][k] the step's routing */
@@ -142,7 +144,8 @@ enum st_lane_kind {
   ST_LP_TOPK,    /* 1 item: softmax, top-k */
   ST_LP_QX,      /* 1 item (int8 only): ffn_in quantised for gate and up */
   ST_LP_GATEUP,  /* (slot, rows of gate and up): act = silu(gate x) * up x */
-  ST_LP_QA,      /* per slot (int8 only): act quantised for down */
+  ST_LP_QA,      /* per slot (int8 only, down's activations in super-blocks of 256): act quantised for
+                    down; with blocks of 32 each GATEUP item quantises its own rows */
   ST_LP_DOWN,    /* (slot, rows of down): eout = weight * down act */
   ST_LP_COMBINE, /* 1 item: x = h + sum of the slots' rows in slot order; xn = the next norm */
   ST_LP_HEAD,    /* rows of the output head: logits */
@@ -168,15 +171,15 @@ int st_lane_token_plan(struct st_decode_ctx *c);
 /* GPU task arguments (cuda/decode.cu). The task of `layer` (< n_layer) has buffers attn_norm, wq,
  * wk, wv, wo, q_norm, k_norm, ffn_norm, router (R) and the layer's K and V caches per KV head (RW);
  * the head (layer == n_layer) has output_norm and output (R) and writes the logits and the step's
- * routing to the mailbox, then raises head_seq. emb: layer 0's input row. */
+ * routing to the mailbox, then raises head_seq. Layer 0 reads the token's embedding row, position
+ * and step number from the mailbox (st_decode_mail emb, pos_seq). */
 struct st_decode_gpu_args {
   const struct st_decode_ctx *ctx;
   int32_t layer, pos;
-  uint32_t seq;       /* the step's number (layer 0 copies it to the device with pos) */
+  uint32_t seq;       /* the step's number */
   int32_t combine;    /* add layer - 1's expert rows to x first (every layer but 0, and the head) */
   int32_t has_cpu_in; /* layer - 1 has CPU-pool pairs: wait for its rows in the mailbox when routed there */
   int32_t has_xin;    /* this layer has CPU-pool pairs: publish its routing and FFN input to the mailbox */
-  float emb[];        /* layer 0: n_embd floats */
 };
 int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
                          struct st_target tgt, const char *name);

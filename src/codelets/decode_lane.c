@@ -60,6 +60,12 @@ static uint64_t aq_row_bytes(const struct st_decode_ctx *c, const struct st_deco
   return c->int8_dot ? st_q8_row_bytes(L->down_d.type, c->n_ff) : 0;
 }
 
+/* Whether each gate/up item quantises its own rows of act for down (blocks of 32, as many whole
+ * blocks as the item has rows), so that no QA phase is needed: the same bytes, one barrier less. */
+static int qa_in_gateup(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  return aq_row_bytes(c, L) && c->rows_gateup % 32 == 0 && st_q8_row_bytes(L->down_d.type, 32) > 0;
+}
+
 /* Rows [r0, r1) of W (desc w) times the row x [n], into out[0 .. r1 - r0). */
 static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1, const float *x, float *out) {
   st_matmul(w->type, W, w->row_bytes, r0, r1, x, w->n, 1, w->n, out, r1 - r0);
@@ -159,6 +165,9 @@ static void item_gateup(struct lane_state *s, int l, int64_t i) {
   else st_matmul(L->up_d.type, uw, L->up_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, u, f1 - f0);
   float *act = c->act + (size_t)slot * c->n_ff + f0;
   for (int64_t f = 0; f < f1 - f0; f++) act[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+  if (qa_in_gateup(c, L))
+    st_quantize_act(L->down_d.type, act, f1 - f0, 1, f1 - f0,
+                    c->aq + (size_t)slot * aq_row_bytes(c, L) + st_q8_row_bytes(L->down_d.type, f0));
 }
 
 static void item_qa(struct lane_state *s, int l, int64_t i) {
@@ -300,7 +309,7 @@ static void lane_experts_layer(const struct st_decode_ctx *c, int l, float *scra
   lane_xq(&s, L);
   const int64_t n = s.n_slots, per_gu = div_up64(c->n_ff, c->rows_gateup), per_dn = div_up64(c->n_embd, c->rows_down);
   const int int8 = s.xq_gate || s.xq_up;
-  const int64_t counts[4] = {n && int8 ? 1 : 0, n * per_gu, aq_row_bytes(c, L) ? n : 0, n * per_dn};
+  const int64_t counts[4] = {n && int8 ? 1 : 0, n * per_gu, aq_row_bytes(c, L) && !qa_in_gateup(c, L) ? n : 0, n * per_dn};
   const int16_t kinds[4] = {ST_LP_QX, ST_LP_GATEUP, ST_LP_QA, ST_LP_DOWN}, layers[4] = {(int16_t)l, (int16_t)l, (int16_t)l, (int16_t)l};
   int64_t starts[5] = {0};
   for (int p = 0; p < 4; p++) starts[p + 1] = starts[p] + counts[p];
@@ -363,7 +372,7 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
     PHASE(ST_LP_TOPK, l, 1);
     PHASE(ST_LP_QX, l, int8_x ? 1 : 0);
     PHASE(ST_LP_GATEUP, l, (int64_t)c->k * div_up64(c->n_ff, c->rows_gateup));
-    PHASE(ST_LP_QA, l, aq_row_bytes(c, Ly) ? c->k : 0);
+    PHASE(ST_LP_QA, l, aq_row_bytes(c, Ly) && !qa_in_gateup(c, Ly) ? c->k : 0);
     PHASE(ST_LP_DOWN, l, (int64_t)c->k * div_up64(c->n_embd, c->rows_down));
     PHASE(ST_LP_COMBINE, l, 1);
     c->layer_end[l] = at;

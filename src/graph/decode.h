@@ -35,7 +35,6 @@ struct st_decode {
   uintptr_t dev_block;              /* ctx.dev's allocation on that node */
   void *mail_block;                 /* GPU mode: the mailbox (pinned, mapped), one allocation */
   size_t mail_bytes;
-  float *emb;                       /* the token's embedding row (n_embd), before submission */
   uint8_t *layer_cpu;               /* [n_layer]: the CPU pool owns a pair of the layer */
   int n_lanes;                      /* one per CPU worker */
   int *lane_worker;                 /* [n_lanes] StarPU worker ids */

@@ -129,7 +129,6 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->aq, uint8_t, k * q8_row_max(e, 2, (int64_t)ff) + 1);
   TAKE(c->scratch, float, (size_t)c->scratch_floats * starpu_worker_get_count());
   TAKE(c->sync, struct st_lane_sync, hp->n_layer + 1);
-  TAKE(d->emb, float, dm);
 #undef TAKE
   return at;
 }
@@ -148,6 +147,8 @@ static size_t carve_mail(const struct st_engine *e, uintptr_t base, struct st_de
   TAKE(m->xroute, struct st_route, L * k);
   TAKE(m->xffn, float, L * dm);
   TAKE(m->cpu_out, float, L * k * dm);
+  TAKE(m->pos_seq, int32_t, ST_MAIL_FLAG_STRIDE);
+  TAKE(m->emb, float, dm);
   TAKE(m->head_seq, uint32_t, ST_MAIL_FLAG_STRIDE);
   TAKE(m->logits, float, hp->n_vocab);
   TAKE(m->route, struct st_route, L * k);
@@ -206,7 +207,7 @@ int st_decode_init(struct st_engine *e) {
   c->rows_o = 32;
   c->rows_router = 32;
   c->rows_gateup = 32;
-  c->rows_down = 128;
+  c->rows_down = 32; /* 64 items per slot for a hidden size of 2048: 14 lanes stay busy on one expert */
   c->rows_head = 512;
   c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16;
   c->graph_key0 = st_engine_graph_keys_used(e);

@@ -960,23 +960,25 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     const int T = n - done < e->prefill ? n - done : e->prefill;
     const int last = done + T == n;
     const double t_start = starpu_timing_now();
-    int rc = T == 1 && e->dec ? st_decode_step(e, ids[done], e->logits)
-                              : st_batch_eval(e, ids + done, T, all_logits || last, all_logits);
+    /* a decode step writes its logits where they go (no copy through e->logits) */
+    const int step = T == 1 && e->dec;
+    float *out = step && all_logits ? logits + (size_t)done * V : step && last ? logits : e->logits;
+    int rc = step ? st_decode_step(e, ids[done], out) : st_batch_eval(e, ids + done, T, all_logits || last, all_logits);
     if (e->rec) st_recorder_step(e->rec, n == 1, t_start, starpu_timing_now());
     if (rc) return rc;
     if (all_logits || last) { /* garbage weights must not pass silently as NaN logits */
       const size_t rows = all_logits ? (size_t)T : 1;
       for (size_t i = 0; i < rows * V; i++)
-        if (!isfinite(e->logits[i])) {
+        if (!isfinite(out[i])) {
           char what[96];
           snprintf(what, sizeof what, "the logits of token %d", e->n_past + (int)(all_logits ? i / V : (size_t)T - 1));
           /* every router's input was finite: the last layer's experts or the head made it */
           return st_engine_nonfinite(e, (int)e->hp.n_layer - 1, (int)e->hp.n_layer, what);
         }
     }
-    if (all_logits)
+    if (out == e->logits && all_logits)
       memcpy(logits + (size_t)done * V, e->logits, sizeof(float) * V * (size_t)T);
-    else if (last)
+    else if (out == e->logits && last)
       memcpy(logits, e->logits, sizeof(float) * V);
     e->n_past += T;
     done += T;

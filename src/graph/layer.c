@@ -53,12 +53,9 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   (void)L, (void)G;
   return st_set_error(ST_ERUNTIME, "a GPU decode step in a build without CUDA"); /* d->gpu needs a CUDA worker */
 #else
-  const size_t args_size = sizeof(struct st_decode_gpu_args) + (l == 0 ? sizeof(float) * e->hp.n_embd : 0);
-  struct st_decode_gpu_args *a = malloc(args_size);
-  if (!a) return st_set_error(ST_ENOMEM, "out of memory submitting layer %d", l);
-  *a = (struct st_decode_gpu_args){.ctx = &d->ctx, .layer = l, .pos = e->n_past, .seq = d->ctx.seq, .combine = l > 0,
-                                   .has_cpu_in = l > 0 && d->layer_cpu[l - 1], .has_xin = l < L && d->layer_cpu[l]};
-  if (l == 0) memcpy(a->emb, d->emb, sizeof(float) * e->hp.n_embd);
+  const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past, .seq = d->ctx.seq,
+                                       .combine = l > 0, .has_cpu_in = l > 0 && d->layer_cpu[l - 1],
+                                       .has_xin = l < L && d->layer_cpu[l]};
   starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 1];
   int nb = 0;
   if (l < L) {
@@ -71,9 +68,8 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;
   }
-  const int rc = st_submit_decode_gpu(a, args_size, bufs, nb, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order),
+  const int rc = st_submit_decode_gpu(&a, sizeof a, bufs, nb, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order),
                                       d->layer_names[l]);
-  free(a);
   e->stats.tasks++;
   d->tasks_last++;
   return rc;

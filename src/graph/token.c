@@ -47,11 +47,15 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   struct st_decode_ctx *c = &d->ctx;
   const struct st_hparams *hp = &e->hp;
   const struct st_weight *emb = &e->model->tok_embd;
-  st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)id * emb->row_bytes, d->gpu ? d->emb : c->x,
+  st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)id * emb->row_bytes, d->gpu ? c->mail.emb : c->x,
                     (int64_t)hp->n_embd);
   const double t_step = st_now();
   c->pos = e->n_past;
   c->seq = c->seq + 1 ? c->seq + 1 : 1; /* never 0: the mailbox's flags start at 0 */
+  if (d->gpu) {
+    c->mail.pos_seq[0] = c->pos;
+    c->mail.pos_seq[1] = (int32_t)c->seq;
+  }
   memset(c->sync, 0, sizeof *c->sync * (hp->n_layer + 1));
   d->tasks_last = 0;
   int rc = d->gpu ? st_decode_submit_lanes(e) : 0;

@@ -38,12 +38,15 @@ __device__ __forceinline__ void dk_flag_store(uint32_t *p, uint32_t v) {
 // x = h + the k slots' rows added in slot order (combine != 0: a slot whose pair is in this card's
 // cache, slot_ptr != NULL, from gpu_out, the others from the mailbox's rows cpu_out, once the CPU
 // pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
-// set; plain adds, as combine_token), else x as it is; then xn = RMSNorm(x) * w as rmsnorm_kernel
-// computes it. One block; dynamic shared memory: d floats.
+// set; plain adds, as combine_token), else (layer 0) x = the mailbox's embedding row `emb`, with
+// the step's position and number copied from the mailbox to pos[0..1] and the n_counters fused
+// kernels' counters zeroed; then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
+// dynamic shared memory: d floats.
 __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
-           int combine, float *x, const float *w, float eps, float *xn) {
+           int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
+           float *x, const float *w, float eps, float *xn) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
   __shared__ int from_cpu[64], any_cpu;
@@ -62,23 +65,35 @@ __global__ void __launch_bounds__(PRE_THREADS)
     if (threadIdx.x == 0 && cpu_flag && any_cpu)
       for (const uint32_t want = *seq; dk_flag_load(cpu_flag) != want;) __nanosleep(128);
     __syncthreads();
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      float acc = 0.0f;
-      for (int j0 = 0; j0 < k; j0 += 8) { // every load of a row group in flight (the mailbox's cross the bus)
-        float v[8];
+    // two of the thread's elements at a time, every load of a row group in flight (the mailbox's
+    // rows cross the bus); each element's sum in slot order
+    for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
+      const int i1 = i0 + blockDim.x, two = i1 < d;
+      float acc0 = 0.0f, acc1 = 0.0f;
+      for (int j0 = 0; j0 < k; j0 += 8) {
+        float v0[8], v1[8];
 #pragma unroll
         for (int u = 0; u < 8; u++)
-          if (j0 + u < k) v[u] = from_cpu[j0 + u] ? __ldcv(src[j0 + u] + i) : src[j0 + u][i];
+          if (j0 + u < k) {
+            const float *r = src[j0 + u];
+            v0[u] = from_cpu[j0 + u] ? __ldcv(r + i0) : r[i0];
+            v1[u] = two ? (from_cpu[j0 + u] ? __ldcv(r + i1) : r[i1]) : 0.0f;
+          }
 #pragma unroll
         for (int u = 0; u < 8; u++)
-          if (j0 + u < k) acc = __fadd_rn(acc, v[u]);
+          if (j0 + u < k) acc0 = __fadd_rn(acc0, v0[u]), acc1 = __fadd_rn(acc1, v1[u]);
       }
-      const float v = __fadd_rn(acc, h[i]);
+      x[i0] = xs[i0] = __fadd_rn(acc0, h[i0]);
+      if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h[i1]);
+    }
+  } else {
+    if (threadIdx.x < 2) pos[threadIdx.x] = __ldcv(pos_seq + threadIdx.x);
+    for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      const float v = __ldcv(emb + i);
       x[i] = v;
       xs[i] = v;
     }
-  } else {
-    for (int i = threadIdx.x; i < d; i += blockDim.x) xs[i] = x[i];
   }
   __syncthreads();
   float ss = 0.0f;
@@ -406,7 +421,8 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
   const uint32_t *flag = wait_cpu ? c->dmail.cpu_seq + (size_t)lp * ST_MAIL_FLAG_STRIDE : NULL;
   dk_pre<<<1, PRE_THREADS, sizeof(float) * (size_t)c->n_embd, st>>>(
       D.route + (size_t)lp * c->k, D.slot_ptr + (size_t)lp * c->n_expert, c->n_expert, D.gpu_out, rows, flag,
-      dev_seq(D), D.h, c->k, c->n_embd, combine, D.x, w, c->eps, D.xn);
+      dev_seq(D), D.h, c->k, c->n_embd, combine, c->dmail.emb, c->dmail.pos_seq, D.pos, D.counters, c->n_head + 1, D.x,
+      w, c->eps, D.xn);
 }
 
 void layer_body(const void *args, cudaStream_t st) {
@@ -490,7 +506,6 @@ struct sig_hash {
 void decode_gpu_run(void *buffers[], void *cl_arg) {
   const st_decode_gpu_args *a = (const st_decode_gpu_args *)cl_arg;
   const st_decode_ctx *c = a->ctx;
-  const st_decode_dev &D = c->dev;
   cudaStream_t st = starpu_cuda_get_local_stream();
   allow_smem(c);
   sig_hash sig;
@@ -519,12 +534,6 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   g.n_chunks = st_cuda_attn_chunks(a->pos + 1);
   sig.add((uint64_t)g.n_chunks);
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
-  if (a->layer == 0) { // the token's embedding row, position and step number (pageable: staged before the call returns)
-    const int32_t pos_seq[2] = {a->pos, (int32_t)a->seq};
-    ST_CUDA_CHECK(cudaMemcpyAsync(D.x, a->emb, sizeof(float) * (size_t)c->n_embd, cudaMemcpyHostToDevice, st));
-    ST_CUDA_CHECK(cudaMemcpyAsync(D.pos, pos_seq, sizeof pos_seq, cudaMemcpyHostToDevice, st));
-    ST_CUDA_CHECK(cudaMemsetAsync(D.counters, 0, sizeof(int32_t) * (size_t)(c->n_head + 1), st));
-  }
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());
 }
