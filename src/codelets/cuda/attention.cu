@@ -160,156 +160,6 @@ __global__ static void attend_combine(const float *part, int n_chunks, int chunk
                out + (int64_t)t * ldo + (int64_t)h * hd);
 }
 
-// ---- one token (decode) with its query heads grouped by KV head --------------------------------
-// Block (g, c) takes the nq query heads of KV head g (a warp each) over keys [c chunk, (c + 1) chunk)
-// ∩ [0, n_keys): the block's warps read the same key and value rows (from L1 after the first),
-// so the KV cache crosses L2 once per group instead of once per query head; each warp scores
-// DEC_ILP keys at a time (their dot products and warp sums interleaved, one max and one correction
-// for the lot). A chunk is DEC_CHUNK keys, doubled until there are at most DEC_MAX_CHUNKS of them:
-// a function of n_keys alone, as every other choice here, so results repeat bit for bit. The
-// chunks of a head are merged in chunk order by one warp (gqa_merge_warp). Taken for T = 1 by the
-// attention codelet and the decode step alike when nq <= DEC_MAX_NQ and hd <= 256.
-#define DEC_CHUNK 64
-#define DEC_MAX_CHUNKS 64
-#define DEC_ILP 4
-#define DEC_MAX_NQ 16
-
-__host__ __device__ __forceinline__ static int dec_chunk(int n_keys) {
-  int chunk = DEC_CHUNK;
-  while ((n_keys + chunk - 1) / chunk > DEC_MAX_CHUNKS) chunk *= 2;
-  return chunk;
-}
-static int dec_takes(int nq, int hd) { return nq >= 1 && nq <= DEC_MAX_NQ && hd <= 32 * MAX_DIMS_PER_LANE; }
-
-// One warp's partial of query head qh over keys [start, end) of kc, vc (attend_partial's layout:
-// max, sum, hd weighted values; (-inf, 0) for no key) into out.
-__device__ __forceinline__ static void gqa_partial_warp(const float *qh, const float *kc, const float *vc, int hd,
-                                                        int start, int end, float scale, float *out) {
-  const int lane = threadIdx.x & 31, nd = (hd + 31) / 32;
-  float qd[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
-#pragma unroll
-  for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
-    const int dd = lane + 32 * i;
-    qd[i] = i < nd && dd < hd ? qh[dd] : 0.0f;
-    acc[i] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
-  for (int j0 = start; j0 < end; j0 += DEC_ILP) {
-    float s[DEC_ILP];
-#pragma unroll
-    for (int u = 0; u < DEC_ILP; u++) {
-      float dot = 0.0f;
-      if (j0 + u < end) {
-        const float *k = kc + (int64_t)(j0 + u) * hd;
-#pragma unroll
-        for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-          if (i < nd && lane + 32 * i < hd) dot = fmaf(qd[i], k[lane + 32 * i], dot);
-      }
-      s[u] = dot;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-      for (int u = 0; u < DEC_ILP; u++) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
-    float mx = m;
-#pragma unroll
-    for (int u = 0; u < DEC_ILP; u++) { // lane 0's sums for every lane: one value per key
-      s[u] = j0 + u < end ? __shfl_sync(0xffffffffu, s[u], 0) * scale : -INFINITY;
-      mx = fmaxf(mx, s[u]);
-    }
-    const float corr = expf(m - mx);
-    float p[DEC_ILP], ps = 0.0f;
-#pragma unroll
-    for (int u = 0; u < DEC_ILP; u++) {
-      p[u] = expf(s[u] - mx);
-      ps += p[u];
-    }
-    l = fmaf(l, corr, ps);
-#pragma unroll
-    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-      if (i < nd && lane + 32 * i < hd) {
-        float a = acc[i] * corr;
-#pragma unroll
-        for (int u = 0; u < DEC_ILP; u++)
-          if (j0 + u < end) a = fmaf(p[u], vc[(int64_t)(j0 + u) * hd + lane + 32 * i], a);
-        acc[i] = a;
-      }
-    m = mx;
-  }
-  if (lane == 0) out[0] = m, out[1] = l;
-#pragma unroll
-  for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-    if (i < nd && lane + 32 * i < hd) out[2 + lane + 32 * i] = acc[i];
-}
-
-// One warp merges `used` (<= DEC_MAX_CHUNKS) chunk partials p (gqa_partial_warp's, hd + 2 floats
-// apart) of one head in chunk order into o: out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M).
-// Loads bypass L1 (other blocks of the launch wrote p).
-__device__ __forceinline__ static void gqa_merge_warp(const float *p, int used, int hd, float *o) {
-  const int lane = threadIdx.x & 31;
-  const float m0 = lane < used ? __ldcg(p + (int64_t)lane * (hd + 2)) : -INFINITY;
-  const float m1 = lane + 32 < used ? __ldcg(p + (int64_t)(lane + 32) * (hd + 2)) : -INFINITY;
-  float M = fmaxf(m0, m1);
-  for (int o2 = 16; o2 > 0; o2 >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
-  const float f0 = lane < used ? expf(m0 - M) : 0.0f, f1 = lane + 32 < used ? expf(m1 - M) : 0.0f;
-  const int nd = (hd + 31) / 32;
-  float a[MAX_DIMS_PER_LANE], L = 0.0f;
-#pragma unroll
-  for (int i = 0; i < MAX_DIMS_PER_LANE; i++) a[i] = 0.0f;
-#pragma unroll 8
-  for (int c = 0; c < used; c++) { // every chunk's loads independent of the sums: many in flight
-    const float *pc = p + (int64_t)c * (hd + 2);
-    const float f = __shfl_sync(0xffffffffu, c < 32 ? f0 : f1, c & 31);
-    L += __ldcg(pc + 1) * f;
-#pragma unroll
-    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-      if (i < nd && lane + 32 * i < hd) a[i] += __ldcg(pc + 2 + lane + 32 * i) * f;
-  }
-#pragma unroll
-  for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-    if (i < nd && lane + 32 * i < hd) o[lane + 32 * i] = a[i] / L;
-}
-
-// The attention codelet's decode (T = 1) for one KV head: block c, warp w = query head w of q.
-// part: [nq][n_chunks][hd + 2].
-__global__ static void __launch_bounds__(32 * DEC_MAX_NQ)
-    attend_gqa_partial(const float *q, const float *kc, const float *vc, int hd, int n_keys, int chunk, float scale,
-                       int n_chunks, float *part) {
-  const int w = threadIdx.x >> 5, c = blockIdx.x;
-  gqa_partial_warp(q + (int64_t)w * hd, kc, vc, hd, c * chunk, min((c + 1) * chunk, n_keys), scale,
-                   part + ((int64_t)w * n_chunks + c) * (hd + 2));
-}
-// Block h (one warp) merges query head h's chunks into out[h hd ..].
-__global__ static void attend_gqa_merge(const float *part, int n_chunks, int hd, float *out) {
-  gqa_merge_warp(part + (int64_t)blockIdx.x * n_chunks * (hd + 2), n_chunks, hd, out + (int64_t)blockIdx.x * hd);
-}
-
-// The decode step's attention for every KV head in one launch: block (g, c) as attend_gqa_partial
-// for KV head g (gridDim.y chunks: the needed ones and up to 7 more, which only count themselves);
-// the last block of a group to finish (counters[g], reset by it) merges its heads, warp w head
-// g nq + w. part: [Hq][DEC_MAX_CHUNKS][hd + 2].
-__global__ static void __launch_bounds__(32 * DEC_MAX_NQ)
-    attend_decode_gqa(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out) {
-  __shared__ int last;
-  st_dev_griddep_launch();
-  st_dev_griddep_wait();
-  const int g = blockIdx.x, c = blockIdx.y, w = threadIdx.x >> 5, h = g * nq + w;
-  const int n_keys = *pos_dev + 1, chunk = dec_chunk(n_keys), used = (n_keys + chunk - 1) / chunk;
-  float *ph = part + (int64_t)h * DEC_MAX_CHUNKS * (hd + 2);
-  if (c < used)
-    gqa_partial_warp(q + (int64_t)h * hd, kv.k[g], kv.v[g], hd, c * chunk, min((c + 1) * chunk, n_keys), scale,
-                     ph + (int64_t)c * (hd + 2));
-  __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[g], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  gqa_merge_warp(ph, used, hd, out + (int64_t)h * hd);
-  if (threadIdx.x == 0) counters[g] = 0;
-}
-
 // The decode step's attention of one token over every query head in one launch: block (h, c) is
 // attend_partial's block for query head h (KV head h / nq) and chunk c; the last block of a head to
 // finish (counters[h], reset by it) merges the head's chunks as attend_combine does.
@@ -527,8 +377,7 @@ static int flash_fits(const float *q, int64_t ldq, const float *kc, const float 
 // Floats of the partials either kernel writes: T x n_q rows of (max, sum, head_dim values) per chunk
 // (decode's stay as they were: its graphs keep their scratch).
 static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
-  const int keys = pos0 + T, chunk = flash_chunk(T, nq, pos0);
-  const int n_chunks = T == 1 && dec_takes(nq, hd) ? DEC_MAX_CHUNKS : (keys + KEY_CHUNK - 1) / KEY_CHUNK;
+  const int keys = pos0 + T, n_chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK, chunk = flash_chunk(T, nq, pos0);
   const int n_split = T > 1 ? (keys + chunk - 1) / chunk : 0;
   return (size_t)T * nq * (size_t)(n_chunks > n_split ? n_chunks : n_split) * (size_t)(hd + 2);
 }
@@ -539,12 +388,6 @@ static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
 static void attend(const float *q, int64_t ldq, const float *kc, const float *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
   const float scale = 1.0f / sqrtf((float)hd);
-  if (T == 1 && dec_takes(nq, hd)) {
-    const int n_keys = pos0 + 1, chunk = dec_chunk(n_keys), n_chunks = (n_keys + chunk - 1) / chunk;
-    attend_gqa_partial<<<n_chunks, 32 * nq, 0, st>>>(q, kc, vc, hd, n_keys, chunk, scale, n_chunks, part);
-    attend_gqa_merge<<<nq, 32, 0, st>>>(part, n_chunks, hd, out);
-    return;
-  }
   if (!flash) {
     const int n_chunks = (pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
     attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, scale, n_chunks, part);
@@ -609,14 +452,10 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
 
 // ---- the decode step's attention (decode.cu), the position in device memory --------------------
 
-int st_cuda_attn_chunks(int n_keys) {
-  const int chunk = dec_chunk(n_keys), used = (n_keys + chunk - 1) / chunk;
-  return (used + 7) / 8 * 8 < DEC_MAX_CHUNKS ? (used + 7) / 8 * 8 : DEC_MAX_CHUNKS;
-}
+int st_cuda_attn_chunks(int n_keys) { return (n_keys + KEY_CHUNK - 1) / KEY_CHUNK; }
 
 extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
-  const int old = (n_ctx + KEY_CHUNK - 1) / KEY_CHUNK; // attend_decode_all's, for head layouts dec_takes refuses
-  return (size_t)n_heads * (size_t)(old > DEC_MAX_CHUNKS ? old : DEC_MAX_CHUNKS) * (size_t)(hd + 2);
+  return (size_t)n_heads * (size_t)st_cuda_attn_chunks(n_ctx) * (size_t)(hd + 2);
 }
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
@@ -628,20 +467,12 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
-                               const int *pos_dev, int n_keys, int n_chunks, float *part, int *counters, float *out,
-                               int pdl, cudaStream_t st) {
+                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, int pdl,
+                               cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  const float scale = 1.0f / sqrtf((float)hd);
-  if (dec_takes(Hq / G, hd)) {
-    st_cuda_launch(attend_decode_gqa, dim3(G, n_chunks), dim3(32 * (Hq / G)), 0, st, pdl, q, Hq / G, hd, p, pos_dev, scale,
-                   part, counters, out);
-    return;
-  }
-  // n_chunks chunks of up to dec_chunk(n_keys) keys hold every key: as many of KEY_CHUNK
-  const int old = (n_chunks * dec_chunk(n_keys) + KEY_CHUNK - 1) / KEY_CHUNK;
-  st_cuda_launch(attend_decode_all, dim3(1, Hq, old), dim3(32 * WARPS), 0, st, pdl, q, Hq / G, hd, p, pos_dev, scale,
-                 part, counters, out);
+  st_cuda_launch(attend_decode_all, dim3(1, Hq, n_chunks), dim3(32 * WARPS), 0, st, pdl, q, Hq / G, hd, p, pos_dev,
+                 1.0f / sqrtf((float)hd), part, counters, out);
 }
 
 // For tests (cuda_codelets.h): attend on host data, on the legacy default stream.

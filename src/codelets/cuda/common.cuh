@@ -300,9 +300,7 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 
 // ---- the decode step's pieces (attention.cu, router.cu), for decode.cu ----------------------
 #define ST_CUDA_MAX_KV_HEADS 32 /* KV heads the decode step's KV append takes (engine.c refuses more) */
-// Blocks per KV head of the decode attention for n_keys keys (attention.cu attend_decode_gqa: the
-// chunks it needs rounded up to a multiple of 8, so that a replayed graph serves several chunks'
-// worth of positions); the graph of a decode step is captured again when it changes.
+// Chunks of keys the decode attention splits n_keys into; floats of its partials at most (n_ctx keys).
 int st_cuda_attn_chunks(int n_keys);
 // The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
@@ -312,15 +310,13 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
                          float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
                          cudaStream_t st);
 // One token's causal attention for all Hq query heads at q ([Hq][hd]; head h reads KV head h / (Hq / G))
-// over keys 0..*pos_dev of k[g], v[g], n_chunks = st_cuda_attn_chunks(n_keys) blocks per KV head
-// (n_keys: pos + 1 when the graph is captured; *pos_dev + 1 may grow while that count stays); out
+// over keys 0..*pos_dev of k[g], v[g], split into n_chunks = st_cuda_attn_chunks(pos + 1) chunks; out
 // [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats; counters: Hq ints, zero before
-// the launch and zero again after it. The attention codelet's decode (T = 1) kernels, bit for bit,
-// in one launch.
+// the launch and zero again after it. The prompt codelet's decode kernels, bit for bit, in one launch.
 // pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
-                               const int *pos_dev, int n_keys, int n_chunks, float *part, int *counters, float *out,
-                               int pdl, cudaStream_t st);
+                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, int pdl,
+                               cudaStream_t st);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

@@ -440,8 +440,7 @@ void layer_body(const void *args, cudaStream_t st) {
   mv_launch(qkv, 3, D.xn, d, pdl, st);
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
                       c->rope_theta, g->k, g->v, pdl, st);
-  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, a->pos + 1, g->n_chunks, D.part, D.counters, D.attn, pdl,
-                            st);
+  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, g->n_chunks, D.part, D.counters, D.attn, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
