@@ -10,17 +10,20 @@
 # Environment: ROWS (default "gpu 24gb cpu"), QUICK_DEPTHS (the 24 GB row's depths, default 0),
 # CHECK_NCPU (CPU workers of the checks, default 4, so that they take less from the compile), GPU_MEM (strata's --gpu-mem for the 24 GB row, GiB,
 # default 21.25: its nvidia-smi peak then sits at llama.cpp's -ncmoe 17 peak of about 21,100 MiB),
-# FIXTURES (default "tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m"), LEARN (1).
+# FIXTURES (default "tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m"), LEARN (1), LLAMA (1; 0: strata's rows
+# alone, no llama.cpp build, for a re-measure within the same lease).
 set -u
 cd "$(dirname "$0")/.."
 export W=/tmp/vs-llama
 t0=$SECONDS
-bench/vs-llama.sh build model
+if [ "${LLAMA:-1}" = 1 ]; then bench/vs-llama.sh build model; else bench/vs-llama.sh model; fi
 STARPU_NCPU=${CHECK_NCPU:-4} FIXTURES=${FIXTURES:-tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m} STEPS="1 2" W=/tmp/gpu-step \
   scripts/gpu-step.sh 2>&1 \
   | sed -n '/^== gpu-step/,$p'
 echo "checks done at $((SECONDS - t0)) s"
 [ "${LEARN:-1}" = 1 ] && W=/tmp/gpu-step scripts/gpu-learn.sh "$W/q30b-q8_0.gguf" 16
 echo "learn done at $((SECONDS - t0)) s"
-QUICK=1 ROWS=${ROWS:-gpu 24gb cpu} GPU_MEM=${GPU_MEM:-21.25} bench/vs-llama.sh strata llama report
+phases="strata llama report"
+[ "${LLAMA:-1}" = 1 ] || phases="strata report"
+QUICK=1 ROWS=${ROWS:-gpu 24gb cpu} GPU_MEM=${GPU_MEM:-21.25} bench/vs-llama.sh $phases
 echo "all done at $((SECONDS - t0)) s"
