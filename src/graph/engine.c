@@ -194,7 +194,7 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
                            (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
                             (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
   /* with --gpu-mem half the reserve is outside StarPU's limit (kernel scratch) and half inside it:
-   * StarPU's transient replicas (a batch's handles, the decode step's xin and cpu_out) need room
+   * StarPU's transient replicas (a batch's handles on the prompt path and the per-task path) need room
    * there, or every allocation evicts a dense weight or a KV replica and the run thrashes
    * (measured on the H200: 26 GB host->device for 32 decode tokens with no room left) */
   const double reserve_all = reserve_mib > 0 ? reserve_mib : 1024;

@@ -246,6 +246,14 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
   }
 }
 
+// The four bytes of q as floats minus bias (mmv_byte), into qf.
+__host__ __device__ __forceinline__ void mmv_bytes4(uint32_t q, float bias, float qf[4]) {
+  qf[0] = mmv_byte<0>(q, bias);
+  qf[1] = mmv_byte<1>(q, bias);
+  qf[2] = mmv_byte<2>(q, bias);
+  qf[3] = mmv_byte<3>(q, bias);
+}
+
 // How a format's weight follows from its quant q (mmv_quants4): q itself (the float formats),
 // sc * q, or fmaf(sc, q, off) (a min or an offset; Q5_0's offset is +0, as the CPU adds its m = 0).
 enum { MMV_DIRECT, MMV_SCALED, MMV_OFFSET };
@@ -285,18 +293,12 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     qscale = 1.0f;
   } else if constexpr (TYPE == ST_TYPE_Q8_0) {
     const uint32_t q = mmv_u32_a2(ch + (o >> 5) * BS + 2 + (o & 31)) ^ 0x80808080u; // int8 + 128
-    qf[0] = mmv_byte<0>(q, 128.0f);
-    qf[1] = mmv_byte<1>(q, 128.0f);
-    qf[2] = mmv_byte<2>(q, 128.0f);
-    qf[3] = mmv_byte<3>(q, 128.0f);
+    mmv_bytes4(q, 128.0f, qf);
     qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_Q4_0) {
     const int j = o & 31; // weights 0..15: low nibbles of qs[0..15]; 16..31: high nibbles
     const uint32_t q = (mmv_u32_a2(ch + (o >> 5) * BS + 2 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
-    qf[0] = mmv_byte<0>(q, 8.0f);
-    qf[1] = mmv_byte<1>(q, 8.0f);
-    qf[2] = mmv_byte<2>(q, 8.0f);
-    qf[3] = mmv_byte<3>(q, 8.0f);
+    mmv_bytes4(q, 8.0f, qf);
     qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_Q4_K || TYPE == ST_TYPE_Q5_K) {
     // qs[32 (r / 64) + r % 32]: low nibble for the first 32 of each 64 weights, high for the next
@@ -305,10 +307,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     const int qsoff = TYPE == ST_TYPE_Q4_K ? 16 : 48;
     uint32_t q = (mmv_u32(b + qsoff + 32 * (r >> 6) + (r & 31)) >> ((r & 32) >> 3)) & 0x0F0F0F0Fu;
     if constexpr (TYPE == ST_TYPE_Q5_K) q |= ((mmv_u32(b + 16 + (r & 31)) >> (r >> 5)) & 0x01010101u) << 4;
-    qf[0] = mmv_byte<0>(q, 0.0f);
-    qf[1] = mmv_byte<1>(q, 0.0f);
-    qf[2] = mmv_byte<2>(q, 0.0f);
-    qf[3] = mmv_byte<3>(q, 0.0f);
+    mmv_bytes4(q, 0.0f, qf);
     qscale = s0;
     qoff = -s1;
   } else if constexpr (TYPE == ST_TYPE_Q6_K) {
@@ -319,10 +318,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
                    qh = mmv_u32_a2(b + 128 + 32 * h + l);
     const uint32_t q =
         ((ql >> (4 * (quarter >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * quarter)) & 0x03030303u) << 4);
-    qf[0] = mmv_byte<0>(q, 32.0f);
-    qf[1] = mmv_byte<1>(q, 32.0f);
-    qf[2] = mmv_byte<2>(q, 32.0f);
-    qf[3] = mmv_byte<3>(q, 32.0f);
+    mmv_bytes4(q, 32.0f, qf);
     qscale = l < 16 ? s0 : s1;
   } else if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
     // per 32 weights 16 bytes of qs, laid out as Q4_0's (IQ4_XS: 8 sub-blocks after 8 bytes of
@@ -338,10 +334,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
   } else if constexpr (TYPE == ST_TYPE_Q4_1) { // qs after d and m, laid out as Q4_0's
     const int j = o & 31;
     const uint32_t q = (mmv_u32(ch + (o >> 5) * BS + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
-    qf[0] = mmv_byte<0>(q, 0.0f);
-    qf[1] = mmv_byte<1>(q, 0.0f);
-    qf[2] = mmv_byte<2>(q, 0.0f);
-    qf[3] = mmv_byte<3>(q, 0.0f);
+    mmv_bytes4(q, 0.0f, qf);
     qscale = s0;
     qoff = s1;
   } else if constexpr (TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_Q5_1) {
@@ -354,10 +347,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     const uint32_t hi = ((((mmv_u32_at<TYPE>(b + H) >> j) & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
     const uint32_t q = lo | hi;
     const float bias = TYPE == ST_TYPE_Q5_0 ? 16.0f : 0.0f;
-    qf[0] = mmv_byte<0>(q, bias); // Q5_0: s1 = +0, as the CPU adds its m = 0
-    qf[1] = mmv_byte<1>(q, bias);
-    qf[2] = mmv_byte<2>(q, bias);
-    qf[3] = mmv_byte<3>(q, bias);
+    mmv_bytes4(q, bias, qf); // Q5_0: s1 = +0, as the CPU adds its m = 0
     qscale = s0;
     qoff = s1;
   } else if constexpr (TYPE == ST_TYPE_Q2_K || TYPE == ST_TYPE_Q3_K) {
@@ -371,19 +361,13 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     if constexpr (TYPE == ST_TYPE_Q2_K) {
       const uint32_t sc = b[r >> 4];
       const float dl = s0 * mmv_byte<0>(sc & 0xFu, 0.0f), ml = s1 * mmv_byte<0>(sc >> 4, 0.0f);
-      qf[0] = mmv_byte<0>(q, 0.0f);
-      qf[1] = mmv_byte<1>(q, 0.0f);
-      qf[2] = mmv_byte<2>(q, 0.0f);
-      qf[3] = mmv_byte<3>(q, 0.0f);
+      mmv_bytes4(q, 0.0f, qf);
       qscale = dl;
       qoff = -ml;
     } else {
       q |= ((mmv_u32_a2(b + (r & 31)) >> (4 * n + s)) & 0x01010101u) << 2;
       const float dl = r & 16 ? s1 : s0;
-      qf[0] = mmv_byte<0>(q, 4.0f);
-      qf[1] = mmv_byte<1>(q, 4.0f);
-      qf[2] = mmv_byte<2>(q, 4.0f);
-      qf[3] = mmv_byte<3>(q, 4.0f);
+      mmv_bytes4(q, 4.0f, qf);
       qscale = dl;
     }
   } else if constexpr (TYPE == ST_TYPE_IQ2_XS || TYPE == ST_TYPE_IQ2_S) {
