@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on nvidia-h200 for issue #20, from the repository root after scripts/gather-libs and
-# `bench/vs-llama.sh pack` (builds nothing of strata): starts llama.cpp's build in the background
+# `bench/vs-llama.sh pack` (builds nothing of strata; `xz carry/tokenizer.json` keeps carry/ under
+# the 64 MiB a call takes: gpu-lib.sh and vs-llama.sh read the .xz): starts llama.cpp's build in the background
 # and makes the qwen3-30b-a3b Q8_0 model (bench/vs-llama.sh build model); while llama.cpp compiles,
 # the untimed checks: the CUDA kernel tests and the decode step against the per-task path, bitwise,
 # on FIXTURES with the cache off, half and full (scripts/gpu-step.sh STEPS="1 2"), and zero-
