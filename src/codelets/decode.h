@@ -152,6 +152,10 @@ enum st_lane_kind {
   ST_LP_KINDS
 };
 
+/* Spins (pausing, then yielding) until the mailbox flag at p holds `want` (acquire) or *abort_seq
+ * does: the lanes' wait for a layer's input, the submitting thread's for the head. */
+void st_mail_wait(const uint32_t *p, uint32_t want, const uint32_t *abort_seq);
+
 /* Lane task arguments. kind: ST_LANE_TOKEN (CPU-only: items of sync[0] before layer_end[layer]),
  * ST_LANE_EXPERTS (GPU mode: the CPU-pool experts of every layer with layer_cpu set, in layer
  * order, each once its xin flag carries ctx->seq, counters sync[layer]; layer is unused). No
@@ -176,7 +180,6 @@ int st_lane_token_plan(struct st_decode_ctx *c);
 struct st_decode_gpu_args {
   const struct st_decode_ctx *ctx;
   int32_t layer, pos;
-  uint32_t seq;       /* the step's number */
   int32_t combine;    /* add layer - 1's expert rows to x first (every layer but 0, and the head) */
   int32_t has_cpu_in; /* layer - 1 has CPU-pool pairs: wait for its rows in the mailbox when routed there */
   int32_t has_xin;    /* this layer has CPU-pool pairs: publish its routing and FFN input to the mailbox */

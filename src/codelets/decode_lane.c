@@ -278,8 +278,7 @@ static float *worker_scratch(const struct st_decode_ctx *c) {
   return c->scratch + (size_t)(w < 0 ? 0 : w) * (size_t)c->scratch_floats;
 }
 
-/* Spins until the 32-bit flag at p holds `want` (acquire), as wait_at_least. */
-static void wait_flag(const uint32_t *p, uint32_t want, const uint32_t *abort_seq) {
+void st_mail_wait(const uint32_t *p, uint32_t want, const uint32_t *abort_seq) {
   for (unsigned spins = 0; __atomic_load_n(p, __ATOMIC_ACQUIRE) != want; spins++) {
     if (__atomic_load_n(abort_seq, __ATOMIC_ACQUIRE) == want) return;
     if (spins < (1u << 14)) __builtin_ia32_pause();
@@ -295,7 +294,7 @@ static void lane_experts_layer(const struct st_decode_ctx *c, int l, float *scra
   const struct st_decode_layer *L = &c->layers[l];
   const struct st_decode_mail *m = &c->mail;
   const uint32_t seq = c->seq;
-  wait_flag(&m->xin_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], seq, m->abort_seq);
+  st_mail_wait(&m->xin_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], seq, m->abort_seq);
   if (__atomic_load_n(m->abort_seq, __ATOMIC_ACQUIRE) == seq) return;
   struct lane_state s = {.c = c, .sync = &((struct st_lane_sync *)c->sync)[l], .scratch = scratch};
   const struct st_route *route = m->xroute + (size_t)l * c->k;

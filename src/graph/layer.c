@@ -53,7 +53,7 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   (void)L, (void)G;
   return st_set_error(ST_ERUNTIME, "a GPU decode step in a build without CUDA"); /* d->gpu needs a CUDA worker */
 #else
-  const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past, .seq = d->ctx.seq,
+  const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past,
                                        .combine = l > 0, .has_cpu_in = l > 0 && d->layer_cpu[l - 1],
                                        .has_xin = l < L && d->layer_cpu[l]};
   starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 1];

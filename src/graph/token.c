@@ -2,7 +2,6 @@
  * and the head submitted at once, then one wait for the logits; afterwards the host counts the step's routing (profiles,
  * the adaptive cache, the tiers' counters) as the per-task path does when it reads each layer's
  * routing table. */
-#include <sched.h>
 #include <string.h>
 
 #include "codelets/quant.h"
@@ -69,8 +68,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   e->stats.submit_s += t_wait - t_step;
   const struct st_route *route = c->route;
   if (d->gpu && !rc) { /* the head raises head_seq once the logits and the routing are in the mailbox */
-    for (unsigned spins = 0; __atomic_load_n(c->mail.head_seq, __ATOMIC_ACQUIRE) != c->seq; spins++)
-      if (spins >= (1u << 12)) sched_yield();
+    st_mail_wait(c->mail.head_seq, c->seq, c->mail.abort_seq);
     memcpy(logits, c->mail.logits, sizeof(float) * hp->n_vocab);
     memcpy(c->route, c->mail.route, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
   }

@@ -34,6 +34,13 @@ __device__ __forceinline__ uint32_t dk_flag_load(const uint32_t *p) {
 __device__ __forceinline__ void dk_flag_store(uint32_t *p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// Once every thread of the block has written its part of the mailbox: fence (system scope), then
+// *flag = *seq (every thread of the block calls it).
+__device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) dk_flag_store(flag, *seq);
+}
 
 // x = h + the k slots' rows added in slot order (combine != 0: a slot whose pair is in this card's
 // cache, slot_ptr != NULL, from gpu_out, the others from the mailbox's rows cpu_out, once the CPU
@@ -224,9 +231,7 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   __syncthreads(); // the routing is written
   for (int i = threadIdx.x; i < d; i += blockDim.x) pub_x[i] = xs[i];
   if ((int)threadIdx.x < k) pub_route[threadIdx.x] = route[threadIdx.x];
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0) dk_flag_store(pub_flag, *seq);
+  dk_raise(pub_flag, seq);
 }
 
 // The cached pair of routing slot j (NULL: another tier computes it).
@@ -468,9 +473,7 @@ struct head_graph {
 // mailbox is out (the head's logits came from the previous kernel), *flag = *seq. One block.
 __global__ void dk_head_done(const st_route *route, int n, st_route *to, uint32_t *flag, const uint32_t *seq) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) to[i] = route[i];
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0) dk_flag_store(flag, *seq);
+  dk_raise(flag, seq);
 }
 
 void head_body(const void *args, cudaStream_t st) {
