@@ -177,3 +177,22 @@ char *st_read_file(const char *path, size_t *len) {
   if (len) *len = n;
   return buf;
 }
+
+int st_all_finite(const float *v, size_t n) {
+  enum { L = 16 };
+  uint32_t acc[L] = {0}, m = 0;
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int j = 0; j < L; j++) {
+      uint32_t u;
+      memcpy(&u, v + i + j, sizeof u);
+      acc[j] |= (u & 0x7f800000u) + 0x00800000u; /* exponent all ones: the sign bit */
+    }
+  for (; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, v + i, sizeof u);
+    m |= (u & 0x7f800000u) + 0x00800000u;
+  }
+  for (int j = 0; j < L; j++) m |= acc[j];
+  return !(m & 0x80000000u);
+}

@@ -968,10 +968,10 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     if (rc) return rc;
     if (all_logits || last) { /* garbage weights must not pass silently as NaN logits */
       const size_t rows = all_logits ? (size_t)T : 1;
-      for (size_t i = 0; i < rows * V; i++)
-        if (!isfinite(out[i])) {
+      for (size_t r = 0; r < rows; r++)
+        if (!st_all_finite(out + r * V, V)) {
           char what[96];
-          snprintf(what, sizeof what, "the logits of token %d", e->n_past + (int)(all_logits ? i / V : (size_t)T - 1));
+          snprintf(what, sizeof what, "the logits of token %d", e->n_past + (int)(all_logits ? r : (size_t)T - 1));
           /* every router's input was finite: the last layer's experts or the head made it */
           return st_engine_nonfinite(e, (int)e->hp.n_layer - 1, (int)e->hp.n_layer, what);
         }

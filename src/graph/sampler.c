@@ -15,25 +15,24 @@ void st_sampler_init(struct st_sampler *s, float temp, int top_k, float top_p, u
   s->rng = (z ^ (z >> 31)) | 1;
 }
 
-/* Eight interleaved running maxima (each keeps its first index, strict >), then the largest of
- * them, ties to the lower index: the same answer as one sequential scan, without its chain of
- * dependent loads (0.6 ms per token for a 151,680-entry vocabulary before). NaN never wins. */
+/* Two passes: the largest value over sixteen interleaved running maxima (a loop the compiler turns
+ * into SIMD max instructions; 0.1 ms per token for a 151,680-entry vocabulary with the indices kept
+ * in the loop), then the first index holding it: the same answer as one sequential scan with
+ * strict >, ties to the lower index. NaN never wins except at index 0, as in that scan. */
 int32_t st_argmax(const float *v, int32_t n) {
-  enum { L = 8 };
+  enum { L = 16 };
   float bv[L];
-  int32_t bi[L];
-  for (int j = 0; j < L; j++) bv[j] = -INFINITY, bi[j] = -1;
+  for (int j = 0; j < L; j++) bv[j] = -INFINITY;
   int32_t i = 0;
   for (; i + L <= n; i += L)
-    for (int j = 0; j < L; j++)
-      if (v[i + j] > bv[j]) bv[j] = v[i + j], bi[j] = i + j;
-  for (; i < n; i++)
-    if (v[i] > bv[i % L]) bv[i % L] = v[i], bi[i % L] = i;
-  int32_t best = 0;
-  float b = n > 0 ? v[0] : 0.0f;
-  for (int j = 0; j < L; j++)
-    if (bi[j] >= 0 && (bv[j] > b || (bv[j] == b && bi[j] < best))) b = bv[j], best = bi[j];
-  return best;
+    for (int j = 0; j < L; j++) bv[j] = v[i + j] > bv[j] ? v[i + j] : bv[j];
+  float m = -INFINITY;
+  for (; i < n; i++) m = v[i] > m ? v[i] : m;
+  for (int j = 0; j < L; j++) m = bv[j] > m ? bv[j] : m;
+  if (n <= 0 || m == -INFINITY || v[0] != v[0]) return 0;
+  for (i = 0; i < n; i++)
+    if (v[i] == m) return i;
+  return 0;
 }
 
 struct cand {

@@ -5,6 +5,8 @@
 // attend_partial), a tiled flash-attention kernel for prompt chunks (T > 1, see attend_flash).
 #include <math.h>
 
+#include <type_traits>
+
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 
@@ -60,80 +62,333 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
   for (int i = threadIdx.x; i < hd; i += blockDim.x) kv.v[g][(int64_t)pos * hd + i] = kvnew[(int64_t)(G + g) * hd + i];
 }
 
-// Causal attention, split over the keys (split-K): block (t, h, c) handles token t's query head h
-// over keys [c * KEY_CHUNK, (c + 1) * KEY_CHUNK) ∩ [0, pos0 + t]. Each warp takes every 8th key of
-// the chunk, its lanes sharing the head's dimensions (a coalesced read of each key and value
-// row), with an online softmax (the flash-attention recurrence); the warps then merge, and the
-// block writes its partial (max, sum, weighted values). attend_combine merges the chunks. Long
-// contexts thus spread over many blocks even at decode (T = 1).
-#define KEY_CHUNK 256
-#define WARPS 8
-#define MAX_DIMS_PER_LANE 8 /* head_dim <= 256 */
+// Causal attention split over the keys (split-K), one block per (chunk of keys, query heads of one
+// KV group): block (c, t, b) takes token t's query heads b NQ .. b NQ + NQ - 1 of a group (those
+// that share one KV head) over keys [c chunk, (c + 1) chunk) ∩ [0, pos0 + t], so every K and V row
+// the block reads serves all of its heads (GQA: one read per group, not one per query head). The
+// chunk's keys go in tiles of ATT_TILE, copied into shared memory two tiles ahead (cp.async; the
+// next tile's copy overlaps this tile's arithmetic). Each warp scores every 8th key of the tile for
+// all NQ heads (lanes share the head dimensions; the NQ dot products are reduced over the warp by a
+// transposing butterfly, log2 NQ halving exchanges, then a plain one), the tile's softmax is taken
+// per head against the block's running max, and each warp adds its keys' P V into its own
+// accumulators, rescaled per tile (the flash-attention recurrence at tile granularity). The warps'
+// accumulators are then summed in warp order and the block writes per head its partial (max, sum, hd
+// weighted values); attend_merge_heads merges the chunks in chunk order. Fixed order throughout, no
+// atomics on values: the same bits every run, and the same kernels serve the attention codelet's
+// T = 1 path and the decode step (decode.cu), so the two agree bit for bit.
+#define ATT_WARPS 8
+#define ATT_TILE 32   /* keys of a tile: 4 per warp, one per lane in the softmax */
+#define ATT_SPLIT 64  /* chunks of keys at most */
+#define ATT_MIN_CHUNK 32
+static_assert(ATT_TILE == 32 && ATT_SPLIT == 64, "attend_group_chunk: a key a lane, two chunks a lane");
 
-// One block's partial of attend_partial: the query qh over keys [c KEY_CHUNK, (c + 1) KEY_CHUNK) ∩
-// [0, n_keys) of kc, vc, written to out ((max, sum, hd weighted values); (-inf, 0) for no key).
-__device__ __forceinline__ static void attend_partial_block(const float *qh, const float *kc, const float *vc, int hd,
-                                                            int n_keys, int c, float scale, float *out) {
-  __shared__ float wm[WARPS], wl[WARPS], wacc[WARPS][256];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int start = c * KEY_CHUNK, end = min(start + KEY_CHUNK, n_keys);
-  if (start >= n_keys) {
-    if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
+// Keys of a chunk for n_keys keys: ATT_MIN_CHUNK, doubled until ATT_SPLIT chunks cover them (a
+// function of n_keys only, on host and device alike).
+__host__ __device__ __forceinline__ static int att_chunk_keys(int n_keys) {
+  int ch = ATT_MIN_CHUNK;
+  while ((int64_t)ch * ATT_SPLIT < n_keys) ch *= 2;
+  return ch;
+}
+
+// Heads a block takes for nq query heads a group of head_dim hd (NQ), and floats per lane of a row
+// (ND): NQ ND <= 32 keeps a lane's queries and accumulators in registers.
+static int att_nd(int hd) { return hd <= 128 ? 4 : 8; }
+static int att_nq(int nq, int hd) {
+  const int most = 32 / att_nd(hd);
+  int b = 1;
+  while (b < nq && b < most) b *= 2;
+  return b;
+}
+// Dynamic shared memory of the split-K kernels: two tiles of K and V rows, reused for the warps'
+// accumulators at the end.
+static size_t att_smem_bytes(int hd, int nd, int nqb) {
+  const size_t tiles = 4 * (size_t)ATT_TILE * hd, accs = (size_t)ATT_WARPS * nqb * nd * 32;
+  return sizeof(float) * (tiles > accs ? tiles : accs);
+}
+
+// v[0] of every lane becomes the warp's sum of v[h] for head h = lane >> (5 - log2 NQ).
+template <int NQ> __device__ __forceinline__ static void att_transpose_sum(float (&v)[NQ], int lane) {
+  int off = 16;
+#pragma unroll
+  for (int half = NQ / 2; half >= 1; half /= 2, off >>= 1) {
+    const bool up = lane & off;
+#pragma unroll
+    for (int i = 0; i < half; i++) {
+      const float send = up ? v[i] : v[i + half], keep = up ? v[i + half] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
+  }
+  for (; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+}
+
+// Keys [k0, k0 + nk) of kc and vc ([keys][hd]) into ks, vs ([ATT_TILE][hd]): asynchronous 16-byte
+// copies where the rows allow them (vec), else plain ones; then one commit group.
+__device__ __forceinline__ static void att_stage(float *ks, float *vs, const float *kc, const float *vc, int k0, int nk,
+                                                 int hd, bool vec) {
+  const float *kb = kc + (int64_t)k0 * hd, *vb = vc + (int64_t)k0 * hd;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (vec) {
+    for (int e = threadIdx.x; e < nk * hd / 4; e += blockDim.x) {
+      const unsigned dk = (unsigned)__cvta_generic_to_shared(ks + 4 * e), dv = (unsigned)__cvta_generic_to_shared(vs + 4 * e);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dk), "l"(kb + 4 * e) : "memory");
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dv), "l"(vb + 4 * e) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
     return;
   }
-  const int nd = (hd + 31) / 32;
-  float qd[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
-#pragma unroll
-  for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
-    const int dd = lane + 32 * i;
-    qd[i] = i < nd && dd < hd ? qh[dd] : 0.0f;
-    acc[i] = 0.0f;
+#endif
+  (void)vec;
+  for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) ks[e] = kb[e], vs[e] = vb[e];
+}
+// Waits until at most the newest copy group is still in flight.
+__device__ __forceinline__ static void att_stage_wait_prev() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ static void att_stage_none() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// One block's partials: the nh <= NQ query heads at qg (head i at qg + i hd) over keys [start, end)
+// of kc, vc ([keys][hd]); head i's partial (max, sum, hd weighted values) at out + i ostride,
+// (-inf, 0) when the range is empty. 8 warps; stage: att_smem_bytes of dynamic shared memory.
+template <int ND, int NQ>
+__device__ __forceinline__ static void attend_group_chunk(const float *qg, int nh, const float *kc, const float *vc,
+                                                          int hd, int start, int end, float scale, float *out,
+                                                          int64_t ostride, float *stage) {
+  __shared__ float ss[NQ][ATT_TILE];
+  __shared__ float m_run[NQ], l_run[NQ], corr[NQ];
+  constexpr int B = NQ == 1 ? 0 : NQ == 2 ? 1 : NQ == 4 ? 2 : NQ == 8 ? 3 : 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tf = ATT_TILE * hd;
+  if (start >= end) {
+    if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
+    return;
   }
-  float m = -INFINITY, l = 0.0f;
-  for (int j = start + warp; j < end; j += WARPS) {
-    const float *k = kc + (int64_t)j * hd, *v = vc + (int64_t)j * hd;
-    float sdot = 0.0f;
+  const bool vec = hd % 4 == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
+  att_stage(stage, stage + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
+  float q[NQ][ND], acc[NQ][ND];
 #pragma unroll
-    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-      if (i < nd && lane + 32 * i < hd) sdot = fmaf(qd[i], k[lane + 32 * i], sdot);
-    const float s = st_warp_sum(sdot) * scale;
-    const float m_new = fmaxf(m, s), corr = expf(m - m_new), p = expf(s - m_new);
-    l = l * corr + p;
+  for (int h = 0; h < NQ; h++)
 #pragma unroll
-    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-      if (i < nd && lane + 32 * i < hd) acc[i] = acc[i] * corr + p * v[lane + 32 * i];
-    m = m_new;
+    for (int i = 0; i < ND; i++) {
+      const int dd = lane + 32 * i;
+      q[h][i] = h < nh && dd < hd ? qg[h * hd + dd] : 0.0f;
+      acc[h][i] = 0.0f;
+    }
+  if ((int)threadIdx.x < NQ) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.0f;
+  for (int k0 = start, it = 0; k0 < end; k0 += ATT_TILE, it++) {
+    const float *ks = stage + (size_t)(it & 1) * 2 * tf, *vs = ks + tf;
+    if (k0 + ATT_TILE < end) {
+      float *nk = stage + (size_t)((it & 1) ^ 1) * 2 * tf;
+      att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
+    } else if (vec) {
+      att_stage_none();
+    }
+    att_stage_wait_prev();
+    __syncthreads(); // the tile is in shared memory
+    // scores of the tile: warp w takes keys w + 8 u (rows past the keys are zero)
+    float kr[ATT_TILE / ATT_WARPS][ND];
+#pragma unroll
+    for (int u = 0; u < ATT_TILE / ATT_WARPS; u++) {
+      const int jj = warp + ATT_WARPS * u;
+#pragma unroll
+      for (int i = 0; i < ND; i++) kr[u][i] = k0 + jj < end && lane + 32 * i < hd ? ks[jj * hd + lane + 32 * i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < ATT_TILE / ATT_WARPS; u++) {
+      const int jj = warp + ATT_WARPS * u;
+      float v[NQ];
+#pragma unroll
+      for (int h = 0; h < NQ; h++) {
+        v[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ND; i++) v[h] = fmaf(q[h][i], kr[u][i], v[h]);
+      }
+      att_transpose_sum<NQ>(v, lane);
+      if ((lane & ((32 >> B) - 1)) == 0) ss[lane >> (5 - B)][jj] = k0 + jj < end ? v[0] * scale : -INFINITY;
+    }
+    __syncthreads();
+    // the tile's softmax against the running max: warp h takes head h, lane j key j
+    if (warp < NQ) {
+      const float s0 = ss[warp][lane];
+      float mx = s0;
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = m_run[warp], m_new = fmaxf(m_old, mx); // the tile has a key: finite
+      const float c = expf(m_old - m_new), p0 = expf(s0 - m_new);
+      float sum = p0;
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      ss[warp][lane] = p0;
+      __syncwarp();
+      if (lane == 0) m_run[warp] = m_new, l_run[warp] = fmaf(l_run[warp], c, sum), corr[warp] = c;
+    }
+    __syncthreads();
+    // P V of the warp's keys (rows past the keys are zero: the cache may hold NaN there)
+#pragma unroll
+    for (int h = 0; h < NQ; h++) {
+      const float c = corr[h];
+#pragma unroll
+      for (int i = 0; i < ND; i++) acc[h][i] *= c;
+    }
+#pragma unroll
+    for (int u = 0; u < ATT_TILE / ATT_WARPS; u++) {
+      const int jj = warp + ATT_WARPS * u;
+      float vr[ND];
+#pragma unroll
+      for (int i = 0; i < ND; i++) vr[i] = k0 + jj < end && lane + 32 * i < hd ? vs[jj * hd + lane + 32 * i] : 0.0f;
+#pragma unroll
+      for (int h = 0; h < NQ; h++) {
+        const float p = ss[h][jj];
+#pragma unroll
+        for (int i = 0; i < ND; i++) acc[h][i] = fmaf(p, vr[i], acc[h][i]);
+      }
+    }
+    __syncthreads(); // every warp is done with the tile and its P before they are overwritten
   }
-  if (lane == 0) wm[warp] = m, wl[warp] = l;
+  float *wacc = stage; // [ATT_WARPS][NQ ND 32]: the tiles are no longer needed
 #pragma unroll
-  for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-    if (i < nd && lane + 32 * i < hd) wacc[warp][lane + 32 * i] = acc[i];
+  for (int h = 0; h < NQ; h++)
+#pragma unroll
+    for (int i = 0; i < ND; i++) wacc[(warp * NQ * ND + h * ND + i) * 32 + lane] = acc[h][i];
   __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < WARPS; w++) M = fmaxf(M, wm[w]);
-  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+  for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
+    const int h = e / hd, dd = e - h * hd, slot = (h * ND + dd / 32) * 32 + dd % 32;
     float a = 0.0f;
-    for (int w = 0; w < WARPS; w++)
-      if (wl[w] > 0.0f) a += wacc[w][dd] * expf(wm[w] - M);
-    out[2 + dd] = a;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) a += wacc[w * NQ * ND * 32 + slot];
+    out[h * ostride + 2 + dd] = a;
   }
-  if (threadIdx.x == 0) {
-    float L = 0.0f;
-    for (int w = 0; w < WARPS; w++)
-      if (wl[w] > 0.0f) L += wl[w] * expf(wm[w] - M);
-    out[0] = M;
-    out[1] = L;
+  if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = m_run[threadIdx.x], out[threadIdx.x * ostride + 1] = l_run[threadIdx.x];
+}
+
+// Merges the first `used` (<= ATT_SPLIT) chunk partials of nh <= 8 heads (head h's chunk c at p +
+// h hstride + c (hd + 2)) in chunk order into o + h ostride: out = sum_c A_c f_c / sum_c L_c f_c,
+// f_c = e^(M_c - M), M = max_c M_c. Per output value the arithmetic depends on nothing but the
+// partials, so every caller (any block size, any heads per block) gets the same bits. Loads bypass
+// L1 (another block of the same kernel may have written p).
+__device__ __forceinline__ static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
+                                                          float *o, int64_t ostride) {
+  __shared__ float fs[8][ATT_SPLIT], ls[8][ATT_SPLIT], Ls[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads(); // the shared arrays may still be read by a previous merge of the block
+  for (int h = warp; h < nh; h += nw) {
+    const float *ph = p + h * hstride;
+    const int c0 = lane, c1 = lane + 32;
+    const float m0 = c0 < used ? __ldcg(ph + (int64_t)c0 * (hd + 2)) : -INFINITY;
+    const float m1 = c1 < used ? __ldcg(ph + (int64_t)c1 * (hd + 2)) : -INFINITY;
+    float M = fmaxf(m0, m1);
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    if (c0 < used) fs[h][c0] = expf(m0 - M), ls[h][c0] = __ldcg(ph + (int64_t)c0 * (hd + 2) + 1);
+    if (c1 < used) fs[h][c1] = expf(m1 - M), ls[h][c1] = __ldcg(ph + (int64_t)c1 * (hd + 2) + 1);
+    __syncwarp();
+    if (lane == 0) {
+      float L = 0.0f;
+      for (int c = 0; c < used; c++) L = fmaf(ls[h][c], fs[h][c], L);
+      Ls[h] = L;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
+    const int h = e / hd, dd = e - h * hd;
+    const float *ph = p + h * hstride + 2 + dd;
+    float a = 0.0f;
+    for (int c0 = 0; c0 < used; c0 += 16) {
+      float av[16];
+#pragma unroll
+      for (int u = 0; u < 16; u++) av[u] = c0 + u < used ? __ldcg(ph + (int64_t)(c0 + u) * (hd + 2)) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < 16; u++)
+        if (c0 + u < used) a = fmaf(av[u], fs[h][c0 + u], a);
+    }
+    o[h * ostride + dd] = a / Ls[h];
   }
 }
 
-__global__ static void attend_partial(const float *q, int64_t ldq, const float *kc, const float *vc, int hd,
-                                      int pos0, float scale, int n_chunks, float *part) {
-  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z;
-  attend_partial_block(q + (int64_t)t * ldq + (int64_t)h * hd, kc, vc, hd, pos0 + t + 1, c, scale,
-                       part + (((int64_t)t * gridDim.y + h) * n_chunks + c) * (hd + 2));
+// The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
+// group's nq query heads of token t ([T][ldq], head h at h hd); partials of (t, h) at part + ((t nq +
+// h) n_chunks + c) (hd + 2), chunks of `chunk` keys.
+template <int ND, int NQ>
+__global__ static void __launch_bounds__(32 * ATT_WARPS)
+    attend_split(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, int nq, int pos0, int chunk,
+                 float scale, float *part) {
+  const int n_hb = (nq + NQ - 1) / NQ, t = blockIdx.y / n_hb, h0 = (blockIdx.y % n_hb) * NQ, c = blockIdx.x;
+  const int start = c * chunk, end = min(start + chunk, pos0 + t + 1);
+  const int64_t hs = (int64_t)gridDim.x * (hd + 2);
+  extern __shared__ float4 att_dyn[];
+  attend_group_chunk<ND, NQ>(q + (int64_t)t * ldq + (int64_t)h0 * hd, min(NQ, nq - h0), kc, vc, hd, start, end, scale,
+                             part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2), hs, (float *)att_dyn);
 }
 
-// Merges `used` chunk partials p (attend_partial's layout) of one query row in chunk order into o:
+// Block (t, b) merges attend_split's chunks of token t's heads b NQ .. (attend_merge_heads).
+__global__ static void attend_split_combine(const float *part, int n_chunks, int chunk, int hd, int nq, int NQ,
+                                            int pos0, float *out, int64_t ldo) {
+  const int t = blockIdx.x, h0 = blockIdx.y * NQ, used = (pos0 + t + 1 + chunk - 1) / chunk;
+  const int64_t hs = (int64_t)n_chunks * (hd + 2);
+  attend_merge_heads(part + ((int64_t)t * nq + h0) * hs, hs, min(NQ, nq - h0), used, hd,
+                     out + (int64_t)t * ldo + (int64_t)h0 * hd, hd);
+}
+
+// The decode step's attention of one token over every query head in one launch: block (c, g n_hb +
+// b) is attend_split's block for KV group g's heads b NQ .. and chunk c of att_chunk_keys(*pos_dev +
+// 1) keys (gridDim.x = ATT_SPLIT: the grid does not change with the position, so neither does the
+// CUDA graph; blocks past the keys only count themselves); the last block of a (group, heads) to
+// finish (counters[blockIdx.y], reset by it) merges their chunks as attend_split_combine does.
+template <int ND, int NQ>
+__global__ static void __launch_bounds__(32 * ATT_WARPS)
+    attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
+                      float scale, float *part, int *counters, float *out) {
+  __shared__ int last;
+  st_dev_griddep_launch();
+  st_dev_griddep_wait();
+  const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.y / n_hb, h0 = g * nq + (blockIdx.y % n_hb) * NQ;
+  const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = *pos_dev + 1, chunk = att_chunk_keys(n_keys);
+  const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
+  float *ph = part + (int64_t)h0 * hs;
+  extern __shared__ float4 att_dyn[];
+  if (c * chunk < n_keys)
+    attend_group_chunk<ND, NQ>(q + (int64_t)h0 * hd, nh, kv.k[g], kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
+                               scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn);
+  __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.y], 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  attend_merge_heads(ph, hs, nh, (n_keys + chunk - 1) / chunk, hd, out + (int64_t)h0 * hd, hd);
+  if (threadIdx.x == 0) counters[blockIdx.y] = 0;
+}
+
+// Calls f(std::integral_constant ND, NQ) for the split-K kernels' instance of (nq, hd).
+template <typename F> static void att_dispatch(int nq, int hd, F &&f) {
+  const int nd = att_nd(hd), b = att_nq(nq, hd);
+  if (nd == 4) {
+    if (b == 1) f(std::integral_constant<int, 4>(), std::integral_constant<int, 1>());
+    else if (b == 2) f(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
+    else if (b == 4) f(std::integral_constant<int, 4>(), std::integral_constant<int, 4>());
+    else f(std::integral_constant<int, 4>(), std::integral_constant<int, 8>());
+  } else {
+    if (b == 1) f(std::integral_constant<int, 8>(), std::integral_constant<int, 1>());
+    else if (b == 2) f(std::integral_constant<int, 8>(), std::integral_constant<int, 2>());
+    else f(std::integral_constant<int, 8>(), std::integral_constant<int, 4>());
+  }
+}
+
+// Lets every split-K kernel take the dynamic shared memory of head_dim up to 256 (on the current
+// device; outside any stream capture).
+static void att_allow_smem() {
+  for (int nd = 4; nd <= 8; nd += 4)
+    for (int b = 1; b <= 32 / nd; b *= 2)
+      att_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
+        constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
+        const int bytes = (int)att_smem_bytes(ND == 4 ? 128 : 256, ND, NQ);
+        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      });
+}
+
+// Merges `used` chunk partials p (attend_flash's layout) of one query row in chunk order into o:
 // out = sum_c A_c e^(M_c - M) / sum_c L_c e^(M_c - M). Loads bypass L1 (another block of the same
 // kernel may have written p).
 __device__ __forceinline__ static void attend_merge(const float *p, int used, int hd, float *o) {
@@ -150,37 +405,13 @@ __device__ __forceinline__ static void attend_merge(const float *p, int used, in
   }
 }
 
-// Merges the chunks of (t, h) in chunk order (attend_merge).
-// Chunks of `chunk` keys: KEY_CHUNK from attend_partial, flash_chunk's from attend_flash.
+// Merges attend_flash's chunks of (t, h) in chunk order (attend_merge).
 __global__ static void attend_combine(const float *part, int n_chunks, int chunk, int hd, int pos0, float *out,
                                       int64_t ldo) {
   const int t = blockIdx.x, h = blockIdx.y;
   const int used = (pos0 + t + 1 + chunk - 1) / chunk;
   attend_merge(part + ((int64_t)t * gridDim.y + h) * n_chunks * (hd + 2), used, hd,
                out + (int64_t)t * ldo + (int64_t)h * hd);
-}
-
-// The decode step's attention of one token over every query head in one launch: block (h, c) is
-// attend_partial's block for query head h (KV head h / nq) and chunk c; the last block of a head to
-// finish (counters[h], reset by it) merges the head's chunks as attend_combine does.
-__global__ static void attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv,
-                                         const int *pos_dev, float scale, float *part, int *counters, float *out) {
-  __shared__ int last;
-  st_dev_griddep_launch();
-  st_dev_griddep_wait();
-  const int h = blockIdx.y, c = blockIdx.z, n_chunks = gridDim.z, n_keys = *pos_dev + 1, g = h / nq;
-  float *ph = part + (int64_t)h * n_chunks * (hd + 2);
-  attend_partial_block(q + (int64_t)h * hd, kv.k[g], kv.v[g], hd, n_keys, c, scale, ph + (int64_t)c * (hd + 2));
-  __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(&counters[h], 1) == n_chunks - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  attend_merge(ph, (n_keys + KEY_CHUNK - 1) / KEY_CHUNK, hd, out + (int64_t)h * hd);
-  if (threadIdx.x == 0) counters[h] = 0;
 }
 
 // Causal attention of a prompt chunk (T > 1), tiled as in FlashAttention-2 (Dao, 2023), in
@@ -374,24 +605,29 @@ static int flash_fits(const float *q, int64_t ldq, const float *kc, const float 
   return hd % 4 == 0 && hd <= 256 && ptrs % 16 == 0 && ldq % 4 == 0 && ldo % 4 == 0;
 }
 
-// Floats of the partials either kernel writes: T x n_q rows of (max, sum, head_dim values) per chunk
-// (decode's stay as they were: its graphs keep their scratch).
+// Floats of the partials either kernel writes: T x n_q rows of (max, sum, head_dim values) per chunk.
 static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
-  const int keys = pos0 + T, n_chunks = (keys + KEY_CHUNK - 1) / KEY_CHUNK, chunk = flash_chunk(T, nq, pos0);
+  const int keys = pos0 + T, ch = att_chunk_keys(keys), n_chunks = (keys + ch - 1) / ch, chunk = flash_chunk(T, nq, pos0);
   const int n_split = T > 1 ? (keys + chunk - 1) / chunk : 0;
   return (size_t)T * nq * (size_t)(n_chunks > n_split ? n_chunks : n_split) * (size_t)(hd + 2);
 }
 
 // Causal attention of T tokens' nq query heads (q [T][ldq], head h at h * hd) over the keys and
 // values kc, vc [pos0 + T][hd], into out [T][ldo]; part holds attention_part_floats. flash != 0
-// (the caller checked flash_fits) takes attend_flash, else attend_partial and attend_combine.
+// (the caller checked flash_fits) takes attend_flash, else the split-K kernels (attend_split and
+// attend_split_combine: the decode step's arithmetic).
 static void attend(const float *q, int64_t ldq, const float *kc, const float *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
   const float scale = 1.0f / sqrtf((float)hd);
   if (!flash) {
-    const int n_chunks = (pos0 + T + KEY_CHUNK - 1) / KEY_CHUNK;
-    attend_partial<<<dim3(T, nq, n_chunks), 32 * WARPS, 0, st>>>(q, ldq, kc, vc, hd, pos0, scale, n_chunks, part);
-    attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_chunks, KEY_CHUNK, hd, pos0, out, ldo);
+    const int chunk = att_chunk_keys(pos0 + T), n_chunks = (pos0 + T + chunk - 1) / chunk;
+    att_dispatch(nq, hd, [&](auto nd, auto nqb) {
+      constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
+      const int n_hb = (nq + NQ - 1) / NQ;
+      attend_split<ND, NQ><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, att_smem_bytes(hd, ND, NQ), st>>>(
+          q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part);
+      attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
+    });
     return;
   }
   const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
@@ -447,15 +683,17 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
 extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
   const st_attention_args *a = (const st_attention_args *)cl_arg;
   const int decode = a->T == 1;
+  att_allow_smem(); // before any capture
   st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, attention_scratch_bytes(a), decode, attention_body);
 }
 
 // ---- the decode step's attention (decode.cu), the position in device memory --------------------
 
-int st_cuda_attn_chunks(int n_keys) { return (n_keys + KEY_CHUNK - 1) / KEY_CHUNK; }
+void st_cuda_attention_allow_smem() { att_allow_smem(); }
 
 extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
-  return (size_t)n_heads * (size_t)st_cuda_attn_chunks(n_ctx) * (size_t)(hd + 2);
+  (void)n_ctx; // the grid has ATT_SPLIT chunks at every position
+  return (size_t)n_heads * ATT_SPLIT * (size_t)(hd + 2);
 }
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
@@ -467,12 +705,16 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
-                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, int pdl,
-                               cudaStream_t st) {
+                               const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  st_cuda_launch(attend_decode_all, dim3(1, Hq, n_chunks), dim3(32 * WARPS), 0, st, pdl, q, Hq / G, hd, p, pos_dev,
-                 1.0f / sqrtf((float)hd), part, counters, out);
+  const int nq = Hq / G;
+  att_dispatch(nq, hd, [&](auto nd, auto nqb) {
+    constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
+    const int n_hb = (nq + NQ - 1) / NQ;
+    st_cuda_launch(attend_decode_all<ND, NQ>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), att_smem_bytes(hd, ND, NQ),
+                   st, pdl, q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out);
+  });
 }
 
 // For tests (cuda_codelets.h): attend on host data, on the legacy default stream.
@@ -490,6 +732,7 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
            cudaMemcpy(dk, k, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess &&
            cudaMemcpy(dv, v, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess;
   const int64_t ld = (int64_t)nq * hd;
+  if (ok) att_allow_smem();
   if (ok) {
     const int use_flash = flash && T > 1 && flash_fits(dq, ld, dk, dv, hd, dout, ld);
     attend(dq, ld, dk, dv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);

@@ -300,8 +300,6 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 
 // ---- the decode step's pieces (attention.cu, router.cu), for decode.cu ----------------------
 #define ST_CUDA_MAX_KV_HEADS 32 /* KV heads the decode step's KV append takes (engine.c refuses more) */
-// Chunks of keys the decode attention splits n_keys into; floats of its partials at most (n_ctx keys).
-int st_cuda_attn_chunks(int n_keys);
 // The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
@@ -309,14 +307,17 @@ int st_cuda_attn_chunks(int n_keys);
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
                          cudaStream_t st);
+// Lets the decode attention's kernels take their dynamic shared memory on the current device; call
+// it outside any stream capture, after every device reset, before st_cuda_attend_decode_all.
+void st_cuda_attention_allow_smem();
 // One token's causal attention for all Hq query heads at q ([Hq][hd]; head h reads KV head h / (Hq / G))
-// over keys 0..*pos_dev of k[g], v[g], split into n_chunks = st_cuda_attn_chunks(pos + 1) chunks; out
-// [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats; counters: Hq ints, zero before
-// the launch and zero again after it. The prompt codelet's decode kernels, bit for bit, in one launch.
+// over keys 0..*pos_dev of k[g], v[g] (the attention codelet's split-K kernels: the chunks depend on
+// the position only), out [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats;
+// counters: Hq ints, zero before the launch and zero again after it. The attention codelet's T = 1
+// kernels, bit for bit, in one launch; the grid does not depend on the position.
 // pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
-                               const int *pos_dev, int n_chunks, float *part, int *counters, float *out, int pdl,
-                               cudaStream_t st);
+                               const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

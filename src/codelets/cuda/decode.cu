@@ -351,6 +351,7 @@ void allow_smem(const st_decode_ctx *c) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
   const int n_embd = c->n_embd, n_expert = c->n_expert;
+  st_cuda_attention_allow_smem();
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
@@ -379,7 +380,6 @@ struct layer_graph {
   const st_decode_gpu_args *a;
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
   float *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
-  int n_chunks;
 };
 
 // The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph.
@@ -445,7 +445,7 @@ void layer_body(const void *args, cudaStream_t st) {
   mv_launch(qkv, 3, D.xn, d, pdl, st);
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
                       c->rope_theta, g->k, g->v, pdl, st);
-  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, g->n_chunks, D.part, D.counters, D.attn, pdl, st);
+  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
@@ -534,8 +534,6 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     sig.add(g.k[gi]);
     sig.add(g.v[gi]);
   }
-  g.n_chunks = st_cuda_attn_chunks(a->pos + 1);
-  sig.add((uint64_t)g.n_chunks);
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());
