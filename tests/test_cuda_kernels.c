@@ -357,6 +357,28 @@ int main(void) {
     free(sk);
     free(skd);
   }
+  /* The decode attention's time per KV group (one token, Qwen3-30B-A3B's group of 8 query heads of
+   * 128) at a few context lengths, printed, not checked: the K and V bytes over the time. */
+  {
+    enum { NQ = 8, HD = 128, REPS = 20 };
+    static const int ctxs[] = {512, 4096, 32768};
+    for (int ci = 0; ci < 3; ci++) {
+      const int n = ctxs[ci];
+      const size_t qn = (size_t)NQ * HD, kn = (size_t)n * HD;
+      float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * kn), *v = malloc(sizeof(float) * kn);
+      float *o = malloc(sizeof(float) * qn);
+      double ms = 0;
+      for (size_t i = 0; i < qn; i++) q[i] = (float)uniform(&rng);
+      for (size_t i = 0; i < kn; i++) k[i] = (float)uniform(&rng), v[i] = (float)uniform(&rng);
+      if (st_cuda_attention_rows(q, k, v, 1, n - 1, NQ, HD, 0, REPS, o, &ms) == 0)
+        printf("TIME decode attention over %d keys (one KV group, nq=%d hd=%d): %.1f us, K and V %.1f MB, %.0f GB/s\n", n,
+               NQ, HD, 1e3 * ms, 8e-6 * kn, ms > 0 ? 8e-6 * kn / ms : 0.0);
+      free(q);
+      free(k);
+      free(v);
+      free(o);
+    }
+  }
   printf("test_cuda_kernels: %d passed, %d failed\n", pass, fail);
   return fail ? 1 : 0;
 #endif

@@ -290,19 +290,37 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
-    const int h = e / hd, dd = e - h * hd;
-    const float *ph = p + h * hstride + 2 + dd;
-    float a = 0.0f;
-    for (int c0 = 0; c0 < used; c0 += 16) {
-      float av[16];
+  // a thread's values e = threadIdx.x + m blockDim.x (nh hd <= 1024: at most 4 with 256 threads), all
+  // their loads of 16 chunks in flight at once
+  constexpr int MB = 4;
+  for (int e0 = 0; e0 < nh * hd; e0 += MB * blockDim.x) {
+    float a[MB];
+    const float *pe[MB];
 #pragma unroll
-      for (int u = 0; u < 16; u++) av[u] = c0 + u < used ? __ldcg(ph + (int64_t)(c0 + u) * (hd + 2)) : 0.0f;
-#pragma unroll
-      for (int u = 0; u < 16; u++)
-        if (c0 + u < used) a = fmaf(av[u], fs[h][c0 + u], a);
+    for (int m = 0; m < MB; m++) {
+      const int e = e0 + threadIdx.x + m * blockDim.x, h = e / hd;
+      a[m] = 0.0f;
+      pe[m] = e < nh * hd ? p + h * hstride + 2 + (e - h * hd) : NULL;
     }
-    o[h * ostride + dd] = a / Ls[h];
+    for (int c0 = 0; c0 < used; c0 += 16) {
+      float av[MB][16];
+#pragma unroll
+      for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int u = 0; u < 16; u++) av[m][u] = pe[m] && c0 + u < used ? __ldcg(pe[m] + (int64_t)(c0 + u) * (hd + 2)) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < MB; m++) {
+        const int h = (e0 + threadIdx.x + m * blockDim.x) / hd;
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+          if (pe[m] && c0 + u < used) a[m] = fmaf(av[m][u], fs[h][c0 + u], a[m]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+      const int e = e0 + threadIdx.x + m * blockDim.x, h = e / hd;
+      if (pe[m]) o[h * ostride + (e - h * hd)] = a[m] / Ls[h];
+    }
   }
 }
 
