@@ -155,10 +155,12 @@ __device__ __forceinline__ static void att_stage_none() {
 // One block's partials: the nh <= NQ query heads at qg (head i at qg + i hd) over keys [start, end)
 // of kc, vc ([keys][hd]); head i's partial (max, sum, hd weighted values) at out + i ostride,
 // (-inf, 0) when the range is empty. 8 warps; stage: att_smem_bytes of dynamic shared memory.
+// direct (the range is all the keys): head i's output A / L at direct + i hd instead, the bits
+// attend_merge_heads gives for one chunk (f = e^0 = 1, A a sum from +0, so never -0).
 template <int ND, int NQ>
 __device__ __forceinline__ static void attend_group_chunk(const float *qg, int nh, const float *kc, const float *vc,
                                                           int hd, int start, int end, float scale, float *out,
-                                                          int64_t ostride, float *stage) {
+                                                          int64_t ostride, float *stage, float *direct = NULL) {
   __shared__ float ss[NQ][ATT_TILE];
   __shared__ float m_run[NQ], l_run[NQ], corr[NQ];
   constexpr int B = NQ == 1 ? 0 : NQ == 2 ? 1 : NQ == 4 ? 2 : NQ == 8 ? 3 : 4;
@@ -258,9 +260,11 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     float a = 0.0f;
 #pragma unroll
     for (int w = 0; w < ATT_WARPS; w++) a += wacc[w * NQ * ND * 32 + slot];
-    out[h * ostride + 2 + dd] = a;
+    if (direct) direct[h * hd + dd] = a / l_run[h]; // what attend_merge_heads makes of one chunk
+    else out[h * ostride + 2 + dd] = a;
   }
-  if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = m_run[threadIdx.x], out[threadIdx.x * ostride + 1] = l_run[threadIdx.x];
+  if (!direct && (int)threadIdx.x < nh)
+    out[threadIdx.x * ostride] = m_run[threadIdx.x], out[threadIdx.x * ostride + 1] = l_run[threadIdx.x];
 }
 
 // Merges the first `used` (<= ATT_SPLIT) chunk partials of nh <= 8 heads (head h's chunk c at p +
@@ -351,8 +355,9 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // The decode step's attention of one token over every query head in one launch: block (c, g n_hb +
 // b) is attend_split's block for KV group g's heads b NQ .. and chunk c of att_chunk_keys(*pos_dev +
 // 1) keys (gridDim.x = ATT_SPLIT: the grid does not change with the position, so neither does the
-// CUDA graph; blocks past the keys only count themselves); the last block of a (group, heads) to
-// finish (counters[blockIdx.y], reset by it) merges their chunks as attend_split_combine does.
+// CUDA graph; blocks past the keys leave at once); the last block of a (group, heads) to finish
+// (counters[blockIdx.y], reset by it) merges their chunks as attend_split_combine does, and with a
+// single chunk its block writes the output itself.
 template <int ND, int NQ>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
@@ -362,19 +367,22 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   st_dev_griddep_wait();
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.y / n_hb, h0 = g * nq + (blockIdx.y % n_hb) * NQ;
   const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = *pos_dev + 1, chunk = att_chunk_keys(n_keys);
+  const int used = (n_keys + chunk - 1) / chunk;
+  if (c >= used) return; // past the keys: the chunks that count are the first `used`
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
-  if (c * chunk < n_keys)
-    attend_group_chunk<ND, NQ>(q + (int64_t)h0 * hd, nh, kv.k[g], kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
-                               scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn);
+  attend_group_chunk<ND, NQ>(q + (int64_t)h0 * hd, nh, kv.k[g], kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
+                             scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn,
+                             used == 1 ? out + (int64_t)h0 * hd : NULL);
+  if (used == 1) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.y], 1) == (int)gridDim.x - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.y], 1) == used - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  attend_merge_heads(ph, hs, nh, (n_keys + chunk - 1) / chunk, hd, out + (int64_t)h0 * hd, hd);
+  attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
 }
 

@@ -201,17 +201,30 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   const router_job job = {W, row_bytes, E, R, xs, logits};
   mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
     st_dev_griddep_wait();
+    // every load of the thread first (d <= 4096, gpu_layouts_ok), then the sums in element order
+    constexpr int PER = 4096 / MMV_THREADS;
+    float xv[PER], wv[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      xv[u] = i < d ? x[i] + xo[i] : 0.0f;
+      wv[u] = i < d ? w[i] : 0.0f;
+    }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      const float v = x[i] + xo[i];
-      xs[i] = v;
-      ss = fmaf(v, v, ss);
-      if (blockIdx.x == 0) h[i] = v;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      if (i >= d) break;
+      ss = fmaf(xv[u], xv[u], ss);
+      if (blockIdx.x == 0) h[i] = xv[u];
     }
     ss = st_block_sum(ss, red);
     const float scale = rsqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      const float v = xs[i] * scale * w[i];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      if (i >= d) break;
+      const float v = xv[u] * scale * wv[u];
       xs[i] = v;
       if (blockIdx.x == 0) ffn_in[i] = v;
     }
