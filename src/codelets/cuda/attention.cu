@@ -1,8 +1,8 @@
 // CUDA variant of the attention codelet (codelets.h): RMSNorm, the group's Q/K/V projections
 // (K and V written straight into the KV cache kept on the device; through cuBLAS for prompt
 // chunks of at least cublas_rows tokens, gemm.cu), q/k RMSNorm and NEOX RoPE per
-// head, then causal attention: one query at a time split over the keys for decode (T = 1, see
-// attend_partial), a tiled flash-attention kernel for prompt chunks (T > 1, see attend_flash).
+// head, then causal attention: split over the keys, one block per (chunk, KV group), for decode
+// (T = 1, see attend_split), a tiled flash-attention kernel for prompt chunks (T > 1, see attend_flash).
 #include <math.h>
 
 #include <type_traits>
@@ -444,12 +444,12 @@ __global__ static void attend_combine(const float *part, int n_chunks, int chunk
 // float32 on the CUDA cores. The group's T x n_q queries are rows r = t * n_q + h (q's layout);
 // block (b, c) takes rows [b * FA_ROWS, (b + 1) * FA_ROWS) over the keys [c * chunk, (c + 1) * chunk)
 // that its last token sees. Each tile of FA_KEYS keys is read once into shared memory and serves
-// all the block's rows (attend_partial reads every key once per query and pays a warp reduction
-// per key): S = Q K^T over slices of FA_DK head dimensions, each row's online softmax, then
+// all the block's rows (the split-K kernels read every key once per block and pay a warp
+// reduction per key): S = Q K^T over slices of FA_DK head dimensions, each row's online softmax, then
 // O += P V over slices of the tile's values. Warp w owns rows 8w..8w+7; lane l owns keys l and
 // l + 32 of S and head dimensions 4g..4g+3 (g = l + 32n) of O, so a row's max and sum are
 // reductions inside one warp. With one chunk the block writes the output itself; otherwise its
-// partials (attend_partial's layout) go to attend_combine. Fixed summation order, no atomics.
+// partials ((max, sum, hd weighted values) per chunk) go to attend_combine. Fixed summation order, no atomics.
 #define FA_ROWS 64                    /* query rows of a block */
 #define FA_KEYS 64                    /* keys of a tile */
 #define FA_DK 32                      /* head dimensions of a Q and K slice */
