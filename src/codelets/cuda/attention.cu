@@ -99,11 +99,19 @@ static int att_nq(int nq, int hd) {
   while (b < nq && b < most) b *= 2;
   return b;
 }
-// Dynamic shared memory of the split-K kernels: two tiles of K and V rows, reused for the warps'
-// accumulators at the end.
-static size_t att_smem_bytes(int hd, int nd, int nqb) {
-  const size_t tiles = 4 * (size_t)ATT_TILE * hd, accs = (size_t)ATT_WARPS * nqb * nd * 32;
+// Dynamic shared memory of the split-K kernels: nst stages of a tile's K and V rows, reused for
+// the warps' accumulators at the end.
+static size_t att_smem_bytes(int hd, int nd, int nqb, int nst) {
+  const size_t tiles = 2 * (size_t)nst * ATT_TILE * hd, accs = (size_t)ATT_WARPS * nqb * nd * 32;
   return sizeof(float) * (tiles > accs ? tiles : accs);
+}
+// Stages a block keeps for head_dim hd when `room` bytes of dynamic shared memory are allowed (2:
+// the next tile's copy overlaps this tile's arithmetic; 1: one tile at a time; 0: the rows read
+// from global memory): the same values, so the same bits, whatever the choice.
+static int att_stages(int hd, int nd, int nqb, size_t room) {
+  for (int nst = 2; nst > 0; nst--)
+    if (att_smem_bytes(hd, nd, nqb, nst) <= room) return nst;
+  return 0;
 }
 
 // v[0] of every lane becomes the warp's sum of v[h] for head h = lane >> (5 - log2 NQ).
@@ -140,6 +148,12 @@ __device__ __forceinline__ static void att_stage(float *ks, float *vs, const flo
   (void)vec;
   for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) ks[e] = kb[e], vs[e] = vb[e];
 }
+// Waits until every copy group has landed.
+__device__ __forceinline__ static void att_stage_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
 // Waits until at most the newest copy group is still in flight.
 __device__ __forceinline__ static void att_stage_wait_prev() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -154,13 +168,15 @@ __device__ __forceinline__ static void att_stage_none() {
 
 // One block's partials: the nh <= NQ query heads at qg (head i at qg + i hd) over keys [start, end)
 // of kc, vc ([keys][hd]); head i's partial (max, sum, hd weighted values) at out + i ostride,
-// (-inf, 0) when the range is empty. 8 warps; stage: att_smem_bytes of dynamic shared memory.
+// (-inf, 0) when the range is empty. 8 warps; stage: att_smem_bytes(.., nst) of dynamic shared
+// memory, nst from att_stages.
 // direct (the range is all the keys): head i's output A / L at direct + i hd instead, the bits
 // attend_merge_heads gives for one chunk (f = e^0 = 1, A a sum from +0, so never -0).
 template <int ND, int NQ>
 __device__ __forceinline__ static void attend_group_chunk(const float *qg, int nh, const float *kc, const float *vc,
                                                           int hd, int start, int end, float scale, float *out,
-                                                          int64_t ostride, float *stage, float *direct = NULL) {
+                                                          int64_t ostride, float *stage, int nst,
+                                                          float *direct = NULL) {
   __shared__ float ss[NQ][ATT_TILE];
   __shared__ float m_run[NQ], l_run[NQ], corr[NQ];
   constexpr int B = NQ == 1 ? 0 : NQ == 2 ? 1 : NQ == 4 ? 2 : NQ == 8 ? 3 : 4;
@@ -170,7 +186,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     return;
   }
   const bool vec = hd % 4 == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
-  att_stage(stage, stage + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
+  if (nst) att_stage(stage, stage + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
   float q[NQ][ND], acc[NQ][ND];
 #pragma unroll
   for (int h = 0; h < NQ; h++)
@@ -182,14 +198,20 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     }
   if ((int)threadIdx.x < NQ) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.0f;
   for (int k0 = start, it = 0; k0 < end; k0 += ATT_TILE, it++) {
-    const float *ks = stage + (size_t)(it & 1) * 2 * tf, *vs = ks + tf;
-    if (k0 + ATT_TILE < end) {
-      float *nk = stage + (size_t)((it & 1) ^ 1) * 2 * tf;
-      att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
-    } else if (vec) {
-      att_stage_none();
+    const float *ks = kc + (int64_t)k0 * hd, *vs = vc + (int64_t)k0 * hd; // nst 0: global memory
+    if (nst == 2) {
+      ks = stage + (size_t)(it & 1) * 2 * tf, vs = ks + tf;
+      if (k0 + ATT_TILE < end) {
+        float *nk = stage + (size_t)((it & 1) ^ 1) * 2 * tf;
+        att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
+      } else if (vec) {
+        att_stage_none();
+      }
+      att_stage_wait_prev();
+    } else if (nst == 1) {
+      ks = stage, vs = stage + tf;
+      att_stage_wait_all();
     }
-    att_stage_wait_prev();
     __syncthreads(); // the tile is in shared memory
     // scores of the tile: warp w takes keys w + 8 u (rows past the keys are zero)
     float kr[ATT_TILE / ATT_WARPS][ND];
@@ -248,6 +270,8 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
       }
     }
     __syncthreads(); // every warp is done with the tile and its P before they are overwritten
+    if (nst == 1 && k0 + ATT_TILE < end)
+      att_stage(stage, stage + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
   }
   float *wacc = stage; // [ATT_WARPS][NQ ND 32]: the tiles are no longer needed
 #pragma unroll
@@ -334,13 +358,13 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
 template <int ND, int NQ>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     attend_split(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, int nq, int pos0, int chunk,
-                 float scale, float *part) {
+                 float scale, float *part, int nst) {
   const int n_hb = (nq + NQ - 1) / NQ, t = blockIdx.y / n_hb, h0 = (blockIdx.y % n_hb) * NQ, c = blockIdx.x;
   const int start = c * chunk, end = min(start + chunk, pos0 + t + 1);
   const int64_t hs = (int64_t)gridDim.x * (hd + 2);
   extern __shared__ float4 att_dyn[];
   attend_group_chunk<ND, NQ>(q + (int64_t)t * ldq + (int64_t)h0 * hd, min(NQ, nq - h0), kc, vc, hd, start, end, scale,
-                             part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2), hs, (float *)att_dyn);
+                             part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2), hs, (float *)att_dyn, nst);
 }
 
 // Block (t, b) merges attend_split's chunks of token t's heads b NQ .. (attend_merge_heads).
@@ -361,7 +385,7 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 template <int ND, int NQ>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out) {
+                      float scale, float *part, int *counters, float *out, int nst) {
   __shared__ int last;
   st_dev_griddep_launch();
   st_dev_griddep_wait();
@@ -373,7 +397,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
   attend_group_chunk<ND, NQ>(q + (int64_t)h0 * hd, nh, kv.k[g], kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
-                             scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn,
+                             scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn, nst,
                              used == 1 ? out + (int64_t)h0 * hd : NULL);
   if (used == 1) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
@@ -401,17 +425,55 @@ template <typename F> static void att_dispatch(int nq, int hd, F &&f) {
   }
 }
 
-// Lets every split-K kernel take the dynamic shared memory of head_dim up to 256 (on the current
-// device; outside any stream capture).
+// Dynamic shared memory each split-K kernel may take on a device (att_allow_smem), by device,
+// kernel (0 attend_split, 1 attend_decode_all), ND / 4 - 1 and log2 NQ; 0: not asked yet, when the
+// default 48 KiB less its static memory is all it may take.
+#define ATT_MAX_DEVICES 64
+static size_t att_room[ATT_MAX_DEVICES][2][2][4];
+
+template <typename K> static size_t att_room_of(K kernel) {
+  int dev = 0, optin = 48 * 1024;
+  cudaFuncAttributes fa = {};
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return 40 * 1024;
+  }
+  return (size_t)optin > fa.sharedSizeBytes ? (size_t)optin - fa.sharedSizeBytes : 0;
+}
+
+// Lets every split-K kernel take all the dynamic shared memory the current device allows and notes
+// how much that is (outside any stream capture; again after a device reset).
 static void att_allow_smem() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= ATT_MAX_DEVICES) {
+    cudaGetLastError();
+    return;
+  }
   for (int nd = 4; nd <= 8; nd += 4)
     for (int b = 1; b <= 32 / nd; b *= 2)
       att_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
         constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
-        const int bytes = (int)att_smem_bytes(ND == 4 ? 128 : 256, ND, NQ);
-        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        constexpr int LQ = NQ == 1 ? 0 : NQ == 2 ? 1 : NQ == 4 ? 2 : 3;
+        const size_t r0 = att_room_of(attend_split<ND, NQ>), r1 = att_room_of(attend_decode_all<ND, NQ>);
+        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
+        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
+        att_room[dev][0][ND / 4 - 1][LQ] = r0;
+        att_room[dev][1][ND / 4 - 1][LQ] = r1;
       });
+}
+
+// The stages (att_stages) and dynamic bytes of kernel `kind` for (hd, ND, NQ) on the current device.
+static int att_plan(int kind, int hd, int nd, int nqb, size_t *bytes) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError(), dev = -1;
+  const int lq = nqb == 1 ? 0 : nqb == 2 ? 1 : nqb == 4 ? 2 : 3;
+  size_t room = dev >= 0 && dev < ATT_MAX_DEVICES ? att_room[dev][kind][nd / 4 - 1][lq] : 0;
+  if (!room) room = 40 * 1024; // the default limit, less the kernels' static memory (at most 5.3 KiB)
+  const int nst = att_stages(hd, nd, nqb, room);
+  *bytes = att_smem_bytes(hd, nd, nqb, nst);
+  return nst;
 }
 
 // Merges `used` chunk partials p (attend_flash's layout) of one query row in chunk order into o:
@@ -650,8 +712,10 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
     att_dispatch(nq, hd, [&](auto nd, auto nqb) {
       constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
       const int n_hb = (nq + NQ - 1) / NQ;
-      attend_split<ND, NQ><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, att_smem_bytes(hd, ND, NQ), st>>>(
-          q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part);
+      size_t bytes = 0;
+      const int nst = att_plan(0, hd, ND, NQ, &bytes);
+      attend_split<ND, NQ><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq, pos0, chunk,
+                                                                                   scale, part, nst);
       attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
     });
     return;
@@ -738,8 +802,10 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *con
   att_dispatch(nq, hd, [&](auto nd, auto nqb) {
     constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
     const int n_hb = (nq + NQ - 1) / NQ;
-    st_cuda_launch(attend_decode_all<ND, NQ>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), att_smem_bytes(hd, ND, NQ),
-                   st, pdl, q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out);
+    size_t bytes = 0;
+    const int nst = att_plan(1, hd, ND, NQ, &bytes);
+    st_cuda_launch(attend_decode_all<ND, NQ>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl, q, nq, hd,
+                   p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst);
   });
 }
 
