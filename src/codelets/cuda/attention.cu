@@ -66,8 +66,9 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
 // KV group): block (c, t, b) takes token t's query heads b NQ .. b NQ + NQ - 1 of a group (those
 // that share one KV head) over keys [c chunk, (c + 1) chunk) ∩ [0, pos0 + t], so every K and V row
 // the block reads serves all of its heads (GQA: one read per group, not one per query head). The
-// chunk's keys go in tiles of ATT_TILE, copied into shared memory two tiles ahead (cp.async; the
-// next tile's copy overlaps this tile's arithmetic). Each warp scores every 8th key of the tile for
+// chunk's keys go in tiles of ATT_TILE, copied into shared memory (cp.async) one tile ahead where
+// the device's shared memory allows two tiles, so that the next tile's copy overlaps this tile's
+// arithmetic (att_stages). Each warp scores every 8th key of the tile for
 // all NQ heads (lanes share the head dimensions; the NQ dot products are reduced over the warp by a
 // transposing butterfly, log2 NQ halving exchanges, then a plain one), the tile's softmax is taken
 // per head against the block's running max, and each warp adds its keys' P V into its own
@@ -89,6 +90,9 @@ __host__ __device__ __forceinline__ static int att_chunk_keys(int n_keys) {
   while ((int64_t)ch * ATT_SPLIT < n_keys) ch *= 2;
   return ch;
 }
+
+// log2 of a block's heads NQ (1, 2, 4 or 8).
+__host__ __device__ constexpr int att_log2(int nq) { return nq <= 1 ? 0 : 1 + att_log2(nq / 2); }
 
 // Heads a block takes for nq query heads a group of head_dim hd (NQ), and floats per lane of a row
 // (ND): NQ ND <= 32 keeps a lane's queries and accumulators in registers.
@@ -129,41 +133,20 @@ template <int NQ> __device__ __forceinline__ static void att_transpose_sum(float
   for (; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
 }
 
-// Keys [k0, k0 + nk) of kc and vc ([keys][hd]) into ks, vs ([ATT_TILE][hd]): asynchronous 16-byte
-// copies where the rows allow them (vec), else plain ones; then one commit group.
+// Keys [k0, k0 + nk) of kc and vc ([keys][hd]) into ks, vs ([ATT_TILE][hd]): 16-byte asynchronous
+// copies where the rows allow them (vec), else plain ones; then the end of a copy group.
 __device__ __forceinline__ static void att_stage(float *ks, float *vs, const float *kc, const float *vc, int k0, int nk,
                                                  int hd, bool vec) {
   const float *kb = kc + (int64_t)k0 * hd, *vb = vc + (int64_t)k0 * hd;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (vec) {
     for (int e = threadIdx.x; e < nk * hd / 4; e += blockDim.x) {
-      const unsigned dk = (unsigned)__cvta_generic_to_shared(ks + 4 * e), dv = (unsigned)__cvta_generic_to_shared(vs + 4 * e);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dk), "l"(kb + 4 * e) : "memory");
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dv), "l"(vb + 4 * e) : "memory");
+      st_dev_cp16(ks + 4 * e, kb + 4 * e);
+      st_dev_cp16(vs + 4 * e, vb + 4 * e);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    return;
+  } else {
+    for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) ks[e] = kb[e], vs[e] = vb[e];
   }
-#endif
-  (void)vec;
-  for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) ks[e] = kb[e], vs[e] = vb[e];
-}
-// Waits until every copy group has landed.
-__device__ __forceinline__ static void att_stage_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-// Waits until at most the newest copy group is still in flight.
-__device__ __forceinline__ static void att_stage_wait_prev() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ static void att_stage_none() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
+  st_dev_cp_commit();
 }
 
 // One block's partials: the nh <= NQ query heads at qg (head i at qg + i hd) over keys [start, end)
@@ -179,7 +162,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
                                                           float *direct = NULL) {
   __shared__ float ss[NQ][ATT_TILE];
   __shared__ float m_run[NQ], l_run[NQ], corr[NQ];
-  constexpr int B = NQ == 1 ? 0 : NQ == 2 ? 1 : NQ == 4 ? 2 : NQ == 8 ? 3 : 4;
+  constexpr int B = att_log2(NQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tf = ATT_TILE * hd;
   if (start >= end) {
     if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
@@ -204,13 +187,13 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
       if (k0 + ATT_TILE < end) {
         float *nk = stage + (size_t)((it & 1) ^ 1) * 2 * tf;
         att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
-      } else if (vec) {
-        att_stage_none();
+      } else {
+        st_dev_cp_commit(); // an empty group: the wait below still leaves only the newest
       }
-      att_stage_wait_prev();
+      st_dev_cp_wait_prev();
     } else if (nst == 1) {
       ks = stage, vs = stage + tf;
-      att_stage_wait_all();
+      st_dev_cp_wait_all();
     }
     __syncthreads(); // the tile is in shared memory
     // scores of the tile: warp w takes keys w + 8 u (rows past the keys are zero)
@@ -300,7 +283,6 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
                                                           float *o, int64_t ostride) {
   __shared__ float fs[8][ATT_SPLIT], ls[8][ATT_SPLIT], Ls[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  __syncthreads(); // the shared arrays may still be read by a previous merge of the block
   for (int h = warp; h < nh; h += nw) {
     const float *ph = p + h * hstride;
     const int c0 = lane, c1 = lane + 32;
@@ -429,6 +411,7 @@ template <typename F> static void att_dispatch(int nq, int hd, F &&f) {
 // kernel (0 attend_split, 1 attend_decode_all), ND / 4 - 1 and log2 NQ; 0: not asked yet, when the
 // default 48 KiB less its static memory is all it may take.
 #define ATT_MAX_DEVICES 64
+#define ATT_DEFAULT_ROOM (40 * 1024) /* the default 48 KiB less the kernels' static memory (at most 5.3 KiB) */
 static size_t att_room[ATT_MAX_DEVICES][2][2][4];
 
 template <typename K> static size_t att_room_of(K kernel) {
@@ -438,13 +421,14 @@ template <typename K> static size_t att_room_of(K kernel) {
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
       cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
     cudaGetLastError();
-    return 40 * 1024;
+    return ATT_DEFAULT_ROOM;
   }
   return (size_t)optin > fa.sharedSizeBytes ? (size_t)optin - fa.sharedSizeBytes : 0;
 }
 
 // Lets every split-K kernel take all the dynamic shared memory the current device allows and notes
-// how much that is (outside any stream capture; again after a device reset).
+// how much that is: at each CUDA worker's start (st_cuda_worker_init, after any device reset and
+// outside any stream capture) and for the tests' own launches.
 static void att_allow_smem() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= ATT_MAX_DEVICES) {
@@ -455,7 +439,7 @@ static void att_allow_smem() {
     for (int b = 1; b <= 32 / nd; b *= 2)
       att_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
         constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
-        constexpr int LQ = NQ == 1 ? 0 : NQ == 2 ? 1 : NQ == 4 ? 2 : 3;
+        constexpr int LQ = att_log2(NQ);
         const size_t r0 = att_room_of(attend_split<ND, NQ>), r1 = att_room_of(attend_decode_all<ND, NQ>);
         ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
         ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
@@ -468,9 +452,9 @@ static void att_allow_smem() {
 static int att_plan(int kind, int hd, int nd, int nqb, size_t *bytes) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError(), dev = -1;
-  const int lq = nqb == 1 ? 0 : nqb == 2 ? 1 : nqb == 4 ? 2 : 3;
+  const int lq = att_log2(nqb);
   size_t room = dev >= 0 && dev < ATT_MAX_DEVICES ? att_room[dev][kind][nd / 4 - 1][lq] : 0;
-  if (!room) room = 40 * 1024; // the default limit, less the kernels' static memory (at most 5.3 KiB)
+  if (!room) room = ATT_DEFAULT_ROOM;
   const int nst = att_stages(hd, nd, nqb, room);
   *bytes = att_smem_bytes(hd, nd, nqb, nst);
   return nst;
@@ -773,7 +757,6 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
 extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
   const st_attention_args *a = (const st_attention_args *)cl_arg;
   const int decode = a->T == 1;
-  att_allow_smem(); // before any capture
   st_cuda_dense_run(buffers, a, decode ? a->graph_key : 0, attention_scratch_bytes(a), decode, attention_body);
 }
 

@@ -198,6 +198,33 @@ __device__ __forceinline__ float st_block_sum(float v, float *shared32) {
   return s;
 }
 
+// Asynchronous copies global -> shared (cp.async, sm_80+): 16 bytes without registers (a plain copy
+// before sm_80), the end of a group of them, and waits until every group but the newest, or every
+// group, has landed (this thread's copies; no-ops before sm_80).
+__device__ __forceinline__ void st_dev_cp16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#else
+  *(uint4 *)dst = __ldcs((const uint4 *)src);
+#endif
+}
+__device__ __forceinline__ void st_dev_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void st_dev_cp_wait_prev() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void st_dev_cp_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // Programmatic dependent launch (sm_90; no-ops before): a kernel launched with st_cuda_launch's
 // pdl flag may start before the previous kernel of its stream has finished; it must call
 // st_dev_griddep_wait() before it touches memory any earlier kernel writes or reads (only constant
@@ -307,8 +334,9 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
                          cudaStream_t st);
-// Lets the decode attention's kernels take their dynamic shared memory on the current device; call
-// it outside any stream capture, after every device reset, before st_cuda_attend_decode_all.
+// Lets the split-K attention kernels take the dynamic shared memory the current device allows
+// (st_cuda_worker_init calls it: outside any stream capture, after any device reset); without
+// it they stay within the default 48 KiB (fewer staged tiles, the same bits).
 void st_cuda_attention_allow_smem();
 // One token's causal attention for all Hq query heads at q ([Hq][hd]; head h reads KV head h / (Hq / G))
 // over keys 0..*pos_dev of k[g], v[g] (the attention codelet's split-K kernels: the chunks depend on

@@ -140,7 +140,8 @@ size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd);
  * staging buffers that fit the current device's shared memory. */
 int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n);
 
-/* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu). */
+/* Per CUDA worker set-up, run once through starpu_execute_on_each_worker (matmul.cu): the memory
+ * pool keeps what it frees, and the split-K attention kernels may take the device's shared memory. */
 void st_cuda_worker_init(void *unused);
 
 #ifdef __cplusplus

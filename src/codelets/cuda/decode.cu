@@ -364,7 +364,6 @@ void allow_smem(const st_decode_ctx *c) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
   const int n_embd = c->n_embd, n_expert = c->n_expert;
-  st_cuda_attention_allow_smem();
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;

@@ -166,6 +166,7 @@ extern "C" void st_cuda_worker_init(void *unused) {
   ST_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
   uint64_t keep = UINT64_MAX;
   ST_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  st_cuda_attention_allow_smem();
 }
 
 void *st_cuda_alloc(size_t bytes, cudaStream_t stream) {

@@ -571,27 +571,6 @@ __device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_
 // computes the current one, so that every block keeps loads in flight from start to end. Each
 // row's sum is mmv_block's (the same chunks, chains, warp sums and slot order), bit for bit.
 
-// 16 bytes global -> shared without registers (cp.async, sm_80+; a plain copy before).
-__device__ __forceinline__ void mmv_cp16(uint4 *dst, const uint4 *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
-#else
-  *dst = __ldcs(src);
-#endif
-}
-__device__ __forceinline__ void mmv_cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until this thread's copies of every group but the newest are done.
-__device__ __forceinline__ void mmv_cp_wait_prev() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
-}
-
 // Rows a warp takes in the streaming core: two for the packed formats (they share every activation
 // load and the block's fixed costs), one for the float formats (their bytes fill the buffers).
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_nr() { return mmv_format<TYPE>::BS < 2 * mmv_format<TYPE>::QK ? 2 : 1; }
@@ -656,7 +635,7 @@ __device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage
     const uint8_t *base = src - a;
     uint4 *dst = stage + r * rs + sg;
     if (16 * sg >= a && 16 * sg + 16 <= a + len) {
-      mmv_cp16(dst, (const uint4 *)base + sg);
+      st_dev_cp16(dst, (const uint4 *)base + sg);
     } else if (16 * sg < a + len && 16 * sg + 16 > a) {
       uint16_t *d16 = (uint16_t *)dst;
       for (int k = max(16 * sg, a); k < min(16 * sg + 16, a + len); k += 2) d16[(k - 16 * sg) / 2] = *(const uint16_t *)(base + k);
@@ -718,7 +697,7 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
   if (g < n_groups) mmv_meta(sm, job, g, 0, R);
   __syncthreads();
   if (g < n_groups) mmv_issue(sm, stage, 0, len, rs, map);
-  mmv_cp_commit();
+  st_dev_cp_commit();
   if (Job::static_rows) wait();
   for (int it = 0; g < n_groups; it++, g += gridDim.x) {
     const int b = it & 1;
@@ -726,8 +705,8 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
     if (gn < n_groups) mmv_meta(sm, job, gn, b ^ 1, R);
     __syncthreads(); // the next group's rows are set; every warp is done with buffer b ^ 1
     if (gn < n_groups) mmv_issue(sm, stage + (b ^ 1) * SEGS, b ^ 1, len, rs, map);
-    mmv_cp_commit();
-    mmv_cp_wait_prev();
+    st_dev_cp_commit();
+    st_dev_cp_wait_prev();
     __syncthreads(); // buffer b is complete
     const int nr = sm.nr[b];
     float acc[NR];
