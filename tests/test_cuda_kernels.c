@@ -24,7 +24,7 @@
 /* matmul.cu: st_cuda_grouped_matmul on host data (expert g: weights W[g], n_rows[g] consecutive
  * rows of x), for this test. 0, or -1 on a CUDA error. */
 int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows,
-                         int64_t n_out, const float *x, int64_t n, const float *scale, float *out);
+                         int64_t n_out, const float *x, int64_t n, const float *scale, float *out, int int8);
 
 static double uniform(uint64_t *rng) { /* in [-1, 1) */
   *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
@@ -112,7 +112,7 @@ int main(void) {
       float x[5 * K], got[5 * R], want[5 * R];
       for (int i = 0; i < T * K; i++) x[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
       st_matmul(t, row, st_row_bytes(t, K), 0, R, x, K, T, K, want, R);
-      int ok2 = st_cuda_matmul_rows(t, row, st_row_bytes(t, K), R, x, T, K, got) == 0;
+      int ok2 = st_cuda_matmul_rows(t, row, st_row_bytes(t, K), R, x, T, K, got, 0) == 0;
       double w2 = 0;
       for (int i = 0; ok2 && i < T * R; i++) {
         const double err = fabs((double)got[i] - want[i]) / (fabs(want[i]) + 1e-3);
@@ -145,7 +145,7 @@ int main(void) {
     st_dequantize_row(t, w, wf, (int64_t)R * K);
     for (int i = 0; i < T * K; i++) x[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
     st_matmul(t, w, rb, 0, R, x, K, T, K, want, R);
-    int ok = st_cuda_gemm_rows(t, w, rb, R, x, T, K, got) == 0 && st_cuda_matmul_rows(t, w, rb, R, x, T, K, ker) == 0;
+    int ok = st_cuda_gemm_rows(t, w, rb, R, x, T, K, got) == 0 && st_cuda_matmul_rows(t, w, rb, R, x, T, K, ker, 0) == 0;
     double worst = 0, worst_ker = 0;
     for (int tt = 0; ok && tt < T; tt++)
       for (int r = 0; r < R; r++) {
@@ -202,7 +202,7 @@ int main(void) {
         mag[tt * R + r] = (float)m;
       }
     for (int T = 1; T <= TM; T = T == 1 ? 3 : T + 5) {
-      int ok = st_cuda_matmul_rows(t, w, rb, R, x, T, K, got) == 0;
+      int ok = st_cuda_matmul_rows(t, w, rb, R, x, T, K, got, 0) == 0;
       double worst = 0;
       for (int i = 0; ok && i < T * R; i++) {
         worst = fmax(worst, fabs((double)got[i] - want[i]) / ((double)mag[i] + 1e-30));
@@ -214,11 +214,11 @@ int main(void) {
       ok ? pass++ : fail++;
     }
     /* got now holds the T = 8 batch */
-    const int repeat = st_cuda_matmul_rows(t, w, rb, R, x, TM, K, again) == 0 &&
+    const int repeat = st_cuda_matmul_rows(t, w, rb, R, x, TM, K, again, 0) == 0 &&
                        !memcmp(got, again, sizeof(float) * TM * R);
     int differ = -1;
     for (int tt = 0; differ < 0 && tt < TM; tt++)
-      if (st_cuda_matmul_rows(t, w, rb, R, x + (size_t)tt * K, 1, K, one) != 0 ||
+      if (st_cuda_matmul_rows(t, w, rb, R, x + (size_t)tt * K, 1, K, one, 0) != 0 ||
           memcmp(one, got + (size_t)tt * R, sizeof(float) * R))
         differ = tt;
     const int same = repeat && differ < 0;
@@ -243,7 +243,7 @@ int main(void) {
     float *alone = malloc(sizeof(float) * NA * R);
     for (int i = 0; i < NA * K; i++) xa[i] = (float)((i * 104729) % 200 - 100) / 100.0f;
     for (int i = 0; i < NA; i++) sc[i] = 0.25f + 0.0625f * (float)i;
-    int ok = st_cuda_grouped_rows(t, ws, rb, G, nrows, R, xa, K, sc, gout) == 0;
+    int ok = st_cuda_grouped_rows(t, ws, rb, G, nrows, R, xa, K, sc, gout, 0) == 0;
     double worst = 0;
     for (int g = 0; ok && g < G; g++) {
       st_matmul(t, ws[g], rb, 0, R, xa + (size_t)row0[g] * K, K, nrows[g], K, gwant + (size_t)row0[g] * R, R);
@@ -263,14 +263,75 @@ int main(void) {
            ok ? "PASS" : "FAIL", name, R, K, worst);
     ok ? pass++ : fail++;
     int bits = st_cuda_grouped_rows(t, &ws[1], rb, 1, &nrows[1], R, xa + (size_t)row0[1] * K, K, sc + row0[1],
-                                    alone) == 0 &&
+                                    alone, 0) == 0 &&
                !memcmp(alone, gout + (size_t)row0[1] * R, sizeof(float) * (size_t)nrows[1] * R);
     for (int a = row0[1]; bits && a < row0[1] + nrows[1]; a++)
-      bits = st_cuda_grouped_rows(t, &ws[1], rb, 1, &one_row, R, xa + (size_t)a * K, K, sc + a, alone) == 0 &&
+      bits = st_cuda_grouped_rows(t, &ws[1], rb, 1, &one_row, R, xa + (size_t)a * K, K, sc + a, alone, 0) == 0 &&
              !memcmp(alone, gout + (size_t)a * R, sizeof(float) * R);
     printf("%s %s: grouped kernel, expert 1 alone and each of its rows alone bitwise equal to the 3-expert launch\n",
            bits ? "PASS" : "FAIL", name);
     bits ? pass++ : fail++;
+    if (st_q8_row_bytes(t, K) > 0 && t == ST_TYPE_Q8_0) {
+      /* int8 activations on the GPU (STRATA_INT8_DOT; Q8_0 weights): against the CPU's integer
+       * product st_matmul_q8 on st_quantize_act's quants (the same quants and block scales, so
+       * only the order of the float additions differs: bound 1e-5 of sum|w x|) and, printed with
+       * a bound of 5e-3, the float32 product; then the bit checks above for the int8 kernels */
+      const uint64_t qb = st_q8_row_bytes(t, K);
+      uint8_t *xq = malloc(qb * NA);
+      float *qwant = malloc(sizeof(float) * NA * R);
+      st_quantize_act(t, x, K, TM, K, xq);
+      st_matmul_q8(t, w, rb, 0, R, xq, TM, K, qwant, R);
+      for (int T = 1; T <= TM; T = T == 1 ? 3 : T + 5) {
+        int ok8 = st_cuda_matmul_rows(t, w, rb, R, x, T, K, got, 1) == 0;
+        double wq = 0, wf = 0;
+        for (int i = 0; ok8 && i < T * R; i++) {
+          wq = fmax(wq, fabs((double)got[i] - qwant[i]) / ((double)mag[i] + 1e-30));
+          wf = fmax(wf, fabs((double)got[i] - want[i]) / ((double)mag[i] + 1e-30));
+          ok8 &= isfinite(got[i]);
+        }
+        ok8 &= wq <= 1e-5 && wf <= 5e-3;
+        printf("%s %s: int8 decode kernel vs CPU st_matmul_q8, %d rows x %d tokens of %d, max |Δ| / sum|w x| %.2e (≤ 1e-5); "
+               "vs the float32 product %.2e (≤ 5e-3)\n",
+               ok8 ? "PASS" : "FAIL", name, R, T, K, wq, wf);
+        ok8 ? pass++ : fail++;
+      }
+      const int rep8 = st_cuda_matmul_rows(t, w, rb, R, x, TM, K, again, 1) == 0 && !memcmp(got, again, sizeof(float) * TM * R);
+      int diff8 = -1;
+      for (int tt = 0; diff8 < 0 && tt < TM; tt++)
+        if (st_cuda_matmul_rows(t, w, rb, R, x + (size_t)tt * K, 1, K, one, 1) != 0 ||
+            memcmp(one, got + (size_t)tt * R, sizeof(float) * R))
+          diff8 = tt;
+      printf("%s %s: int8 kernel, each of %d tokens alone (T = 1) bitwise equal to its row of the T = 8 batch (first "
+             "token that differs: %d); a second T = 8 launch %s\n",
+             rep8 && diff8 < 0 ? "PASS" : "FAIL", name, TM, diff8, rep8 ? "repeats its bits" : "DIFFERS");
+      rep8 && diff8 < 0 ? pass++ : fail++;
+      /* grouped: the 3 experts against the CPU's integer product, then expert 1's rows alone */
+      st_quantize_act(t, xa, K, NA, K, xq);
+      int okg = st_cuda_grouped_rows(t, ws, rb, G, nrows, R, xa, K, sc, gout, 1) == 0;
+      double wg = 0;
+      for (int g = 0; okg && g < G; g++) {
+        st_matmul_q8(t, ws[g], rb, 0, R, xq + qb * (size_t)row0[g], nrows[g], K, gwant + (size_t)row0[g] * R, R);
+        for (int a = row0[g]; a < row0[g] + nrows[g]; a++)
+          for (int r = 0; r < R; r++) {
+            const float *wr = wf + (size_t)((r + 5 * g) % R) * K;
+            double m = 0;
+            for (int j = 0; j < K; j++) m += fabs((double)wr[j] * xa[(size_t)a * K + j]);
+            wg = fmax(wg, fabs((double)gout[a * R + r] - (double)gwant[a * R + r] * sc[a]) / (m * sc[a] + 1e-30));
+            okg &= isfinite(gout[a * R + r]);
+          }
+      }
+      int bitsg = okg;
+      for (int a = row0[1]; bitsg && a < row0[1] + nrows[1]; a++)
+        bitsg = st_cuda_grouped_rows(t, &ws[1], rb, 1, &one_row, R, xa + (size_t)a * K, K, sc + a, alone, 1) == 0 &&
+                !memcmp(alone, gout + (size_t)a * R, sizeof(float) * R);
+      okg &= wg <= 1e-5 && bitsg;
+      printf("%s %s: grouped int8 kernel (3 experts) vs CPU st_matmul_q8, max |Δ| / sum|w x| %.2e (≤ 1e-5); each row "
+             "of expert 1 alone %s\n",
+             okg ? "PASS" : "FAIL", name, wg, bitsg ? "bitwise equal to the launch" : "DIFFERS");
+      okg ? pass++ : fail++;
+      free(xq);
+      free(qwant);
+    }
     free(wg);
     free(xa);
     free(sc);

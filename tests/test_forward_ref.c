@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "codelets/dot.h"
+#include "codelets/quant.h"
 #include "common.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
@@ -120,7 +121,8 @@ static void run_prompt(struct st_engine *e, const struct ref_file *r, const stru
 
 /* Chunkings of one prompt give the same logits within 1e-5 relative: every path computes a token
  * the same way whatever the chunk, up to the GPU prompt path's cuBLAS (another summation order
- * than the decode kernels). Where that meets the CPU pool's int8 activations (`mixed`), a
+ * than the decode kernels). Where that meets int8 activations (`mixed`: the CPU pool's, or the
+ * GPU's int8 kernels below cuBLAS's rows for Q8_0 experts), a
  * rounding-level difference in the dense part can move an activation across an int8 quantisation
  * step, so the bound is then the int8 path's: mean |Δ|/σ ≤ 0.01 and the same argmax. */
 static void run_chunking(struct st_engine *e, const struct ref_file *r, const char *tag, int mixed) {
@@ -148,7 +150,7 @@ static void run_chunking(struct st_engine *e, const struct ref_file *r, const ch
       const double rel = sum / V / ref_sigma(base, V);
       check(rel <= 0.01 && st_argmax(l, V) == st_argmax(base, V),
             "%s/%s chunking: --prefill %d vs 512 over %d tokens: max |Δ| = %.2e, mean |Δ|/σ = %.2e (≤ 0.01, cuBLAS "
-            "prompt path with int8 CPU-pool activations), same argmax", tag, p->name, chunks[c], p->n_ids, mx, rel);
+            "prompt path with int8 activations), same argmax", tag, p->name, chunks[c], p->n_ids, mx, rel);
       continue;
     }
     check(mx <= 1e-5 * scale, "%s/%s chunking: --prefill %d vs 512 over %d tokens: max |Δ| = %.2e (≤ 1e-5 × max|logit| = %.2e)%s",
@@ -209,23 +211,26 @@ int main(int argc, char **argv) {
         break;
       }
       char ptag[192];
-      char path_name[64] = "CPU";
+      char path_name[96] = "CPU";
       if (e->placement.cuda0_worker >= 0 && e->cublas_rows > 0)
         snprintf(path_name, sizeof path_name, "CUDA0 float32, cuBLAS from %d rows", e->cublas_rows);
       else if (e->placement.cuda0_worker >= 0)
         snprintf(path_name, sizeof path_name, "CUDA0 float32 kernels");
       snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag, path_name, e->placement.cache[0].n_slots,
                n_pairs);
-      /* int8 where the CPU pool computes experts whose type has integer kernels */
+      /* int8 where the CPU pool computes experts whose type has integer kernels, and where CUDA0's
+       * cached Q8_0 experts take the GPU's int8 kernels (decode and batches below cuBLAS) */
       const int q8 = e->int8_dot && e->placement.cache[0].n_slots < n_pairs &&
                      st_q8_row_bytes(m->layers[0].gate_exps.type, (int64_t)m->hp.n_embd) > 0;
+      const int gpu_q8 = e->int8_dot && e->placement.cache[0].n_slots > 0 && m->layers[0].gate_exps.type == ST_TYPE_Q8_0;
+      if (gpu_q8) strncat(path_name, ", int8 Q8_0 experts", sizeof path_name - strlen(path_name) - 1);
       printf("%s: %s, %d prompts, %d CPU + %d CUDA workers, CPU kernels %s (int8: %s)\n", ptag, path,
              r.n_prompts, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa(),
              q8 ? st_dot_q8_isa() : "off");
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
       for (int j = 0; j < r.n_prompts; j++)
-        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8);
-      run_chunking(e, &r, ptag, q8 && e->cublas_rows > 0 && e->placement.cuda0_worker >= 0);
+        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8 || gpu_q8);
+      run_chunking(e, &r, ptag, (q8 || gpu_q8) && e->cublas_rows > 0 && e->placement.cuda0_worker >= 0);
       if (pass == 0 && e->placement.cuda0_worker >= 0) {
         int fd = mkstemp(profile);
         if (fd >= 0) {

@@ -130,8 +130,9 @@ struct st_expert_rows_args {
   int32_t ff0, ff1; /* the FFN slice this task computes, 0 <= ff0 < ff1 <= n_ff */
   int32_t n_out_rows; /* 0: packed rows; > 0: partial sums (see above) */
   int32_t cublas_rows; /* an expert with at least this many rows goes through cuBLAS (0: never) */
-  int32_t int8_dot;    /* CPU variant: 1 = quantised activations and integer kernels (st_matmul_q8)
-                        * for the matrices whose type has them (STRATA_INT8_DOT); 0 = float32 */
+  int32_t int8_dot;    /* 1 = quantised activations (STRATA_INT8_DOT): on the CPU the integer kernels
+                        * (st_matmul_q8) for the matrices whose type has them, on a GPU the Q8_0
+                        * kernels of st_cuda_grouped_matmul (outside cuBLAS); 0 = float32 */
   struct st_wdesc gate, up, down;
   /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row, then, when
    * n_out_rows > 0, red_off [n_out_rows + 1] and red_idx [n_rows] (int32) */

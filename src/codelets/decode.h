@@ -62,6 +62,9 @@ struct st_lane_sync {
   char pad2[56];
 };
 
+/* Bytes of one quantised activation row of n floats on a GPU (cuda/common.cuh st_q8_stride). */
+static inline size_t st_decode_q8_bytes(size_t n) { return (n + n / 8 + 15) / 16 * 16; }
+
 /* Device buffers of the decode step on the primary GPU, one allocation made once per engine
  * (graph/decode_bufs.c); NULL without a GPU. Rows are float32 unless said. */
 struct st_decode_dev {
@@ -71,6 +74,7 @@ struct st_decode_dev {
   struct st_route *route;                                       /* [n_layer][k] */
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
   int32_t *counters; /* [n_head + 1]: the fused kernels' last-block counters, zero between launches */
+  int8_t *ffn_q;     /* STRATA_INT8_DOT, Q8_0 gate and up: ffn_in quantised (st_decode_q8_bytes(d)) */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
   uint64_t bytes;
 };

@@ -740,12 +740,13 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
     float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
     float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
+    // the dense products keep float32 activations (int8 = 0: STRATA_INT8_DOT is the experts')
     st_cuda_product(cb, a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T,
-                   d, q, qw, st);
+                   d, q, qw, st, 0);
     st_cuda_product(cb, a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
-                   d, kdst, hd, st);
+                   d, kdst, hd, st, 0);
     st_cuda_product(cb, a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
-                   d, vdst, hd, st);
+                   d, vdst, hd, st, 0);
     qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
     // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.

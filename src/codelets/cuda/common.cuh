@@ -240,6 +240,32 @@ __device__ __forceinline__ void st_dev_griddep_launch() {
 #endif
 }
 
+// ---- int8 activations (STRATA_INT8_DOT on a GPU) ------------------------------------------------
+// An activation row of n floats (n a multiple of 32) quantised as the CPU's st_quantize_act does
+// (dot.h: per block of 32, d = max|x| / 127 and q = round(x / d) by the same float operations, so
+// the same quants and scales bit for bit), laid out for the GPU: the n int8 quants, then the n / 32
+// float scales; rows st_q8_stride(n) bytes apart (a multiple of 16). mmv.cuh's kernels read it.
+__host__ __device__ __forceinline__ int64_t st_q8_stride(int64_t n) { return (n + n / 8 + 15) / 16 * 16; }
+
+// One block of 32 values, v this lane's: its quant to *q (each lane its own), the scale to *d
+// (lane 0). One warp, every lane calls it.
+__device__ __forceinline__ void st_dev_q8_quantize(float v, int8_t *q, float *d) {
+  float amax = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  // 1.5 * 2^23: the rounded integer lands in the low mantissa bits (no contraction: _rn)
+  const int r = (__float_as_int(__fadd_rn(__fmul_rn(v, id), 12582912.0f)) & 0x007fffff) - 0x00400000;
+  *q = (int8_t)min(max(r, -127), 127);
+  if ((threadIdx.x & 31) == 0) *d = amax / 127.0f;
+}
+
+// Blocks b0, b0 + step, ... (< nb) of the 32-float blocks at x, quants to qs[32 b ..], scales to
+// ds[b], one warp each; every lane of the calling warps calls it.
+__device__ __forceinline__ void st_dev_q8_row(const float *x, int nb, int8_t *qs, float *ds, int b0, int step) {
+  const int lane = threadIdx.x & 31;
+  for (int b = b0; b < nb; b += step) st_dev_q8_quantize(x[32 * b + lane], qs + 32 * b + lane, ds + b);
+}
+
 // A router's softmax and top-k for one token, run by one warp (every lane calls it): softmax over
 // the E logits l (sum in double, as the CPU variant), then k rounds of a warp-wide argmax (ties to
 // the lower expert id) over the experts not yet taken, weights renormalised over the k; written to
@@ -285,21 +311,26 @@ __device__ __forceinline__ float st_block_max(float v, float *shared32) {
 }
 
 // out[t * ldo + (r - r0)] = dot(W[r], x[t * ldx .. + n]) for r in [r0, r1), t in [0, T): the CUDA
-// counterpart of st_matmul (dot.h), queued on `stream`.
+// counterpart of st_matmul (dot.h), queued on `stream`. int8 (STRATA_INT8_DOT): Q8_0 weights take
+// the token rows quantised as st_quantize_act does (stream-ordered scratch) and integer block sums
+// (mmv.cuh, mmv_chunk_q8), the CPU's st_matmul_q8 product up to the order of its float additions;
+// other types ignore it.
 void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
                     const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
-                    cudaStream_t stream);
+                    cudaStream_t stream, int int8);
 
 // One matrix product per group g (an expert): rows [0, n_out) of W_g times the group's
 // activation rows x[row0_g .. row0_g + n_rows_g) into the same rows of out; `scale` (per
 // activation row, may be NULL) multiplies each result. The descriptors live in device memory.
+// q8_rows > 0 (STRATA_INT8_DOT): x's first q8_rows rows (every group's) are quantised and Q8_0
+// weights take the int8 kernels, as for st_cuda_matmul; 0: float32 activations.
 struct st_cuda_group {
   const uint8_t *W;
   int32_t row0, n_rows;
 };
 void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev,
                             int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
-                            const float *scale, float *out, cudaStream_t stream);
+                            const float *scale, float *out, cudaStream_t stream, int64_t q8_rows);
 
 // ---- gemm.cu: prompt-chunk products through cuBLAS (see the file's notes on exactness) ----
 // The calling StarPU CUDA worker's cuBLAS handle when a batch of T token rows should use cuBLAS:
@@ -318,9 +349,10 @@ void st_cuda_gemm_bind(cublasHandle_t h, cudaStream_t stream);
 void st_cuda_gemm_with(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t rows,
                        const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
                        cudaStream_t stream, float *ws);
-// st_cuda_gemm when h is not NULL, else st_cuda_matmul (same arguments).
+// st_cuda_gemm when h is not NULL, else st_cuda_matmul (same arguments; int8 for the latter).
 void st_cuda_product(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
-                     const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream);
+                     const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream,
+                     int int8);
 
 // y[t] = RMSNorm(x[t]) * w for T rows of n (w may be NULL); y may alias x.
 void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, float eps, cudaStream_t stream);

@@ -24,9 +24,10 @@ void st_combine_cuda(void *buffers[], void *cl_arg);
 int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float *out, int64_t n);
 
 /* out[t][r] = dot(W[r], x[t]) for `rows` rows of n weights and T activation rows, all in host
- * memory, with the CUDA matrix-product kernel (for tests). 0, or -1 on a CUDA error. */
+ * memory, with the CUDA matrix-product kernel (for tests); int8: st_cuda_matmul's int8 (Q8_0
+ * weights on quantised activations). 0, or -1 on a CUDA error. */
 int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
-                        int64_t n, float *out);
+                        int64_t n, float *out, int int8);
 
 /* The same product through the prompt path's cuBLAS GEMM (gemm.cu: weights dequantised to float32,
  * CUBLAS_COMPUTE_32F_PEDANTIC), on a cuBLAS handle of its own (for tests). 0, or -1 on an error. */

@@ -9,319 +9,18 @@
 // (Q, K and V in one launch when their types agree), rope_append and attend_decode_all
 // (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits and,
 // in the last block to finish, softmax, top-k and the mailbox), dk_gateup (gate, up and SwiGLU of every cached
-// routed expert) and dk_down (down, weighted). The mat-vec products share mmv.cuh's block core with
+// routed expert) and dk_down (down, weighted), in decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
 // st_cuda_matmul and st_cuda_grouped_matmul, and every other step repeats the float operations of
 // the per-task kernels (rmsnorm_kernel, combine_token, residual_piece, swiglu, softmax_topk), so a
 // decode step gives the same bits as the per-task path (STRATA_DECODE_GRAPH=0).
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
+#include "codelets/cuda/decode_kernels.cuh"
 #include "codelets/cuda/mmv.cuh"
 #include "codelets/decode.h"
 #include "common.h"
 
 namespace {
-
-#define PRE_THREADS 1024
-#define NORM_THREADS 256 /* rmsnorm_kernel's block: its sums' order */
-
-// The mailbox's flags (codelets/decode.h): system-scope acquire loads and release stores on
-// mapped host memory.
-__device__ __forceinline__ uint32_t dk_flag_load(const uint32_t *p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void dk_flag_store(uint32_t *p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// Once every thread of the block has written its part of the mailbox: fence (system scope), then
-// *flag = *seq (every thread of the block calls it).
-__device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0) dk_flag_store(flag, *seq);
-}
-
-// x = h + the k slots' rows added in slot order (combine != 0: a slot whose pair is in this card's
-// cache, slot_ptr != NULL, from gpu_out, the others from the mailbox's rows cpu_out, once the CPU
-// pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
-// set; plain adds, as combine_token), else (layer 0) x = the mailbox's embedding row `emb`, with
-// the step's position and number copied from the mailbox to pos[0..1] and the n_counters fused
-// kernels' counters zeroed; then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
-// dynamic shared memory: d floats.
-__global__ void __launch_bounds__(PRE_THREADS)
-    dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
-           const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
-           int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
-           float *x, const float *w, float eps, float *xn) {
-  extern __shared__ float xs[];
-  __shared__ const float *src[64];
-  __shared__ int from_cpu[64], any_cpu;
-  __shared__ float red[32];
-  st_dev_griddep_launch();
-  if (combine) {
-    if (threadIdx.x == 0) any_cpu = 0;
-    __syncthreads();
-    if ((int)threadIdx.x < k) {
-      const int e = min(max(route[threadIdx.x].expert, 0), n_expert - 1);
-      from_cpu[threadIdx.x] = !slot_ptr[e];
-      src[threadIdx.x] = (slot_ptr[e] ? gpu_out : cpu_out) + (size_t)threadIdx.x * d;
-      if (!slot_ptr[e]) atomicOr(&any_cpu, 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0 && cpu_flag && any_cpu)
-      for (const uint32_t want = *seq; dk_flag_load(cpu_flag) != want;) __nanosleep(128);
-    __syncthreads();
-    // two of the thread's elements at a time, every load of a row group in flight (the mailbox's
-    // rows cross the bus); each element's sum in slot order
-    for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
-      const int i1 = i0 + blockDim.x, two = i1 < d;
-      float acc0 = 0.0f, acc1 = 0.0f;
-      for (int j0 = 0; j0 < k; j0 += 8) {
-        float v0[8], v1[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-          if (j0 + u < k) {
-            const float *r = src[j0 + u];
-            v0[u] = from_cpu[j0 + u] ? __ldcv(r + i0) : r[i0];
-            v1[u] = two ? (from_cpu[j0 + u] ? __ldcv(r + i1) : r[i1]) : 0.0f;
-          }
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-          if (j0 + u < k) acc0 = __fadd_rn(acc0, v0[u]), acc1 = __fadd_rn(acc1, v1[u]);
-      }
-      x[i0] = xs[i0] = __fadd_rn(acc0, h[i0]);
-      if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h[i1]);
-    }
-  } else {
-    if (threadIdx.x < 2) pos[threadIdx.x] = __ldcv(pos_seq + threadIdx.x);
-    for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      const float v = __ldcv(emb + i);
-      x[i] = v;
-      xs[i] = v;
-    }
-  }
-  __syncthreads();
-  float ss = 0.0f;
-  if (threadIdx.x < NORM_THREADS)
-    for (int i = threadIdx.x; i < d; i += NORM_THREADS) ss = fmaf(xs[i], xs[i], ss);
-  ss = st_warp_sum(ss);
-  if ((threadIdx.x & 31) == 0 && threadIdx.x < NORM_THREADS) red[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float tot = 0.0f;
-  for (int i = 0; i < NORM_THREADS / 32; i++) tot += red[i];
-  const float scale = rsqrtf(tot / (float)d + eps);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) xn[i] = xs[i] * scale * w[i];
-}
-
-// Up to three matrices of one type times the same vector in one launch: the row groups of segment
-// 0, then those of segment 1, ... (mmv_stream_rows(n) rows each).
-struct dk_seg {
-  const uint8_t *W;
-  uint64_t row_bytes;
-  int64_t rows;
-  float *out;
-  int64_t groups;
-};
-struct dk_segs {
-  dk_seg s[3];
-  int n;
-};
-
-struct mv_job {
-  static constexpr bool static_rows = true, x_shared = false;
-  const dk_segs *g;
-  const float *xv;
-  int R;
-  __device__ int seg(int64_t &grp) const {
-    int i = 0;
-    while (i + 1 < g->n && grp >= g->s[i].groups) grp -= g->s[i].groups, i++;
-    return i;
-  }
-  __device__ int count(int64_t grp) const {
-    const int i = seg(grp);
-    return (int)min((int64_t)R, g->s[i].rows - grp * R);
-  }
-  __device__ const uint8_t *row(int64_t grp, int r) const {
-    const int i = seg(grp);
-    return g->s[i].W + (uint64_t)(grp * R + r) * g->s[i].row_bytes;
-  }
-  __device__ const float *x(int64_t) const { return xv; }
-  __device__ void put(int64_t grp, const float *res, int nr) const {
-    const int i = seg(grp);
-    if ((int)threadIdx.x < nr) g->s[i].out[grp * R + threadIdx.x] = res[threadIdx.x];
-  }
-};
-
-template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int64_t n_groups, const float *x, int64_t n) {
-  extern __shared__ uint4 dyn_smem[];
-  __shared__ mmv_pipe<TYPE> sm;
-  st_dev_griddep_launch();
-  mmv_table<TYPE>(sm.kv);
-  const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
-  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); });
-}
-
-// h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
-// block into shared memory and written by block 0; then the router logits of the block's rows; the
-// last block to finish (*counter, reset by it) runs softmax and top-k into route and, when pub_flag
-// is set, publishes the routing and ffn_in to the mailbox (pub_route, pub_x), fences (system scope)
-// and raises *pub_flag to the step number *seq. Dynamic shared memory: the staging buffers, then
-// d + E floats.
-struct router_job {
-  static constexpr bool static_rows = true, x_shared = true;
-  const uint8_t *W;
-  uint64_t row_bytes;
-  int E, R;
-  const float *xs;
-  float *logits;
-  __device__ int count(int64_t g) const { return (int)min((int64_t)R, (int64_t)E - g * R); }
-  __device__ const uint8_t *row(int64_t g, int r) const { return W + (uint64_t)(g * R + r) * row_bytes; }
-  __device__ const float *x(int64_t) const { return xs; }
-  __device__ void put(int64_t g, const float *res, int nr) const {
-    if ((int)threadIdx.x < nr) logits[g * R + threadIdx.x] = res[threadIdx.x];
-  }
-};
-
-template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
-                                        uint64_t row_bytes, int E, int k, float *h, float *ffn_in, float *logits,
-                                        st_route *route, int *counter, st_route *pub_route, float *pub_x,
-                                        uint32_t *pub_flag, const uint32_t *seq) {
-  extern __shared__ uint4 dyn_smem[];
-  float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
-  __shared__ mmv_pipe<TYPE> sm;
-  __shared__ float red[32];
-  __shared__ int last;
-  st_dev_griddep_launch();
-  mmv_table<TYPE>(sm.kv);
-  const int R = mmv_stream_rows<TYPE>(d);
-  const router_job job = {W, row_bytes, E, R, xs, logits};
-  mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
-    st_dev_griddep_wait();
-    // every load of the thread first (d <= 4096, gpu_layouts_ok), then the sums in element order
-    constexpr int PER = 4096 / MMV_THREADS;
-    float xv[PER], wv[PER];
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-      const int i = threadIdx.x + u * MMV_THREADS;
-      xv[u] = i < d ? x[i] + xo[i] : 0.0f;
-      wv[u] = i < d ? w[i] : 0.0f;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-      const int i = threadIdx.x + u * MMV_THREADS;
-      if (i >= d) break;
-      ss = fmaf(xv[u], xv[u], ss);
-      if (blockIdx.x == 0) h[i] = xv[u];
-    }
-    ss = st_block_sum(ss, red);
-    const float scale = rsqrtf(ss / (float)d + eps);
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-      const int i = threadIdx.x + u * MMV_THREADS;
-      if (i >= d) break;
-      const float v = xv[u] * scale * wv[u];
-      xs[i] = v;
-      if (blockIdx.x == 0) ffn_in[i] = v;
-    }
-  }); // the stream's barriers order the writes to xs before the first group's reads
-  __threadfence(); // each writer's logits are visible device-wide before the block counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float *l = xs + d;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) l[e] = __ldcg(logits + e);
-  __syncthreads();
-  if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, route);
-  if (threadIdx.x == 0) *counter = 0;
-  if (!pub_flag) return;
-  __syncthreads(); // the routing is written
-  for (int i = threadIdx.x; i < d; i += blockDim.x) pub_x[i] = xs[i];
-  if ((int)threadIdx.x < k) pub_route[threadIdx.x] = route[threadIdx.x];
-  dk_raise(pub_flag, seq);
-}
-
-// The cached pair of routing slot j (NULL: another tier computes it).
-__device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const uint8_t *const *slot_ptr, int n_expert,
-                                                  int j) {
-  return slot_ptr[min(max(route[j].expert, 0), n_expert - 1)];
-}
-
-// act[j][r] = silu(gate_r x) * up_r x for the ff rows of every routing slot j whose pair is in this
-// card's cache (swiglu's float operations). A group is (slot j, H rows): its first H rows from
-// gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one).
-struct gateup_job {
-  static constexpr bool static_rows = false, x_shared = false;
-  const st_route *route;
-  const uint8_t *const *slot_ptr;
-  int n_expert, ff, H;
-  int64_t per; // groups per slot
-  uint64_t up_off, row_bytes;
-  const float *xv;
-  float *act;
-  __device__ int count(int64_t g) const { return dk_slot(route, slot_ptr, n_expert, (int)(g / per)) ? 2 * H : 0; }
-  __device__ const uint8_t *row(int64_t g, int r) const {
-    const uint8_t *p = dk_slot(route, slot_ptr, n_expert, (int)(g / per));
-    const int64_t rr = min((g % per) * H + r % H, (int64_t)ff - 1);
-    return p + (r < H ? 0 : up_off) + (uint64_t)rr * row_bytes;
-  }
-  __device__ const float *x(int64_t) const { return xv; }
-  __device__ void put(int64_t g, const float *res, int nr) const {
-    const int64_t j = g / per, r0 = (g % per) * H;
-    if (nr && (int)threadIdx.x < H && r0 + threadIdx.x < ff) {
-      const float gv = res[threadIdx.x], uv = res[H + threadIdx.x];
-      act[j * ff + r0 + threadIdx.x] = gv / (1.0f + expf(-gv)) * uv;
-    }
-  }
-};
-
-template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job job, int64_t n_groups, int64_t n) {
-  extern __shared__ uint4 dyn_smem[];
-  __shared__ mmv_pipe<TYPE> sm;
-  st_dev_griddep_launch();
-  mmv_table<TYPE>(sm.kv);
-  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); });
-}
-
-// out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
-// card's cache (the grouped kernel's scaling). A group is (slot j, R rows).
-struct down_job {
-  static constexpr bool static_rows = false, x_shared = false;
-  const st_route *route;
-  const uint8_t *const *slot_ptr;
-  int n_expert, d, R;
-  int64_t per, ff;
-  uint64_t down_off, row_bytes;
-  const float *act;
-  float *out;
-  __device__ int count(int64_t g) const {
-    return dk_slot(route, slot_ptr, n_expert, (int)(g / per)) ? (int)min((int64_t)R, d - (g % per) * R) : 0;
-  }
-  __device__ const uint8_t *row(int64_t g, int r) const {
-    return dk_slot(route, slot_ptr, n_expert, (int)(g / per)) + down_off + (uint64_t)((g % per) * R + r) * row_bytes;
-  }
-  __device__ const float *x(int64_t g) const { return act + (g / per) * ff; }
-  __device__ void put(int64_t g, const float *res, int nr) const {
-    const int64_t j = g / per;
-    if ((int)threadIdx.x < nr) out[j * d + (g % per) * R + threadIdx.x] = res[threadIdx.x] * route[j].weight;
-  }
-};
-
-template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_down(const __grid_constant__ down_job job, int64_t n_groups, int64_t n) {
-  extern __shared__ uint4 dyn_smem[];
-  __shared__ mmv_pipe<TYPE> sm;
-  st_dev_griddep_launch();
-  mmv_table<TYPE>(sm.kv);
-  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); });
-}
 
 // ---- launchers ---------------------------------------------------------------------------------
 
@@ -332,6 +31,18 @@ struct mv_part {
   int64_t rows;
   float *out;
 };
+
+// Whether the int8 kernels take a product of Q8_0 weights with n-float rows (STRATA_INT8_DOT).
+bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) { return c->int8_dot && type == ST_TYPE_Q8_0 && n % 32 == 0; }
+
+// Launches a streaming kernel on at most as many blocks as the device holds at once, a multiple of
+// `mult` of them (groups is one).
+template <typename K, typename... Args>
+void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int pdl, int mult, Args... args) {
+  int64_t most = mmv_resident_blocks(kernel, smem); // at capture time only
+  most = most / mult * mult > 0 ? most / mult * mult : mult;
+  st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, st, pdl, args...);
+}
 
 // out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type.
 void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st) {
@@ -349,17 +60,15 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
                           (parts[p].rows + R - 1) / R};
         groups += g.s[g.n].groups;
       }
-      auto kernel = dk_mv<TY>;
-      static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
-      st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
-                     pdl, g, groups, x, n);
+      stream_launch(dk_mv<TY>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, g, (int)groups, x, n);
     });
   }
 }
 
 // Lets every decode kernel of every format take the dynamic shared memory it asks for (the float
-// formats' staging buffers pass the default 48 KiB): once per engine (a device reset at StarPU's
-// shutdown forgets the attributes), on the primary GPU's worker thread, before any capture.
+// formats' staging buffers and down's quantised input row pass the default 48 KiB): once per
+// engine (a device reset at StarPU's shutdown forgets the attributes), on the primary GPU's worker
+// thread, before any capture.
 void allow_smem(const st_decode_ctx *c) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
@@ -369,9 +78,15 @@ void allow_smem(const st_decode_ctx *c) {
       constexpr uint32_t TY = decltype(ty)::value;
       const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * (n_embd + n_expert);
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
+      if constexpr (TY == ST_TYPE_Q8_0) {
+        // down's quantised input after the buffers: the longest row a stream takes
+        const int q = p + (int)st_q8_stride(MMV_ITEMS * MMV_CH);
+        ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+        ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, q));
+      }
     });
 }
 
@@ -395,6 +110,8 @@ struct layer_graph {
 };
 
 // The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph.
+// With STRATA_INT8_DOT, Q8_0 gate and up take ffn_in quantised (dk_router's ffn_q) and a Q8_0
+// down its act rows quantised in each block (down_job).
 void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[l];
@@ -404,25 +121,32 @@ void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
-    const int64_t per_g = (ff + H - 1) / H;
-    const gateup_job gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in, D.act};
-    auto kernel = dk_gateup<TY>;
-    static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
-    const int64_t groups = per_g * k;
-    st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
-                   pdl, gj, groups, (int64_t)d);
+    const int per_g = (ff + H - 1) / H, groups = per_g * k;
+    if constexpr (TY == ST_TYPE_Q8_0)
+      if (q8_on(c, TY, d)) {
+        const gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
+                                     D.act};
+        return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, gj, groups, (int64_t)d);
+      }
+    const gateup_job<false> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in,
+                                  D.act};
+    stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, gj, groups, (int64_t)d);
   });
   mmv_dispatch(L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rd = mmv_stream_rows<TY>(ff);
-    const int64_t per_d = (d + Rd - 1) / Rd;
-    const down_job dj = {route, slots, c->n_expert, d, Rd, per_d, ff, L->gate_bytes + L->up_bytes, L->down_d.row_bytes,
-                         D.act, D.gpu_out};
-    auto kernel = dk_down<TY>;
-    static const int most = mmv_resident_blocks(kernel, mmv_pipe_bytes<TY>());
-    const int64_t groups = per_d * k;
-    st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), mmv_pipe_bytes<TY>(), st,
-                   pdl, dj, groups, (int64_t)ff);
+    const int per_d = (d + Rd - 1) / Rd, groups = per_d * k;
+    const uint64_t off = L->gate_bytes + L->up_bytes;
+    if constexpr (TY == ST_TYPE_Q8_0)
+      if (q8_on(c, TY, ff)) {
+        const down_job<true> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
+                                   D.gpu_out, NULL};
+        return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff), st, pdl, k, dj, groups,
+                             (int64_t)ff);
+      }
+    const down_job<false> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
+                                D.gpu_out, NULL};
+    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, dj, groups, (int64_t)ff);
   });
 }
 
@@ -438,8 +162,8 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
   const uint32_t *flag = wait_cpu ? c->dmail.cpu_seq + (size_t)lp * ST_MAIL_FLAG_STRIDE : NULL;
   dk_pre<<<1, PRE_THREADS, sizeof(float) * (size_t)c->n_embd, st>>>(
       D.route + (size_t)lp * c->k, D.slot_ptr + (size_t)lp * c->n_expert, c->n_expert, D.gpu_out, rows, flag,
-      dev_seq(D), D.h, c->k, c->n_embd, combine, c->dmail.emb, c->dmail.pos_seq, D.pos, D.counters, c->n_head + 1, D.x,
-      w, c->eps, D.xn);
+      dev_seq(D), D.h, c->k, c->n_embd, combine, c->dmail.emb, c->dmail.pos_seq, D.pos, D.counters,
+      c->n_head + 1, D.x, w, c->eps, D.xn);
 }
 
 void layer_body(const void *args, cudaStream_t st) {
@@ -470,7 +194,8 @@ void layer_body(const void *args, cudaStream_t st) {
     st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
                    (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, c->k, D.h,
                    D.ffn_in, D.rlogits, D.route + l * c->k, D.counters + Hq, M.xroute + l * c->k, M.xffn + l * d,
-                   a->has_xin ? M.xin_seq + l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D));
+                   a->has_xin ? M.xin_seq + l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D),
+                   q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL);
   });
   experts_body(c, a->layer, pdl, st);
 }

@@ -94,8 +94,9 @@ extern "C" void st_expert_rows_cuda(void *buffers[], void *cl_arg) {
   free(desc); // a copy from pageable memory is staged before cudaMemcpyAsync returns
 
   gather_rows<<<R, 128, 0, st>>>(ffn_in, rows_dev, R, d, x, wts);
-  st_cuda_grouped_matmul(a->gate.type, a->gate.row_bytes, desc_dev, G, max_rows, ff, x, d, NULL, g, st);
-  st_cuda_grouped_matmul(a->up.type, a->up.row_bytes, desc_dev + G, G, max_rows, ff, x, d, NULL, u, st);
+  const int64_t q8_rows = a->int8_dot ? R : 0; // STRATA_INT8_DOT: Q8_0 experts on quantised rows
+  st_cuda_grouped_matmul(a->gate.type, a->gate.row_bytes, desc_dev, G, max_rows, ff, x, d, NULL, g, st, q8_rows);
+  st_cuda_grouped_matmul(a->up.type, a->up.row_bytes, desc_dev + G, G, max_rows, ff, x, d, NULL, u, st, q8_rows);
   // the cuBLAS experts' weights, dequantised one matrix at a time into ws ([ff][d] or [d][ff])
   const int all_f32 = a->gate.type == ST_TYPE_F32 && a->up.type == ST_TYPE_F32 && a->down.type == ST_TYPE_F32;
   float *ws = cb && !all_f32 ? (float *)st_cuda_alloc(sizeof(float) * (size_t)ff * d, st) : NULL;
@@ -107,7 +108,7 @@ extern "C" void st_expert_rows_cuda(void *buffers[], void *cl_arg) {
     st_cuda_gemm_with(cb, a->up.type, wptr[G + i], a->up.row_bytes, ff, x + r0 * d, d, n, d, u + r0 * ff, ff, st, ws);
   }
   swiglu<<<(unsigned)(((int64_t)R * ff + 255) / 256), 256, 0, st>>>(g, u, (int64_t)R * ff);
-  st_cuda_grouped_matmul(a->down.type, a->down.row_bytes, desc_dev + 2 * G, G, max_rows, d, g, ff, wts, out, st);
+  st_cuda_grouped_matmul(a->down.type, a->down.row_bytes, desc_dev + 2 * G, G, max_rows, d, g, ff, wts, out, st, q8_rows);
   for (int i = 0; cb && i < G; i++) {
     const int64_t r0 = groups[i].row0, n = groups[i].n_rows;
     if (n < a->cublas_rows) continue;

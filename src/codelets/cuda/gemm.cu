@@ -105,11 +105,11 @@ void st_cuda_gemm(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_b
 
 void st_cuda_product(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0,
                      int64_t r1, const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int int8) {
   if (h)
     st_cuda_gemm(h, type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream);
   else
-    st_cuda_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream);
+    st_cuda_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo, stream, int8);
 }
 
 extern "C" int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows,

@@ -26,7 +26,7 @@ static void linear_body(void *buffers[], const void *args, void *scratch, cudaSt
   ST_CUDA_CHECK(cudaGetLastError());
   if (norm) st_cuda_rmsnorm(x, norm, x, a->T, (int)n, a->eps, st);
   st_cuda_product(st_cuda_cublas_handle(a->T, a->cublas_rows), a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n,
-                  a->T, n, out, a->r1 - a->r0, st);
+                  a->T, n, out, a->r1 - a->r0, st, 0);
 }
 
 extern "C" void st_linear_cuda(void *buffers[], void *cl_arg) {

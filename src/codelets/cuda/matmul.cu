@@ -102,9 +102,17 @@ __global__ void grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, 
 
 void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
                     const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, int int8) {
   const int64_t nrows = r1 - r0;
   if (nrows <= 0 || T <= 0) return;
+  if (int8 && mmv_q8_takes(type, n) && mmv_fits_any(type, row_bytes, (const uint8_t *)W + r0 * row_bytes, x, ldx, n)) {
+    int8_t *xq = (int8_t *)st_cuda_alloc((size_t)(T * st_q8_stride(n)), stream);
+    mmv_quantize(x, ldx, T, n, xq, stream);
+    mmv_matmul(type, (const uint8_t *)W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, stream, xq);
+    st_cuda_free(xq, stream);
+    ST_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (mmv_matmul(type, (const uint8_t *)W, row_bytes, r0, nrows, x, ldx, T, n, out, ldo, stream)) {
     ST_CUDA_CHECK(cudaGetLastError());
     return;
@@ -123,8 +131,16 @@ void st_cuda_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0
 
 void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev,
                             int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
-                            const float *scale, float *out, cudaStream_t stream) {
+                            const float *scale, float *out, cudaStream_t stream, int64_t q8_rows) {
   if (n_groups <= 0 || max_rows <= 0) return;
+  if (q8_rows > 0 && mmv_q8_takes(type, n) && mmv_fits_any(type, row_bytes, NULL, x, n, n)) {
+    int8_t *xq = (int8_t *)st_cuda_alloc((size_t)(q8_rows * st_q8_stride(n)), stream);
+    mmv_quantize(x, n, q8_rows, n, xq, stream);
+    mmv_grouped(type, row_bytes, groups_dev, n_groups, max_rows, n_out, x, n, scale, out, stream, xq);
+    st_cuda_free(xq, stream);
+    ST_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (mmv_grouped(type, row_bytes, groups_dev, n_groups, max_rows, n_out, x, n, scale, out, stream)) {
     ST_CUDA_CHECK(cudaGetLastError());
     return;
@@ -198,7 +214,7 @@ extern "C" int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t b
 }
 
 extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x,
-                                   int64_t T, int64_t n, float *out) {
+                                   int64_t T, int64_t n, float *out, int int8) {
   uint8_t *dw = NULL;
   float *dx = NULL, *dout = NULL;
   const size_t wb = row_bytes * (size_t)rows;
@@ -210,7 +226,7 @@ extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_by
   }
   cudaMemcpy(dw, W, wb, cudaMemcpyHostToDevice);
   cudaMemcpy(dx, x, sizeof(float) * (size_t)(T * n), cudaMemcpyHostToDevice);
-  st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, T, n, dout, rows, 0);
+  st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, T, n, dout, rows, 0, int8);
   const cudaError_t err = cudaMemcpy(out, dout, sizeof(float) * (size_t)(T * rows), cudaMemcpyDeviceToHost);
   cudaFree(dw);
   cudaFree(dx);
@@ -220,10 +236,11 @@ extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_by
 
 // For tests (declared in tests/test_cuda_kernels.c): st_cuda_grouped_matmul on host data, expert g
 // with weights W[g] (n_out rows) and n_rows[g] consecutive activation rows of x ([sum][n]), out
-// [sum][n_out], scale per activation row (may be NULL). 0, or -1 on a CUDA error.
+// [sum][n_out], scale per activation row (may be NULL); int8: quantised activations where the type
+// takes them. 0, or -1 on a CUDA error.
 extern "C" int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups,
                                     const int32_t *n_rows, int64_t n_out, const float *x, int64_t n,
-                                    const float *scale, float *out) {
+                                    const float *scale, float *out, int int8) {
   st_cuda_group *desc = (st_cuda_group *)calloc((size_t)n_groups, sizeof *desc), *ddesc = NULL;
   float *dx = NULL, *dscale = NULL, *dout = NULL;
   int rows = 0, max_rows = 0, ok = desc != NULL;
@@ -245,7 +262,8 @@ extern "C" int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_
     cudaMemcpy(ddesc, desc, sizeof *desc * (size_t)n_groups, cudaMemcpyHostToDevice);
     cudaMemcpy(dx, x, sizeof(float) * (size_t)rows * (size_t)n, cudaMemcpyHostToDevice);
     if (scale) cudaMemcpy(dscale, scale, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice);
-    st_cuda_grouped_matmul(type, row_bytes, ddesc, n_groups, max_rows, n_out, dx, n, scale ? dscale : NULL, dout, 0);
+    st_cuda_grouped_matmul(type, row_bytes, ddesc, n_groups, max_rows, n_out, dx, n, scale ? dscale : NULL, dout, 0,
+                           int8 ? rows : 0);
     ok = cudaMemcpy(out, dout, sizeof(float) * (size_t)rows * (size_t)n_out, cudaMemcpyDeviceToHost) == cudaSuccess;
   }
   for (int g = 0; desc && g < n_groups; g++) cudaFree((void *)desc[g].W);
@@ -271,9 +289,9 @@ extern "C" double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int6
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, 1, n, dout, rows, 0); // warm-up
+  st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, 1, n, dout, rows, 0, 0); // warm-up
   cudaEventRecord(e0, 0);
-  for (int r = 0; r < reps; r++) st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, 1, n, dout, rows, 0);
+  for (int r = 0; r < reps; r++) st_cuda_matmul(type, dw, row_bytes, 0, rows, dx, n, 1, n, dout, rows, 0, 0);
   cudaEventRecord(e1, 0);
   cudaEventSynchronize(e1);
   float ms = 0.0f;

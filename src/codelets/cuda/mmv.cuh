@@ -449,6 +449,73 @@ __host__ __device__ __forceinline__ float mmv_dot4(const uint8_t *ch, int o, flo
 }
 
 #ifdef __CUDACC__
+// ---- int8 activations for Q8_0 weights (STRATA_INT8_DOT on a GPU; common.cuh's layout) -------
+// The 32 quants of the Q8_0 block at blk (2-byte aligned: they start 2 bytes into it, so its
+// 4-byte words are shifted by 0 or 2) as 8 words, and the exact integer sum of their products
+// with the activation quants xa, xb (__dp4a).
+__device__ __forceinline__ void mmv_q8_words(const uint8_t *blk, uint32_t (&qw)[8]) {
+  const uintptr_t p = (uintptr_t)(blk + 2);
+  const uint32_t *wp = (const uint32_t *)(p & ~(uintptr_t)3);
+  const uint32_t sel = p & 2 ? 0x5432u : 0x3210u;
+  uint32_t w[9];
+#pragma unroll
+  for (int i = 0; i < 9; i++) w[i] = wp[i];
+#pragma unroll
+  for (int i = 0; i < 8; i++) qw[i] = __byte_perm(w[i], w[i + 1], sel);
+}
+__device__ __forceinline__ int mmv_q8_dot(const uint32_t (&qw)[8], int4 xa, int4 xb) {
+  int s = __dp4a((int)qw[0], xa.x, 0);
+  s = __dp4a((int)qw[1], xa.y, s);
+  s = __dp4a((int)qw[2], xa.z, s);
+  s = __dp4a((int)qw[3], xa.w, s);
+  s = __dp4a((int)qw[4], xb.x, s);
+  s = __dp4a((int)qw[5], xb.y, s);
+  s = __dp4a((int)qw[6], xb.z, s);
+  return __dp4a((int)qw[7], xb.w, s);
+}
+
+// mmv_chunk_rows for Q8_0 weights and a quantised activation row (xq, xd: the chunk's quants and
+// scales, in shared memory when XS, else global and read-only): lane l takes block l of the chunk, the exact integer sum s of its 32
+// weight quants times the activation quants, then acc = fmaf(d_w * d_x, s, acc), as the CPU's int8
+// kernel scales each block's sums (dot.h); the lanes past nw weights add nothing. ch: staged in
+// shared memory.
+template <int NR, bool XS>
+__device__ __forceinline__ void mmv_chunk_rows_q8(const uint8_t *const (&ch)[NR], int nw, const int8_t *xq, const float *xd,
+                                                  float (&acc)[NR]) {
+  const int lane = threadIdx.x & 31;
+  if (32 * lane >= nw) return;
+  const int4 *xv = (const int4 *)(xq + 32 * lane);
+  const int4 xa = XS ? xv[0] : __ldg(xv), xb = XS ? xv[1] : __ldg(xv + 1);
+  const float dx = XS ? xd[lane] : __ldg(xd + lane);
+#pragma unroll
+  for (int q = 0; q < NR; q++) {
+    const uint8_t *blk = ch[q] + 34 * lane;
+    uint32_t qw[8];
+    mmv_q8_words(blk, qw);
+    acc[q] = fmaf(mmv_f16(blk) * dx, (float)mmv_q8_dot(qw, xa, xb), acc[q]);
+  }
+}
+
+// The same for one staged row and nt <= TT quantised token rows in global memory, ldq bytes apart
+// (xq, xd: token 0's quants and scales of the chunk): the chain of mmv_chunk_rows_q8 per token.
+template <int TT>
+__device__ __forceinline__ void mmv_chunk_q8(const uint8_t *ch, int nw, const int8_t *xq, const float *xd, int64_t ldq,
+                                             int nt, float (&acc)[TT]) {
+  const int lane = threadIdx.x & 31;
+  if (32 * lane >= nw) return;
+  const uint8_t *blk = ch + 34 * lane;
+  uint32_t qw[8];
+  mmv_q8_words(blk, qw);
+  const float dw = mmv_f16(blk);
+#pragma unroll
+  for (int t = 0; t < TT; t++)
+    if (t < nt) {
+      const int4 *xt = (const int4 *)(xq + t * ldq + 32 * lane);
+      const float dx = __ldg((const float *)((const int8_t *)xd + t * ldq) + lane);
+      acc[t] = fmaf(dw * dx, (float)mmv_q8_dot(qw, __ldg(xt), __ldg(xt + 1)), acc[t]);
+    }
+}
+
 // Shared memory of a block that runs mmv_block.
 template <uint32_t TYPE, int TT> struct mmv_smem {
   uint4 stage[mmv_stage_segs<TYPE>()];   // the rows' staged bytes, row r at r * (its stride)
@@ -527,9 +594,10 @@ __device__ __forceinline__ void mmv_chunk(const uint8_t *ch, int nw, const float
 // The block core: res[r * TT + t] = dot(row sm.rows[r], x[t * ldx .. + n]) for r < nr (at most
 // mmv_block_rows(n)), t < nt (<= TT). Every thread of the block calls it (it synchronises the
 // block); sm.rows is set before, by the threads that read it here (threads r < nr) or before a
-// barrier. x: 16-byte aligned rows, ldx a multiple of 4 (mmv_fits); global or shared memory.
-template <uint32_t TYPE, int TT>
-__device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_t n, const float *x, int64_t ldx,
+// barrier. x: 16-byte aligned rows, ldx a multiple of 4 (mmv_fits); global or shared memory. Q8
+// (Q8_0 weights): x is quantised token rows in global memory, ldx bytes apart (st_q8_stride).
+template <uint32_t TYPE, int TT, bool Q8 = false>
+__device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_t n, const void *x, int64_t ldx,
                                           int nt) {
   constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
   constexpr int PER = (mmv_stage_segs<TYPE>() + MMV_THREADS - 1) / MMV_THREADS;
@@ -546,9 +614,17 @@ __device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_
     mmv_stage_rows<PER>(sm.stage, sm.src, nr, (int)(wn / QK * BS), rs);
     __syncthreads();
     const int64_t c = c0 + my_s;
-    if (my_r < nr && c < nch) // warp-uniform
-      mmv_chunk<TYPE, TT>((const uint8_t *)(sm.stage + my_r * rs) + ((uintptr_t)sm.src[my_r] & 15) + my_s * CB,
-                          (int)min((int64_t)MMV_CH, n - c * MMV_CH), x + c * MMV_CH, ldx, nt, sm.kv, acc);
+    if (my_r < nr && c < nch) { // warp-uniform
+      const uint8_t *ch = (const uint8_t *)(sm.stage + my_r * rs) + ((uintptr_t)sm.src[my_r] & 15) + my_s * CB;
+      const int nw = (int)min((int64_t)MMV_CH, n - c * MMV_CH);
+      if constexpr (Q8) {
+        static_assert(TYPE == ST_TYPE_Q8_0, "int8 activations pair with Q8_0 weights");
+        const int8_t *xq = (const int8_t *)x;
+        mmv_chunk_q8<TT>(ch, nw, xq + c * MMV_CH, (const float *)(xq + n) + c * (MMV_CH / 32), ldx, nt, acc);
+      } else {
+        mmv_chunk<TYPE, TT>(ch, nw, (const float *)x + c * MMV_CH, ldx, nt, sm.kv, acc);
+      }
+    }
   }
 #pragma unroll
   for (int t = 0; t < TT; t++) {
@@ -582,29 +658,33 @@ template <uint32_t TYPE> __host__ __device__ __forceinline__ int mmv_stream_rows
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_segs() {
   return mmv_stream_nr<TYPE>() * mmv_stage_segs<TYPE>();
 }
+// The dynamic shared memory of mmv_stream: two buffers of rows.
 template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() { return 2 * 16 * (size_t)mmv_stream_segs<TYPE>(); }
 
 template <uint32_t TYPE> struct mmv_pipe {
   const uint8_t *rows[2][2 * MMV_ITEMS];
-  const float *x[2];
+  const void *x[2]; // float32 rows, or (Job::x_q8) quantised ones (common.cuh st_q8_stride)
   int nr[2];
   float red[2 * MMV_ITEMS];
-  float res[2 * MMV_ITEMS];
   float kv[16];
 };
 
-// A job tells the streaming core its groups (mmv_stream_rows(n) rows each at most):
-//   int count(int64_t g)            rows of group g present (0: nothing to compute)
-//   const uint8_t *row(int64_t g, int r)   row r < count(g)
-//   const float *x(int64_t g)       the group's input vector (n floats, 16-byte aligned)
-//   void put(int64_t g, const float *res, int nr)   every thread calls it: res[r], r < nr, ready
+// A job tells the streaming core its groups (mmv_stream_rows(n) rows each at most; g < 2^31):
+//   int count(int g)                rows of group g present (0: nothing to compute)
+//   const uint8_t *row(int g, int r)   row r < count(g)
+//   const void *x(int g)            the group's input row: n floats (16-byte aligned), or (x_q8) a
+//                                   quantised row of st_q8_stride(n) bytes
+//   void put(int g, Sum sum, int nr)   every thread calls it; sum(r) is row r's result (r < nr),
+//                                   which any thread may ask for, any number of times
 //   static constexpr bool static_rows   rows never written by an earlier kernel (may be fetched
 //                                       before st_dev_griddep_wait)
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
+//   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 weights only:
+//                                       mmv_chunk_rows_q8)
 
 // Group g's rows and input into buffer b (threads r < R).
 template <uint32_t TYPE, typename Job>
-__device__ __forceinline__ void mmv_meta(mmv_pipe<TYPE> &sm, const Job &job, int64_t g, int b, int R) {
+__device__ __forceinline__ void mmv_meta(mmv_pipe<TYPE> &sm, const Job &job, int g, int b, int R) {
   if ((int)threadIdx.x < R) {
     const int nr = job.count(g);
     if ((int)threadIdx.x < nr) sm.rows[b][threadIdx.x] = job.row(g, threadIdx.x);
@@ -622,6 +702,8 @@ template <int PER> struct mmv_segmap {
 };
 
 // Starts the copies of buffer `stage`'s rows (len bytes each; row r at 16 rs r + its misalignment).
+// A 16-byte aligned row's whole segments take the short path (the usual case: block formats whose
+// rows are whole 16-byte multiples, in 16-byte aligned tensors and cache slots).
 template <uint32_t TYPE, int PER>
 __device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage, int b, int len, int rs,
                                           const mmv_segmap<PER> &map) {
@@ -632,8 +714,12 @@ __device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage
     if (r >= nr) continue;
     const uint8_t *src = sm.rows[b][r];
     const int a = (int)((uintptr_t)src & 15);
-    const uint8_t *base = src - a;
     uint4 *dst = stage + r * rs + sg;
+    if (a == 0 && 16 * sg + 16 <= len) {
+      st_dev_cp16(dst, (const uint4 *)src + sg);
+      continue;
+    }
+    const uint8_t *base = src - a;
     if (16 * sg >= a && 16 * sg + 16 <= a + len) {
       st_dev_cp16(dst, (const uint4 *)base + sg);
     } else if (16 * sg < a + len && 16 * sg + 16 > a) {
@@ -674,15 +760,16 @@ __device__ __forceinline__ void mmv_chunk_rows(const uint8_t *const (&ch)[NR], i
 // Runs the job's n_groups groups of rows of n (<= MMV_ITEMS * MMV_CH) weights. Every thread of the
 // block calls it; stage: mmv_pipe_bytes of dynamic shared memory. wait() runs once before the first
 // group is computed (and before the first group's rows are looked up unless Job::static_rows):
-// st_dev_griddep_wait and the kernel's own prologue.
-template <uint32_t TYPE, typename Job, typename Wait>
-__device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, const Job &job, int64_t n_groups, int64_t n,
-                                           Wait wait) {
+// st_dev_griddep_wait and the kernel's own prologue; started() right after the first group's
+// copies are issued (work that may overlap them; a barrier follows before the first compute).
+template <uint32_t TYPE, typename Job, typename Wait, typename Started>
+__device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, const Job &job, int n_groups, int64_t n,
+                                           Wait wait, Started started) {
   constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
   constexpr int NR = mmv_stream_nr<TYPE>(), SEGS = mmv_stream_segs<TYPE>();
   constexpr int PER = (SEGS + MMV_THREADS - 1) / MMV_THREADS;
   const int S = mmv_slots(n), R = NR * (MMV_ITEMS / S), rs = (S * CB + 15) / 16 + 2, len = (int)(n / QK * BS);
-  const int64_t nch = (n + MMV_CH - 1) / MMV_CH;
+  const int nch = (int)((n + MMV_CH - 1) / MMV_CH);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, my_r = NR * (warp / S), my_s = warp % S;
   mmv_segmap<PER> map;
 #pragma unroll
@@ -692,16 +779,17 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
     map.s[j] = i - map.r[j] * rs;
     if (map.r[j] >= R) map.r[j] = 2 * MMV_ITEMS; // never a row
   }
-  int64_t g = blockIdx.x;
+  int g = blockIdx.x;
   if (!Job::static_rows) wait();
   if (g < n_groups) mmv_meta(sm, job, g, 0, R);
   __syncthreads();
   if (g < n_groups) mmv_issue(sm, stage, 0, len, rs, map);
   st_dev_cp_commit();
   if (Job::static_rows) wait();
+  started();
   for (int it = 0; g < n_groups; it++, g += gridDim.x) {
     const int b = it & 1;
-    const int64_t gn = g + gridDim.x;
+    const int gn = g + gridDim.x;
     if (gn < n_groups) mmv_meta(sm, job, gn, b ^ 1, R);
     __syncthreads(); // the next group's rows are set; every warp is done with buffer b ^ 1
     if (gn < n_groups) mmv_issue(sm, stage + (b ^ 1) * SEGS, b ^ 1, len, rs, map);
@@ -719,23 +807,29 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
         const int r = my_r + q < nr ? my_r + q : my_r;
         ch[q] = (const uint8_t *)(stage + b * SEGS + r * rs) + ((uintptr_t)sm.rows[b][r] & 15) + my_s * CB;
       }
-      mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, (int)min((int64_t)MMV_CH, n - my_s * MMV_CH), sm.x[b] + my_s * MMV_CH,
-                                              sm.kv, acc);
+      const int nw = (int)min((int64_t)MMV_CH, n - (int64_t)my_s * MMV_CH);
+      if constexpr (Job::x_q8) {
+        static_assert(TYPE == ST_TYPE_Q8_0, "int8 activations pair with Q8_0 weights");
+        const int8_t *xq = (const int8_t *)sm.x[b];
+        mmv_chunk_rows_q8<NR, Job::x_shared>(ch, nw, xq + my_s * MMV_CH, (const float *)(xq + n) + my_s * (MMV_CH / 32),
+                                             acc);
+      } else {
+        mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, nw, (const float *)sm.x[b] + my_s * MMV_CH, sm.kv, acc);
+      }
     }
 #pragma unroll
     for (int q = 0; q < NR; q++) {
       const float v = st_warp_sum(acc[q]);
       if (lane == 0) sm.red[(warp / S) * NR * S + q * S + my_s] = v;
     }
-    __syncthreads();
-    if ((int)threadIdx.x < nr) {
-      const float *rr = sm.red + threadIdx.x * S;
+    __syncthreads(); // red is complete; it is next written after the next two barriers
+    const float *red = sm.red;
+    job.put(g, [red, S](int r) {
+      const float *rr = red + r * S;
       float sum = rr[0];
       for (int sl = 1; sl < S; sl++) sum += rr[sl];
-      sm.res[threadIdx.x] = sum;
-    }
-    __syncthreads();
-    job.put(g, sm.res, nr);
+      return sum;
+    }, nr);
   }
 }
 
@@ -794,17 +888,18 @@ static inline bool mmv_fits_any(uint32_t type, uint64_t row_bytes, const void *W
 
 #ifdef MMV_LAUNCHERS
 // st_cuda_matmul's product: block x takes rows r0 + R x + [0, R) (R = mmv_block_rows(n)), block y
-// the token rows TT y + [0, TT).
-template <uint32_t TYPE, int TT>
+// the token rows TT y + [0, TT). Q8: x is quantised (mmv_block), ldx in bytes.
+template <uint32_t TYPE, int TT, bool Q8 = false>
 __global__ void MMV_BOUNDS(TT)
-    mmv_matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows, const float *x, int64_t ldx,
+    mmv_matmul_kernel(const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows, const void *x, int64_t ldx,
                       int64_t T, int64_t n, float *out, int64_t ldo) {
   __shared__ mmv_smem<TYPE, TT> sm;
   mmv_table<TYPE>(sm.kv);
   const int64_t rb = (int64_t)blockIdx.x * mmv_block_rows(n), t0 = (int64_t)blockIdx.y * TT;
   const int nr = (int)min((int64_t)mmv_block_rows(n), nrows - rb), nt = (int)min((int64_t)TT, T - t0);
   if (threadIdx.x < nr) sm.rows[threadIdx.x] = W + (uint64_t)(r0 + rb + threadIdx.x) * row_bytes;
-  mmv_block<TYPE, TT>(sm, nr, n, x + t0 * ldx, ldx, nt);
+  const void *xt = Q8 ? (const void *)((const int8_t *)x + t0 * ldx) : (const void *)((const float *)x + t0 * ldx);
+  mmv_block<TYPE, TT, Q8>(sm, nr, n, xt, ldx, nt);
   if (threadIdx.x < nr * TT) {
     const int r = threadIdx.x / TT, t = threadIdx.x % TT;
     if (t < nt) out[(t0 + t) * ldo + rb + r] = sm.res[threadIdx.x];
@@ -812,9 +907,9 @@ __global__ void MMV_BOUNDS(TT)
 }
 
 // st_cuda_grouped_matmul's product, the same per group (blockIdx.z) and scaled as it is written.
-template <uint32_t TYPE, int TT>
+template <uint32_t TYPE, int TT, bool Q8 = false>
 __global__ void MMV_BOUNDS(TT)
-    mmv_grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out, const float *x, int64_t n,
+    mmv_grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out, const void *x, int64_t n,
                        const float *scale, float *out) {
   __shared__ mmv_smem<TYPE, TT> sm;
   const st_cuda_group g = groups[blockIdx.z];
@@ -822,22 +917,52 @@ __global__ void MMV_BOUNDS(TT)
   if (rb >= n_out || t0 >= g.n_rows) return; // the whole block
   mmv_table<TYPE>(sm.kv);
   const int nr = (int)min((int64_t)mmv_block_rows(n), n_out - rb), nt = (int)min((int64_t)TT, (int64_t)g.n_rows - t0);
-  const int64_t row0 = g.row0 + t0;
+  const int64_t row0 = g.row0 + t0, ldx = Q8 ? st_q8_stride(n) : n;
   if (threadIdx.x < nr) sm.rows[threadIdx.x] = g.W + (uint64_t)(rb + threadIdx.x) * row_bytes;
-  mmv_block<TYPE, TT>(sm, nr, n, x + row0 * n, n, nt);
+  const void *xt = Q8 ? (const void *)((const int8_t *)x + row0 * ldx) : (const void *)((const float *)x + row0 * ldx);
+  mmv_block<TYPE, TT, Q8>(sm, nr, n, xt, ldx, nt);
   if (threadIdx.x < nr * TT) {
     const int r = threadIdx.x / TT, t = threadIdx.x % TT;
     if (t < nt) out[(row0 + t) * n_out + rb + r] = scale ? sm.res[threadIdx.x] * scale[row0 + t] : sm.res[threadIdx.x];
   }
 }
 
+// T token rows of n floats (x, ldx floats apart) quantised into xq (rows st_q8_stride(n) bytes
+// apart): block (i, t) takes blocks 8 i .. 8 i + 7 of token t, one per warp.
+__global__ void __launch_bounds__(MMV_THREADS) mmv_quantize_kernel(const float *x, int64_t ldx, int64_t n, int8_t *xq) {
+  const int64_t t = blockIdx.y, b = (int64_t)blockIdx.x * (MMV_THREADS / 32) + (threadIdx.x >> 5);
+  if (b >= n / 32) return; // warp-uniform
+  int8_t *row = xq + t * st_q8_stride(n);
+  st_dev_q8_row(x + t * ldx, (int)(n / 32), row, (float *)(row + n), (int)b, (int)(n / 32)); // block b alone
+}
+
+// Whether the int8-activation kernels take a product (Q8_0 weights, n a multiple of 32).
+static inline bool mmv_q8_takes(uint32_t type, int64_t n) { return type == ST_TYPE_Q8_0 && n > 0 && n % 32 == 0; }
+
+// Quantises T token rows (x, ldx floats apart) into xq (st_q8_stride(n) bytes a row), on stream.
+static inline void mmv_quantize(const float *x, int64_t ldx, int64_t T, int64_t n, int8_t *xq, cudaStream_t stream) {
+  const int wpb = MMV_THREADS / 32;
+  mmv_quantize_kernel<<<dim3((unsigned)((n / 32 + wpb - 1) / wpb), (unsigned)T), MMV_THREADS, 0, stream>>>(x, ldx, n, xq);
+}
+
 // st_cuda_matmul through a specialised kernel; false (nothing queued) for another type or layout.
+// xq (Q8_0 weights, mmv_q8_takes): x quantised by mmv_quantize, which the kernels then read.
 static inline bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t nrows,
                        const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const int8_t *xq = NULL) {
   if (!mmv_fits_any(type, row_bytes, W + r0 * row_bytes, x, ldx, n)) return false;
   const int rb = mmv_block_rows(n);
   const unsigned gx = (unsigned)((nrows + rb - 1) / rb);
+  if (xq && mmv_q8_takes(type, n)) {
+    const int64_t ldq = st_q8_stride(n);
+    if (T == 1)
+      mmv_matmul_kernel<ST_TYPE_Q8_0, 1, true><<<dim3(gx, 1), MMV_THREADS, 0, stream>>>(W, row_bytes, r0, nrows, xq, ldq, T,
+                                                                                       n, out, ldo);
+    else
+      mmv_matmul_kernel<ST_TYPE_Q8_0, MMV_TT, true><<<dim3(gx, (unsigned)((T + MMV_TT - 1) / MMV_TT)), MMV_THREADS, 0,
+                                                      stream>>>(W, row_bytes, r0, nrows, xq, ldq, T, n, out, ldo);
+    return true;
+  }
   switch (type) {
 #define MMV_CASE(TY)                                                                                         \
   case TY:                                                                                                   \
@@ -855,13 +980,24 @@ static inline bool mmv_matmul(uint32_t type, const uint8_t *W, uint64_t row_byte
 }
 
 // st_cuda_grouped_matmul through a specialised kernel, or false. The groups' weights are device
-// allocations plus whole rows or blocks (expert_rows.cu), so aligned as their blocks are.
+// allocations plus whole rows or blocks (expert_rows.cu), so aligned as their blocks are. xq: as
+// for mmv_matmul (the activation rows quantised, rows st_q8_stride(n) bytes apart).
 static inline bool mmv_grouped(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev, int n_groups,
                         int max_rows, int64_t n_out, const float *x, int64_t n, const float *scale,
-                        float *out, cudaStream_t stream) {
+                        float *out, cudaStream_t stream, const int8_t *xq = NULL) {
   if (!mmv_fits_any(type, row_bytes, NULL, x, n, n)) return false;
   const int rb = mmv_block_rows(n);
   const unsigned gx = (unsigned)((n_out + rb - 1) / rb);
+  if (xq && mmv_q8_takes(type, n)) {
+    if (max_rows == 1)
+      mmv_grouped_kernel<ST_TYPE_Q8_0, 1, true><<<dim3(gx, 1, (unsigned)n_groups), MMV_THREADS, 0, stream>>>(
+          row_bytes, groups_dev, n_out, xq, n, scale, out);
+    else
+      mmv_grouped_kernel<ST_TYPE_Q8_0, MMV_TT, true><<<dim3(gx, (unsigned)((max_rows + MMV_TT - 1) / MMV_TT),
+                                                            (unsigned)n_groups), MMV_THREADS, 0, stream>>>(
+          row_bytes, groups_dev, n_out, xq, n, scale, out);
+    return true;
+  }
   switch (type) {
 #define MMV_CASE(TY)                                                                                         \
   case TY:                                                                                                   \

@@ -44,7 +44,7 @@ static void router_body(void *buffers[], const void *args, void *scratch, cudaSt
   st_cuda_rmsnorm(h, ffn_norm, ffn_in, T, d, a->eps, st);
   float *logits = (float *)scratch;
   st_cuda_product(st_cuda_cublas_handle(T, a->cublas_rows), a->w.type, rw, a->w.row_bytes, 0, E, ffn_in, d, T, d,
-                  logits, E, st);
+                  logits, E, st, 0);
   st_cuda_softmax_topk(logits, T, E, a->k, routing, st);
   ST_CUDA_CHECK(cudaGetLastError());
 }

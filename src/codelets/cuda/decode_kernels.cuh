@@ -1,0 +1,325 @@
+// The decode step's kernels (decode.cu launches them; bench/mmv-bench.cu times them alone): dk_pre,
+// the streaming mat-vec kernels of mmv.cuh's core with their jobs (dk_mv, dk_router, dk_gateup,
+// dk_down) and the mailbox's flag helpers. See decode.cu's top for what a layer runs.
+#pragma once
+
+#include "codelets/cuda/common.cuh"
+#include "codelets/cuda/mmv.cuh"
+
+namespace {
+
+#define PRE_THREADS 1024
+#define NORM_THREADS 256 /* rmsnorm_kernel's block: its sums' order */
+
+// The mailbox's flags (codelets/decode.h): system-scope acquire loads and release stores on
+// mapped host memory.
+__device__ __forceinline__ uint32_t dk_flag_load(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void dk_flag_store(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Once every thread of the block has written its part of the mailbox: fence (system scope), then
+// *flag = *seq (every thread of the block calls it).
+__device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) dk_flag_store(flag, *seq);
+}
+
+// x = h + the k slots' rows added in slot order (combine != 0: a slot whose pair is in this card's
+// cache, slot_ptr != NULL, from gpu_out, the others from the mailbox's rows cpu_out, once the CPU
+// pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
+// set; plain adds, as combine_token), else (layer 0) x = the mailbox's embedding row `emb`, with
+// the step's position and number copied from the mailbox to pos[0..1] and the n_counters fused
+// kernels' counters zeroed; then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
+// dynamic shared memory: d floats.
+__global__ void __launch_bounds__(PRE_THREADS)
+    dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
+           const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
+           int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
+           float *x, const float *w, float eps, float *xn) {
+  extern __shared__ float xs[];
+  __shared__ const float *src[64];
+  __shared__ int from_cpu[64], any_cpu;
+  __shared__ float red[32];
+  st_dev_griddep_launch();
+  if (combine) {
+    if (threadIdx.x == 0) any_cpu = 0;
+    __syncthreads();
+    if ((int)threadIdx.x < k) {
+      const int e = min(max(route[threadIdx.x].expert, 0), n_expert - 1);
+      from_cpu[threadIdx.x] = !slot_ptr[e];
+      src[threadIdx.x] = (slot_ptr[e] ? gpu_out : cpu_out) + (size_t)threadIdx.x * d;
+      if (!slot_ptr[e]) atomicOr(&any_cpu, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && cpu_flag && any_cpu)
+      for (const uint32_t want = *seq; dk_flag_load(cpu_flag) != want;) __nanosleep(128);
+    __syncthreads();
+    // two of the thread's elements at a time, every load of a row group in flight (the mailbox's
+    // rows cross the bus); each element's sum in slot order
+    for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
+      const int i1 = i0 + blockDim.x, two = i1 < d;
+      float acc0 = 0.0f, acc1 = 0.0f;
+      for (int j0 = 0; j0 < k; j0 += 8) {
+        float v0[8], v1[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+          if (j0 + u < k) {
+            const float *r = src[j0 + u];
+            v0[u] = from_cpu[j0 + u] ? __ldcv(r + i0) : r[i0];
+            v1[u] = two ? (from_cpu[j0 + u] ? __ldcv(r + i1) : r[i1]) : 0.0f;
+          }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+          if (j0 + u < k) acc0 = __fadd_rn(acc0, v0[u]), acc1 = __fadd_rn(acc1, v1[u]);
+      }
+      x[i0] = xs[i0] = __fadd_rn(acc0, h[i0]);
+      if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h[i1]);
+    }
+  } else {
+    if (threadIdx.x < 2) pos[threadIdx.x] = __ldcv(pos_seq + threadIdx.x);
+    for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      const float v = __ldcv(emb + i);
+      x[i] = v;
+      xs[i] = v;
+    }
+  }
+  __syncthreads();
+  float ss = 0.0f;
+  if (threadIdx.x < NORM_THREADS)
+    for (int i = threadIdx.x; i < d; i += NORM_THREADS) ss = fmaf(xs[i], xs[i], ss);
+  ss = st_warp_sum(ss);
+  if ((threadIdx.x & 31) == 0 && threadIdx.x < NORM_THREADS) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.0f;
+  for (int i = 0; i < NORM_THREADS / 32; i++) tot += red[i];
+  const float scale = rsqrtf(tot / (float)d + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) xn[i] = xs[i] * scale * w[i];
+}
+
+// Up to three matrices of one type times the same vector in one launch: the row groups of segment
+// 0, then those of segment 1, ... (mmv_stream_rows(n) rows each).
+struct dk_seg {
+  const uint8_t *W;
+  uint64_t row_bytes;
+  int64_t rows;
+  float *out;
+  int64_t groups;
+};
+struct dk_segs {
+  dk_seg s[3];
+  int n;
+};
+
+struct mv_job {
+  static constexpr bool static_rows = true, x_shared = false, x_q8 = false;
+  const dk_segs *g;
+  const float *xv;
+  int R;
+  __device__ int seg(int &grp) const {
+    int i = 0;
+    while (i + 1 < g->n && grp >= g->s[i].groups) grp -= (int)g->s[i].groups, i++;
+    return i;
+  }
+  __device__ int count(int grp) const {
+    const int i = seg(grp);
+    return (int)min((int64_t)R, g->s[i].rows - (int64_t)grp * R);
+  }
+  __device__ const uint8_t *row(int grp, int r) const {
+    const int i = seg(grp);
+    return g->s[i].W + (uint64_t)(grp * R + r) * g->s[i].row_bytes;
+  }
+  __device__ const void *x(int) const { return xv; }
+  template <typename Sum> __device__ void put(int grp, Sum sum, int nr) const {
+    const int i = seg(grp);
+    if ((int)threadIdx.x < nr) g->s[i].out[(int64_t)grp * R + threadIdx.x] = sum(threadIdx.x);
+  }
+};
+
+template <uint32_t TYPE>
+__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_groups, const float *x, int64_t n) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ mmv_pipe<TYPE> sm;
+  st_dev_griddep_launch();
+  mmv_table<TYPE>(sm.kv);
+  const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
+}
+
+// h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
+// block into shared memory and written by block 0 (with ffn_in quantised into ffn_q when set); then the router logits of the block's rows; the
+// last block to finish (*counter, reset by it) runs softmax and top-k into route and, when pub_flag
+// is set, publishes the routing and ffn_in to the mailbox (pub_route, pub_x), fences (system scope)
+// and raises *pub_flag to the step number *seq. Dynamic shared memory: the staging buffers, then
+// d + E floats.
+struct router_job {
+  static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
+  const uint8_t *W;
+  uint64_t row_bytes;
+  int E, R;
+  const float *xs;
+  float *logits;
+  __device__ int count(int g) const { return min(R, E - g * R); }
+  __device__ const uint8_t *row(int g, int r) const { return W + (uint64_t)(g * R + r) * row_bytes; }
+  __device__ const void *x(int) const { return xs; }
+  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
+    if ((int)threadIdx.x < nr) logits[g * R + threadIdx.x] = sum(threadIdx.x);
+  }
+};
+
+template <uint32_t TYPE>
+__global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
+                                        uint64_t row_bytes, int E, int k, float *h, float *ffn_in, float *logits,
+                                        st_route *route, int *counter, st_route *pub_route, float *pub_x,
+                                        uint32_t *pub_flag, const uint32_t *seq, int8_t *ffn_q) {
+  extern __shared__ uint4 dyn_smem[];
+  float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
+  __shared__ mmv_pipe<TYPE> sm;
+  __shared__ float red[32];
+  __shared__ int last;
+  st_dev_griddep_launch();
+  mmv_table<TYPE>(sm.kv);
+  const int R = mmv_stream_rows<TYPE>(d);
+  const router_job job = {W, row_bytes, E, R, xs, logits};
+  mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
+    st_dev_griddep_wait();
+    // every load of the thread first (d <= 4096, gpu_layouts_ok), then the sums in element order
+    constexpr int PER = 4096 / MMV_THREADS;
+    float xv[PER], wv[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      xv[u] = i < d ? x[i] + xo[i] : 0.0f;
+      wv[u] = i < d ? w[i] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      if (i >= d) break;
+      ss = fmaf(xv[u], xv[u], ss);
+      if (blockIdx.x == 0) h[i] = xv[u];
+    }
+    ss = st_block_sum(ss, red);
+    const float scale = rsqrtf(ss / (float)d + eps);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      if (i >= d) break;
+      const float v = xv[u] * scale * wv[u];
+      xs[i] = v;
+      if (blockIdx.x == 0) ffn_in[i] = v;
+    }
+  }, [] {}); // the stream's barriers order the writes to xs before the first group's reads
+  if (ffn_q && blockIdx.x == 0) st_dev_q8_row(xs, d / 32, ffn_q, (float *)(ffn_q + d), threadIdx.x >> 5, MMV_THREADS / 32);
+  __threadfence(); // each writer's logits are visible device-wide before the block counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float *l = xs + d;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) l[e] = __ldcg(logits + e);
+  __syncthreads();
+  if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, route);
+  if (threadIdx.x == 0) *counter = 0;
+  if (!pub_flag) return;
+  __syncthreads(); // the routing is written
+  for (int i = threadIdx.x; i < d; i += blockDim.x) pub_x[i] = xs[i];
+  if ((int)threadIdx.x < k) pub_route[threadIdx.x] = route[threadIdx.x];
+  dk_raise(pub_flag, seq);
+}
+
+// The cached pair of routing slot j (NULL: another tier computes it).
+__device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const uint8_t *const *slot_ptr, int n_expert,
+                                                  int j) {
+  return slot_ptr[min(max(route[j].expert, 0), n_expert - 1)];
+}
+
+// act[j][r] = silu(gate_r x) * up_r x for the ff rows of every routing slot j whose pair is in this
+// card's cache (swiglu's float operations). A group is (slot j, H rows): its first H rows from
+// gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one). Q8: x is
+// ffn_in quantised (dk_router's ffn_q).
+template <bool Q8> struct gateup_job {
+  static constexpr bool static_rows = false, x_shared = false, x_q8 = Q8;
+  const st_route *route;
+  const uint8_t *const *slot_ptr;
+  int n_expert, ff, H, per; // per: groups per slot
+  uint64_t up_off, row_bytes;
+  const void *xv;
+  float *act;
+  __device__ int count(int g) const { return dk_slot(route, slot_ptr, n_expert, g / per) ? 2 * H : 0; }
+  __device__ const uint8_t *row(int g, int r) const {
+    const uint8_t *p = dk_slot(route, slot_ptr, n_expert, g / per);
+    const int rr = min((g % per) * H + r % H, ff - 1);
+    return p + (r < H ? 0 : up_off) + (uint64_t)rr * row_bytes;
+  }
+  __device__ const void *x(int) const { return xv; }
+  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
+    const int j = g / per, r0 = (g - j * per) * H;
+    if (nr && (int)threadIdx.x < H && r0 + threadIdx.x < ff) {
+      const float gv = sum(threadIdx.x), uv = sum(H + threadIdx.x);
+      act[j * ff + r0 + threadIdx.x] = gv / (1.0f + expf(-gv)) * uv;
+    }
+  }
+};
+
+template <uint32_t TYPE, bool Q8>
+__global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> job, int n_groups, int64_t n) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ mmv_pipe<TYPE> sm;
+  st_dev_griddep_launch();
+  mmv_table<TYPE>(sm.kv);
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
+}
+
+// out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
+// card's cache (the grouped kernel's scaling). A group is (slot j, R rows): float32 act, groups
+// (slot j, rows part) in part-major order (Q8: slot-minor, g = part k + j, the grid a multiple of
+// k, so that a block's groups share one slot, whose act row the block quantises once into shared
+// memory, xq, after it has started its first group's copies).
+template <bool Q8> struct down_job {
+  static constexpr bool static_rows = false, x_shared = Q8, x_q8 = Q8;
+  const st_route *route;
+  const uint8_t *const *slot_ptr;
+  int n_expert, d, R, per, ff, k;
+  uint64_t down_off, row_bytes;
+  const float *act;
+  float *out;
+  int8_t *xq; // Q8: the block's quantised act row (shared memory)
+  __device__ int slot(int g) const { return Q8 ? g % k : g / per; }
+  __device__ int part(int g) const { return Q8 ? g / k : g % per; }
+  __device__ int count(int g) const {
+    return dk_slot(route, slot_ptr, n_expert, slot(g)) ? min(R, d - part(g) * R) : 0;
+  }
+  __device__ const uint8_t *row(int g, int r) const {
+    return dk_slot(route, slot_ptr, n_expert, slot(g)) + down_off + (uint64_t)(part(g) * R + r) * row_bytes;
+  }
+  __device__ const void *x(int g) const { return Q8 ? (const void *)xq : (const void *)(act + (int64_t)slot(g) * ff); }
+  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
+    const int j = slot(g);
+    if ((int)threadIdx.x < nr) out[(int64_t)j * d + part(g) * R + threadIdx.x] = sum(threadIdx.x) * route[j].weight;
+  }
+};
+
+template <uint32_t TYPE, bool Q8>
+__global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_in, int n_groups, int64_t n) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ mmv_pipe<TYPE> sm;
+  st_dev_griddep_launch();
+  mmv_table<TYPE>(sm.kv);
+  down_job<Q8> job = job_in;
+  job.xq = (int8_t *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
+  const int j = blockIdx.x % job.k, ff = job.ff;
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [&] {
+    if (Q8 && (int)blockIdx.x < n_groups)
+      st_dev_q8_row(job.act + (int64_t)j * ff, ff / 32, job.xq, (float *)(job.xq + ff), threadIdx.x >> 5, MMV_THREADS / 32);
+  });
+}
+
+} // namespace
