@@ -25,7 +25,7 @@
 namespace {
 
 constexpr uint32_t TY = ST_TYPE_Q8_0;
-constexpr int D = 2048, FF = 768, QKV = 5120, QD = 4096, K = 8, NE = 16, SETS = 8;
+constexpr int D = 2048, FF = 768, QKV = 5120, QD = 4096, K = 8, NE = 16, E = 128, SETS = 8;
 
 // The ceiling: every byte of the ranges read once with 16-byte loads, four in flight per thread.
 struct ranges {
@@ -74,6 +74,7 @@ void launch(Kern kernel, unsigned grid, size_t smem, cudaStream_t st, int pdl, A
 
 struct set {
   uint8_t *qkv, *o, *experts; // experts: NE x (gate, up, down)
+  float *router;              // [E][D] float32 (the router stays float32)
   const uint8_t *const *slots; // device: NE slot pointers
 };
 
@@ -85,6 +86,8 @@ struct ctx {
   st_route *route; // K entries, experts 0, 2, 4, ...
   float *x, *xq, *act, *out, *q;
   int8_t *xq8; // x quantised (D)
+  float *h, *ffn_in, *logits, *xn, *ones; // the router's and dk_pre's rows
+  int32_t *counters, *pos;                // [E]: last-block counters; the position and step number
   uint32_t *sink;
   int most, q8;
   cudaStream_t st;
@@ -121,6 +124,22 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT), rg.n16[e] = (int64_t)(2 * GATE / 16);
     if (!read) stream(dk_gateup<TY, Q8>, per * K, smem, c, pdl, grid_scale, 1, j, per * K, (int64_t)D);
+  } else if (kind == 4) {
+    constexpr uint32_t RT = ST_TYPE_F32;
+    const int R = mmv_stream_rows<RT>(D);
+    const size_t dyn = mmv_pipe_bytes<RT>() + sizeof(float) * (D + E);
+    rg.p[0] = (const uint4 *)s.router, rg.n16[0] = (int64_t)E * D * 4 / 16, rg.n = 1;
+    if (!read)
+      launch(dk_router<RT>, (unsigned)((E + R - 1) / R), dyn, c.st, pdl, (const float *)c.x, (const float *)c.q,
+             (const float *)c.ones, 1e-6f, D, (const uint8_t *)s.router, (uint64_t)D * 4, E, K, c.h, c.ffn_in, c.logits,
+             c.route, c.counters, (st_route *)NULL, (float *)NULL, (uint32_t *)NULL, (const uint32_t *)(c.pos + 1),
+             Q8 ? c.xq8 : (int8_t *)NULL);
+  } else if (kind == 5) { // dk_pre: the combine of 8 cached slots and the attention norm, no PDL (as decode.cu)
+    rg.n = 0;
+    if (!read)
+      launch(dk_pre, 1u, sizeof(float) * D, c.st, 0, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
+             (const float *)c.out, (const uint32_t *)NULL, (const uint32_t *)(c.pos + 1), (const float *)c.h, K, D, 1,
+             (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn);
   } else {
     const int R = mmv_stream_rows<TY>(FF), per = (D + R - 1) / R;
     const down_job<Q8> j = {c.route, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
@@ -181,6 +200,8 @@ int main(int argc, char **argv) {
     CK(cudaMemset(s.qkv, 0x11, (size_t)QKV * RB_D));
     CK(cudaMemset(s.o, 0x11, (size_t)D * RB_QD));
     CK(cudaMemset(s.experts, 0x11, (size_t)NE * EXPERT));
+    CK(cudaMalloc(&s.router, (size_t)E * D * 4));
+    CK(cudaMemset(s.router, 0, (size_t)E * D * 4)); // equal logits: top-k takes experts 0..7 (< NE)
     std::vector<const uint8_t *> h(NE);
     for (int e = 0; e < NE; e++) h[e] = s.experts + (size_t)e * EXPERT;
     CK(cudaMalloc((void **)&s.slots, NE * sizeof(void *)));
@@ -201,16 +222,38 @@ int main(int argc, char **argv) {
   CK(cudaMemset(c.act, 0, K * FF * 4));
   CK(cudaMalloc(&c.xq8, st_q8_stride(D)));
   CK(cudaMemset(c.xq8, 0, st_q8_stride(D)));
+  CK(cudaMalloc(&c.h, D * 4));
+  CK(cudaMalloc(&c.ffn_in, D * 4));
+  CK(cudaMalloc(&c.logits, E * 4));
+  CK(cudaMalloc(&c.xn, D * 4));
+  CK(cudaMalloc(&c.ones, D * 4));
+  CK(cudaMemset(c.h, 0, D * 4));
+  CK(cudaMemset(c.out, 0, K * D * 4));
+  CK(cudaMemset(c.q, 0, QKV * 4));
+  {
+    std::vector<float> one(D, 1.0f);
+    CK(cudaMemcpy(c.ones, one.data(), D * 4, cudaMemcpyHostToDevice));
+  }
+  CK(cudaMalloc(&c.counters, E * 4));
+  CK(cudaMemset(c.counters, 0, E * 4));
+  CK(cudaMalloc(&c.pos, 2 * 4));
+  CK(cudaMemset(c.pos, 0, 2 * 4));
+  CK(cudaFuncSetAttribute(dk_router<ST_TYPE_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * (D + E))));
+  CK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF))));
   c.most = mmv_resident_blocks(dk_mv<TY>, mmv_pipe_bytes<TY>());
   printf("resident blocks: %d; staging %zu B per block; %d layers x %d replays\n", c.most, mmv_pipe_bytes<TY>(), layers,
          replays);
-  const char *names[4] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768"};
+  const char *names[6] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768",
+                          "router f32 128x2048", "dk_pre (combine, norm)"};
   printf("%-26s %-10s %6s %10s %8s %8s\n", "product", "kernel", "grid", "us/launch", "MB", "GB/s");
-  for (int k = 0; k < 5; k++) {
-    const std::vector<int> kinds = k < 4 ? std::vector<int>{k} : std::vector<int>{0, 1, 2, 3};
-    const char *nm = k < 4 ? names[k] : "layer: all four";
+  for (int k = 0; k < 7; k++) {
+    const std::vector<int> kinds = k < 6 ? std::vector<int>{k} : std::vector<int>{5, 0, 1, 4, 2, 3};
+    const char *nm = k < 6 ? names[k] : "layer: all six (no attention)";
     for (int v = 0; v < 5; v++) {
       const bool read = v == 2;
+      if (k == 5 && (v == 1 || v == 2 || v == 4)) continue;
       const double scale = v == 1 || v == 4 ? 0.5 : 1.0;
       const int pdl = 1;
       c.q8 = v >= 3;

@@ -152,7 +152,8 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 }
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
-// block into shared memory and written by block 0 (with ffn_in quantised into ffn_q when set); then the router logits of the block's rows; the
+// block into shared memory and written by block 0 (ffn_in quantised into ffn_q when set, a share by
+// each block); then the router logits of the block's rows; the
 // last block to finish (*counter, reset by it) runs softmax and top-k into route and, when pub_flag
 // is set, publishes the routing and ffn_in to the mailbox (pub_route, pub_x), fences (system scope)
 // and raises *pub_flag to the step number *seq. Dynamic shared memory: the staging buffers, then
@@ -215,8 +216,11 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
       xs[i] = v;
       if (blockIdx.x == 0) ffn_in[i] = v;
     }
+    if (ffn_q) { // the blocks share the quantisation of ffn_in: warp 0 of block b takes blocks b, b + grid, ...
+      __syncthreads();
+      if (threadIdx.x < 32) st_dev_q8_row(xs, d / 32, ffn_q, (float *)(ffn_q + d), blockIdx.x, gridDim.x);
+    }
   }, [] {}); // the stream's barriers order the writes to xs before the first group's reads
-  if (ffn_q && blockIdx.x == 0) st_dev_q8_row(xs, d / 32, ffn_q, (float *)(ffn_q + d), threadIdx.x >> 5, MMV_THREADS / 32);
   __threadfence(); // each writer's logits are visible device-wide before the block counts itself done
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
