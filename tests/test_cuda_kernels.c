@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "codelets/dot.h"
+#include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 #include "config.h"
 #include "testutil.h"
@@ -346,6 +347,33 @@ int main(void) {
     free(got);
     free(again);
     free(one);
+  }
+  /* The router's top-k (router.cu, common.cuh st_dev_softmax_topk_block: every thread ranks its
+   * experts) against the CPU's selection (st_route_topk), on 64 rows of 128 logits in steps of
+   * 1/64 (many exact ties, which go to the lower expert id) and k = 8: the same experts in the same
+   * order, weights within 1e-6 relative (CPU and GPU expf differ by an ulp or so). */
+  {
+    enum { TR = 64, E = 128, KR = 8 };
+    float *lg = malloc(sizeof(float) * TR * E), *tmp = malloc(sizeof(float) * E);
+    struct st_route got_r[TR * KR], want_r[KR];
+    for (int i = 0; i < TR * E; i++) lg[i] = (float)((int)(uniform(&rng) * 256.0)) / 64.0f;
+    int ok = st_cuda_softmax_topk_rows(lg, TR, E, KR, got_r) == 0, same = 1;
+    double worst = 0;
+    for (int t = 0; ok && t < TR; t++) {
+      memcpy(tmp, lg + (size_t)t * E, sizeof(float) * E);
+      st_route_topk(tmp, E, KR, want_r);
+      for (int j = 0; j < KR; j++) {
+        same &= got_r[t * KR + j].expert == want_r[j].expert;
+        worst = fmax(worst, fabs((double)got_r[t * KR + j].weight - want_r[j].weight) / want_r[j].weight);
+      }
+    }
+    ok &= same && worst <= 1e-6;
+    printf("%s router top-k on the GPU vs the CPU's: %d rows of %d logits with ties, k = %d: %s experts in the same "
+           "order, weights max relative difference %.2e (≤ 1e-6)\n",
+           ok ? "PASS" : "FAIL", TR, E, KR, same ? "the same" : "DIFFERENT", worst);
+    ok ? pass++ : fail++;
+    free(lg);
+    free(tmp);
   }
   /* Causal attention (attention.cu): the prompt path's tiled flash kernel (T > 1) and the decode
    * path's split-K kernels, on random queries (x 8, so that the softmax is far from uniform), keys

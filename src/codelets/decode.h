@@ -75,6 +75,7 @@ struct st_decode_dev {
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
   int32_t *counters; /* [n_head + 1]: the fused kernels' last-block counters, zero between launches */
   int8_t *ffn_q;     /* STRATA_INT8_DOT, Q8_0 gate and up: ffn_in quantised (st_decode_q8_bytes(d)) */
+  float *rope;       /* [n_ctx][hd / 2] RoPE's (cos, sin), filled once (cuda/attention.cu st_cuda_rope_table) */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
   uint64_t bytes;
 };
@@ -133,7 +134,8 @@ struct st_decode_ctx {
   struct st_decode_dev dev;
   int graph_key0;                      /* first CUDA graph key of the decode tasks */
   int *smem_set;                       /* per engine, 0 at start: the CUDA side has set its kernels'
-                                          shared-memory attributes (StarPU resets the devices at shutdown) */
+                                          shared-memory attributes and filled the RoPE table (StarPU
+                                          resets the devices at shutdown) */
 };
 
 /* Phases of lane work items, in the order a layer runs them. */

@@ -12,9 +12,10 @@
 
 
 // q/k RMSNorm over head_dim and NEOX RoPE at position pos of one head, in (hd floats) to out (may
-// alias in); a block of threads shares the head.
+// alias in); a block of threads shares the head. cs (may be NULL): the position's row of
+// st_cuda_rope_table, the same cosines and sines as computed here.
 __device__ __forceinline__ static void norm_rope_head(const float *in, float *out, int hd, const float *w, float eps,
-                                                      int pos, float theta, float *red) {
+                                                      int pos, float theta, float *red, const float2 *cs = NULL) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hd; i += blockDim.x)
     ss += in[i] * in[i];
@@ -23,12 +24,31 @@ __device__ __forceinline__ static void norm_rope_head(const float *in, float *ou
   __syncthreads();
   const int half = hd / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const double ang = (double)pos * pow((double)theta, -2.0 * i / hd);
-    const float c = (float)cos(ang), s = (float)sin(ang);
+    float c, s;
+    if (cs) {
+      c = cs[i].x, s = cs[i].y;
+    } else {
+      const double ang = (double)pos * pow((double)theta, -2.0 * i / hd);
+      c = (float)cos(ang), s = (float)sin(ang);
+    }
     const float x0 = in[i] * scale * w[i], x1 = in[i + half] * scale * w[i + half];
     out[i] = x0 * c - x1 * s;
     out[i + half] = x0 * s + x1 * c;
   }
+}
+
+// norm_rope_head's cosine and sine of pair i at position pos, for pos < n_ctx: t[pos hd / 2 + i].
+__global__ static void rope_table(float2 *t, int hd, float theta) {
+  const int pos = blockIdx.x, half = hd / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double ang = (double)pos * pow((double)theta, -2.0 * i / hd);
+    t[(int64_t)pos * half + i] = make_float2((float)cos(ang), (float)sin(ang));
+  }
+}
+
+void st_cuda_rope_table(float *t, int n_ctx, int hd, float theta, cudaStream_t st) {
+  if (n_ctx > 0) rope_table<<<n_ctx, 64, 0, st>>>((float2 *)t, hd, theta);
+  ST_CUDA_CHECK(cudaGetLastError());
 }
 
 // q/k RMSNorm and RoPE in place at position pos0 + t; one block per (t, head).
@@ -47,18 +67,19 @@ struct kv_ptrs {
 };
 __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw,
                                    const float *kw, float eps, const int *pos_dev, float theta,
-                                   const __grid_constant__ kv_ptrs kv) {
+                                   const __grid_constant__ kv_ptrs kv, const float2 *tab) {
   __shared__ float red[32];
   st_dev_griddep_launch();
   st_dev_griddep_wait();
   const int b = blockIdx.x, pos = *pos_dev;
+  const float2 *cs = tab + (int64_t)pos * (hd / 2);
   if (b < Hq) {
     float *h = q + (int64_t)b * hd;
-    norm_rope_head(h, h, hd, qw, eps, pos, theta, red);
+    norm_rope_head(h, h, hd, qw, eps, pos, theta, red, cs);
     return;
   }
   const int g = b - Hq;
-  norm_rope_head(kvnew + (int64_t)g * hd, kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, theta, red);
+  norm_rope_head(kvnew + (int64_t)g * hd, kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, theta, red, cs);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) kv.v[g][(int64_t)pos * hd + i] = kvnew[(int64_t)(G + g) * hd + i];
 }
 
@@ -771,11 +792,12 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 }
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
-                         cudaStream_t st) {
+                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, const float *tab,
+                         int pdl, cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  st_cuda_launch(rope_append, dim3(Hq + G), dim3(64), 0, st, pdl, q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev, theta, p);
+  st_cuda_launch(rope_append, dim3(Hq + G), dim3(64), 0, st, pdl, q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev, theta, p,
+                 (const float2 *)tab);
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,

@@ -299,6 +299,54 @@ __device__ __forceinline__ void st_dev_softmax_topk(const float *l, int E, int k
   if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
 }
 
+// st_dev_softmax_topk's routing computed by a whole block (every thread calls it; l in shared or
+// global memory): warp 0 takes the max and the double sum exactly as st_dev_softmax_topk does; then
+// each thread ranks its experts against all E (an expert ranks behind every one with a higher
+// logit, or an equal one and a lower id; a NaN behind every number), the k first compute their
+// probability in parallel and thread 0 adds them in rank order. Without NaN logits, the selection,
+// the weights and their bits are st_dev_softmax_topk's, which rounds k warp-wide argmaxes one after
+// another; this takes a few hundred cycles instead. k <= 32 (else it calls st_dev_softmax_topk).
+__device__ __forceinline__ void st_dev_softmax_topk_block(const float *l, int E, int k, st_route *r) {
+  __shared__ float s_p[32];
+  __shared__ int s_e[32];
+  __shared__ float s_mx;
+  __shared__ double s_sum, s_w;
+  if (k > 32) {
+    if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, r);
+    return;
+  }
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    double sum = 0.0;
+    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) s_mx = mx, s_sum = sum;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float v = l[e];
+    const bool vn = isnan(v);
+    int rank = 0;
+    for (int o = 0; o < E; o++) {
+      const float u = l[o];
+      const bool un = isnan(u);
+      rank += vn ? (!un || o < e) : (!un && (u > v || (u == v && o < e)));
+    }
+    if (rank < k) s_e[rank] = e, s_p[rank] = (float)(expf(v - s_mx) / s_sum);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double w = 0.0;
+    for (int j = 0; j < k; j++) w += s_p[j];
+    s_w = w;
+  }
+  __syncthreads();
+  if ((int)threadIdx.x < k) r[threadIdx.x] = st_route{s_e[threadIdx.x], (float)(s_p[threadIdx.x] / s_w)};
+}
+
 __device__ __forceinline__ float st_block_max(float v, float *shared32) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -362,10 +410,15 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 // The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
-// position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each). The per-task kernels' arithmetic.
+// position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each). The per-task kernels' arithmetic,
+// with the cosines and sines read from tab (st_cuda_rope_table's, the same floats).
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, int pdl,
-                         cudaStream_t st);
+                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, const float *tab,
+                         int pdl, cudaStream_t st);
+// RoPE's cosine and sine for every position < n_ctx and pair i < hd / 2 into t ([n_ctx][hd / 2]
+// (cos, sin) pairs: n_ctx hd floats), as the attention kernels compute them (double precision,
+// rounded to float), queued on st.
+void st_cuda_rope_table(float *t, int n_ctx, int hd, float theta, cudaStream_t st);
 // Lets the split-K attention kernels take the dynamic shared memory the current device allows
 // (st_cuda_worker_init calls it: outside any stream capture, after any device reset); without
 // it they stay within the default 48 KiB (fewer staged tiles, the same bits).

@@ -29,6 +29,10 @@ int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float
 int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
                         int64_t n, float *out, int int8);
 
+/* The router's softmax and top-k (router.cu, the kernels' block-wide selection) over T rows of E
+ * logits in host memory into routing [T][k] (for tests). 0, or -1 on a CUDA error. */
+int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, struct st_route *routing);
+
 /* The same product through the prompt path's cuBLAS GEMM (gemm.cu: weights dequantised to float32,
  * CUBLAS_COMPUTE_32F_PEDANTIC), on a cuBLAS handle of its own (for tests). 0, or -1 on an error. */
 int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,

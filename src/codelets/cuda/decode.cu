@@ -65,13 +65,14 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
   }
 }
 
-// Lets every decode kernel of every format take the dynamic shared memory it asks for (the float
-// formats' staging buffers and down's quantised input row pass the default 48 KiB): once per
-// engine (a device reset at StarPU's shutdown forgets the attributes), on the primary GPU's worker
-// thread, before any capture.
-void allow_smem(const st_decode_ctx *c) {
+// Once per engine (a device reset at StarPU's shutdown forgets the attributes), on the primary
+// GPU's worker thread, before any capture: lets every decode kernel of every format take the
+// dynamic shared memory it asks for (the float formats' staging buffers and down's quantised input
+// row pass the default 48 KiB), and queues the RoPE table's fill on st (rope_append reads it).
+void device_init(const st_decode_ctx *c, cudaStream_t st) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
+  st_cuda_rope_table(c->dev.rope, c->n_ctx, c->head_dim, c->rope_theta, st);
   const int n_embd = c->n_embd, n_expert = c->n_expert;
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
@@ -180,7 +181,7 @@ void layer_body(const void *args, cudaStream_t st) {
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
   mv_launch(qkv, 3, D.xn, d, pdl, st);
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
-                      c->rope_theta, g->k, g->v, pdl, st);
+                      c->rope_theta, g->k, g->v, D.rope, pdl, st);
   st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
@@ -247,7 +248,7 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   const st_decode_gpu_args *a = (const st_decode_gpu_args *)cl_arg;
   const st_decode_ctx *c = a->ctx;
   cudaStream_t st = starpu_cuda_get_local_stream();
-  allow_smem(c);
+  device_init(c, st);
   sig_hash sig;
   if (a->layer == c->n_layer) {
     head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1])};

@@ -230,7 +230,7 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   float *l = xs + d;
   for (int e = threadIdx.x; e < E; e += blockDim.x) l[e] = __ldcg(logits + e);
   __syncthreads();
-  if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, route);
+  st_dev_softmax_topk_block(l, E, k, route);
   if (threadIdx.x == 0) *counter = 0;
   if (!pub_flag) return;
   __syncthreads(); // the routing is written

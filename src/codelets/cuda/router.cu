@@ -1,7 +1,7 @@
 // CUDA variant of the router codelet (codelets.h): residual, ffn_norm, router logits (through
 // cuBLAS for batches of at least cublas_rows tokens, gemm.cu), softmax,
-// top-k (ties to the lower expert id) and renormalised weights, one thread per token for the
-// selection (k and the expert count are small).
+// top-k (ties to the lower expert id) and renormalised weights, a block per token for the
+// selection.
 #include <math.h>
 
 #include "codelets/cuda/common.cuh"
@@ -16,15 +16,30 @@ __global__ static void residual_piece(const float *x, const float *xo, int64_t d
   }
 }
 
-// One warp per token (st_dev_softmax_topk, common.cuh).
-__global__ static void softmax_topk(const float *logits, int T, int E, int k, st_route *routing) {
-  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (t >= T) return;
-  st_dev_softmax_topk(logits + (int64_t)t * E, E, k, routing + (int64_t)t * k);
+// One block per token (st_dev_softmax_topk_block, common.cuh: the decode step's router runs it too).
+__global__ static void softmax_topk(const float *logits, int E, int k, st_route *routing) {
+  const int t = blockIdx.x;
+  st_dev_softmax_topk_block(logits + (int64_t)t * E, E, k, routing + (int64_t)t * k);
 }
 
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st) {
-  softmax_topk<<<(T + 3) / 4, 128, 0, st>>>(logits, T, E, k, routing);
+  if (T > 0) softmax_topk<<<T, 128, 0, st>>>(logits, E, k, routing);
+}
+
+// For tests (cuda_codelets.h): st_cuda_softmax_topk on host data.
+extern "C" int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, st_route *routing) {
+  float *dl = NULL;
+  st_route *dr = NULL;
+  int rc = -1;
+  if (cudaMalloc(&dl, sizeof(float) * (size_t)T * E) == cudaSuccess &&
+      cudaMalloc(&dr, sizeof(st_route) * (size_t)T * k) == cudaSuccess) {
+    cudaMemcpy(dl, logits, sizeof(float) * (size_t)T * E, cudaMemcpyHostToDevice);
+    st_cuda_softmax_topk(dl, T, E, k, dr, 0);
+    rc = cudaMemcpy(routing, dr, sizeof(st_route) * (size_t)T * k, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+  }
+  cudaFree(dl);
+  cudaFree(dr);
+  return rc;
 }
 
 static void router_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
