@@ -14,10 +14,10 @@
 
 #include "common.h"
 #include "config.h"
+#include "graph/batch.h"
 #include "graph/decode.h"
 #include "graph/engine.h"
 
-enum { W_COUNT = 9 }; /* engine.c's per-layer weight handles: attn_norm wq wk wv wo q_norm k_norm ffn_norm router */
 
 static struct st_target on_worker(const struct st_engine *e, int32_t where, int worker, unsigned order) {
   struct st_target t = {where, worker, NULL, NULL, order};
@@ -64,6 +64,8 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
       bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2];
       bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2 + 1];
     }
+    /* the graph ends with the next layer's input and norm (or the head's) */
+    bufs[nb++] = l + 1 < L ? e->h_layer[(size_t)(l + 1) * W_COUNT + W_ATTN_NORM] : e->h_output_norm;
   } else {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;

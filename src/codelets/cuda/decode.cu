@@ -108,6 +108,7 @@ struct layer_graph {
   const st_decode_gpu_args *a;
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
   float *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
+  const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
 };
 
 // The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph.
@@ -155,16 +156,19 @@ void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
 const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.pos + 1); }
 
 // dk_pre over layer l's input (combine: add layer l - 1's expert rows first, waiting for the CPU
-// pool's rows in the mailbox when wait_cpu) with norm w; the first kernel of its graph.
-void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, cudaStream_t st) {
+// pool's rows in the mailbox when wait_cpu) with norm w: the first kernel of layer 0's graph, and
+// the last of layer l - 1's (for layer l and for the head), so that it follows the expert kernels
+// as a programmatic dependent (pdl) instead of waiting for the next graph to start.
+void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const int lp = l > 0 ? l - 1 : 0;
   const float *rows = c->dmail.cpu_out + (size_t)lp * c->k * c->n_embd;
   const uint32_t *flag = wait_cpu ? c->dmail.cpu_seq + (size_t)lp * ST_MAIL_FLAG_STRIDE : NULL;
-  dk_pre<<<1, PRE_THREADS, sizeof(float) * (size_t)c->n_embd, st>>>(
-      D.route + (size_t)lp * c->k, D.slot_ptr + (size_t)lp * c->n_expert, c->n_expert, D.gpu_out, rows, flag,
-      dev_seq(D), D.h, c->k, c->n_embd, combine, c->dmail.emb, c->dmail.pos_seq, D.pos, D.counters,
-      c->n_head + 1, D.x, w, c->eps, D.xn);
+  st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * (size_t)c->n_embd, st, pdl,
+                 (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
+                 c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, c->k, c->n_embd, combine,
+                 (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head + 1, D.x, w,
+                 c->eps, D.xn);
 }
 
 void layer_body(const void *args, cudaStream_t st) {
@@ -175,11 +179,12 @@ void layer_body(const void *args, cudaStream_t st) {
   const st_decode_layer *L = &c->layers[a->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
-  pre_launch(c, a->layer, a->combine, a->has_cpu_in, (const float *)g->w[0], st);
+  const bool first = a->layer == 0; // later layers' input comes from the previous graph's last kernel
+  if (first) pre_launch(c, 0, 0, 0, (const float *)g->w[0], 0, st);
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  mv_launch(qkv, 3, D.xn, d, pdl, st);
+  mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
                       c->rope_theta, g->k, g->v, D.rope, pdl, st);
   st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st);
@@ -199,6 +204,7 @@ void layer_body(const void *args, cudaStream_t st) {
                    q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL);
   });
   experts_body(c, a->layer, pdl, st);
+  pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
 
 struct head_graph {
@@ -218,9 +224,8 @@ void head_body(const void *args, cudaStream_t st) {
   const head_graph *g = (const head_graph *)args;
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
-  pre_launch(c, c->n_layer, 1, g->a->has_cpu_in, g->norm, st);
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st);
+  mv_launch(&head, 1, D.xn, c->n_embd, 0, st); // xn: the last layer's graph ended with the output norm
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D));
 }
 
@@ -272,6 +277,8 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     sig.add(g.k[gi]);
     sig.add(g.v[gi]);
   }
+  g.next_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[9 + 2 * G]);
+  sig.add(g.next_norm);
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());

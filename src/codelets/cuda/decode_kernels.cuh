@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
   __shared__ int from_cpu[64], any_cpu;
   __shared__ float red[32];
   st_dev_griddep_launch();
+  st_dev_griddep_wait(); // every read below is of an earlier kernel's writes
   if (combine) {
     if (threadIdx.x == 0) any_cpu = 0;
     __syncthreads();
