@@ -57,20 +57,6 @@ __global__ void __launch_bounds__(MMV_THREADS) k_read(const __grid_constant__ ra
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-template <typename Kern, typename... Args>
-void launch(Kern kernel, unsigned grid, size_t smem, cudaStream_t st, int pdl, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(MMV_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
 
 struct set {
   uint8_t *qkv, *o, *experts; // experts: NE x (gate, up, down)
@@ -99,7 +85,7 @@ template <typename Kern, typename... Args>
 void stream(Kern kernel, int groups, size_t smem, const ctx &c, int pdl, double grid_scale, int mult, Args... args) {
   int64_t most = (int64_t)(mmv_resident_blocks(kernel, smem) * grid_scale);
   most = most / mult * mult > 0 ? most / mult * mult : mult;
-  launch(kernel, (unsigned)(groups < most ? groups : most), smem, c.st, pdl, args...);
+  st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, c.st, pdl, args...);
 }
 
 // One launch of kind k over set i: 0 QKV, 1 output projection, 2 gate/up, 3 down (decode_kernels.cuh's
@@ -130,14 +116,14 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     const size_t dyn = mmv_pipe_bytes<RT>() + sizeof(float) * (D + E);
     rg.p[0] = (const uint4 *)s.router, rg.n16[0] = (int64_t)E * D * 4 / 16, rg.n = 1;
     if (!read)
-      launch(dk_router<RT>, (unsigned)((E + R - 1) / R), dyn, c.st, pdl, (const float *)c.x, (const float *)c.q,
+      st_cuda_launch(dk_router<RT>, dim3((unsigned)((E + R - 1) / R)), dim3(MMV_THREADS), dyn, c.st, pdl, (const float *)c.x, (const float *)c.q,
              (const float *)c.ones, 1e-6f, D, (const uint8_t *)s.router, (uint64_t)D * 4, E, K, c.h, c.ffn_in, c.logits,
              c.route, c.counters, (st_route *)NULL, (float *)NULL, (uint32_t *)NULL, (const uint32_t *)(c.pos + 1),
              Q8 ? c.xq8 : (int8_t *)NULL);
   } else if (kind == 5) { // dk_pre: the combine of 8 cached slots and the attention norm, no PDL (as decode.cu)
     rg.n = 0;
     if (!read)
-      launch(dk_pre, 1u, sizeof(float) * D, c.st, 0, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
+      st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * D, c.st, 0, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
              (const float *)c.out, (const uint32_t *)NULL, (const uint32_t *)(c.pos + 1), (const float *)c.h, K, D, 1,
              (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn);
   } else {
@@ -150,7 +136,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
   double b = 0;
   for (int r = 0; r < rg.n; r++) b += 16.0 * rg.n16[r];
   *bytes += b;
-  if (read) launch(k_read, (unsigned)(c.most * grid_scale), 0, c.st, pdl, rg, c.sink);
+  if (read) st_cuda_launch(k_read, dim3((unsigned)(c.most * grid_scale)), dim3(MMV_THREADS), 0, c.st, pdl, rg, c.sink);
 }
 void one(const ctx &c, int kind, int i, bool read, int pdl, double grid_scale, double *bytes) {
   if (c.q8)
