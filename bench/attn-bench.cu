@@ -1,0 +1,142 @@
+// The decode step's attention alone, timed on a GPU host (issue #20): st_cuda_attend_decode_all
+// (attention.cu, included here so that -D ATT_WARPS=.. ATT_SPLIT=.. ATT_MIN_CHUNK=.. ATT_MAX_STAGES=..
+// build its variants) on the qwen3-30b-a3b shape (32 query heads in 4 KV groups, head_dim 128,
+// float32 K and V) at several depths, 48 launches back to back as programmatic dependents in one
+// CUDA graph over 8 copies of the KV cache (so that L2 holds as little as it can), µs per launch and
+// the K and V bytes read per second. Then one launch at depth 4096 against a float64 reference of
+// the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
+// the wrong thing shows. Not a test: it prints, it asserts nothing.
+// Build: `make bench/attn-bench` (ATT_FLAGS='-DATT_SPLIT=128 ...' for a variant); run: attn-bench [replays].
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <vector>
+
+#include "codelets/cuda/attention.cu"
+
+#define CK(call)                                                                                          \
+  do {                                                                                                    \
+    cudaError_t e_ = (call);                                                                              \
+    if (e_ != cudaSuccess) {                                                                              \
+      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                         \
+      exit(1);                                                                                            \
+    }                                                                                                     \
+  } while (0)
+
+namespace {
+
+constexpr int HQ = 32, G = 4, HD = 128, N_CTX = 32768, LAUNCHES = 48;
+static int COPIES = 8; // env COPIES: fewer copies of the cache, so that L2 holds them
+
+// A value in [-1, 1) from an index and a seed (the same on host and device).
+__host__ __device__ inline float hash_unit(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + seed;
+  x ^= x >> 31, x *= 0xbf58476d1ce4e5b9ull, x ^= x >> 29;
+  return (float)((x >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+__global__ void fill(float *p, int64_t n, uint32_t seed) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = hash_unit(i, seed);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  const int replays = argc > 1 ? atoi(argv[1]) : 20;
+  if (getenv("COPIES")) COPIES = atoi(getenv("COPIES")) < 1 ? 1 : atoi(getenv("COPIES")) > 8 ? 8 : atoi(getenv("COPIES"));
+  const int64_t kv_floats = (int64_t)N_CTX * HD;
+  std::vector<float *> k(COPIES * G), v(COPIES * G);
+  for (int i = 0; i < COPIES * G; i++) {
+    CK(cudaMalloc(&k[i], sizeof(float) * kv_floats));
+    CK(cudaMalloc(&v[i], sizeof(float) * kv_floats));
+    fill<<<1024, 256>>>(k[i], kv_floats, 2 * i + 1);
+    fill<<<1024, 256>>>(v[i], kv_floats, 2 * i + 2);
+  }
+  float *q, *part, *out;
+  int *counters, *pos;
+  CK(cudaMalloc(&q, sizeof(float) * HQ * HD));
+  fill<<<8, 256>>>(q, HQ * HD, 7777);
+  const size_t pf = st_cuda_decode_part_floats(N_CTX, HQ, HD);
+  CK(cudaMalloc(&part, sizeof(float) * pf));
+  CK(cudaMalloc(&out, sizeof(float) * HQ * HD));
+  CK(cudaMalloc(&counters, sizeof(int) * HQ));
+  CK(cudaMemset(counters, 0, sizeof(int) * HQ));
+  CK(cudaMalloc(&pos, sizeof(int)));
+  CK(cudaDeviceSynchronize());
+  st_cuda_attention_allow_smem();
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  printf("variant: ATT_WARPS %d ATT_SPLIT %d ATT_MIN_CHUNK %d ATT_MAX_STAGES %d; %d launches x %d replays\n", ATT_WARPS,
+         ATT_SPLIT, ATT_MIN_CHUNK, ATT_MAX_STAGES, LAUNCHES, replays);
+  // MODE: 0 the decode step's kernel with programmatic dependent launches, 1 the same without, 2
+  // the attention codelet's T = 1 kernels (attend_split, attend_split_combine) per KV group
+  const char *mode_env = getenv("MODE");
+  const int mode = mode_env ? atoi(mode_env) : 0;
+  printf("mode %d (%s)\n", mode, mode == 0 ? "decode kernel, PDL" : mode == 1 ? "decode kernel, no PDL" : "split + combine per group");
+  printf("%8s %8s %10s %8s %8s\n", "keys", "chunk", "us/launch", "MB", "GB/s");
+  std::vector<int> depths = {128, 512, 4096, 16384, 32768};
+  if (getenv("DEPTH")) depths = {atoi(getenv("DEPTH"))}; // one depth (for Nsight Compute)
+  for (int n_keys : depths) {
+    const int p0 = n_keys - 1;
+    CK(cudaMemcpy(pos, &p0, sizeof p0, cudaMemcpyHostToDevice));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < LAUNCHES; l++) {
+      const int c = l % COPIES;
+      if (mode < 2)
+        st_cuda_attend_decode_all(q, HQ, G, HD, &k[c * G], &v[c * G], pos, part, counters, out, mode == 0, st);
+      else
+        for (int gr = 0; gr < G; gr++)
+          attend(q + gr * (HQ / G) * HD, HD, k[c * G + gr], v[c * G + gr], 1, p0, HQ / G, HD, part,
+                 out + gr * (HQ / G) * HD, HD, 0, st);
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int r = 0; r < replays; r++) CK(cudaGraphLaunch(ge, st)); // warm-up: clocks, TLB
+    CK(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < replays; r++) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double us = 1e3 * ms / replays / LAUNCHES, mb = 2.0 * G * n_keys * HD * 4 / 1e6;
+    printf("%8d %8d %10.2f %8.2f %8.0f\n", n_keys, att_chunk_keys(n_keys), us, mb, mb / us * 1e3);
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+  }
+  // one launch at depth 4096 on copy 0 against float64 on the host
+  const int n_keys = 4096, p0 = n_keys - 1;
+  CK(cudaMemcpy(pos, &p0, sizeof p0, cudaMemcpyHostToDevice));
+  st_cuda_attend_decode_all(q, HQ, G, HD, &k[0], &v[0], pos, part, counters, out, 0, st);
+  std::vector<float> ho(HQ * HD);
+  CK(cudaStreamSynchronize(st));
+  CK(cudaMemcpy(ho.data(), out, sizeof(float) * HQ * HD, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  std::vector<double> s(n_keys);
+  for (int h = 0; h < HQ; h++) {
+    const int gr = h / (HQ / G);
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < n_keys; j++) {
+      double d = 0;
+      for (int i = 0; i < HD; i++)
+        d += (double)hash_unit(h * HD + i, 7777) * hash_unit((int64_t)j * HD + i, 2 * gr + 1);
+      s[j] = d / sqrt((double)HD);
+      mx = fmax(mx, s[j]);
+    }
+    for (int j = 0; j < n_keys; j++) sum += s[j] = exp(s[j] - mx);
+    for (int i = 0; i < HD; i++) {
+      double a = 0;
+      for (int j = 0; j < n_keys; j++) a += s[j] * hash_unit((int64_t)j * HD + i, 2 * gr + 2);
+      worst = fmax(worst, fabs(a / sum - ho[h * HD + i]));
+    }
+  }
+  printf("depth 4096 against float64: max |d| %.3g over %d values\n", worst, HQ * HD);
+  return 0;
+}
