@@ -1,12 +1,12 @@
 // The decode step's attention alone, timed on a GPU host (issue #20): st_cuda_attend_decode_all
-// (attention.cu, included here so that -D ATT_WARPS=.. ATT_SPLIT=.. ATT_MIN_CHUNK=.. ATT_MAX_STAGES=..
-// build its variants) on the qwen3-30b-a3b shape (32 query heads in 4 KV groups, head_dim 128,
+// (attention.cu, included here so that a changed attention.cu can be timed without the engine
+// build) on the qwen3-30b-a3b shape (32 query heads in 4 KV groups, head_dim 128,
 // float32 K and V) at several depths, 48 launches back to back as programmatic dependents in one
 // CUDA graph over 8 copies of the KV cache (so that L2 holds as little as it can), µs per launch and
 // the K and V bytes read per second. Then one launch at depth 4096 against a float64 reference of
 // the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
 // the wrong thing shows. Not a test: it prints, it asserts nothing.
-// Build: `make bench/attn-bench` (ATT_FLAGS='-DATT_SPLIT=128 ...' for a variant); run: attn-bench [replays].
+// Build: `make bench/attn-bench` (ATT_FLAGS for -D flags); run: attn-bench [replays].
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "codelets/cuda/attention.cu"
+#ifndef ATT_MAX_STAGES
+#define ATT_MAX_STAGES 2 /* a kernel without the knob */
+#endif
 
 #define CK(call)                                                                                          \
   do {                                                                                                    \

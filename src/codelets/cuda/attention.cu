@@ -98,22 +98,11 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
 // weighted values); attend_merge_heads merges the chunks in chunk order. Fixed order throughout, no
 // atomics on values: the same bits every run, and the same kernels serve the attention codelet's
 // T = 1 path and the decode step (decode.cu), so the two agree bit for bit.
-// The -D overrides are for bench/attn-bench's variants; the engine builds the defaults.
-#ifndef ATT_WARPS
 #define ATT_WARPS 8
-#endif
-#define ATT_TILE 32   /* keys of a tile: ATT_TILE / ATT_WARPS per warp, one per lane in the softmax */
-#ifndef ATT_SPLIT
+#define ATT_TILE 32   /* keys of a tile: 4 per warp, one per lane in the softmax */
 #define ATT_SPLIT 64  /* chunks of keys at most */
-#endif
-#ifndef ATT_MIN_CHUNK
 #define ATT_MIN_CHUNK 32
-#endif
-#ifndef ATT_MAX_STAGES
-#define ATT_MAX_STAGES 2 /* tiles in shared memory at once, at most */
-#endif
-static_assert(ATT_TILE == 32 && ATT_SPLIT % 32 == 0 && ATT_TILE % ATT_WARPS == 0 && ATT_MAX_STAGES <= 3,
-              "attend_group_chunk: a key a lane, ATT_SPLIT / 32 chunks a lane");
+static_assert(ATT_TILE == 32 && ATT_SPLIT == 64, "attend_group_chunk: a key a lane, two chunks a lane");
 
 // Keys of a chunk for n_keys keys: ATT_MIN_CHUNK, doubled until ATT_SPLIT chunks cover them (a
 // function of n_keys only, on host and device alike).
@@ -145,7 +134,7 @@ static size_t att_smem_bytes(int hd, int nd, int nqb, int nst) {
 // the next tile's copy overlaps this tile's arithmetic; 1: one tile at a time; 0: the rows read
 // from global memory): the same values, so the same bits, whatever the choice.
 static int att_stages(int hd, int nd, int nqb, size_t room) {
-  for (int nst = ATT_MAX_STAGES; nst > 0; nst--)
+  for (int nst = 2; nst > 0; nst--)
     if (att_smem_bytes(hd, nd, nqb, nst) <= room) return nst;
   return 0;
 }
@@ -201,12 +190,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     return;
   }
   const bool vec = hd % 4 == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
-  for (int t = 0; t < max(nst - 1, 1) && nst; t++) // the first nst - 1 tiles (one with a single stage)
-    if (start + t * ATT_TILE < end)
-      att_stage(stage + (size_t)t * 2 * tf, stage + (size_t)t * 2 * tf + tf, kc, vc, start + t * ATT_TILE,
-                min(ATT_TILE, end - start - t * ATT_TILE), hd, vec);
-    else
-      st_dev_cp_commit(); // an empty group keeps the count of groups per tile
+  if (nst) att_stage(stage, stage + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
   float q[NQ][ND], acc[NQ][ND];
 #pragma unroll
   for (int h = 0; h < NQ; h++)
@@ -219,19 +203,15 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
   if ((int)threadIdx.x < NQ) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.0f;
   for (int k0 = start, it = 0; k0 < end; k0 += ATT_TILE, it++) {
     const float *ks = kc + (int64_t)k0 * hd, *vs = vc + (int64_t)k0 * hd; // nst 0: global memory
-    if (nst >= 2) {
-      // tile it + nst - 1 into the buffer tile it - 1 left (every warp is past it: the loop's last
-      // barrier), then wait for tile it: nst - 1 newer groups may still be in flight
-      ks = stage + (size_t)(it % nst) * 2 * tf, vs = ks + tf;
-      const int kn = k0 + (nst - 1) * ATT_TILE;
-      if (kn < end) {
-        float *nk = stage + (size_t)((it + nst - 1) % nst) * 2 * tf;
-        att_stage(nk, nk + tf, kc, vc, kn, min(ATT_TILE, end - kn), hd, vec);
+    if (nst == 2) {
+      ks = stage + (size_t)(it & 1) * 2 * tf, vs = ks + tf;
+      if (k0 + ATT_TILE < end) {
+        float *nk = stage + (size_t)((it & 1) ^ 1) * 2 * tf;
+        att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
       } else {
         st_dev_cp_commit(); // an empty group: the wait below still leaves only the newest
       }
-      if (nst == 3) st_dev_cp_wait_prev2();
-      else st_dev_cp_wait_prev();
+      st_dev_cp_wait_prev();
     } else if (nst == 1) {
       ks = stage, vs = stage + tf;
       st_dev_cp_wait_all();
@@ -260,17 +240,17 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     }
     __syncthreads();
     // the tile's softmax against the running max: warp h takes head h, lane j key j
-    for (int h = warp; h < NQ; h += ATT_WARPS) {
-      const float s0 = ss[h][lane];
+    if (warp < NQ) {
+      const float s0 = ss[warp][lane];
       float mx = s0;
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_old = m_run[h], m_new = fmaxf(m_old, mx); // the tile has a key: finite
+      const float m_old = m_run[warp], m_new = fmaxf(m_old, mx); // the tile has a key: finite
       const float c = expf(m_old - m_new), p0 = expf(s0 - m_new);
       float sum = p0;
       for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      ss[h][lane] = p0;
+      ss[warp][lane] = p0;
       __syncwarp();
-      if (lane == 0) m_run[h] = m_new, l_run[h] = fmaf(l_run[h], c, sum), corr[h] = c;
+      if (lane == 0) m_run[warp] = m_new, l_run[warp] = fmaf(l_run[warp], c, sum), corr[warp] = c;
     }
     __syncthreads();
     // P V of the warp's keys (rows past the keys are zero: the cache may hold NaN there)
@@ -326,20 +306,13 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int h = warp; h < nh; h += nw) {
     const float *ph = p + h * hstride;
-    constexpr int CPL = ATT_SPLIT / 32; // chunks of a lane: lane + 32 u
-    float m[CPL], M = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < CPL; u++) {
-      const int c = lane + 32 * u;
-      m[u] = c < used ? __ldcg(ph + (int64_t)c * (hd + 2)) : -INFINITY;
-      M = fmaxf(M, m[u]);
-    }
+    const int c0 = lane, c1 = lane + 32;
+    const float m0 = c0 < used ? __ldcg(ph + (int64_t)c0 * (hd + 2)) : -INFINITY;
+    const float m1 = c1 < used ? __ldcg(ph + (int64_t)c1 * (hd + 2)) : -INFINITY;
+    float M = fmaxf(m0, m1);
     for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-#pragma unroll
-    for (int u = 0; u < CPL; u++) {
-      const int c = lane + 32 * u;
-      if (c < used) fs[h][c] = expf(m[u] - M), ls[h][c] = __ldcg(ph + (int64_t)c * (hd + 2) + 1);
-    }
+    if (c0 < used) fs[h][c0] = expf(m0 - M), ls[h][c0] = __ldcg(ph + (int64_t)c0 * (hd + 2) + 1);
+    if (c1 < used) fs[h][c1] = expf(m1 - M), ls[h][c1] = __ldcg(ph + (int64_t)c1 * (hd + 2) + 1);
     __syncwarp();
     if (lane == 0) {
       float L = 0.0f;

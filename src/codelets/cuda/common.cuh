@@ -219,11 +219,6 @@ __device__ __forceinline__ void st_dev_cp_wait_prev() {
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void st_dev_cp_wait_prev2() { // every group but the two newest
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void st_dev_cp_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
            float *x, const float *w, float eps, float *xn) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
-  __shared__ int from_cpu[64], any_cpu;
+  __shared__ int any_cpu;
   __shared__ float red[32];
   st_dev_griddep_launch();
   st_dev_griddep_wait(); // every read below is of an earlier kernel's writes
@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(PRE_THREADS)
     __syncthreads();
     if ((int)threadIdx.x < k) {
       const int e = min(max(route[threadIdx.x].expert, 0), n_expert - 1);
-      from_cpu[threadIdx.x] = !slot_ptr[e];
       src[threadIdx.x] = (slot_ptr[e] ? gpu_out : cpu_out) + (size_t)threadIdx.x * d;
       if (!slot_ptr[e]) atomicOr(&any_cpu, 1);
     }
@@ -61,7 +60,8 @@ __global__ void __launch_bounds__(PRE_THREADS)
       for (const uint32_t want = *seq; dk_flag_load(cpu_flag) != want;) __nanosleep(128);
     __syncthreads();
     // two of the thread's elements at a time, every load of a row group in flight (the mailbox's
-    // rows cross the bus); each element's sum in slot order
+    // rows cross the bus; volatile loads, which see the CPU pool's writes, for the card's rows too);
+    // each element's sum in slot order
     for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
       const int i1 = i0 + blockDim.x, two = i1 < d;
       float acc0 = 0.0f, acc1 = 0.0f;
@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(PRE_THREADS)
         for (int u = 0; u < 8; u++)
           if (j0 + u < k) {
             const float *r = src[j0 + u];
-            v0[u] = from_cpu[j0 + u] ? __ldcv(r + i0) : r[i0];
-            v1[u] = two ? (from_cpu[j0 + u] ? __ldcv(r + i1) : r[i1]) : 0.0f;
+            v0[u] = __ldcv(r + i0); // one kind of load for both sources: no branch between them
+            v1[u] = two ? __ldcv(r + i1) : 0.0f;
           }
 #pragma unroll
         for (int u = 0; u < 8; u++)
