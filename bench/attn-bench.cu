@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "codelets/cuda/attention.cu"
@@ -18,14 +19,7 @@
 #define ATT_MAX_STAGES 2 /* a kernel without the knob */
 #endif
 
-#define CK(call)                                                                                          \
-  do {                                                                                                    \
-    cudaError_t e_ = (call);                                                                              \
-    if (e_ != cudaSuccess) {                                                                              \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                         \
-      exit(1);                                                                                            \
-    }                                                                                                     \
-  } while (0)
+#include "bench-check.cuh"
 
 namespace {
 
@@ -48,7 +42,7 @@ __global__ void fill(float *p, int64_t n, uint32_t seed) {
 
 int main(int argc, char **argv) {
   const int replays = argc > 1 ? atoi(argv[1]) : 20;
-  if (getenv("COPIES")) COPIES = atoi(getenv("COPIES")) < 1 ? 1 : atoi(getenv("COPIES")) > 8 ? 8 : atoi(getenv("COPIES"));
+  if (const char *c = getenv("COPIES")) COPIES = std::min(std::max(atoi(c), 1), 8);
   const int64_t kv_floats = (int64_t)N_CTX * HD;
   std::vector<float *> k(COPIES * G), v(COPIES * G);
   for (int i = 0; i < COPIES * G; i++) {

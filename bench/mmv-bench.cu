@@ -13,14 +13,7 @@
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/decode_kernels.cuh"
 
-#define CK(call)                                                                                          \
-  do {                                                                                                    \
-    cudaError_t e_ = (call);                                                                              \
-    if (e_ != cudaSuccess) {                                                                              \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                         \
-      exit(1);                                                                                            \
-    }                                                                                                     \
-  } while (0)
+#include "bench-check.cuh"
 
 namespace {
 

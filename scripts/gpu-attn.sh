@@ -3,17 +3,8 @@
 # tests/test_cuda_kernels' TIME lines (one KV group at 512, 4096 and 32768 keys), then Nsight Compute
 # (clocks as found) on the split-K kernel's launches of the 32768-key case: duration, DRAM
 # throughput, occupancy and the top warp stall reasons.
-# With carry/attn/*.xz (bench/attn-bench variants, `make bench/attn-bench ATT_FLAGS=...`, stripped and
-# xz-compressed), each variant's table first; TESTS=0 then skips the rest.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
-for x in "$C"/attn/*.xz; do
-  [ -e "$x" ] || continue
-  xz -dc "$x" > "$W/attn-bench" && chmod +x "$W/attn-bench"
-  echo "== $(basename "$x" .xz)"
-  timeout 60 "$W/attn-bench" "${REPLAYS:-10}"
-done
-[ "${TESTS:-1}" = 1 ] || exit 0
 timeout 120 "$C/tests/test_cuda_kernels" 2>&1 | grep -E "^TIME|^FAIL|test_cuda_kernels:"
 command -v ncu > /dev/null || { echo "no ncu"; exit 0; }
 timeout 300 ncu --clock-control none -k regex:attend_split --launch-count "${COUNT:-200}" \
