@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
   const int mode = mode_env ? atoi(mode_env) : 0;
   printf("mode %d (%s)\n", mode, mode == 0 ? "decode kernel, PDL" : mode == 1 ? "decode kernel, no PDL" : "split + combine per group");
   printf("%8s %8s %10s %8s %8s\n", "keys", "chunk", "us/launch", "MB", "GB/s");
-  std::vector<int> depths = {128, 512, 4096, 16384, 32768};
+  std::vector<int> depths = {32, 64, 128, 256, 512, 1024, 4096, 16384, 32768};
   if (getenv("DEPTH")) depths = {atoi(getenv("DEPTH"))}; // one depth (for Nsight Compute)
   for (int n_keys : depths) {
     const int p0 = n_keys - 1;

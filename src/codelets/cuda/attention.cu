@@ -100,9 +100,13 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
 // T = 1 path and the decode step (decode.cu), so the two agree bit for bit.
 #define ATT_WARPS 8
 #define ATT_TILE 32   /* keys of a tile: 4 per warp, one per lane in the softmax */
-#define ATT_SPLIT 64  /* chunks of keys at most */
-#define ATT_MIN_CHUNK 32
-static_assert(ATT_TILE == 32 && ATT_SPLIT == 64, "attend_group_chunk: a key a lane, two chunks a lane");
+#ifndef ATT_SPLIT
+#define ATT_SPLIT 32 /* chunks of keys at most: 4 KV groups x 32 blocks, one wave on an H200 at a block per SM */
+#endif
+#ifndef ATT_MIN_CHUNK
+#define ATT_MIN_CHUNK 32 /* keys of a chunk at least (bench/attn-bench builds variants with -D) */
+#endif
+static_assert(ATT_TILE == 32 && ATT_SPLIT <= 64, "attend_group_chunk: a key a lane; the merge: at most two chunks a lane");
 
 // Keys of a chunk for n_keys keys: ATT_MIN_CHUNK, doubled until ATT_SPLIT chunks cover them (a
 // function of n_keys only, on host and device alike).
