@@ -108,9 +108,12 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
 #endif
 static_assert(ATT_TILE == 32 && ATT_SPLIT <= 64, "attend_group_chunk: a key a lane; the merge: at most two chunks a lane");
 
-// Keys of a chunk for n_keys keys: ATT_MIN_CHUNK, doubled until ATT_SPLIT chunks cover them (a
-// function of n_keys only, on host and device alike).
+// Keys of a chunk for n_keys keys: one chunk up to 2 ATT_MIN_CHUNK keys (on an H200 a second tile
+// costs a block about 2 us, the merge of two chunks about 4.7: bench/attn-bench), else
+// ATT_MIN_CHUNK, doubled until ATT_SPLIT chunks cover them (a function of n_keys only, on host and
+// device alike).
 __host__ __device__ __forceinline__ static int att_chunk_keys(int n_keys) {
+  if (n_keys <= 2 * ATT_MIN_CHUNK) return 2 * ATT_MIN_CHUNK;
   int ch = ATT_MIN_CHUNK;
   while ((int64_t)ch * ATT_SPLIT < n_keys) ch *= 2;
   return ch;
