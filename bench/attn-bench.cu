@@ -23,8 +23,8 @@
 
 namespace {
 
-constexpr int HQ = 32, G = 4, HD = 128, N_CTX = 32768, LAUNCHES = 48;
-static int COPIES = 8; // env COPIES: fewer copies of the cache, so that L2 holds them
+constexpr int HQ = 32, G = 4, HD = 128, N_CTX = 32832, LAUNCHES = 48; // N_CTX: the deep row's -c
+static int COPIES = 8; // env COPIES (1..48): 1 so that L2 holds the cache, 48 a cache per layer as the engine has
 
 // A value in [-1, 1) from an index and a seed (the same on host and device).
 __host__ __device__ inline float hash_unit(uint64_t i, uint32_t seed) {
@@ -42,7 +42,7 @@ __global__ void fill(float *p, int64_t n, uint32_t seed) {
 
 int main(int argc, char **argv) {
   const int replays = argc > 1 ? atoi(argv[1]) : 20;
-  if (const char *c = getenv("COPIES")) COPIES = std::min(std::max(atoi(c), 1), 8);
+  if (const char *c = getenv("COPIES")) COPIES = std::min(std::max(atoi(c), 1), LAUNCHES);
   const int64_t kv_floats = (int64_t)N_CTX * HD;
   std::vector<float *> k(COPIES * G), v(COPIES * G);
   for (int i = 0; i < COPIES * G; i++) {
@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
   const int mode = mode_env ? atoi(mode_env) : 0;
   printf("mode %d (%s)\n", mode, mode == 0 ? "decode kernel, PDL" : mode == 1 ? "decode kernel, no PDL" : "split + combine per group");
   printf("%8s %8s %10s %8s %8s\n", "keys", "chunk", "us/launch", "MB", "GB/s");
-  std::vector<int> depths = {32, 64, 128, 256, 512, 1024, 4096, 16384, 32768};
+  std::vector<int> depths = {32, 64, 128, 256, 512, 1024, 4096, 4097, 16384, 32768, 32769}; // 2^k + 1: just past a power of two
   if (getenv("DEPTH")) depths = {atoi(getenv("DEPTH"))}; // one depth (for Nsight Compute)
   for (int n_keys : depths) {
     const int p0 = n_keys - 1;

@@ -21,7 +21,7 @@
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
 # default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
-# depths QUICK_DEPTHS gives for the 24 GB row (default 0).
+# depths QUICK_DEPTHS gives for the 24 GB row (default 0). RDEEP repetitions of the deep row (1).
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=$root/carry
@@ -63,7 +63,7 @@ build() {
 }
 
 export LD_LIBRARY_PATH=$C/lib STARPU_SILENT=1 STARPU_HOME=$W/starpu-home
-S=$C/strata
+S=${STRATA:-$C/strata} # STRATA: another strata binary (bench/h200-ab.sh)
 
 model_phase() {
   if [ ! -f "$model" ]; then
@@ -125,7 +125,7 @@ strata_phase() {
       gpu) sbench gpu --prompt $pg --decode 128 --expert-profile "$profile" --expert-cache auto ;;
       24gb) sbench 24gb --prompt $pg --decode 64 --depth $dd --expert-profile "$profile" --expert-cache auto --gpu-mem "$gm" ;;
       cpu) STARPU_NCUDA=0 sbench cpu --prompt $pc --decode 32 ;;
-      deep) R=1 sbench deep -c 32832 --prompt 0 --decode 64 --depth 0,32768 --expert-profile "$profile" --expert-cache auto ;;
+      deep) R=${RDEEP:-1} sbench deep -c 32832 --prompt 0 --decode 64 --depth 0,32768 --expert-profile "$profile" --expert-cache auto ;;
     esac
   done
 }

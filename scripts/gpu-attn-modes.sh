@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU host: bench/attn-bench variants (carry/attn/*.xz) in each MODE (MODES, default "0 1 2"),
+# then mode 0 with each of COPIES_LIST (default 1: L2 holds the cache; 48: a cache per layer),
 # then, with NCU=1, Nsight Compute on one launch of the decode kernel at depth DEPTH (default 4096,
 # MODE 1): the details and the SASS source view into $OUT. Builds nothing.
 set -u
@@ -7,7 +8,7 @@ set -u
 for x in "$C"/attn/*.xz; do
   xz -dc "$x" > "$W/attn-bench" && chmod +x "$W/attn-bench"
   for m in ${MODES:-0 1 2}; do echo "== $(basename "$x" .xz) mode $m"; MODE=$m timeout 60 "$W/attn-bench" 10 | tail -n +3; done
-  echo "== $(basename "$x" .xz) mode 0, one copy (L2)"; COPIES=1 timeout 60 "$W/attn-bench" 10 | tail -n +3
+  for c in ${COPIES_LIST:-1}; do echo "== $(basename "$x" .xz) mode 0, $c copies"; COPIES=$c timeout 60 "$W/attn-bench" 10 | tail -n +3; done
 done
 command -v ncu > /dev/null && [ "${NCU:-1}" = 1 ] || exit 0
 x=$(ls "$C"/attn/*.xz | head -n 1)

@@ -106,17 +106,18 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
 #ifndef ATT_MIN_CHUNK
 #define ATT_MIN_CHUNK 32 /* keys of a chunk at least (bench/attn-bench builds variants with -D) */
 #endif
-static_assert(ATT_TILE == 32 && ATT_SPLIT <= 64, "attend_group_chunk: a key a lane; the merge: at most two chunks a lane");
+static_assert(ATT_TILE == 32 && ATT_SPLIT <= 64 && ATT_MIN_CHUNK % ATT_TILE == 0, "attend_group_chunk: a key a lane; the merge: at most two chunks a lane");
 
 // Keys of a chunk for n_keys keys: one chunk up to 2 ATT_MIN_CHUNK keys (on an H200 a second tile
-// costs a block about 2 us, the merge of two chunks about 4.7: bench/attn-bench), else
-// ATT_MIN_CHUNK, doubled until ATT_SPLIT chunks cover them (a function of n_keys only, on host and
-// device alike).
+// costs a block about 2 us, the merge of two chunks about 4.7: bench/attn-bench), else the fewest
+// whole tiles that ATT_SPLIT chunks cover them with, at least ATT_MIN_CHUNK keys, so that from
+// ATT_SPLIT x ATT_MIN_CHUNK keys on every position uses ATT_SPLIT or nearly as many chunks (a chunk
+// of a power of two keys would leave half the blocks idle just past one: at 32,769 keys 17 chunks
+// of 2,048, and the deep row's decode 0.71x as fast). A function of n_keys only, on host and device.
 __host__ __device__ __forceinline__ static int att_chunk_keys(int n_keys) {
   if (n_keys <= 2 * ATT_MIN_CHUNK) return 2 * ATT_MIN_CHUNK;
-  int ch = ATT_MIN_CHUNK;
-  while ((int64_t)ch * ATT_SPLIT < n_keys) ch *= 2;
-  return ch;
+  const int tiles = (n_keys + ATT_TILE - 1) / ATT_TILE, per_chunk = (tiles + ATT_SPLIT - 1) / ATT_SPLIT;
+  return per_chunk * ATT_TILE > ATT_MIN_CHUNK ? per_chunk * ATT_TILE : ATT_MIN_CHUNK;
 }
 
 // log2 of a block's heads NQ (1, 2, 4 or 8).
