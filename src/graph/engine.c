@@ -33,6 +33,7 @@
 struct env_conf {
   long ff_slice;       /* STRATA_FF_SLICE: FFN rows per CPU-pool slice, 0 = no split */
   long cublas;         /* STRATA_CUBLAS: 0 never, 1 from CUBLAS_ROWS token rows, N >= 2 from N */
+  long cublas_tf32;    /* STRATA_CUBLAS_TF32: 0 (float32 GEMMs, CUBLAS_COMPUTE_32F_PEDANTIC) or 1 (TF32 tensor cores) */
   long int8_dot;       /* STRATA_INT8_DOT: 0 or 1 */
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
@@ -63,6 +64,7 @@ static int read_env(struct env_conf *c) {
   if (!rc && c->ff_slice % 32)
     rc = st_set_error(ST_EINVAL, "STRATA_FF_SLICE=%ld: expected 0 or a multiple of 32 (doc/tuning.md)", c->ff_slice);
   if (!rc) rc = env_long("STRATA_CUBLAS", 0, 1 << 20, 1, &c->cublas);
+  if (!rc) rc = env_long("STRATA_CUBLAS_TF32", 0, 1, 0, &c->cublas_tf32);
   if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
@@ -613,6 +615,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
 #ifdef ST_HAVE_CUDA
   if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_worker_init, NULL, STARPU_CUDA);
   if (starpu_cuda_worker_get_count() > 0 && cublas_rows > 0) starpu_cublas_init(); /* a handle per CUDA worker */
+  st_cuda_gemm_set_tf32((int)env.cublas_tf32);
   e->cublas_rows = starpu_cuda_worker_get_count() > 0 ? cublas_rows : 0;
 #else
   (void)cublas_rows;

@@ -34,9 +34,16 @@ int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_
 int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, struct st_route *routing);
 
 /* The same product through the prompt path's cuBLAS GEMM (gemm.cu: weights dequantised to float32,
- * CUBLAS_COMPUTE_32F_PEDANTIC), on a cuBLAS handle of its own (for tests). 0, or -1 on an error. */
+ * CUBLAS_COMPUTE_32F_PEDANTIC, or TF32 after st_cuda_gemm_set_tf32(1)), on a cuBLAS handle of its
+ * own (for tests). 0, or -1 on an error. */
 int st_cuda_gemm_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t T,
                       int64_t n, float *out);
+
+/* The prompt path's GEMMs from now on (STRATA_CUBLAS_TF32, doc/tuning.md): on = 0, float32
+ * products (CUBLAS_COMPUTE_32F_PEDANTIC: the fixtures' tight float32 bound); on = 1, tensor cores
+ * with both inputs rounded to TF32 (10 mantissa bits) and float32 accumulation
+ * (CUBLAS_COMPUTE_32F_FAST_TF32). Process-wide; set it before the engine runs a task. */
+void st_cuda_gemm_set_tf32(int on);
 
 /* Causal attention of T tokens at positions pos0..pos0+T-1 for the nq query heads of one KV head
  * (a GQA group), in host memory: q [T][nq * hd], k and v [pos0 + T][hd], out [T][nq * hd]; token t

@@ -4,7 +4,10 @@
 // weight rows is dequantised to float32 in device scratch with the kernels' own element decoder
 // (common.cuh st_dev_weight; F32 weights are used in place) and multiplied with one
 // cublasGemmEx: float32 in, float32 out, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32 nor any other
-// reduced-precision shortcut: fixtures/README.md's tolerances assume a float32 path).
+// reduced-precision shortcut: fixtures/README.md's tolerances assume a float32 path), or, with
+// STRATA_CUBLAS_TF32=1 (st_cuda_gemm_set_tf32), CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores on
+// both inputs rounded to TF32, float32 accumulation (issue #22's first step: how much of the
+// prompt path the float32 arithmetic is).
 //
 // Why float32 scratch, also for F16/BF16 weights: cublasGemmEx wants both inputs of one type, so
 // a half-precision GEMM would round the activations to F16/BF16, which the fixtures' max |Δlogit|
@@ -52,6 +55,10 @@ cublasHandle_t st_cuda_cublas_handle(int64_t T, int32_t min_rows) {
   return starpu_cublas_get_local_handle(); // NULL when starpu_cublas_init was not called
 }
 
+static int gemm_tf32; // st_cuda_gemm_set_tf32
+
+extern "C" void st_cuda_gemm_set_tf32(int on) { gemm_tf32 = on != 0; }
+
 // One GEMM: out[t * ldo + i] = sum_j A[i * lda + j] * x[t * ldx + j], i < m, t < T, j < n. In
 // cuBLAS's column-major terms out (m x T, ld ldo) = A^T (A: n x m, ld lda) * x (n x T, ld ldx).
 static void gemm_f32(cublasHandle_t h, const float *A, int64_t lda, int64_t m, const float *x, int64_t ldx,
@@ -59,13 +66,14 @@ static void gemm_f32(cublasHandle_t h, const float *A, int64_t lda, int64_t m, c
   const float one = 1.0f, zero = 0.0f;
   ST_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)T, (int)n, &one, A, CUDA_R_32F,
                                (int)lda, x, CUDA_R_32F, (int)ldx, &zero, out, CUDA_R_32F, (int)ldo,
-                               CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+                               gemm_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC,
+                               CUBLAS_GEMM_DEFAULT));
 }
 
 void st_cuda_gemm_bind(cublasHandle_t h, cudaStream_t stream) {
   ST_CUBLAS_CHECK(cublasSetStream(h, stream));
   ST_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
-  ST_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+  ST_CUBLAS_CHECK(cublasSetMathMode(h, gemm_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
 }
 
 void st_cuda_gemm_with(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t rows,
