@@ -4,8 +4,10 @@
  * first near-tie, and the routing of the first prompt; then prompt chunking (--prefill 1, 7,
  * 512 give the same logits within 1e-5 relative). The CPU pool of the quantised fixtures runs
  * the default int8 path (int8 activations, integer kernels); the same checks once more on the CPU
- * pool with STRATA_INT8_DOT=0 (float32 activations) against the same tolerances. Every number
- * compared is printed. */
+ * pool with STRATA_INT8_DOT=0 (float32 activations) against the same tolerances. With
+ * STRATA_CUBLAS_TF32=1 the GPU's prompt GEMMs round their inputs to TF32: that path, like the
+ * int8 one, is held to the tolerance blocks and the int8 chunking bound, not to the float32
+ * path's max |Δlogit| (its numbers are printed). Every number compared is printed. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,7 +38,7 @@ static void check(int ok, const char *fmt, ...) {
 }
 
 static void run_prompt(struct st_engine *e, const struct ref_file *r, const struct ref_prompt *p,
-                       const char *tag, int32_t *trace, int int8) {
+                       const char *tag, int32_t *trace, const char *reduced) {
   const int V = r->n_vocab, n = p->n_ids;
   float *logits = malloc(sizeof(float) * (size_t)V * n);
   st_engine_reset(e);
@@ -78,9 +80,9 @@ static void run_prompt(struct st_engine *e, const struct ref_file *r, const stru
   check(mean_over_sigma <= r->tol_mean_over_sigma,
         "%s/%s last logits (%d values): mean |Δ|/σ = %.2e (≤ %.2f), σ = %.4f, max |Δ| = %.2e", tag,
         p->name, V, mean_over_sigma, r->tol_mean_over_sigma, sigma, mx);
-  if (int8)
-    printf("     %s/%s int8 path: max |Δlogit| = %.3e, mean |Δ|/σ = %.3e\n", tag, p->name, mx, mean_over_sigma);
-  if (r->tol_f32_max_abs > 0 && !int8)
+  if (reduced) /* int8 activations or TF32 GEMMs: the tolerance blocks above, not the float32 bound */
+    printf("     %s/%s %s path: max |Δlogit| = %.3e, mean |Δ|/σ = %.3e\n", tag, p->name, reduced, mx, mean_over_sigma);
+  if (r->tol_f32_max_abs > 0 && !reduced)
     check(mx <= r->tol_f32_max_abs, "%s/%s float32-activation path (bf16 weights × f32 activations, %s kernels): max |Δlogit| = %.2e (≤ %.0e)",
           tag, p->name, st_dot_isa(), mx, r->tol_f32_max_abs);
 
@@ -124,7 +126,9 @@ static void run_prompt(struct st_engine *e, const struct ref_file *r, const stru
  * than the decode kernels). Where that meets int8 activations (`mixed`: the CPU pool's, or the
  * GPU's int8 kernels below cuBLAS's rows for Q8_0 experts), a
  * rounding-level difference in the dense part can move an activation across an int8 quantisation
- * step, so the bound is then the int8 path's: mean |Δ|/σ ≤ 0.01 and the same argmax. */
+ * step, so the bound is then the int8 path's: mean |Δ|/σ ≤ 0.01 and the same argmax; the same
+ * bound holds TF32 GEMMs (STRATA_CUBLAS_TF32), whose rounding differs between chunkings where a
+ * token's rows go through cuBLAS in one chunking and the float32 kernels in another. */
 static void run_chunking(struct st_engine *e, const struct ref_file *r, const char *tag, int mixed) {
   const struct ref_prompt *p = &r->p[0];
   for (int i = 1; i < r->n_prompts; i++)
@@ -150,7 +154,7 @@ static void run_chunking(struct st_engine *e, const struct ref_file *r, const ch
       const double rel = sum / V / ref_sigma(base, V);
       check(rel <= 0.01 && st_argmax(l, V) == st_argmax(base, V),
             "%s/%s chunking: --prefill %d vs 512 over %d tokens: max |Δ| = %.2e, mean |Δ|/σ = %.2e (≤ 0.01, cuBLAS "
-            "prompt path with int8 activations), same argmax", tag, p->name, chunks[c], p->n_ids, mx, rel);
+            "prompt path with int8 activations or TF32), same argmax", tag, p->name, chunks[c], p->n_ids, mx, rel);
       continue;
     }
     check(mx <= 1e-5 * scale, "%s/%s chunking: --prefill %d vs 512 over %d tokens: max |Δ| = %.2e (≤ 1e-5 × max|logit| = %.2e)%s",
@@ -213,7 +217,8 @@ int main(int argc, char **argv) {
       char ptag[192];
       char path_name[96] = "CPU";
       if (e->placement.cuda0_worker >= 0 && e->cublas_rows > 0)
-        snprintf(path_name, sizeof path_name, "CUDA0 float32, cuBLAS from %d rows", e->cublas_rows);
+        snprintf(path_name, sizeof path_name, "CUDA0 %s, cuBLAS from %d rows", e->cublas_tf32 ? "TF32" : "float32",
+                 e->cublas_rows);
       else if (e->placement.cuda0_worker >= 0)
         snprintf(path_name, sizeof path_name, "CUDA0 float32 kernels");
       snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag, path_name, e->placement.cache[0].n_slots,
@@ -228,9 +233,11 @@ int main(int argc, char **argv) {
              r.n_prompts, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), st_dot_isa(),
              q8 ? st_dot_q8_isa() : "off");
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
+      const int tf32 = e->cublas_tf32 && e->placement.cuda0_worker >= 0;
+      const char *reduced = (q8 || gpu_q8) && tf32 ? "int8 + TF32" : q8 || gpu_q8 ? "int8" : tf32 ? "TF32" : NULL;
       for (int j = 0; j < r.n_prompts; j++)
-        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, q8 || gpu_q8);
-      run_chunking(e, &r, ptag, (q8 || gpu_q8) && e->cublas_rows > 0 && e->placement.cuda0_worker >= 0);
+        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, reduced);
+      run_chunking(e, &r, ptag, (q8 || gpu_q8 || tf32) && e->cublas_rows > 0 && e->placement.cuda0_worker >= 0);
       if (pass == 0 && e->placement.cuda0_worker >= 0) {
         int fd = mkstemp(profile);
         if (fd >= 0) {
@@ -263,7 +270,7 @@ int main(int argc, char **argv) {
                e->int8_dot);
         int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
         for (int j = 0; j < r.n_prompts; j++)
-          run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, 0);
+          run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, NULL);
         free(trace);
         st_engine_destroy(e);
       }

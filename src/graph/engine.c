@@ -617,6 +617,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (starpu_cuda_worker_get_count() > 0 && cublas_rows > 0) starpu_cublas_init(); /* a handle per CUDA worker */
   st_cuda_gemm_set_tf32((int)env.cublas_tf32);
   e->cublas_rows = starpu_cuda_worker_get_count() > 0 ? cublas_rows : 0;
+  e->cublas_tf32 = e->cublas_rows > 0 && env.cublas_tf32;
 #else
   (void)cublas_rows;
 #endif
