@@ -67,6 +67,8 @@ struct st_wdesc {
  * attention over positions 0..pos. */
 struct st_attention_args {
   int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key, cublas_rows;
+  int32_t int8_dot; /* 1 (STRATA_INT8_DOT): the CPU variant's Q product on int8 activations
+                     * (st_dense_matmul; K and V keep float32); CUDA ignores it */
   float eps, rope_theta;
   struct st_wdesc wq, wk, wv;
 };
@@ -80,6 +82,8 @@ int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t 
  * attention output projection (inputs: the per-group attention outputs) and the output head. */
 struct st_linear_args {
   int32_t T, in_row0, n_in, has_norm, graph_key, cublas_rows;
+  int32_t int8_dot; /* 1: the CPU variant's product on int8 activations (st_dense_matmul; the engine
+                     * sets it for the attention output, as the decode lanes do, not for the head) */
   int64_t r0, r1;
   float eps;
   struct st_wdesc w;

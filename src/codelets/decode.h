@@ -118,6 +118,8 @@ struct st_decode_ctx {
   struct st_route *route;              /* [n_layer][k]: the step's routing (CPU-only) */
   uint8_t *xq;                         /* quantised FFN input: [2][q8 row of n_embd] (gate's, up's layout) */
   uint8_t *aq;                         /* [k][q8 row of n_ff]: quantised act rows (down's layout) */
+  uint8_t *xnq, *attnq;                /* q8_0 rows of xn and attn for Q8_0 wq and wo (CPU-only,
+                                          STRATA_INT8_DOT: st_dense_matmul's rule, decode_lane.c) */
   float *scratch;                      /* per StarPU worker: scratch_floats each */
   int64_t scratch_floats;
   int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_head; /* rows per work item */
@@ -144,6 +146,7 @@ enum st_lane_kind {
   ST_LP_QKV,     /* rows of wq, wk, wv: q, and K, V into the KV cache at pos */
   ST_LP_ROPE,    /* per query head, then per KV head: q/k RMSNorm and RoPE */
   ST_LP_ATTN,    /* per query head: softmax attention over positions 0..pos */
+  ST_LP_QATTN,   /* 1 item (int8 and Q8_0 wo only): attn quantised for wo (st_dense_matmul's rule) */
   ST_LP_OPROJ,   /* rows of wo */
   ST_LP_RESNORM, /* 1 item: h = x + xo, ffn_in = RMSNorm(h) */
   ST_LP_RLOGITS, /* rows of the router */

@@ -71,6 +71,19 @@ static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1
   st_matmul(w->type, W, w->row_bytes, r0, r1, x, w->n, 1, w->n, out, r1 - r0);
 }
 
+/* Whether the CPU-only lanes take W's product on q8_0 activations (STRATA_INT8_DOT, Q8_0 weights:
+ * st_dense_matmul's rule, so that the lanes and the per-task path give the same bits): wq on xnq
+ * (quantised by the item that norms xn), wo on attnq (the QATTN item). */
+static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) {
+  return c->int8_dot && w->type == ST_TYPE_Q8_0 && st_q8_row_bytes(w->type, w->n) > 0;
+}
+
+/* xn quantised for layer l's wq when it takes them (after each norm into xn). */
+static void quantize_xn(const struct st_decode_ctx *c, int l) {
+  if (l < c->n_layer && dense_q8(c, &c->layers[l].wq_d))
+    st_quantize_act(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq);
+}
+
 /* ---- the items ---------------------------------------------------------------------------- */
 
 static void item_qkv(struct lane_state *s, int l, int64_t i) {
@@ -79,7 +92,8 @@ static void item_qkv(struct lane_state *s, int l, int64_t i) {
   const int hd = c->head_dim, qrows = c->n_head * hd, kvrows = c->n_head_kv * hd, R = c->rows_qkv;
   int64_t r0 = i * R;
   if (r0 < qrows) {
-    rows(&L->wq_d, L->wq, r0, r0 + R, c->xn, c->q + r0);
+    if (dense_q8(c, &L->wq_d)) st_matmul_q8(L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, c->xnq, 1, L->wq_d.n, c->q + r0, R);
+    else rows(&L->wq_d, L->wq, r0, r0 + R, c->xn, c->q + r0);
     return;
   }
   r0 -= qrows;
@@ -204,19 +218,25 @@ static void item_combine(struct lane_state *s, int l) {
   }
   const float *norm = l + 1 < c->n_layer ? c->layers[l + 1].attn_norm : c->output_norm;
   st_rmsnorm(c->x, norm, c->xn, d, c->eps);
+  quantize_xn(c, l + 1);
 }
 
 static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = l < c->n_layer ? &c->layers[l] : NULL;
   switch (kind) {
-  case ST_LP_EMBNORM: st_rmsnorm(c->x, c->layers[0].attn_norm, c->xn, c->n_embd, c->eps); break;
+  case ST_LP_EMBNORM:
+    st_rmsnorm(c->x, c->layers[0].attn_norm, c->xn, c->n_embd, c->eps);
+    quantize_xn(c, 0);
+    break;
   case ST_LP_QKV: item_qkv(s, l, i); break;
   case ST_LP_ROPE: item_rope(s, l, i); break;
   case ST_LP_ATTN: item_attn(s, l, i); break;
+  case ST_LP_QATTN: st_quantize_act(ST_TYPE_Q8_0, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq); break;
   case ST_LP_OPROJ: {
     const int64_t r0 = i * c->rows_o, r1 = r0 + c->rows_o < c->n_embd ? r0 + c->rows_o : c->n_embd;
-    rows(&L->wo_d, L->wo, r0, r1, c->attn, c->xo + r0);
+    if (dense_q8(c, &L->wo_d)) st_matmul_q8(L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attnq, 1, L->wo_d.n, c->xo + r0, r1 - r0);
+    else rows(&L->wo_d, L->wo, r0, r1, c->attn, c->xo + r0);
     break;
   }
   case ST_LP_RESNORM: item_resnorm(s, l); break;
@@ -340,7 +360,7 @@ static void decode_lane_cpu(void *buffers[], void *cl_arg) {
 }
 
 int st_lane_token_plan(struct st_decode_ctx *c) {
-  const int L = c->n_layer, per_layer = 12;
+  const int L = c->n_layer, per_layer = 13;
   const int P = 1 + per_layer * L + 1;
   c->phase_start = calloc((size_t)P + 1, sizeof *c->phase_start);
   c->phase_kind = calloc((size_t)P, sizeof *c->phase_kind);
@@ -365,6 +385,7 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
     PHASE(ST_LP_QKV, l, (int64_t)(c->n_head + 2 * c->n_head_kv) * hd / c->rows_qkv);
     PHASE(ST_LP_ROPE, l, c->n_head + c->n_head_kv);
     PHASE(ST_LP_ATTN, l, c->n_head);
+    PHASE(ST_LP_QATTN, l, dense_q8(c, &Ly->wo_d) ? 1 : 0);
     PHASE(ST_LP_OPROJ, l, div_up64(c->n_embd, c->rows_o));
     PHASE(ST_LP_RESNORM, l, 1);
     PHASE(ST_LP_RLOGITS, l, div_up64(c->n_expert, c->rows_router));

@@ -473,6 +473,22 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
   }
 }
 
+void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
+                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq,
+                     uint32_t *xq_type) {
+  const uint64_t ldq = int8 && type == ST_TYPE_Q8_0 ? st_q8_row_bytes(type, n) : 0;
+  if (ldq && (!*xq || *xq_type != type)) { /* (re)quantise x for this type's layout */
+    free(*xq);
+    *xq = malloc((size_t)ldq * (size_t)T);
+    if (*xq) st_quantize_act(type, x, ldx, T, n, *xq);
+    *xq_type = type;
+  }
+  if (ldq && *xq)
+    st_matmul_q8(type, W, row_bytes, r0, r1, *xq, T, n, out, ldo);
+  else
+    st_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo);
+}
+
 void st_rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
   double ss = 0.0;
   for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

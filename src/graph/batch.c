@@ -269,7 +269,8 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
                                   .n_q = nq, .group0 = g, .n_groups = per_task, .eps = hp->rms_eps,
                                   .rope_theta = hp->rope_theta, .wq = st_engine_wdesc(&L->wq),
                                   .wk = st_engine_wdesc(&L->wk), .wv = st_engine_wdesc(&L->wv),
-                                  .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION), .cublas_rows = e->cublas_rows};
+                                  .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION), .cublas_rows = e->cublas_rows,
+                                  .int8_dot = e->int8_dot};
     starpu_data_handle_t bufs[7 + 3 * per_task];
     const starpu_data_handle_t fixed[7] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V], hw[W_Q_NORM], hw[W_K_NORM]};
     memcpy(bufs, fixed, sizeof fixed);
@@ -286,7 +287,8 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
   for (int s = 0; s < e->n_slices_o && !rc; s++) {
     struct st_linear_args a = {.T = b->T, .in_row0 = 0, .n_in = G, .has_norm = 0,
                                .r0 = (int64_t)s * so, .r1 = (int64_t)(s + 1) * so, .w = st_engine_wdesc(&L->wo),
-                               .graph_key = graph_key(e, b->T, l, GRAPH_ATTN_OUTPUT), .cublas_rows = e->cublas_rows};
+                               .graph_key = graph_key(e, b->T, l, GRAPH_ATTN_OUTPUT), .cublas_rows = e->cublas_rows,
+                               .int8_dot = e->int8_dot};
     starpu_data_handle_t bufs[2 + G];
     bufs[0] = hw[W_O];
     for (int g = 0; g < G; g++) bufs[1 + g] = b->attn[g];
