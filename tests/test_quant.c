@@ -5,6 +5,7 @@
  * block of each decoded to values worked out from the format by hand, the quantisers' round
  * trip, and st_matmul on random and on quantised blocks. Every block format's st_matmul runs at
  * every SIMD level, on rows of one block up to several, with tiles of 1 to 4 tokens.
+ * st_dense_matmul (the CPU's int8 dense products) against its parts, bitwise.
  * Prints every error it measured and the bound it used. */
 #include <math.h>
 #include <stdio.h>
@@ -550,10 +551,44 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
   free(xq);
 }
 
+/* st_dense_matmul (the CPU's dense Q and attention-output products): with int8 and Q8_0 weights
+ * bitwise equal to st_quantize_act + st_matmul_q8, with the cached quants reused for a second
+ * Q8_0 matrix and redone for a Q4_K one (which takes st_matmul, as without int8). */
+static void test_dense_matmul(void) {
+  enum { ROWS = 19, T = 5, N = 512 };
+  float deq[ROWS * N], x[T * N], want[T * ROWS], got[T * ROWS];
+  void *w8 = make_weights(ST_TYPE_Q8_0, ROWS, N, deq, 0), *wk = make_weights(ST_TYPE_Q4_K, ROWS, N, deq, 0);
+  for (int i = 0; i < T * N; i++) x[i] = (float)urand();
+  memset(want, 0, sizeof want), memset(got, 0, sizeof got); /* r0 = 2: the last two of each token's ROWS outputs stay 0 */
+  const uint64_t rb8 = st_row_bytes(ST_TYPE_Q8_0, N), rbk = st_row_bytes(ST_TYPE_Q4_K, N), qb = st_q8_row_bytes(ST_TYPE_Q8_0, N);
+  uint8_t *xq_ref = malloc(qb * T);
+  st_quantize_act(ST_TYPE_Q8_0, x, N, T, N, xq_ref);
+  st_matmul_q8(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, xq_ref, T, N, want, ROWS);
+  void *xq = NULL;
+  uint32_t xq_type = 0;
+  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq, &xq_type);
+  int ok = xq && memcmp(xq, xq_ref, qb * T) == 0 && memcmp(want, got, sizeof want) == 0;
+  /* the second call reuses the quants (the same x): the same bits again */
+  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq, &xq_type);
+  ok = ok && memcmp(want, got, sizeof want) == 0;
+  CHECK(ok, "st_dense_matmul Q8_0, int8: bitwise st_quantize_act + st_matmul_q8 (%d rows x %d tokens, twice)", ROWS - 2, T);
+  st_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, want, ROWS);
+  st_dense_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, got, ROWS, 1, &xq, &xq_type);
+  CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q4_K, int8: bitwise st_matmul (float32 activations)");
+  st_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, want, ROWS);
+  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, got, ROWS, 0, &xq, &xq_type);
+  CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q8_0, int8 off: bitwise st_matmul");
+  free(xq);
+  free(xq_ref);
+  free(w8);
+  free(wk);
+}
+
 int main(void) {
   printf("CPU kernels: %s\n", st_dot_isa());
   test_conversions();
   test_q8_0();
+  test_dense_matmul();
   const uint32_t types[] = {ST_TYPE_F32, ST_TYPE_F16, ST_TYPE_BF16, ST_TYPE_Q8_0};
   for (int i = 0; i < 4; i++) {
     test_matmul(types[i], 2048);
