@@ -15,39 +15,71 @@
 #include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 
-void st_rope_neox(float *v, int hd, int pos, float theta) {
-  const int half = hd / 2;
-  for (int i = 0; i < half; i++) {
+void st_rope_table(float *cs, int hd, int pos, float theta) {
+  for (int i = 0; i < hd / 2; i++) {
     const double freq = pow((double)theta, -2.0 * i / hd);
     const double ang = (double)pos * freq;
-    const float c = (float)cos(ang), s = (float)sin(ang);
-    const float x0 = v[i], x1 = v[i + half];
+    cs[2 * i] = (float)cos(ang), cs[2 * i + 1] = (float)sin(ang);
+  }
+}
+
+void st_rope_apply(float *v, int hd, const float *cs) {
+  const int half = hd / 2;
+  for (int i = 0; i < half; i++) {
+    const float c = cs[2 * i], s = cs[2 * i + 1], x0 = v[i], x1 = v[i + half];
     v[i] = x0 * c - x1 * s;
     v[i + half] = x0 * s + x1 * c;
   }
 }
 
-void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o) {
-  const float scale = 1.0f / sqrtf((float)hd);
-  st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, n_keys, qh, hd, 1, hd, score, n_keys);
+void st_rope_neox(float *v, int hd, int pos, float theta) {
+  float cs[hd];
+  st_rope_table(cs, hd, pos, theta);
+  st_rope_apply(v, hd, cs);
+}
+
+/* Softmax of n scores in place, scaled by `scale` first (sum in double); returns 1 / the sum:
+ * p_j = s[j] * the returned factor. */
+static float softmax_row(float *s, int n, float scale) {
   float mx = -INFINITY;
-  for (int j = 0; j < n_keys; j++) {
-    score[j] *= scale;
-    mx = fmaxf(mx, score[j]);
+  for (int j = 0; j < n; j++) {
+    s[j] *= scale;
+    mx = fmaxf(mx, s[j]);
   }
   double sum = 0.0;
-  for (int j = 0; j < n_keys; j++) {
-    score[j] = expf(score[j] - mx);
-    sum += score[j];
+  for (int j = 0; j < n; j++) {
+    s[j] = expf(s[j] - mx);
+    sum += s[j];
   }
-  const float inv = (float)(1.0 / sum);
-  memset(o, 0, sizeof(float) * (size_t)hd);
-  for (int j = 0; j < n_keys; j++) {
-    const float p = score[j] * inv;
-    const float *vj = vc + (size_t)j * hd;
-    for (int c = 0; c < hd; c++)
-      o[c] += p * vj[c];
+  return (float)(1.0 / sum);
+}
+
+void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, const float *kc, const float *vc, float *out,
+                      float *score, int64_t score_floats) {
+  const float scale = 1.0f / sqrtf((float)hd);
+  for (int t0 = 0; t0 < T;) {
+    int tt = T - t0; /* the tile's tokens: as many as their scores fit (at least one) */
+    while (tt > 1 && (int64_t)tt * nq * (pos0 + t0 + tt) > score_floats) tt = (tt + 1) / 2;
+    const int nk = pos0 + t0 + tt, rows = tt * nq; /* keys of the tile's last token; (token, head) rows */
+    /* every row's scores over the first nk keys: a row's value per key does not depend on the
+     * call's shape (st_matmul), the keys past a row's own are not read below */
+    st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, nk, q + (size_t)t0 * nq * hd, hd, rows, hd, score, nk);
+    float inv[rows];
+    for (int r = 0; r < rows; r++) inv[r] = softmax_row(score + (size_t)r * nk, pos0 + t0 + r / nq + 1, scale);
+    float *o = out + (size_t)t0 * nq * hd;
+    memset(o, 0, sizeof(float) * (size_t)rows * hd);
+    /* P V in key order for each row, every V row read once for the tile */
+    for (int j = 0; j < nk; j++) {
+      const float *vj = vc + (size_t)j * hd;
+      for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++)
+        st_axpy(o + (size_t)r * hd, score[(size_t)r * nk + j] * inv[r], vj, hd);
+    }
+    t0 += tt;
   }
+}
+
+void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o) {
+  st_attend_tokens(qh, 1, 1, hd, n_keys - 1, kc, vc, o, score, n_keys);
 }
 
 static void attention_cpu(void *buffers[], void *cl_arg) {
@@ -62,8 +94,11 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   const int T = a->T, d = a->n_embd, hd = a->head_dim, nq = a->n_q, qw = nq * hd;
   const int n_kv_total = a->pos0 + T;
 
-  float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_kv_total));
-  float *q = xn + (size_t)T * d, *score = q + (size_t)T * qw;
+  /* scores of a tile of (token, head) rows (st_attend_tokens): up to 4 MiB, at least one row */
+  const int64_t all_scores = (int64_t)T * nq * n_kv_total;
+  const int64_t n_score = all_scores < ((int64_t)1 << 20) ? all_scores : n_kv_total > ((int64_t)1 << 20) ? n_kv_total : (int64_t)1 << 20;
+  float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_score + (size_t)T * hd));
+  float *q = xn + (size_t)T * d, *score = q + (size_t)T * qw, *rope = score + n_score;
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
@@ -86,22 +121,20 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
     st_dense_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
                     vdst, hd, 0, &xq, &xq_type);
     for (int t = 0; t < T; t++) {
-      const int pos = a->pos0 + t;
+      float *cs = rope + (size_t)t * hd; /* token t's (cos, sin) pairs, shared by its heads */
+      if (i == 0) st_rope_table(cs, hd, a->pos0 + t, a->rope_theta);
       for (int h = 0; h < nq; h++) {
         float *qh = q + (size_t)t * qw + (size_t)h * hd;
         st_rmsnorm(qh, q_norm, qh, hd, a->eps);
-        st_rope_neox(qh, hd, pos, a->rope_theta);
+        st_rope_apply(qh, hd, cs);
       }
       float *kt = kdst + (size_t)t * hd;
       st_rmsnorm(kt, k_norm, kt, hd, a->eps);
-      st_rope_neox(kt, hd, pos, a->rope_theta);
+      st_rope_apply(kt, hd, cs);
     }
 
     /* Causal softmax attention: token t sees cache positions 0..pos0+t. */
-    for (int t = 0; t < T; t++)
-      for (int h = 0; h < nq; h++)
-        st_attend_head(q + (size_t)t * qw + (size_t)h * hd, kc, vc, a->pos0 + t + 1, hd, score,
-                       out + (size_t)t * qw + (size_t)h * hd);
+    st_attend_tokens(q, T, nq, hd, a->pos0, kc, vc, out, score, n_score);
   }
   free(xq);
   free(xn);

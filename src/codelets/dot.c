@@ -473,6 +473,34 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
   }
 }
 
+/* st_axpy's levels: o[i] = o[i] + a * v[i], a product then a sum per element (no fused
+ * multiply-add: the build has -ffp-contract=off and these use separate instructions), so every
+ * level gives the scalar loop's bits. */
+static void axpy_scalar(float *o, float a, const float *v, int64_t n) {
+  for (int64_t i = 0; i < n; i++) o[i] = o[i] + a * v[i];
+}
+
+static AVX2 void axpy_avx2(float *o, float a, const float *v, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_mul_ps(av, _mm256_loadu_ps(v + i))));
+  for (; i < n; i++) o[i] = o[i] + a * v[i];
+}
+
+static AVX512 void axpy_avx512(float *o, float a, const float *v, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(o + i, _mm512_add_ps(_mm512_loadu_ps(o + i), _mm512_mul_ps(av, _mm512_loadu_ps(v + i))));
+  for (; i < n; i++) o[i] = o[i] + a * v[i];
+}
+
+void st_axpy(float *o, float a, const float *v, int64_t n) {
+  static void (*const fns[])(float *, float, const float *, int64_t) = {axpy_scalar, axpy_avx2, axpy_avx512};
+  fns[level()](o, a, v, n);
+}
+
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
                      int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq,
                      uint32_t *xq_type) {

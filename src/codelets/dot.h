@@ -108,6 +108,10 @@ int st_dot_grid_lookup(int mode);
  * call from several threads. */
 int st_dot_row_pairs(int mode);
 
+/* o[i] += a * v[i] for i < n, as a product and then a sum (never fused), so that every SIMD
+ * level gives the bits of the plain C loop `o[i] = o[i] + a * v[i]`: attention's P V. */
+void st_axpy(float *o, float a, const float *v, int64_t n);
+
 /* The CPU's dense products (attention Q and output projection; K, V, router and output head
  * call it with int8 = 0) of T token rows: st_matmul, or, with int8 != 0 and Q8_0 weights, the
  * rows quantised once to q8_0 (st_quantize_act; *xq caches them between calls on the same x: pass

@@ -10,10 +10,24 @@
  * rotation llama.cpp applies for qwen3moe, LLAMA_ROPE_TYPE_NEOX). hd even. */
 void st_rope_neox(float *v, int hd, int pos, float theta);
 
+/* The same in two steps, for several heads at one position: st_rope_table writes the hd / 2
+ * (cos, sin) pairs of pos into cs [hd], st_rope_apply rotates one head with them (st_rope_neox's
+ * bits). */
+void st_rope_table(float *cs, int hd, int pos, float theta);
+void st_rope_apply(float *v, int hd, const float *cs);
+
 /* Causal softmax attention of one query head qh [hd] over the first n_keys rows of the head's
  * K and V caches (kc, vc [n_keys][hd]): scores scaled by 1/sqrt(hd), softmax (sum in double),
  * o [hd] = sum of p_j v_j in key order. score: n_keys floats of caller scratch. */
 void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o);
+
+/* The same for T tokens at positions pos0.. of nq query heads each (q and out [T][nq][hd]; token
+ * t sees the first pos0 + t + 1 keys), in tiles of tokens whose scores fit score_floats (caller
+ * scratch of at least pos0 + T floats): the scores of a tile in one st_matmul, P V with each V row
+ * read once per tile. Every (token, head) row gets st_attend_head's bits: the same scores, the
+ * same softmax, its P V added in key order with st_axpy. */
+void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, const float *kc, const float *vc, float *out,
+                      float *score, int64_t score_floats);
 
 /* One token's routing from its E router logits (overwritten with the softmax): softmax, top-k
  * by selection (highest first, ties to the lower expert id), weights renormalised to sum to 1
