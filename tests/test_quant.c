@@ -5,7 +5,8 @@
  * block of each decoded to values worked out from the format by hand, the quantisers' round
  * trip, and st_matmul on random and on quantised blocks. Every block format's st_matmul runs at
  * every SIMD level, on rows of one block up to several, with tiles of 1 to 4 tokens.
- * st_dense_matmul (the CPU's int8 dense products) against its parts, bitwise.
+ * st_dense_matmul (the CPU's int8 dense products) against its parts, st_axpy and the batched
+ * attention (st_attend_tokens) against their one-row forms, bitwise.
  * Prints every error it measured and the bound it used. */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "codelets/dot.h"
 #include "codelets/iq_grids.h"
+#include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 #include "testutil.h"
 
@@ -584,11 +586,45 @@ static void test_dense_matmul(void) {
   free(wk);
 }
 
+/* st_axpy at every SIMD level bitwise equal to the plain loop; st_attend_tokens (tiles of
+ * tokens x heads) bitwise equal to st_attend_head row by row, with the whole batch in one tile
+ * and with scratch for only a few rows (several tiles). */
+static void test_attend_tokens(void) {
+  enum { N = 37 };
+  float o[N], v[N], want[N];
+  for (int i = 0; i < N; i++) o[i] = (float)urand(), v[i] = (float)urand();
+  for (int i = 0; i < N; i++) want[i] = o[i] + 0.3f * v[i];
+  const int top = st_dot_force_isa(3);
+  for (int l = 0; l <= (top < 2 ? top : 2); l++) {
+    float got[N];
+    memcpy(got, o, sizeof o);
+    st_dot_force_isa(l);
+    st_axpy(got, 0.3f, v, N);
+    CHECK(memcmp(got, want, sizeof want) == 0, "st_axpy at %s (%d floats): bitwise the plain loop", st_dot_isa(), N);
+  }
+  st_dot_force_isa(top);
+  enum { T = 6, NQ = 3, HD = 40, POS0 = 9, KEYS = POS0 + T };
+  static float q[T * NQ * HD], k[KEYS * HD], vv[KEYS * HD], ref[T * NQ * HD], out[T * NQ * HD], score[T * NQ * KEYS];
+  for (int i = 0; i < T * NQ * HD; i++) q[i] = (float)urand();
+  for (int i = 0; i < KEYS * HD; i++) k[i] = (float)urand(), vv[i] = (float)urand();
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < NQ; h++)
+      st_attend_head(q + (t * NQ + h) * HD, k, vv, POS0 + t + 1, HD, score, ref + (t * NQ + h) * HD);
+  const int64_t caps[2] = {T * NQ * KEYS, 2 * NQ * KEYS};
+  for (int c = 0; c < 2; c++) {
+    memset(out, 0, sizeof out);
+    st_attend_tokens(q, T, NQ, HD, POS0, k, vv, out, score, caps[c]);
+    CHECK(memcmp(out, ref, sizeof ref) == 0, "st_attend_tokens (%d tokens x %d heads, hd %d, from position %d, %s): bitwise st_attend_head",
+          T, NQ, HD, POS0, c ? "tiles of 2 tokens or fewer" : "one tile");
+  }
+}
+
 int main(void) {
   printf("CPU kernels: %s\n", st_dot_isa());
   test_conversions();
   test_q8_0();
   test_dense_matmul();
+  test_attend_tokens();
   const uint32_t types[] = {ST_TYPE_F32, ST_TYPE_F16, ST_TYPE_BF16, ST_TYPE_Q8_0};
   for (int i = 0; i < 4; i++) {
     test_matmul(types[i], 2048);
