@@ -153,6 +153,19 @@ expect_error "--cuda-graphs both outside bench" "\-\-cuda-graphs both is for str
 "$STRATA" bench -m "$tiny" --prompt 32 --decode 2 -r 2 --json >"$tmp/out" 2>"$tmp/err" \
   && [ "$(grep -o '"tok_s_runs": \[[0-9.]*, [0-9.]*\]' "$tmp/out" | wc -l)" = 2 ] \
   && ok "bench -r 2 --json: tok_s_runs has two runs per row" || bad "bench -r 2 --json: $(cat "$tmp/out" "$tmp/err" | head -c 600)"
+# tflop_s of a 32-token prompt against the FLOPs of the tiny preset worked out here (4 layers,
+# hidden 64, 4 heads and 2 KV heads of 16, 16 experts, top-4, expert FFN 64; the vocabulary from
+# the logits' size): per token and layer 2 (64 (64 + 64) + 64 64 + 64 16 + 4 3 64 64) and 2 2 64
+# per key seen, 528 keys over the 32 tokens, and the head once: 2 64 V
+"$STRATA" eval -m "$tiny" -p hi --logits-out "$tmp/v.f32" 2>/dev/null
+V=$(( $(wc -c < "$tmp/v.f32") / 4 ))
+"$STRATA" bench -m "$tiny" --prompt 32 --decode 0 --json >"$tmp/out" 2>"$tmp/err"
+line=$(grep '"test": "prompt"' "$tmp/out")
+tps=$(echo "$line" | sed -E 's/.*"tok_s": ([0-9.e+-]+).*/\1/') tf=$(echo "$line" | sed -E 's/.*"tflop_s": ([0-9.e+-]+).*/\1/')
+want=$(( 2 * 4 * (62464 * 32 + 2 * 64 * 528) + 2 * 64 * V ))
+awk -v p="$tps" -v t="$tf" -v w="$want" -v V="$V" 'BEGIN { g = t * 1e12 * 32 / p; d = (g - w) / w; exit !(V > 0 && d < 1e-4 && d > -1e-4) }' \
+  && ok "bench --json tflop_s: $tf TFLOP/s at $tps tok/s over 32 tokens = $want FLOPs (vocabulary $V, within 1e-4)" \
+  || bad "bench tflop_s: $tf at $tps tok/s, want $want FLOPs: $(head -c 300 "$tmp/out" "$tmp/err")"
 expect_error "bench -r 0" "\-\-repetitions" "$STRATA" bench -m "$tiny" -r 0
 expect_error "bench -r with --kernels" "\-\-repetitions applies to the model bench" "$STRATA" bench --kernels -r 2
 expect_error "bench --kernels --formats with an unknown format" "unknown format 'q9_K' (known: f32" "$STRATA" bench --kernels --formats q4_K,q9_K

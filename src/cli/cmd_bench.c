@@ -128,6 +128,18 @@ static double share(const struct result *r) {
   return g + c > 0 ? g / (g + c) : 0.0;
 }
 
+/* FLOPs (two per multiply-add) of n tokens at positions depth..depth+n-1: per token and layer the
+ * Q, K, V and output projections, the router and the k routed experts' gate, up and down, and
+ * attention's scores and P V over the keys each token sees (depth + its index + 1); the output
+ * head for `heads` positions (a prompt: the last one; decode: every step). Norms, RoPE, softmax
+ * and SwiGLU are left out (their share is under 1 % of a qwen3moe layer). */
+static double model_flops(const struct st_hparams *hp, long n, long depth, long heads) {
+  const double d = hp->n_embd, qw = (double)hp->n_head * hp->head_dim, kvw = (double)hp->n_head_kv * hp->head_dim;
+  const double per_token = d * (qw + 2 * kvw) + qw * d + d * hp->n_expert + (double)hp->n_expert_used * 3 * d * hp->n_ff_exp;
+  const double keys = (double)n * depth + (double)n * (n + 1) / 2; /* summed over the tokens */
+  return 2.0 * hp->n_layer * (per_token * n + 2.0 * qw * keys) + 2.0 * d * hp->n_vocab * heads;
+}
+
 static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
   for (long i = 0; i < n; i++) ids[i] = (int32_t)((1000 + (i * 37) % 5000) % vocab);
 }
@@ -384,6 +396,7 @@ int st_cmd_bench(int argc, char **argv) {
     if (st_engine_n_cuda_workers(e) > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
     for (uint32_t l = 0; l < m->hp.n_layer; l++) pair_b += (double)st_pair_bytes_layer(m, l) * m->hp.n_expert_used;
   }
+#define TFLOPS(r) (model_flops(&m->hp, (r)->tokens, (r)->depth, strcmp((r)->test, "decode") ? 1 : (r)->tokens) / (r)->seconds / 1e12)
 #define ROOFLINE(r)                                                                                    \
   (strcmp((r)->test, "decode") || !roofline || bw_host <= 0 ? 0.0 : 1.0 / ((1.0 - share(r)) * pair_b / bw_host + \
                                                                           (bw_gpu > 0 ? share(r) * pair_b / bw_gpu : 0.0)))
@@ -398,7 +411,7 @@ int st_cmd_bench(int argc, char **argv) {
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
              "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f, \"tasks_per_token\": %.1f, "
-             "\"gpu_busy_share\": %.4f, \"tok_s_runs\": [",
+             "\"gpu_busy_share\": %.4f, \"tflop_s\": %.6g, \"tok_s_runs\": [",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
@@ -408,7 +421,7 @@ int st_cmd_bench(int argc, char **argv) {
              (unsigned long long)r->gd.instantiations, (unsigned long long)r->gd.reinstantiations,
              (unsigned long long)r->gd.launches, (unsigned long long)r->gd.fallbacks,
              (unsigned long long)r->gd.dense_calls, dense_us(r), (double)r->delta.tasks / (double)r->tokens,
-             r->gpu_busy);
+             r->gpu_busy, TFLOPS(r));
       for (int q = 0; q < reps; q++) printf("%s%.3f", q ? ", " : "", reps > 1 ? runs[i][q] : r->tokens / r->seconds);
       printf("]}");
     }
@@ -432,17 +445,17 @@ int st_cmd_bench(int argc, char **argv) {
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
-    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s %6s %10s %8s %7s\n", "test", "tokens", "depth", "seconds",
+    printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s %6s %10s %8s %7s %8s\n", "test", "tokens", "depth", "seconds",
            "tok/s", "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline", "graphs", "dense us/t",
-           "tasks/t", "GPU %");
+           "tasks/t", "GPU %", "TFLOP/s");
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       const uint64_t g = st_stats_gpu_entries(&r->delta), cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
-      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f %6s %10.1f %8.1f %7.1f\n", r->test,
+      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f %6s %10.1f %8.1f %7.1f %8.3f\n", r->test,
              r->tokens, r->depth, r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
              g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r),
              graphs_word(r->graphs), r->graphs < 0 ? 0.0 : dense_us(r), (double)r->delta.tasks / (double)r->tokens,
-             100.0 * r->gpu_busy);
+             100.0 * r->gpu_busy, TFLOPS(r));
     }
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
