@@ -12,6 +12,7 @@ extern "C" {
 #endif
 
 struct CUstream_st; /* a cudaStream_t, without the CUDA headers in C files */
+struct st_route;    /* codelets.h */
 
 void st_attention_cuda(void *buffers[], void *cl_arg);
 void st_linear_cuda(void *buffers[], void *cl_arg);
