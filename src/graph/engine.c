@@ -666,6 +666,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
         e->h_kv[i] = st_engine_reg(e->kv + i * (size_t)e->n_ctx * hp->head_dim, (uint64_t)e->n_ctx * hp->head_dim, 4);
       }
   }
+  /* The output head stays in the mapping (the arena copies experts only): its pages are mapped now,
+   * at load, instead of faulting in one by one during the first prompt (on the development
+   * machine's VM that was 0.85-1.1 s of a 121-token prompt; bench/RESULTS.md). */
+  st_gguf_populate(m->gguf, m->output.data, weight_bytes(&m->output));
   st_memory_log("before the cache fill", m, NULL, NULL); /* STRATA_MEMORY_LOG=1 (tiers/arena.h) */
   if (!rc) rc = setup_tiers(e, o);
   if (!rc) st_memory_log("after the cache fill", m, NULL, e->placement.tier);

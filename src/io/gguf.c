@@ -464,6 +464,20 @@ int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n) {
   return 0;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
+
+int st_gguf_populate(const struct st_gguf *g, const void *p, size_t n) {
+  const struct gguf_priv *gp = (const struct gguf_priv *)g;
+  if (!gp->mapped || !g->map) return 0;
+  const uintptr_t lo = (uintptr_t)g->map, hi = lo + g->size, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t a = (uintptr_t)p, b = a + n;
+  if (a < lo || b > hi || b <= a) return 0;
+  a &= ~(page - 1);
+  return madvise((void *)a, b - a, MADV_POPULATE_READ) ? errno : 0;
+}
+
 static int str_eq(struct st_gguf_str s, const char *z) {
   size_t n = strlen(z);
   return s.len == n && !memcmp(s.ptr, z, n);

@@ -96,6 +96,12 @@ void st_gguf_close(struct st_gguf *g);
  * errno of a failed madvise (the pages then stay resident; callers count it, the memory log shows it). */
 int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n);
 
+/* Maps [p, p + n) of the mapping into the process now (madvise MADV_POPULATE_READ: the pages read
+ * and their page-table entries made), so that the first access does not fault page by page. A
+ * no-op for a buffer handle or a range outside the mapping. Returns 0, or the errno of a failed
+ * madvise (EINVAL before Linux 5.14): the pages then fault in on first use, as without it. */
+int st_gguf_populate(const struct st_gguf *g, const void *p, size_t n);
+
 /* Lookups: NULL / -1 when absent. */
 const struct st_gguf_kv *st_gguf_find_kv(const struct st_gguf *g, const char *key);
 const struct st_gguf_tensor *st_gguf_find_tensor(const struct st_gguf *g, const char *name);
