@@ -554,8 +554,8 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
 }
 
 /* st_dense_matmul (the CPU's dense Q and attention-output products): with int8 and Q8_0 weights
- * bitwise equal to st_quantize_act + st_matmul_q8, with the cached quants reused for a second
- * Q8_0 matrix and redone for a Q4_K one (which takes st_matmul, as without int8). */
+ * bitwise equal to st_quantize_act + st_matmul_q8, with the cached quants reused by a second call;
+ * a Q4_K matrix takes st_matmul (as without int8). */
 static void test_dense_matmul(void) {
   enum { ROWS = 19, T = 5, N = 512 };
   float deq[ROWS * N], x[T * N], want[T * ROWS], got[T * ROWS];
@@ -567,18 +567,17 @@ static void test_dense_matmul(void) {
   st_quantize_act(ST_TYPE_Q8_0, x, N, T, N, xq_ref);
   st_matmul_q8(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, xq_ref, T, N, want, ROWS);
   void *xq = NULL;
-  uint32_t xq_type = 0;
-  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq, &xq_type);
+  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq);
   int ok = xq && memcmp(xq, xq_ref, qb * T) == 0 && memcmp(want, got, sizeof want) == 0;
   /* the second call reuses the quants (the same x): the same bits again */
-  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq, &xq_type);
+  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq);
   ok = ok && memcmp(want, got, sizeof want) == 0;
   CHECK(ok, "st_dense_matmul Q8_0, int8: bitwise st_quantize_act + st_matmul_q8 (%d rows x %d tokens, twice)", ROWS - 2, T);
   st_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, want, ROWS);
-  st_dense_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, got, ROWS, 1, &xq, &xq_type);
+  st_dense_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, got, ROWS, 1, &xq);
   CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q4_K, int8: bitwise st_matmul (float32 activations)");
   st_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, want, ROWS);
-  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, got, ROWS, 0, &xq, &xq_type);
+  st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, got, ROWS, 0, &xq);
   CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q8_0, int8 off: bitwise st_matmul");
   free(xq);
   free(xq_ref);

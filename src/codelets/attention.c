@@ -102,24 +102,23 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
-  void *xq = NULL; /* xn quantised (st_dense_matmul), shared by the groups' Q, K and V products */
-  uint32_t xq_type = 0;
+  void *xq = NULL; /* xn quantised (st_dense_matmul), shared by the groups' Q products */
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
     float *kc = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
     float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
     /* Projections: this group's query rows, and its K and V rows written straight into the cache.
-     * Q of a prompt chunk may take int8 activations (st_dense_matmul); K and V keep float32: their
-     * rounding stays in the cache for every later token (with int8 K and V the small Q4_K_M
-     * fixture's short prompt changed 6 of its 56 expert sets, the test allows 2). */
+     * Q may take int8 activations (st_dense_matmul); K and V keep float32: their rounding stays in
+     * the cache for every later token (with int8 K and V the small Q4_K_M fixture's short prompt
+     * changed 6 of its 56 expert sets, the test allows 2). */
     st_dense_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T, d,
-                    q, qw, a->int8_dot, &xq, &xq_type);
+                    q, qw, a->int8_dot, &xq);
     float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
-    st_dense_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
-                    kdst, hd, 0, &xq, &xq_type);
-    st_dense_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
-                    vdst, hd, 0, &xq, &xq_type);
+    st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
+              kdst, hd);
+    st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
+              vdst, hd);
     for (int t = 0; t < T; t++) {
       float *cs = rope + (size_t)t * hd; /* token t's (cos, sin) pairs, shared by its heads */
       if (i == 0) st_rope_table(cs, hd, a->pos0 + t, a->rope_theta);

@@ -71,12 +71,9 @@ static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1
   st_matmul(w->type, W, w->row_bytes, r0, r1, x, w->n, 1, w->n, out, r1 - r0);
 }
 
-/* Whether the CPU-only lanes take W's product on q8_0 activations (STRATA_INT8_DOT, Q8_0 weights:
- * st_dense_matmul's rule, so that the lanes and the per-task path give the same bits): wq on xnq
- * (quantised by the item that norms xn), wo on attnq (the QATTN item). */
-static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) {
-  return c->int8_dot && w->type == ST_TYPE_Q8_0 && st_q8_row_bytes(w->type, w->n) > 0;
-}
+/* Whether the CPU-only lanes take W's product on q8_0 activations (st_dense_q8, the per-task
+ * path's rule): wq on xnq (quantised by the item that norms xn), wo on attnq (the QATTN item). */
+static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) { return st_dense_q8(w->type, w->n, c->int8_dot); }
 
 /* xn quantised for layer l's wq when it takes them (after each norm into xn). */
 static void quantize_xn(const struct st_decode_ctx *c, int l) {

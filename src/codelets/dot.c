@@ -501,17 +501,14 @@ void st_axpy(float *o, float a, const float *v, int64_t n) {
   fns[level()](o, a, v, n);
 }
 
+int st_dense_q8(uint32_t type, int64_t n, int int8) { return int8 && type == ST_TYPE_Q8_0 && st_q8_row_bytes(type, n) > 0; }
+
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
-                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq,
-                     uint32_t *xq_type) {
-  const uint64_t ldq = int8 && type == ST_TYPE_Q8_0 ? st_q8_row_bytes(type, n) : 0;
-  if (ldq && (!*xq || *xq_type != type)) { /* (re)quantise x for this type's layout */
-    free(*xq);
-    *xq = malloc((size_t)ldq * (size_t)T);
-    if (*xq) st_quantize_act(type, x, ldx, T, n, *xq);
-    *xq_type = type;
-  }
-  if (ldq && *xq)
+                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq) {
+  const int q8 = st_dense_q8(type, n, int8);
+  if (q8 && !*xq && (*xq = malloc((size_t)st_q8_row_bytes(type, n) * (size_t)T)))
+    st_quantize_act(type, x, ldx, T, n, *xq);
+  if (q8 && *xq)
     st_matmul_q8(type, W, row_bytes, r0, r1, *xq, T, n, out, ldo);
   else
     st_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo);

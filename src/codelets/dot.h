@@ -112,20 +112,23 @@ int st_dot_row_pairs(int mode);
  * level gives the bits of the plain C loop `o[i] = o[i] + a * v[i]`: attention's P V. */
 void st_axpy(float *o, float a, const float *v, int64_t n);
 
-/* The CPU's dense products (attention Q and output projection; K, V, router and output head
- * call it with int8 = 0) of T token rows: st_matmul, or, with int8 != 0 and Q8_0 weights, the
- * rows quantised once to q8_0 (st_quantize_act; *xq caches them between calls on the same x: pass
- * the same *xq and *xq_type, NULL and 0 at first, and free(*xq) after the last call) and
- * st_matmul_q8, as ggml's CPU backend does. A prompt chunk is compute-bound, where the integer
- * kernels do about three times the multiply-adds of the float ones per cycle; one token reads at
- * the memory's speed either way, and takes the same rule so that a token's bits do not depend on
- * the chunk (the decode step's lanes do the same, decode_lane.c dense_q8). Q8_0 only: the K formats' activations would be q8_K (one scale
- * per 256), which moved the small Q4_K_M fixture's short prompt from mean |Δ|/σ 0.010 to 0.142
- * (bound 0.15) and flipped 3 of its 56 expert sets. Arguments as st_matmul's; an allocation
- * failure falls back to st_matmul. */
+/* Whether the CPU's dense products of `type` weights with rows of n take int8 activations:
+ * int8 (STRATA_INT8_DOT) and Q8_0 weights. The one rule st_dense_matmul and the decode lanes
+ * (decode_lane.c) share, so that a token's bits do not depend on the path or the chunk. Q8_0
+ * only: the K formats' activations would be q8_K (one scale per 256), which moved the small
+ * Q4_K_M fixture's short prompt from mean |Δ|/σ 0.010 to 0.142 (bound 0.15) and flipped 3 of its
+ * 56 expert sets. */
+int st_dense_q8(uint32_t type, int64_t n, int int8);
+
+/* The CPU's dense products that may take int8 activations (attention Q and output projection;
+ * K, V, router and head call st_matmul) of T token rows: st_matmul, or, where st_dense_q8 says
+ * so, the rows quantised once to q8_0 (st_quantize_act; *xq caches them between calls on the
+ * same x: pass the same *xq, NULL at first, and free(*xq) after the last call) and st_matmul_q8,
+ * as ggml's CPU backend does. A prompt chunk is compute-bound, where the integer kernels do about
+ * three times the multiply-adds of the float ones per cycle; one token reads at the memory's
+ * speed either way. Arguments as st_matmul's; an allocation failure falls back to st_matmul. */
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
-                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq,
-                     uint32_t *xq_type);
+                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq);
 
 /* RMSNorm of one row: y = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). y may alias x.
  * Source: Zhang & Sennrich 2019; Qwen3 uses it for every norm. */

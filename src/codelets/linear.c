@@ -27,9 +27,7 @@ static void linear_cpu(void *buffers[], void *cl_arg) {
   if (norm)
     for (int32_t t = 0; t < a->T; t++) st_rmsnorm(x + t * n, norm, x + t * n, n, a->eps);
   void *xq = NULL;
-  uint32_t xq_type = 0;
-  st_dense_matmul(a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n, a->T, n, out, a->r1 - a->r0, a->int8_dot, &xq,
-                  &xq_type);
+  st_dense_matmul(a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n, a->T, n, out, a->r1 - a->r0, a->int8_dot, &xq);
   free(xq);
   free(x);
 }

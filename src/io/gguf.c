@@ -452,16 +452,22 @@ void st_gguf_close(struct st_gguf *g) {
   free_handle((struct gguf_priv *)g);
 }
 
-int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n) {
+/* The pages of [p, p + n) inside g's file mapping: those wholly inside (inward) or every one it
+ * touches, as [*a, *b). 0 when there are none (a buffer handle, a range outside the mapping). */
+static int map_pages(const struct st_gguf *g, const void *p, size_t n, int inward, uintptr_t *a, uintptr_t *b) {
   const struct gguf_priv *gp = (const struct gguf_priv *)g;
   if (!gp->mapped || !g->map) return 0;
   const uintptr_t lo = (uintptr_t)g->map, hi = lo + g->size, page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t a = (uintptr_t)p, b = a + n;
-  if (a < lo || b > hi || b <= a) return 0;
-  a = (a + page - 1) & ~(page - 1);
-  b &= ~(page - 1);
-  if (b > a && madvise((void *)a, b - a, MADV_DONTNEED)) return errno;
-  return 0;
+  *a = (uintptr_t)p, *b = *a + n;
+  if (*a < lo || *b > hi || *b <= *a) return 0;
+  *a = inward ? (*a + page - 1) & ~(page - 1) : *a & ~(page - 1);
+  if (inward) *b &= ~(page - 1);
+  return *b > *a;
+}
+
+int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n) {
+  uintptr_t a, b;
+  return map_pages(g, p, n, 1, &a, &b) && madvise((void *)a, b - a, MADV_DONTNEED) ? errno : 0;
 }
 
 #ifndef MADV_POPULATE_READ
@@ -469,13 +475,8 @@ int st_gguf_release_pages(const struct st_gguf *g, const void *p, size_t n) {
 #endif
 
 int st_gguf_populate(const struct st_gguf *g, const void *p, size_t n) {
-  const struct gguf_priv *gp = (const struct gguf_priv *)g;
-  if (!gp->mapped || !g->map) return 0;
-  const uintptr_t lo = (uintptr_t)g->map, hi = lo + g->size, page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t a = (uintptr_t)p, b = a + n;
-  if (a < lo || b > hi || b <= a) return 0;
-  a &= ~(page - 1);
-  return madvise((void *)a, b - a, MADV_POPULATE_READ) ? errno : 0;
+  uintptr_t a, b;
+  return map_pages(g, p, n, 0, &a, &b) && madvise((void *)a, b - a, MADV_POPULATE_READ) ? errno : 0;
 }
 
 static int str_eq(struct st_gguf_str s, const char *z) {
