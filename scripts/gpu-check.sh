@@ -7,8 +7,9 @@
 # output and bitwise-identical logits over 300 one-token steps, and strata bench --cuda-graphs
 # both on the small fixture (GRAPHS_BENCH_MODEL=FILE benches that model too, with
 # GRAPHS_BENCH_ARGS added); 4) cuBLAS on the prompt path (STRATA_CUBLAS=0 vs default, run to run
-# and, on two GPUs, helper vs CUDA0), and with TF32 GEMMs (STRATA_CUBLAS_TF32=1: the fixtures by
-# their tolerance blocks, run to run bitwise). Prints a short table last.
+# and, on two GPUs, helper vs CUDA0); the defaults (TF32 GEMMs, Q8_0 experts on the tensor cores)
+# run to run bitwise, and the float32 path (STRATA_CUBLAS_TF32=0 STRATA_INT8_DOT=0: the fixtures'
+# tight float32 bound). Prints a short table last.
 set -u
 C=${CARRY:-carry}
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
@@ -79,7 +80,7 @@ fi
 # the float32 kernels only (0) and with cuBLAS from 32 rows (the default); a 300-token prompt (one
 # chunk) with every expert cached, twice with cuBLAS: bitwise-identical logits; the same with
 # STRATA_CUBLAS=0 (differs by rounding); on two GPUs, the experts on a helper card instead of CUDA0.
-# 4b) the same fixtures and repeatability with TF32 GEMMs (STRATA_CUBLAS_TF32=1).
+# 4b) the float32 path's fixtures and the defaults' repeatability.
 for cb in 0 1; do
   STRATA_CUBLAS=$cb STRATA_FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" small > "$out/forward_ref_cublas$cb.log" 2>&1
   st=$?
@@ -93,17 +94,14 @@ cbeval "$out/logits-cublas-b.f32" --expert-cache 64 2>/dev/null
 STRATA_CUBLAS=0 cbeval "$out/logits-cublas-0.f32" --expert-cache 64 2>/dev/null
 [ -s "$out/logits-cublas-a.f32" ] && cmp -s "$out/logits-cublas-a.f32" "$out/logits-cublas-b.f32" && r=PASS || r=FAIL
 cmp -s "$out/logits-cublas-a.f32" "$out/logits-cublas-0.f32" && r0=identical || r0="differ (rounding: another summation order)"
-rows+=("cuBLAS prompt path, tiny Q8_0, 300 tokens, all 64 experts cached: same command twice bitwise identical: $r; vs STRATA_CUBLAS=0: $r0")
-# 4b) TF32 prompt GEMMs (STRATA_CUBLAS_TF32=1): every fixture by its tolerance blocks (not the
-# float32 bound), and the same command twice bitwise identical
-STRATA_CUBLAS_TF32=1 STRATA_FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" > "$out/forward_ref_tf32.log" 2>&1
+rows+=("prompt path defaults (TF32 GEMMs, Q8_0 experts on the tensor cores), tiny Q8_0, 300 tokens, all 64 experts cached: same command twice bitwise identical: $r; vs STRATA_CUBLAS=0: $r0")
+# 4b) the float32 path (STRATA_CUBLAS_TF32=0 STRATA_INT8_DOT=0): every fixture, the tight float32
+# bound included; the defaults' run to run bits are the cuBLAS rows above (TF32 GEMMs, Q8_0
+# experts on the tensor cores)
+STRATA_CUBLAS_TF32=0 STRATA_INT8_DOT=0 STRATA_FIXTURES=$PWD/$C/fixtures "$C/tests/test_forward_ref" > "$out/forward_ref_f32.log" 2>&1
 st=$?
-rows+=("fixture comparisons with STRATA_CUBLAS_TF32=1 (tolerance blocks): $(tail -n 1 "$out/forward_ref_tf32.log") (exit $st)")
-grep -E "^FAIL" "$out/forward_ref_tf32.log" | head -n 10
-STRATA_CUBLAS_TF32=1 cbeval "$out/logits-tf32-a.f32" --expert-cache 64 2>/dev/null
-STRATA_CUBLAS_TF32=1 cbeval "$out/logits-tf32-b.f32" --expert-cache 64 2>/dev/null
-[ -s "$out/logits-tf32-a.f32" ] && cmp -s "$out/logits-tf32-a.f32" "$out/logits-tf32-b.f32" && r=PASS || r=FAIL
-rows+=("TF32 prompt GEMMs, tiny Q8_0, 300 tokens, all 64 experts cached: same command twice bitwise identical: $r")
+rows+=("fixture comparisons on the float32 path (STRATA_CUBLAS_TF32=0 STRATA_INT8_DOT=0, tight bound): $(tail -n 1 "$out/forward_ref_f32.log") (exit $st)")
+grep -E "^FAIL" "$out/forward_ref_f32.log" | head -n 10
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   cbeval "$out/logits-cublas-h.f32" --expert-cache-device1 64 2>"$out/eval-cublas-h.err"
   [ -s "$out/logits-cublas-h.f32" ] && cmp -s "$out/logits-cublas-a.f32" "$out/logits-cublas-h.f32" && r=PASS || r=FAIL

@@ -137,6 +137,8 @@ struct st_expert_rows_args {
   int32_t int8_dot;    /* 1 = quantised activations (STRATA_INT8_DOT): on the CPU the integer kernels
                         * (st_matmul_q8) for the matrices whose type has them, on a GPU the Q8_0
                         * kernels of st_cuda_grouped_matmul (outside cuBLAS); 0 = float32 */
+  int32_t mmq;         /* 1 (STRATA_MMQ, with int8_dot and cublas_rows > 0): on a GPU, Q8_0 experts of
+                        * at least ST_MMQ_MIN_ROWS rows on the tensor-core kernels (mmq.cuh) */
   struct st_wdesc gate, up, down;
   /* followed by n_experts struct st_expert_group, then n_rows struct st_expert_row, then, when
    * n_out_rows > 0, red_off [n_out_rows + 1] and red_idx [n_rows] (int32) */

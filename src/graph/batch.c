@@ -90,7 +90,7 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_expert_rows_args base = {.n_embd = d, .n_ff = (int)hp->n_ff_exp, .layer = (int)l,
                                            .ff0 = 0, .ff1 = (int)hp->n_ff_exp, .n_out_rows = 0,
                                            .gate = st_engine_wdesc(&L->gate_exps), .up = st_engine_wdesc(&L->up_exps),
-                                           .down = st_engine_wdesc(&L->down_exps), .cublas_rows = e->cublas_rows,
+                                           .down = st_engine_wdesc(&L->down_exps), .cublas_rows = e->cublas_rows, .mmq = e->mmq,
                                            .int8_dot = e->int8_dot};
   int n_out = 0, row_cursor = 0;
   /* Adds rows [s, s + n) of expert x's sorted entries to the task being built in `ea`. */

@@ -35,6 +35,7 @@ struct env_conf {
   long cublas;         /* STRATA_CUBLAS: 0 never, 1 from CUBLAS_ROWS token rows, N >= 2 from N */
   long cublas_tf32;    /* STRATA_CUBLAS_TF32: 0 (float32 GEMMs, CUBLAS_COMPUTE_32F_PEDANTIC) or 1 (TF32 tensor cores) */
   long int8_dot;       /* STRATA_INT8_DOT: 0 or 1 */
+  long mmq;            /* STRATA_MMQ: 0 or 1 */
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
@@ -64,8 +65,9 @@ static int read_env(struct env_conf *c) {
   if (!rc && c->ff_slice % 32)
     rc = st_set_error(ST_EINVAL, "STRATA_FF_SLICE=%ld: expected 0 or a multiple of 32 (doc/tuning.md)", c->ff_slice);
   if (!rc) rc = env_long("STRATA_CUBLAS", 0, 1 << 20, 1, &c->cublas);
-  if (!rc) rc = env_long("STRATA_CUBLAS_TF32", 0, 1, 0, &c->cublas_tf32);
+  if (!rc) rc = env_long("STRATA_CUBLAS_TF32", 0, 1, 1, &c->cublas_tf32);
   if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
+  if (!rc) rc = env_long("STRATA_MMQ", 0, 1, 1, &c->mmq);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
@@ -527,6 +529,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   const int primary_device = env_primary ? atoi(env_primary) : 0;
   const int cublas_rows = env.cublas == 1 ? CUBLAS_ROWS : (int)env.cublas;
   e->int8_dot = (int)env.int8_dot;
+  e->mmq = (int)env.mmq;
   e->decode_graph = (int)env.decode_graph;
   e->pdl = (int)env.pdl;
   if (env_primary && primary_device > 0 && o->layer_split) {

@@ -115,6 +115,7 @@ struct st_engine {
   int cuda_graphs;         /* decode-path dense tasks on CUDA0 carry graph keys (cuda/graph.cu) */
   int cublas_rows;         /* STRATA_CUBLAS: batches (experts) of >= this many rows use cuBLAS on a GPU; 0 off */
   int cublas_tf32;         /* STRATA_CUBLAS_TF32: those GEMMs on TF32 tensor cores (with cublas_rows > 0) */
+  int mmq;                 /* STRATA_MMQ: the GPU's prompt-path Q8_0 experts on the tensor-core kernels */
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
   int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */

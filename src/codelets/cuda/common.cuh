@@ -379,6 +379,20 @@ struct st_cuda_group {
 void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_group *groups_dev,
                             int n_groups, int max_rows, int64_t n_out, const float *x, int64_t n,
                             const float *scale, float *out, cudaStream_t stream, int64_t q8_rows);
+// T token rows of n floats (x, ldx floats apart; n a multiple of 32) quantised as st_quantize_act
+// does into xq (rows st_q8_stride(n) bytes apart: the n quants, then the n / 32 float scales).
+void st_cuda_quantize_rows(const float *x, int64_t ldx, int64_t T, int64_t n, int8_t *xq, cudaStream_t stream);
+// Rows from which an expert of Q8_0 weights on int8 activations leaves the grouped decode kernels
+// for the tensor-core ones on the prompt path (expert_rows.cu): the grouped kernels read a
+// weight row once per 8 token rows (mmv.cuh MMV_TT), the tensor-core kernels once per 32.
+#define ST_MMQ_MIN_ROWS 9
+// Whether st_cuda_mmq_grouped takes rows of n weights of this type (Q8_0, n a multiple of 128).
+bool st_cuda_mmq_takes(uint32_t type, int64_t n);
+// st_cuda_grouped_matmul's product on the tensor cores (mmq.cuh): Q8_0 weights times the groups'
+// activation rows already quantised in xq (st_cuda_quantize_rows), one launch for every group.
+void st_cuda_mmq_grouped(uint64_t row_bytes, const st_cuda_group *groups_dev, int n_groups, int max_rows,
+                         int64_t n_out, const int8_t *xq, int64_t n, const float *scale, float *out,
+                         cudaStream_t stream);
 
 // ---- gemm.cu: prompt-chunk products through cuBLAS (see the file's notes on exactness) ----
 // The calling StarPU CUDA worker's cuBLAS handle when a batch of T token rows should use cuBLAS:

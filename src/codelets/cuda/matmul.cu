@@ -8,6 +8,7 @@
 #include "codelets/cuda/common.cuh"
 #define MMV_LAUNCHERS /* st_cuda_matmul and st_cuda_grouped_matmul are defined here */
 #include "codelets/cuda/mmv.cuh"
+#include "codelets/cuda/mmq.cuh"
 
 #define TT 8
 #define GENERIC 1000u /* any other block format: st_dev_weight's runtime switch */
@@ -156,6 +157,20 @@ void st_cuda_grouped_matmul(uint32_t type, uint64_t row_bytes, const st_cuda_gro
   ST_CUDA_CHECK(cudaGetLastError());
 }
 
+void st_cuda_quantize_rows(const float *x, int64_t ldx, int64_t T, int64_t n, int8_t *xq, cudaStream_t stream) {
+  if (T > 0) mmv_quantize(x, ldx, T, n, xq, stream);
+  ST_CUDA_CHECK(cudaGetLastError());
+}
+
+bool st_cuda_mmq_takes(uint32_t type, int64_t n) { return mmq_takes(type, n); }
+
+void st_cuda_mmq_grouped(uint64_t row_bytes, const st_cuda_group *groups_dev, int n_groups, int max_rows,
+                         int64_t n_out, const int8_t *xq, int64_t n, const float *scale, float *out,
+                         cudaStream_t stream) {
+  mmq_grouped(row_bytes, groups_dev, n_groups, max_rows, n_out, xq, n, scale, out, stream);
+  ST_CUDA_CHECK(cudaGetLastError());
+}
+
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int n, float eps) {
   __shared__ float red[32];
   const float *xr = x + (int64_t)blockIdx.x * n;
@@ -273,6 +288,90 @@ extern "C" int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_
   cudaFree(dscale);
   cudaFree(dout);
   return ok ? 0 : -1;
+}
+
+// For tests: st_cuda_mmq_grouped on host data, laid out as for st_cuda_grouped_rows (Q8_0 weights,
+// n a multiple of 128; the rows quantised on the device first). 0, or -1 on a CUDA error.
+extern "C" int st_cuda_mmq_rows(const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows,
+                                int64_t n_out, const float *x, int64_t n, const float *scale, float *out) {
+  if (!mmq_takes(ST_TYPE_Q8_0, n)) return -1;
+  st_cuda_group *desc = (st_cuda_group *)calloc((size_t)n_groups, sizeof *desc), *ddesc = NULL;
+  float *dx = NULL, *dscale = NULL, *dout = NULL;
+  int8_t *dq = NULL;
+  int rows = 0, max_rows = 0, ok = desc != NULL;
+  for (int g = 0; g < n_groups; g++) {
+    max_rows = n_rows[g] > max_rows ? n_rows[g] : max_rows;
+    rows += n_rows[g];
+  }
+  const size_t wb = row_bytes * (size_t)n_out;
+  for (int g = 0, row0 = 0; ok && g < n_groups; row0 += n_rows[g], g++) {
+    void *dw = NULL;
+    ok = cudaMalloc(&dw, wb) == cudaSuccess && cudaMemcpy(dw, W[g], wb, cudaMemcpyHostToDevice) == cudaSuccess;
+    desc[g] = st_cuda_group{(const uint8_t *)dw, row0, n_rows[g]};
+  }
+  ok = ok && cudaMalloc(&ddesc, sizeof *desc * (size_t)n_groups) == cudaSuccess &&
+       cudaMalloc(&dx, sizeof(float) * (size_t)rows * (size_t)n) == cudaSuccess &&
+       cudaMalloc(&dq, (size_t)(rows * st_q8_stride(n))) == cudaSuccess &&
+       cudaMalloc(&dscale, sizeof(float) * (size_t)rows) == cudaSuccess &&
+       cudaMalloc(&dout, sizeof(float) * (size_t)rows * (size_t)n_out) == cudaSuccess;
+  if (ok) {
+    cudaMemcpy(ddesc, desc, sizeof *desc * (size_t)n_groups, cudaMemcpyHostToDevice);
+    cudaMemcpy(dx, x, sizeof(float) * (size_t)rows * (size_t)n, cudaMemcpyHostToDevice);
+    if (scale) cudaMemcpy(dscale, scale, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice);
+    st_cuda_quantize_rows(dx, n, rows, n, dq, 0);
+    st_cuda_mmq_grouped(row_bytes, ddesc, n_groups, max_rows, n_out, dq, n, scale ? dscale : NULL, dout, 0);
+    ok = cudaMemcpy(out, dout, sizeof(float) * (size_t)rows * (size_t)n_out, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  for (int g = 0; desc && g < n_groups; g++) cudaFree((void *)desc[g].W);
+  free(desc);
+  cudaFree(ddesc);
+  cudaFree(dx);
+  cudaFree(dq);
+  cudaFree(dscale);
+  cudaFree(dout);
+  return ok ? 0 : -1;
+}
+
+// For tests: seconds of one st_cuda_mmq_grouped launch (mean of reps after a warm-up) over
+// n_groups experts of n_out Q8_0 rows of n weights (zero blocks) with `rows` token rows each; -1 on
+// a CUDA error.
+extern "C" double st_cuda_mmq_seconds(int n_groups, int rows, int64_t n_out, int64_t n, int reps) {
+  const uint64_t rb = (uint64_t)(n / 32) * 34;
+  uint8_t *dw = NULL;
+  int8_t *dq = NULL;
+  float *dout = NULL;
+  st_cuda_group *ddesc = NULL;
+  const int64_t T = (int64_t)n_groups * rows;
+  double sec = -1.0;
+  if (cudaMalloc(&dw, rb * (size_t)n_out * (size_t)n_groups) == cudaSuccess &&
+      cudaMalloc(&dq, (size_t)(T * st_q8_stride(n))) == cudaSuccess &&
+      cudaMalloc(&dout, sizeof(float) * (size_t)(T * n_out)) == cudaSuccess &&
+      cudaMalloc(&ddesc, sizeof(st_cuda_group) * (size_t)n_groups) == cudaSuccess) {
+    cudaMemset(dw, 0, rb * (size_t)n_out * (size_t)n_groups);
+    cudaMemset(dq, 0, (size_t)(T * st_q8_stride(n)));
+    st_cuda_group *desc = (st_cuda_group *)malloc(sizeof(st_cuda_group) * (size_t)n_groups);
+    for (int g = 0; g < n_groups; g++) desc[g] = st_cuda_group{dw + rb * (size_t)n_out * g, g * rows, rows};
+    cudaMemcpy(ddesc, desc, sizeof(st_cuda_group) * (size_t)n_groups, cudaMemcpyHostToDevice);
+    free(desc);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    mmq_grouped(rb, ddesc, n_groups, rows, n_out, dq, n, NULL, dout, 0);
+    cudaEventRecord(e0, 0);
+    for (int r = 0; r < reps; r++) mmq_grouped(rb, ddesc, n_groups, rows, n_out, dq, n, NULL, dout, 0);
+    cudaEventRecord(e1, 0);
+    float ms = 0.0f;
+    if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
+      sec = ms * 1e-3 / reps;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  cudaGetLastError();
+  cudaFree(dw);
+  cudaFree(dq);
+  cudaFree(dout);
+  cudaFree(ddesc);
+  return sec;
 }
 
 extern "C" double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps) {
