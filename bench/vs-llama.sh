@@ -21,7 +21,8 @@
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
 # default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
-# depths QUICK_DEPTHS gives for the 24 GB row (default 0). RDEEP repetitions of the deep row (1).
+# depths QUICK_DEPTHS gives for the 24 GB row (default 0); with QUICK_PROMPT=1 also the prompt 4096
+# of the every-expert row and the CPU's prompt 128. RDEEP repetitions of the deep row (1).
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=$root/carry
@@ -120,9 +121,11 @@ strata_phase() {
   gm=${gm:-20.2}
   local pg=4096 pc=128 dd=0,4096
   [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=${QUICK_DEPTHS:-0}
+  local pgg=$pg
+  [ "${QUICK_PROMPT:-0}" = 1 ] && pgg=4096 pc=128
   for row in $ROWS; do
     case $row in
-      gpu) sbench gpu --prompt $pg --decode 128 --expert-profile "$profile" --expert-cache auto ;;
+      gpu) sbench gpu --prompt $pgg --decode 128 --expert-profile "$profile" --expert-cache auto ;;
       24gb) sbench 24gb --prompt $pg --decode 64 --depth $dd --expert-profile "$profile" --expert-cache auto --gpu-mem "$gm" ;;
       cpu) STARPU_NCUDA=0 sbench cpu --prompt $pc --decode 32 ;;
       deep) R=${RDEEP:-1} sbench deep -c 32832 --prompt 0 --decode 64 --depth 0,32768 --expert-profile "$profile" --expert-cache auto ;;
@@ -144,9 +147,11 @@ llama_phase() {
   [ -x "$LB" ] || { echo "llama-bench is not built: $(tail -n 3 "$W/llama-build.log")"; return 1; }
   local pg=4096 pc=128 dd=0,4096 th=8,16
   [ "${QUICK:-0}" = 1 ] && pg=0 pc=0 dd=${QUICK_DEPTHS:-0} th=16
+  local pgg=$pg
+  [ "${QUICK_PROMPT:-0}" = 1 ] && pgg=4096 pc=128
   for row in $ROWS; do
     case $row in
-      gpu) lbench gpu -ngl 99 -p $pg -n 128 ;;
+      gpu) lbench gpu -ngl 99 -p $pgg -n 128 ;;
       24gb) lbench 24gb -ngl 99 -ncmoe "$NCMOE" -t $th -p $pg -n 64 -d $dd ;;
       cpu) lbench cpu -dev none -t $th -p $pc -n 32 ;;
       deep) R=1 lbench deep -ngl 99 -p 0 -n 64 -d 32768 ;;
