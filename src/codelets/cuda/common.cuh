@@ -401,7 +401,7 @@ void st_cuda_mmq_grouped(uint64_t row_bytes, const st_cuda_group *groups_dev, in
 cublasHandle_t st_cuda_cublas_handle(int64_t T, int32_t min_rows);
 // st_cuda_matmul's product through cuBLAS on handle h, queued on `stream` (h is bound to it):
 // weights other than F32 are dequantised to float32 scratch (chunks of at most 64 MiB), then one
-// float32 GEMM per chunk (CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT).
+// GEMM per chunk (TF32 or float32 math: st_cuda_gemm_set_tf32; CUBLAS_GEMM_DEFAULT).
 void st_cuda_gemm(cublasHandle_t h, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
                   const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, cudaStream_t stream);
 // The pieces of st_cuda_gemm, for a codelet that runs several GEMMs with one scratch: bind h to

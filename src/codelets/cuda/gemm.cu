@@ -3,11 +3,11 @@
 // token), far from the GPU's arithmetic rate for a chunk of hundreds of tokens. Here a block of
 // weight rows is dequantised to float32 in device scratch with the kernels' own element decoder
 // (common.cuh st_dev_weight; F32 weights are used in place) and multiplied with one
-// cublasGemmEx: float32 in, float32 out, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32 nor any other
-// reduced-precision shortcut: fixtures/README.md's tolerances assume a float32 path), or, with
-// STRATA_CUBLAS_TF32=1 (st_cuda_gemm_set_tf32), CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores on
-// both inputs rounded to TF32, float32 accumulation (issue #22's first step: how much of the
-// prompt path the float32 arithmetic is).
+// cublasGemmEx: float32 in, float32 out, by default (STRATA_CUBLAS_TF32=1, st_cuda_gemm_set_tf32)
+// CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores on both inputs rounded to TF32, float32 accumulation
+// (every fixture tolerance block passes on CUDA0); with STRATA_CUBLAS_TF32=0
+// CUBLAS_COMPUTE_32F_PEDANTIC, no reduced-precision shortcut: the float32 path that the fixtures'
+// tight float32 bound holds.
 //
 // Why float32 scratch, also for F16/BF16 weights: cublasGemmEx wants both inputs of one type, so
 // a half-precision GEMM would round the activations to F16/BF16, which the fixtures' max |Δlogit|
