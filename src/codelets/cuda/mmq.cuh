@@ -36,17 +36,40 @@
 static_assert(MMQ_ROWS == MMQ_THREADS && MMQ_STAGE == 4 && MMQ_TOKENS * MMQ_STAGE == MMQ_THREADS,
               "mmq: a weight row, two pieces of token quants and a token scale a thread a stage");
 
-// Whether mmq_grouped takes rows of n weights of this type: Q8_0 rows of whole stages (their
-// bytes then a multiple of 136, so a stage of a row is 8-byte aligned when the matrix is).
-static inline bool mmq_takes(uint32_t type, int64_t n) {
-  return type == ST_TYPE_Q8_0 && n > 0 && n % (32 * MMQ_STAGE) == 0;
+// Whether the calling thread's current CUDA device has the int8 m16n8k32 instruction (compute
+// capability 8.0 or later), asked once per device.
+static inline bool mmq_device_ok() {
+  static int cc[64]; // 0: not asked yet; else major * 10 + minor, or -1
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (!cc[dev]) {
+    int major = 0, minor = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+    __atomic_store_n(&cc[dev], ok ? major * 10 + minor : -1, __ATOMIC_RELAXED);
+  }
+  return __atomic_load_n(&cc[dev], __ATOMIC_RELAXED) >= 80;
 }
 
+// Whether mmq_grouped takes rows of n weights of this type on the current device: Q8_0 rows of
+// whole stages (their bytes then a multiple of 136, so a stage of a row is 8-byte aligned when the
+// matrix is), on a card of compute capability 8.0 or later.
+static inline bool mmq_takes(uint32_t type, int64_t n) {
+  return type == ST_TYPE_Q8_0 && n > 0 && n % (32 * MMQ_STAGE) == 0 && mmq_device_ok();
+}
+
+// mma.sync with int8 m16n8k32 needs sm_80 or later: an older target compiles no instruction, and
+// the host never launches the kernel on such a card (mmq_device_ok).
 __device__ __forceinline__ void mmq_mma(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  (void)c, (void)a, (void)b0, (void)b1;
+  __trap();
+#else
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};\n"
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // (float)i for |i| < 2^22 (a block's integer sum is at most 32 x 127 x 127) by the float of 2^23 +
