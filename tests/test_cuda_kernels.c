@@ -23,14 +23,10 @@
 #include "codelets/cuda/cuda_codelets.h"
 
 /* matmul.cu: st_cuda_grouped_matmul on host data (expert g: weights W[g], n_rows[g] consecutive
- * rows of x), for this test. 0, or -1 on a CUDA error. */
+ * rows of x), for this test; int8 2: the tensor-core kernel (st_cuda_mmq_grouped). 0, or -1 on a
+ * CUDA error. */
 int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows,
                          int64_t n_out, const float *x, int64_t n, const float *scale, float *out, int int8);
-
-/* matmul.cu: st_cuda_mmq_grouped on host data, laid out as for st_cuda_grouped_rows (Q8_0, n a
- * multiple of 128). 0, or -1 on a CUDA error. */
-int st_cuda_mmq_rows(const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows, int64_t n_out,
-                     const float *x, int64_t n, const float *scale, float *out);
 
 double st_cuda_mmq_seconds(int n_groups, int rows, int64_t n_out, int64_t n, int reps);
 
@@ -478,7 +474,7 @@ int main(void) {
     for (int i = 0; i < NA * K; i++) xa[i] = (float)uniform(&rng) * (i % 97 == 0 ? 8.0f : 1.0f);
     for (int i = 0; i < NA; i++) sc[i] = 0.25f + 0.0625f * (float)(i % 13);
     st_quantize_act(t, xa, K, NA, K, xq);
-    int ok = st_cuda_mmq_rows(ws, rb, G, nrows, R, xa, K, sc, got) == 0;
+    int ok = st_cuda_grouped_rows(t, ws, rb, G, nrows, R, xa, K, sc, got, 2) == 0;
     double worst = 0;
     for (int g = 0; ok && g < G; g++) {
       st_matmul_q8(t, ws[g], rb, 0, R, xq + qb * (size_t)row0[g], nrows[g], K, want + (size_t)row0[g] * R, R);
@@ -496,12 +492,12 @@ int main(void) {
            "%d rows of %d, max |Δ| / sum|w x| %.2e (≤ 1e-5)\n",
            ok ? "PASS" : "FAIL", R, K, worst);
     ok ? pass++ : fail++;
-    int bits = st_cuda_mmq_rows(ws, rb, G, nrows, R, xa, K, sc, again) == 0 && !memcmp(again, got, sizeof(float) * NA * R);
+    int bits = st_cuda_grouped_rows(t, ws, rb, G, nrows, R, xa, K, sc, again, 2) == 0 && !memcmp(again, got, sizeof(float) * NA * R);
     const int rep = bits;
-    bits = bits && st_cuda_mmq_rows(&ws[1], rb, 1, &nrows[1], R, xa + (size_t)row0[1] * K, K, sc + row0[1], alone) == 0 &&
+    bits = bits && st_cuda_grouped_rows(t, &ws[1], rb, 1, &nrows[1], R, xa + (size_t)row0[1] * K, K, sc + row0[1], alone, 2) == 0 &&
            !memcmp(alone, got + (size_t)row0[1] * R, sizeof(float) * (size_t)nrows[1] * R);
     for (int a = row0[1]; bits && a < row0[1] + nrows[1]; a++)
-      bits = st_cuda_mmq_rows(&ws[1], rb, 1, &one_row, R, xa + (size_t)a * K, K, sc + a, alone) == 0 &&
+      bits = st_cuda_grouped_rows(t, &ws[1], rb, 1, &one_row, R, xa + (size_t)a * K, K, sc + a, alone, 2) == 0 &&
              !memcmp(alone, got + (size_t)a * R, sizeof(float) * R);
     printf("%s q8_0: tensor-core kernel: a second launch %s; expert 1 alone and each of its rows alone %s\n",
            bits ? "PASS" : "FAIL", rep ? "repeats its bits" : "DIFFERS",

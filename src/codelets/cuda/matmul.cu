@@ -251,50 +251,13 @@ extern "C" int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_by
 
 // For tests (declared in tests/test_cuda_kernels.c): st_cuda_grouped_matmul on host data, expert g
 // with weights W[g] (n_out rows) and n_rows[g] consecutive activation rows of x ([sum][n]), out
-// [sum][n_out], scale per activation row (may be NULL); int8: quantised activations where the type
-// takes them. 0, or -1 on a CUDA error.
+// [sum][n_out], scale per activation row (may be NULL); int8: 1, quantised activations where the
+// type takes them; 2, the tensor-core kernel (st_cuda_mmq_grouped: Q8_0, n a multiple of 128, the
+// rows quantised on the device first). 0, or -1 on a CUDA error.
 extern "C" int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups,
                                     const int32_t *n_rows, int64_t n_out, const float *x, int64_t n,
                                     const float *scale, float *out, int int8) {
-  st_cuda_group *desc = (st_cuda_group *)calloc((size_t)n_groups, sizeof *desc), *ddesc = NULL;
-  float *dx = NULL, *dscale = NULL, *dout = NULL;
-  int rows = 0, max_rows = 0, ok = desc != NULL;
-  for (int g = 0; g < n_groups; g++) {
-    max_rows = n_rows[g] > max_rows ? n_rows[g] : max_rows;
-    rows += n_rows[g];
-  }
-  const size_t wb = row_bytes * (size_t)n_out;
-  for (int g = 0, row0 = 0; ok && g < n_groups; row0 += n_rows[g], g++) {
-    void *dw = NULL;
-    ok = cudaMalloc(&dw, wb) == cudaSuccess && cudaMemcpy(dw, W[g], wb, cudaMemcpyHostToDevice) == cudaSuccess;
-    desc[g] = st_cuda_group{(const uint8_t *)dw, row0, n_rows[g]};
-  }
-  ok = ok && cudaMalloc(&ddesc, sizeof *desc * (size_t)n_groups) == cudaSuccess &&
-       cudaMalloc(&dx, sizeof(float) * (size_t)rows * (size_t)n) == cudaSuccess &&
-       cudaMalloc(&dscale, sizeof(float) * (size_t)rows) == cudaSuccess &&
-       cudaMalloc(&dout, sizeof(float) * (size_t)rows * (size_t)n_out) == cudaSuccess;
-  if (ok) {
-    cudaMemcpy(ddesc, desc, sizeof *desc * (size_t)n_groups, cudaMemcpyHostToDevice);
-    cudaMemcpy(dx, x, sizeof(float) * (size_t)rows * (size_t)n, cudaMemcpyHostToDevice);
-    if (scale) cudaMemcpy(dscale, scale, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice);
-    st_cuda_grouped_matmul(type, row_bytes, ddesc, n_groups, max_rows, n_out, dx, n, scale ? dscale : NULL, dout, 0,
-                           int8 ? rows : 0);
-    ok = cudaMemcpy(out, dout, sizeof(float) * (size_t)rows * (size_t)n_out, cudaMemcpyDeviceToHost) == cudaSuccess;
-  }
-  for (int g = 0; desc && g < n_groups; g++) cudaFree((void *)desc[g].W);
-  free(desc);
-  cudaFree(ddesc);
-  cudaFree(dx);
-  cudaFree(dscale);
-  cudaFree(dout);
-  return ok ? 0 : -1;
-}
-
-// For tests: st_cuda_mmq_grouped on host data, laid out as for st_cuda_grouped_rows (Q8_0 weights,
-// n a multiple of 128; the rows quantised on the device first). 0, or -1 on a CUDA error.
-extern "C" int st_cuda_mmq_rows(const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows,
-                                int64_t n_out, const float *x, int64_t n, const float *scale, float *out) {
-  if (!mmq_takes(ST_TYPE_Q8_0, n)) return -1;
+  if (int8 == 2 && !mmq_takes(type, n)) return -1;
   st_cuda_group *desc = (st_cuda_group *)calloc((size_t)n_groups, sizeof *desc), *ddesc = NULL;
   float *dx = NULL, *dscale = NULL, *dout = NULL;
   int8_t *dq = NULL;
@@ -311,24 +274,29 @@ extern "C" int st_cuda_mmq_rows(const void *const *W, uint64_t row_bytes, int n_
   }
   ok = ok && cudaMalloc(&ddesc, sizeof *desc * (size_t)n_groups) == cudaSuccess &&
        cudaMalloc(&dx, sizeof(float) * (size_t)rows * (size_t)n) == cudaSuccess &&
-       cudaMalloc(&dq, (size_t)(rows * st_q8_stride(n))) == cudaSuccess &&
        cudaMalloc(&dscale, sizeof(float) * (size_t)rows) == cudaSuccess &&
-       cudaMalloc(&dout, sizeof(float) * (size_t)rows * (size_t)n_out) == cudaSuccess;
+       cudaMalloc(&dout, sizeof(float) * (size_t)rows * (size_t)n_out) == cudaSuccess &&
+       (int8 != 2 || cudaMalloc(&dq, (size_t)(rows * st_q8_stride(n))) == cudaSuccess);
   if (ok) {
     cudaMemcpy(ddesc, desc, sizeof *desc * (size_t)n_groups, cudaMemcpyHostToDevice);
     cudaMemcpy(dx, x, sizeof(float) * (size_t)rows * (size_t)n, cudaMemcpyHostToDevice);
     if (scale) cudaMemcpy(dscale, scale, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice);
-    st_cuda_quantize_rows(dx, n, rows, n, dq, 0);
-    st_cuda_mmq_grouped(row_bytes, ddesc, n_groups, max_rows, n_out, dq, n, scale ? dscale : NULL, dout, 0);
+    if (int8 == 2) {
+      st_cuda_quantize_rows(dx, n, rows, n, dq, 0);
+      st_cuda_mmq_grouped(row_bytes, ddesc, n_groups, max_rows, n_out, dq, n, scale ? dscale : NULL, dout, 0);
+    } else {
+      st_cuda_grouped_matmul(type, row_bytes, ddesc, n_groups, max_rows, n_out, dx, n, scale ? dscale : NULL, dout, 0,
+                             int8 ? rows : 0);
+    }
     ok = cudaMemcpy(out, dout, sizeof(float) * (size_t)rows * (size_t)n_out, cudaMemcpyDeviceToHost) == cudaSuccess;
   }
   for (int g = 0; desc && g < n_groups; g++) cudaFree((void *)desc[g].W);
   free(desc);
   cudaFree(ddesc);
   cudaFree(dx);
-  cudaFree(dq);
   cudaFree(dscale);
   cudaFree(dout);
+  cudaFree(dq);
   return ok ? 0 : -1;
 }
 
