@@ -398,6 +398,9 @@ void st_cuda_mmq_grouped(uint64_t row_bytes, const st_cuda_group *groups_dev, in
 // The calling StarPU CUDA worker's cuBLAS handle when a batch of T token rows should use cuBLAS:
 // min_rows > 0 (0: STRATA_CUBLAS=0) and T >= min_rows, and starpu_cublas_init was called; else
 // NULL (the float32 kernels).
+// The current CUDA device's compute capability as major * 10 + minor (90 for sm_90), asked once
+// per device (devices.cu); 0 when it cannot be asked. Thread-safe.
+int st_cuda_compute_capability();
 cublasHandle_t st_cuda_cublas_handle(int64_t T, int32_t min_rows);
 // st_cuda_matmul's product through cuBLAS on handle h, queued on `stream` (h is bound to it):
 // weights other than F32 are dequantised to float32 scratch (chunks of at most 64 MiB), then one

@@ -92,16 +92,7 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
 }
 
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or more).
-int pdl_ok() {
-  static int known[64]; // per device: 0 unknown, 1 no, 2 yes
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaGetLastError(), 0;
-  if (!known[dev]) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) cudaGetLastError();
-    known[dev] = major >= 9 ? 2 : 1;
-  }
-  return known[dev] == 2;
-}
+static int pdl_ok() { return st_cuda_compute_capability() >= 90; }
 
 // What a layer's graph reads besides the context: the weight and KV device pointers of the task.
 struct layer_graph {

@@ -5,7 +5,23 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
+
+int st_cuda_compute_capability() {
+  static int cc[64]; // per device: 0 not asked yet, else major * 10 + minor, or -1 when unknown
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaGetLastError(), 0;
+  if (!__atomic_load_n(&cc[dev], __ATOMIC_RELAXED)) {
+    int major = 0, minor = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+    __atomic_store_n(&cc[dev], ok ? major * 10 + minor : -1, __ATOMIC_RELAXED);
+  }
+  const int v = __atomic_load_n(&cc[dev], __ATOMIC_RELAXED);
+  return v > 0 ? v : 0;
+}
 
 extern "C" int st_cuda_device_count(void) {
   int n = 0;

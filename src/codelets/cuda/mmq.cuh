@@ -37,19 +37,8 @@ static_assert(MMQ_ROWS == MMQ_THREADS && MMQ_STAGE == 4 && MMQ_TOKENS * MMQ_STAG
               "mmq: a weight row, two pieces of token quants and a token scale a thread a stage");
 
 // Whether the calling thread's current CUDA device has the int8 m16n8k32 instruction (compute
-// capability 8.0 or later), asked once per device.
-static inline bool mmq_device_ok() {
-  static int cc[64]; // 0: not asked yet; else major * 10 + minor, or -1
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (!cc[dev]) {
-    int major = 0, minor = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-    __atomic_store_n(&cc[dev], ok ? major * 10 + minor : -1, __ATOMIC_RELAXED);
-  }
-  return __atomic_load_n(&cc[dev], __ATOMIC_RELAXED) >= 80;
-}
+// capability 8.0 or later).
+static inline bool mmq_device_ok() { return st_cuda_compute_capability() >= 80; }
 
 // Whether mmq_grouped takes rows of n weights of this type on the current device: Q8_0 rows of
 // whole stages (their bytes then a multiple of 136, so a stage of a row is 8-byte aligned when the
