@@ -1,7 +1,7 @@
 // The decode step's attention alone, timed on a GPU host (issue #20): st_cuda_attend_decode_all
 // (attention.cu, included here so that a changed attention.cu can be timed without the engine
 // build) on the qwen3-30b-a3b shape (32 query heads in 4 KV groups, head_dim 128,
-// float32 K and V) at several depths, 48 launches back to back as programmatic dependents in one
+// float32 K and V, or half with KV=f16) at several depths, 48 launches back to back as programmatic dependents in one
 // CUDA graph over 8 copies of the KV cache (so that L2 holds as little as it can), µs per launch and
 // the K and V bytes read per second. Then one launch at depth 4096 against a float64 reference of
 // the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -33,10 +34,13 @@ __host__ __device__ inline float hash_unit(uint64_t i, uint32_t seed) {
   return (float)((x >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
 }
 
-__global__ void fill(float *p, int64_t n, uint32_t seed) {
+template <typename T> __global__ void fill(T *p, int64_t n, uint32_t seed) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = hash_unit(i, seed);
+    kv_st(p + i, hash_unit(i, seed));
 }
+
+// What a KV cache of kv_type holds for x.
+inline double kv_value(float x, int kv_type) { return kv_type == ST_TYPE_F16 ? (double)__half2float(__float2half_rn(x)) : x; }
 
 } // namespace
 
@@ -44,17 +48,23 @@ int main(int argc, char **argv) {
   const int replays = argc > 1 ? atoi(argv[1]) : 20;
   if (const char *c = getenv("COPIES")) COPIES = std::min(std::max(atoi(c), 1), LAUNCHES);
   const int64_t kv_floats = (int64_t)N_CTX * HD;
-  std::vector<float *> k(COPIES * G), v(COPIES * G);
+  const int kv_type = getenv("KV") && !strcmp(getenv("KV"), "f16") ? ST_TYPE_F16 : ST_TYPE_F32;
+  const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4;
+  std::vector<void *> k(COPIES * G), v(COPIES * G);
   for (int i = 0; i < COPIES * G; i++) {
-    CK(cudaMalloc(&k[i], sizeof(float) * kv_floats));
-    CK(cudaMalloc(&v[i], sizeof(float) * kv_floats));
-    fill<<<1024, 256>>>(k[i], kv_floats, 2 * i + 1);
-    fill<<<1024, 256>>>(v[i], kv_floats, 2 * i + 2);
+    CK(cudaMalloc(&k[i], es * kv_floats));
+    CK(cudaMalloc(&v[i], es * kv_floats));
+    kv_dispatch(kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      fill<<<1024, 256>>>((KT *)k[i], kv_floats, 2 * i + 1);
+      fill<<<1024, 256>>>((KT *)v[i], kv_floats, 2 * i + 2);
+    });
   }
   float *q, *part, *out;
   int *counters, *pos;
   CK(cudaMalloc(&q, sizeof(float) * HQ * HD));
   fill<<<8, 256>>>(q, HQ * HD, 7777);
+  printf("KV cache %s\n", kv_type == ST_TYPE_F16 ? "f16" : "f32");
   const size_t pf = st_cuda_decode_part_floats(N_CTX, HQ, HD);
   CK(cudaMalloc(&part, sizeof(float) * pf));
   CK(cudaMalloc(&out, sizeof(float) * HQ * HD));
@@ -84,11 +94,14 @@ int main(int argc, char **argv) {
     for (int l = 0; l < LAUNCHES; l++) {
       const int c = l % COPIES;
       if (mode < 2)
-        st_cuda_attend_decode_all(q, HQ, G, HD, &k[c * G], &v[c * G], pos, part, counters, out, mode == 0, st);
+        st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[c * G], &v[c * G], pos, part, counters, out, mode == 0, st);
       else
-        for (int gr = 0; gr < G; gr++)
-          attend(q + gr * (HQ / G) * HD, HD, k[c * G + gr], v[c * G + gr], 1, p0, HQ / G, HD, part,
-                 out + gr * (HQ / G) * HD, HD, 0, st);
+        kv_dispatch(kv_type, [&](auto tag) {
+          using KT = typename decltype(tag)::type;
+          for (int gr = 0; gr < G; gr++)
+            attend<KT>(q + gr * (HQ / G) * HD, HD, (const KT *)k[c * G + gr], (const KT *)v[c * G + gr], 1, p0, HQ / G,
+                       HD, part, out + gr * (HQ / G) * HD, HD, 0, st);
+        });
     }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
@@ -103,7 +116,7 @@ int main(int argc, char **argv) {
     CK(cudaEventSynchronize(e1));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double us = 1e3 * ms / replays / LAUNCHES, mb = 2.0 * G * n_keys * HD * 4 / 1e6;
+    const double us = 1e3 * ms / replays / LAUNCHES, mb = 2.0 * G * n_keys * HD * es / 1e6;
     printf("%8d %8d %10.2f %8.2f %8.0f\n", n_keys, att_chunk_keys(n_keys), us, mb, mb / us * 1e3);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
@@ -111,7 +124,7 @@ int main(int argc, char **argv) {
   // one launch at depth 4096 on copy 0 against float64 on the host
   const int n_keys = 4096, p0 = n_keys - 1;
   CK(cudaMemcpy(pos, &p0, sizeof p0, cudaMemcpyHostToDevice));
-  st_cuda_attend_decode_all(q, HQ, G, HD, &k[0], &v[0], pos, part, counters, out, 0, st);
+  st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[0], &v[0], pos, part, counters, out, 0, st);
   std::vector<float> ho(HQ * HD);
   CK(cudaStreamSynchronize(st));
   CK(cudaMemcpy(ho.data(), out, sizeof(float) * HQ * HD, cudaMemcpyDeviceToHost));
@@ -123,14 +136,14 @@ int main(int argc, char **argv) {
     for (int j = 0; j < n_keys; j++) {
       double d = 0;
       for (int i = 0; i < HD; i++)
-        d += (double)hash_unit(h * HD + i, 7777) * hash_unit((int64_t)j * HD + i, 2 * gr + 1);
+        d += (double)hash_unit(h * HD + i, 7777) * kv_value(hash_unit((int64_t)j * HD + i, 2 * gr + 1), kv_type);
       s[j] = d / sqrt((double)HD);
       mx = fmax(mx, s[j]);
     }
     for (int j = 0; j < n_keys; j++) sum += s[j] = exp(s[j] - mx);
     for (int i = 0; i < HD; i++) {
       double a = 0;
-      for (int j = 0; j < n_keys; j++) a += s[j] * hash_unit((int64_t)j * HD + i, 2 * gr + 2);
+      for (int j = 0; j < n_keys; j++) a += s[j] * kv_value(hash_unit((int64_t)j * HD + i, 2 * gr + 2), kv_type);
       worst = fmax(worst, fabs(a / sum - ho[h * HD + i]));
     }
   }

@@ -383,7 +383,8 @@ int main(void) {
    * and values, against a float64 reference and against each other: max |Δ| ≤ 1e-4 × max |ref|.
    * Shapes cross the kernels' edges: a tile of 64 query rows (T x nq), the tiles of 64 keys, the
    * split of long contexts into chunks, head_dim 64, 128 and 256. Then the flash kernel repeats
-   * its bits on a second launch. */
+   * its bits on a second launch. Each shape twice: a float32 KV cache, then a half one (the keys
+   * and values rounded to half first, so that the float64 reference sees what the cache holds). */
   static const int shapes[][2] = {{2, 0}, {7, 5}, {64, 0}, {100, 300}, {512, 0}, {512, 3000}, {33, 4096}};
   static const int hds[] = {64, 128, 256}, nqs[] = {1, 8};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -396,22 +397,30 @@ int main(void) {
         double *ref = malloc(sizeof(double) * qn), *skd = malloc(sizeof(double) * qn), mag = 0;
         for (size_t i = 0; i < qn; i++) q[i] = (float)(8.0 * uniform(&rng));
         for (size_t i = 0; i < kn; i++) k[i] = (float)uniform(&rng), v[i] = (float)uniform(&rng);
-        int ok = st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, 1, 0, fl, NULL) == 0 &&
-                 st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, 1, 0, fl2, NULL) == 0 &&
-                 st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, 0, 0, sk, NULL) == 0;
-        attention_ref(q, k, v, T, pos0, nq, hd, ref);
-        for (size_t i = 0; i < qn; i++) skd[i] = sk[i];
-        const double d_flash = max_diff(fl, ref, qn, &mag), d_split = max_diff(sk, ref, qn, NULL);
-        const double d_both = max_diff(fl, skd, qn, NULL), tol = 1e-4 * mag;
-        const int same = ok && !memcmp(fl, fl2, sizeof(float) * qn);
-        ok = ok && d_flash <= tol && d_split <= tol && d_both <= tol;
-        printf("%s attention T=%d pos0=%d nq=%d hd=%d: max |Δ| flash vs float64 %.2e, split-K vs float64 %.2e, "
-               "flash vs split-K %.2e (each ≤ 1e-4 × max|ref| = %.2e)\n",
-               ok ? "PASS" : "FAIL", T, pos0, nq, hd, d_flash, d_split, d_both, tol);
-        ok ? pass++ : fail++;
-        printf("%s attention T=%d pos0=%d nq=%d hd=%d: a second flash launch %s\n", same ? "PASS" : "FAIL", T, pos0,
-               nq, hd, same ? "repeats its bits" : "DIFFERS");
-        same ? pass++ : fail++;
+        for (int kt = 0; kt < 2; kt++) {
+          const int kv_type = kt ? ST_TYPE_F16 : ST_TYPE_F32;
+          const char *kvn = kt ? "f16" : "f32";
+          if (kt)
+            for (size_t i = 0; i < kn; i++)
+              k[i] = st_fp16_to_f32(st_f32_to_fp16(k[i])), v[i] = st_fp16_to_f32(st_f32_to_fp16(v[i]));
+          int ok = st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, kv_type, 1, 0, fl, NULL) == 0 &&
+                   st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, kv_type, 1, 0, fl2, NULL) == 0 &&
+                   st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, kv_type, 0, 0, sk, NULL) == 0;
+          attention_ref(q, k, v, T, pos0, nq, hd, ref);
+          for (size_t i = 0; i < qn; i++) skd[i] = sk[i];
+          mag = 0;
+          const double d_flash = max_diff(fl, ref, qn, &mag), d_split = max_diff(sk, ref, qn, NULL);
+          const double d_both = max_diff(fl, skd, qn, NULL), tol = 1e-4 * mag;
+          const int same = ok && !memcmp(fl, fl2, sizeof(float) * qn);
+          ok = ok && d_flash <= tol && d_split <= tol && d_both <= tol;
+          printf("%s attention T=%d pos0=%d nq=%d hd=%d %s KV: max |Δ| flash vs float64 %.2e, split-K vs float64 %.2e, "
+                 "flash vs split-K %.2e (each ≤ 1e-4 × max|ref| = %.2e)\n",
+                 ok ? "PASS" : "FAIL", T, pos0, nq, hd, kvn, d_flash, d_split, d_both, tol);
+          ok ? pass++ : fail++;
+          printf("%s attention T=%d pos0=%d nq=%d hd=%d %s KV: a second flash launch %s\n", same ? "PASS" : "FAIL", T,
+                 pos0, nq, hd, kvn, same ? "repeats its bits" : "DIFFERS");
+          same ? pass++ : fail++;
+        }
         free(q);
         free(k);
         free(v);
@@ -431,8 +440,8 @@ int main(void) {
     double *skd = malloc(sizeof(double) * qn), ms_flash = 0, ms_split = 0, mag = 0;
     for (size_t i = 0; i < qn; i++) q[i] = (float)(8.0 * uniform(&rng));
     for (size_t i = 0; i < kn; i++) k[i] = (float)uniform(&rng), v[i] = (float)uniform(&rng);
-    int ok = st_cuda_attention_rows(q, k, v, T, POS0, NQ, HD, 0, REPS, sk, &ms_split) == 0 &&
-             st_cuda_attention_rows(q, k, v, T, POS0, NQ, HD, 1, REPS, fl, &ms_flash) == 0;
+    int ok = st_cuda_attention_rows(q, k, v, T, POS0, NQ, HD, ST_TYPE_F32, 0, REPS, sk, &ms_split) == 0 &&
+             st_cuda_attention_rows(q, k, v, T, POS0, NQ, HD, ST_TYPE_F32, 1, REPS, fl, &ms_flash) == 0;
     for (size_t i = 0; i < qn; i++) skd[i] = sk[i];
     const double d = max_diff(fl, skd, qn, &mag);
     ok = ok && d <= 1e-4 * mag;
@@ -526,9 +535,10 @@ int main(void) {
       double ms = 0;
       for (size_t i = 0; i < qn; i++) q[i] = (float)uniform(&rng);
       for (size_t i = 0; i < kn; i++) k[i] = (float)uniform(&rng), v[i] = (float)uniform(&rng);
-      if (st_cuda_attention_rows(q, k, v, 1, n - 1, NQ, HD, 0, REPS, o, &ms) == 0)
-        printf("TIME decode attention over %d keys (one KV group, nq=%d hd=%d): %.1f us, K and V %.1f MB, %.0f GB/s\n", n,
-               NQ, HD, 1e3 * ms, 8e-6 * kn, ms > 0 ? 8e-6 * kn / ms : 0.0);
+      for (int kt = 0; kt < 2; kt++)
+        if (st_cuda_attention_rows(q, k, v, 1, n - 1, NQ, HD, kt ? ST_TYPE_F16 : ST_TYPE_F32, 0, REPS, o, &ms) == 0)
+          printf("TIME decode attention over %d keys (one KV group, nq=%d hd=%d, %s KV): %.1f us, K and V %.1f MB, %.0f GB/s\n",
+                 n, NQ, HD, kt ? "f16" : "f32", 1e3 * ms, (kt ? 4e-6 : 8e-6) * kn, ms > 0 ? (kt ? 4e-6 : 8e-6) * kn / ms : 0.0);
       free(q);
       free(k);
       free(v);

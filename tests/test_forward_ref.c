@@ -205,16 +205,23 @@ int main(int argc, char **argv) {
     }
     /* Pass 1: the default placement (dense work on CUDA0 when StarPU has a CUDA worker, every
      * expert on the CPU pool). On a GPU machine, passes 2 and 3 cache half and then all of the
-     * expert pairs on CUDA0, ranked by the routing pass 1 measured. */
+     * expert pairs on CUDA0, ranked by the routing pass 1 measured. Pass 4: the half KV cache
+     * (--cache-type-k f16 --cache-type-v f16), every pair cached on a GPU machine, the CPU pool
+     * without one; held to the tolerance blocks (K and V rounded to 11 significant bits), not to
+     * the float32 bound. */
     const int n_pairs = (int)(m->hp.n_layer * m->hp.n_expert);
     char profile[] = "/tmp/strata-test-profile-XXXXXX";
     int have_profile = 0;
-    const int caches[3] = {0, n_pairs / 2, n_pairs};
-    for (int pass = 0; pass < 3; pass++) {
+    const int caches[4] = {0, n_pairs / 2, n_pairs, n_pairs};
+    for (int pass = 0; pass < 4; pass++) {
+      const int half_kv = pass == 3;
       struct st_engine *e = NULL;
       struct st_engine_opts eo = {.n_ctx = 1024, .prefill = 512, .expert_cache = caches[pass],
-                                  .expert_profile = have_profile ? profile : NULL};
-      if (pass > 0 && !have_profile) break;
+                                  .expert_profile = have_profile ? profile : NULL,
+                                  .kv_type = half_kv ? ST_TYPE_F16 : ST_TYPE_F32,
+                                  .kv_type_v = half_kv ? ST_TYPE_F16 : ST_TYPE_F32};
+      if (pass > 0 && !half_kv && !have_profile) continue;
+      if (half_kv && !have_profile) eo.expert_cache = 0;
       if (st_engine_create(m, &eo, &e)) {
         check(0, "%s: engine: %s", tag, st_last_error());
         break;
@@ -226,8 +233,8 @@ int main(int argc, char **argv) {
                  e->cublas_rows);
       else if (e->placement.cuda0_worker >= 0)
         snprintf(path_name, sizeof path_name, "CUDA0 float32 kernels");
-      snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached]", tag, path_name, e->placement.cache[0].n_slots,
-               n_pairs);
+      snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached%s]", tag, path_name, e->placement.cache[0].n_slots,
+               n_pairs, half_kv ? ", f16 KV cache" : "");
       /* int8 where the CPU pool computes experts whose type has integer kernels, and where CUDA0's
        * cached Q8_0 experts take the GPU's int8 kernels (decode and batches below cuBLAS) */
       const int q8 = e->int8_dot && e->placement.cache[0].n_slots < n_pairs &&
@@ -242,6 +249,9 @@ int main(int argc, char **argv) {
       int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
       const int tf32 = e->cublas_tf32 && e->placement.cuda0_worker >= 0;
       const char *reduced = (q8 || gpu_q8) && tf32 ? "int8 + TF32" : q8 || gpu_q8 ? "int8" : tf32 ? "TF32" : NULL;
+      char reduced_kv[64];
+      if (half_kv) snprintf(reduced_kv, sizeof reduced_kv, "%s%sf16 KV", reduced ? reduced : "", reduced ? " + " : ""),
+                   reduced = reduced_kv;
       for (int j = 0; j < r.n_prompts; j++)
         run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, reduced);
       run_chunking(e, &r, ptag, (q8 || gpu_q8 || tf32) && e->placement.cuda0_worker >= 0);

@@ -587,7 +587,9 @@ static void test_dense_matmul(void) {
 
 /* st_axpy at every SIMD level bitwise equal to the plain loop; st_attend_tokens (tiles of
  * tokens x heads) bitwise equal to st_attend_head row by row, with the whole batch in one tile
- * and with scratch for only a few rows (several tiles). */
+ * and with scratch for only a few rows (several tiles), for a float32 and a half KV cache; the
+ * half cache's output within 1e-5 of max |out| of the float32 path's on the same rounded keys and
+ * values (the two differ only in how a row is read). */
 static void test_attend_tokens(void) {
   enum { N = 37 };
   float o[N], v[N], want[N];
@@ -600,21 +602,50 @@ static void test_attend_tokens(void) {
     st_dot_force_isa(l);
     st_axpy(got, 0.3f, v, N);
     CHECK(memcmp(got, want, sizeof want) == 0, "st_axpy at %s (%d floats): bitwise the plain loop", st_dot_isa(), N);
+    uint16_t vh[N];
+    float want_h[N];
+    for (int i = 0; i < N; i++) vh[i] = st_f32_to_fp16(v[i]), want_h[i] = o[i] + 0.3f * st_fp16_to_f32(vh[i]);
+    memcpy(got, o, sizeof o);
+    st_axpy_f16(got, 0.3f, vh, N);
+    CHECK(memcmp(got, want_h, sizeof want_h) == 0, "st_axpy_f16 at %s (%d halves): bitwise the plain loop", st_dot_isa(), N);
   }
   st_dot_force_isa(top);
   enum { T = 6, NQ = 3, HD = 40, POS0 = 9, KEYS = POS0 + T };
   static float q[T * NQ * HD], k[KEYS * HD], vv[KEYS * HD], ref[T * NQ * HD], out[T * NQ * HD], score[T * NQ * KEYS];
   for (int i = 0; i < T * NQ * HD; i++) q[i] = (float)urand();
   for (int i = 0; i < KEYS * HD; i++) k[i] = (float)urand(), vv[i] = (float)urand();
-  for (int t = 0; t < T; t++)
-    for (int h = 0; h < NQ; h++)
-      st_attend_head(q + (t * NQ + h) * HD, k, vv, POS0 + t + 1, HD, score, ref + (t * NQ + h) * HD);
-  const int64_t caps[2] = {T * NQ * KEYS, 2 * NQ * KEYS};
-  for (int c = 0; c < 2; c++) {
-    memset(out, 0, sizeof out);
-    st_attend_tokens(q, T, NQ, HD, POS0, k, vv, out, score, caps[c]);
-    CHECK(memcmp(out, ref, sizeof ref) == 0, "st_attend_tokens (%d tokens x %d heads, hd %d, from position %d, %s): bitwise st_attend_head",
-          T, NQ, HD, POS0, c ? "tiles of 2 tokens or fewer" : "one tile");
+  static uint16_t kh[KEYS * HD], vh[KEYS * HD];
+  static float f32_out[T * NQ * HD];
+  for (int kt = 0; kt < 2; kt++) {
+    const int type = kt ? ST_TYPE_F16 : ST_TYPE_F32;
+    const void *kc = k, *vc = vv;
+    if (kt) { /* the half cache, and the float32 one rounded the same way for the comparison */
+      st_kv_store(ST_TYPE_F16, k, kh, KEYS * HD);
+      st_kv_store(ST_TYPE_F16, vv, vh, KEYS * HD);
+      st_dequantize_row(ST_TYPE_F16, kh, k, KEYS * HD);
+      st_dequantize_row(ST_TYPE_F16, vh, vv, KEYS * HD);
+      for (int t = 0; t < T; t++)
+        for (int h = 0; h < NQ; h++)
+          st_attend_head(q + (t * NQ + h) * HD, ST_TYPE_F32, k, vv, POS0 + t + 1, HD, score, f32_out + (t * NQ + h) * HD);
+      kc = kh, vc = vh;
+    }
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < NQ; h++)
+        st_attend_head(q + (t * NQ + h) * HD, type, kc, vc, POS0 + t + 1, HD, score, ref + (t * NQ + h) * HD);
+    const int64_t caps[2] = {T * NQ * KEYS, 2 * NQ * KEYS};
+    for (int c = 0; c < 2; c++) {
+      memset(out, 0, sizeof out);
+      st_attend_tokens(q, T, NQ, HD, POS0, type, kc, vc, out, score, caps[c]);
+      CHECK(memcmp(out, ref, sizeof ref) == 0,
+            "st_attend_tokens (%d tokens x %d heads, hd %d, from position %d, %s, %s KV cache): bitwise st_attend_head", T,
+            NQ, HD, POS0, c ? "tiles of 2 tokens or fewer" : "one tile", kt ? "f16" : "f32");
+    }
+    if (kt) {
+      double mx = 0, mag = 0;
+      for (int i = 0; i < T * NQ * HD; i++) mx = fmax(mx, fabs(ref[i] - f32_out[i])), mag = fmax(mag, fabs(f32_out[i]));
+      CHECK(mx <= 1e-5 * mag, "f16 KV cache vs float32 on the same rounded keys and values: max |Δ| %.2e (≤ 1e-5 × %.3f)",
+            mx, mag);
+    }
   }
 }
 

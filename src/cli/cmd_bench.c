@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "codelets/quant.h"
 #include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h" /* struct st_cuda_graph_stats (C only, no CUDA headers) */
 #include "codelets/dot.h"
@@ -401,8 +402,10 @@ int st_cmd_bench(int argc, char **argv) {
   (strcmp((r)->test, "decode") || !roofline || bw_host <= 0 ? 0.0 : 1.0 / ((1.0 - share(r)) * pair_b / bw_host + \
                                                                           (bw_gpu > 0 ? share(r) * pair_b / bw_gpu : 0.0)))
   if (!rc && json) {
-    printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, \"results\": [",
-           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots, e->cache_mass_share);
+    printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, "
+           "\"n_ctx\": %d, \"kv_type\": \"%s\", \"kv_mib\": %.1f, \"results\": [",
+           model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots, e->cache_mass_share,
+           e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_engine_kv_bytes(e) / 1048576.0);
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
@@ -439,9 +442,11 @@ int st_cmd_bench(int argc, char **argv) {
     for (int d = 0; d < n_cards; d++) printf("%s%.0f", d ? ", " : "", peak_gpu_mib[d]);
     printf("]}\n");
   } else if (!rc) {
-    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed mass%s\n",
+    printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed "
+           "mass; context %d tokens, KV cache %s (%.0f MiB)%s\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
-           100.0 * e->cache_mass_share, reps > 1 ? "; each row: the run with the median time" : "");
+           100.0 * e->cache_mass_share, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_engine_kv_bytes(e) / 1048576.0,
+           reps > 1 ? "; each row: the run with the median time" : "");
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "codelets/quant.h"
 #include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h"
 #include "common.h"
@@ -169,9 +170,11 @@ static int session_open(const struct run_opts *o, struct session *s) {
   st_cli_learn_say(&s->learned);
   fprintf(stderr,
           "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
-          "context %d tokens, prompt chunk %d tokens; %.2f s\n",
-          o->model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab,
-          s->engine->n_ctx, s->engine->prefill, st_now() - t0);
+          "context %d tokens (KV cache %s, %.0f MiB), prompt chunk %d tokens; %.2f s\n",
+          o->model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab, s->engine->n_ctx,
+          s->engine->kv_type == ST_TYPE_F16 ? "f16" : "f32",
+          st_engine_kv_bytes(s->engine) / 1048576.0,
+          s->engine->prefill, st_now() - t0);
   return 0;
 }
 

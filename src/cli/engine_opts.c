@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "codelets/quant.h"
 #include "common.h"
 #include "tiers/plan.h"
 
@@ -13,7 +14,7 @@ enum {
   OPT_PREFILL = ST_ENGINE_OPT_BASE, OPT_PROFILE, OPT_CACHE, OPT_RESERVE, OPT_ADAPT, OPT_ADAPT_INTERVAL, OPT_TRACE,
   OPT_STREAM, OPT_HELPER1, OPT_HELPER2, OPT_HELPER3, OPT_PLACEMENT, OPT_REMOTE_PLACEMENT, OPT_REMOTE_OPT, OPT_PEER,
   OPT_PEER_RESERVE, OPT_PEER_SLOTS, OPT_PEER_ADAPT, OPT_PEER_PREFILL, OPT_LAYER_SPLIT, OPT_GRAPHS, OPT_RESIDENT,
-  OPT_GPU_MEM, OPT_NO_LEARN
+  OPT_GPU_MEM, OPT_NO_LEARN, OPT_CACHE_TYPE_K, OPT_CACHE_TYPE_V
 };
 
 static const struct option engine_longopts[] = {
@@ -42,6 +43,8 @@ static const struct option engine_longopts[] = {
     {"resident-experts", no_argument, 0, OPT_RESIDENT},
     {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
     {"no-learn", no_argument, 0, OPT_NO_LEARN},
+    {"cache-type-k", required_argument, 0, OPT_CACHE_TYPE_K},
+    {"cache-type-v", required_argument, 0, OPT_CACHE_TYPE_V},
     {0, 0, 0, 0}};
 
 struct option *st_engine_longopts_with(const struct option *own) {
@@ -64,6 +67,14 @@ static int parse_slots(const char *flag, const char *arg, int *out) {
   int rc = st_parse_int(flag, arg, 0, 1 << 30, &v);
   if (rc) return rc;
   *out = (int)v;
+  return 1;
+}
+
+/* f32 or f16 (llama.cpp's names for the KV cache types strata computes) into *type. */
+static int parse_cache_type(const char *flag, const char *arg, int *type) {
+  if (!strcmp(arg, "f32")) *type = ST_TYPE_F32;
+  else if (!strcmp(arg, "f16")) *type = ST_TYPE_F16;
+  else return st_set_error(ST_EINVAL, "%s expects f32 or f16, got '%s' (strata's KV cache has no quantised types)", flag, arg);
   return 1;
 }
 
@@ -140,6 +151,8 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     eo->gpu_mem_gib = f;
     return 1;
   case OPT_NO_LEARN: eo->no_learn = 1; return 1;
+  case OPT_CACHE_TYPE_K: return parse_cache_type("--cache-type-k", arg, &eo->kv_type);
+  case OPT_CACHE_TYPE_V: return parse_cache_type("--cache-type-v", arg, &eo->kv_type_v);
   case OPT_STREAM:
     if (strcmp(arg, "auto") && strcmp(arg, "off"))
       return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
@@ -183,6 +196,10 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
   if (eo->gpu_placement == ST_PLACE_LAYER && !helpers)
     return st_set_error(ST_EINVAL, "--gpu-placement layer needs a helper cache (--expert-cache-device1 N|auto)");
   if (eo->adapt_swaps && !eo->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
+  if (eo->kv_type != eo->kv_type_v)
+    return st_set_error(ST_EINVAL, "--cache-type-k %s with --cache-type-v %s: strata's K and V caches have one type; "
+                        "give both the same", eo->kv_type == ST_TYPE_F16 ? "f16" : "f32",
+                        eo->kv_type_v == ST_TYPE_F16 ? "f16" : "f32");
   if (eo->cuda_graphs == ST_CUDA_GRAPHS_BOTH)
     return st_set_error(ST_EINVAL, "--cuda-graphs both is for strata bench; here give on or off");
   return 0;
@@ -191,6 +208,9 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
 void st_engine_opts_help(FILE *f) {
   fprintf(f,
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
+          "      --cache-type-k f32|f16  the KV cache's element type, K and V alike (give --cache-type-v the\n"
+          "      --cache-type-v f32|f16  same): f16 halves its memory and the attention's reads at long\n"
+          "                         context; rows are computed in float32 and rounded on the way in (default f32)\n"
           "      --prefill N        prompt chunk in tokens (default 512)\n"
           "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
           "                         the profile learned on this model file by earlier runs, else a prior that gives\n"

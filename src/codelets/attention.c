@@ -3,6 +3,7 @@
  * (rotate the two halves of each head), as llama.cpp uses for qwen3moe; q/k RMSNorm per head
  * before RoPE as in Qwen3. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,32 +55,43 @@ static float softmax_row(float *s, int n, float scale) {
   return (float)(1.0 / sum);
 }
 
-void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, const float *kc, const float *vc, float *out,
-                      float *score, int64_t score_floats) {
+uint64_t st_kv_row_bytes(int kv_type, int hd) { return (uint64_t)hd * (kv_type == ST_TYPE_F16 ? 2 : 4); }
+
+void st_kv_store(int kv_type, const float *x, void *row, int64_t n) {
+  if (kv_type == ST_TYPE_F16) st_quantize_row(ST_TYPE_F16, x, row, n);
+  else if ((const void *)x != row) memcpy(row, x, sizeof(float) * (size_t)n);
+}
+
+void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
+                      float *out, float *score, int64_t score_floats) {
   const float scale = 1.0f / sqrtf((float)hd);
+  const uint64_t rb = st_kv_row_bytes(kv_type, hd);
   for (int t0 = 0; t0 < T;) {
     int tt = T - t0; /* the tile's tokens: as many as their scores fit (at least one) */
     while (tt > 1 && (int64_t)tt * nq * (pos0 + t0 + tt) > score_floats) tt = (tt + 1) / 2;
     const int nk = pos0 + t0 + tt, rows = tt * nq; /* keys of the tile's last token; (token, head) rows */
     /* every row's scores over the first nk keys: a row's value per key does not depend on the
      * call's shape (st_matmul), the keys past a row's own are not read below */
-    st_matmul(ST_TYPE_F32, kc, sizeof(float) * (uint64_t)hd, 0, nk, q + (size_t)t0 * nq * hd, hd, rows, hd, score, nk);
+    st_matmul((uint32_t)kv_type, kc, rb, 0, nk, q + (size_t)t0 * nq * hd, hd, rows, hd, score, nk);
     float inv[rows];
     for (int r = 0; r < rows; r++) inv[r] = softmax_row(score + (size_t)r * nk, pos0 + t0 + r / nq + 1, scale);
     float *o = out + (size_t)t0 * nq * hd;
     memset(o, 0, sizeof(float) * (size_t)rows * hd);
     /* P V in key order for each row, every V row read once for the tile */
     for (int j = 0; j < nk; j++) {
-      const float *vj = vc + (size_t)j * hd;
-      for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++)
-        st_axpy(o + (size_t)r * hd, score[(size_t)r * nk + j] * inv[r], vj, hd);
+      const void *vj = (const uint8_t *)vc + (size_t)j * rb;
+      for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++) {
+        if (kv_type == ST_TYPE_F16) st_axpy_f16(o + (size_t)r * hd, score[(size_t)r * nk + j] * inv[r], vj, hd);
+        else st_axpy(o + (size_t)r * hd, score[(size_t)r * nk + j] * inv[r], vj, hd);
+      }
     }
     t0 += tt;
   }
 }
 
-void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o) {
-  st_attend_tokens(qh, 1, 1, hd, n_keys - 1, kc, vc, o, score, n_keys);
+void st_attend_head(const float *qh, int kv_type, const void *kc, const void *vc, int n_keys, int hd, float *score,
+                    float *o) {
+  st_attend_tokens(qh, 1, 1, hd, n_keys - 1, kv_type, kc, vc, o, score, n_keys);
 }
 
 static void attention_cpu(void *buffers[], void *cl_arg) {
@@ -97,24 +109,33 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   /* scores of a tile of (token, head) rows (st_attend_tokens): up to 4 MiB, at least one row */
   const int64_t all_scores = (int64_t)T * nq * n_kv_total;
   const int64_t n_score = all_scores < ((int64_t)1 << 20) ? all_scores : n_kv_total > ((int64_t)1 << 20) ? n_kv_total : (int64_t)1 << 20;
-  float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_score + (size_t)T * hd));
+  const int half = a->kv_type == ST_TYPE_F16;
+  float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_score + (size_t)T * hd +
+                                      (half ? 2 * (size_t)T * hd : 0)));
+  if (!xn) { /* a CPU codelet has no error path: say what failed rather than crash on NULL */
+    fprintf(stderr, "strata: out of memory in the attention task (%d tokens, %d keys)\n", T, n_kv_total);
+    abort();
+  }
   float *q = xn + (size_t)T * d, *score = q + (size_t)T * qw, *rope = score + n_score;
+  float *knew = rope + (size_t)T * hd, *vnew = knew + (size_t)T * hd; /* a half cache's new rows in float32 */
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
   void *xq = NULL; /* xn quantised (st_dense_matmul), shared by the groups' Q products */
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
-    float *kc = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
-    float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
+    uint8_t *kc = (uint8_t *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
+    uint8_t *vc = (uint8_t *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
+    const uint64_t rb = st_kv_row_bytes(a->kv_type, hd);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
     /* Projections: this group's query rows, and its K and V rows written straight into the cache.
      * Q may take int8 activations (st_dense_matmul); K and V keep float32: their rounding stays in
      * the cache for every later token (with int8 K and V the small Q4_K_M fixture's short prompt
-     * changed 6 of its 56 expert sets, the test allows 2). */
+     * changed 6 of its 56 expert sets, the test allows 2); a half cache gets them rounded after
+     * the norm and RoPE. */
     st_dense_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T, d,
                     q, qw, a->int8_dot, &xq);
-    float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
+    float *kdst = half ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = half ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
     st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
               kdst, hd);
     st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
@@ -131,9 +152,13 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
       st_rmsnorm(kt, k_norm, kt, hd, a->eps);
       st_rope_apply(kt, hd, cs);
     }
+    if (half) {
+      st_kv_store(a->kv_type, kdst, kc + (size_t)a->pos0 * rb, (int64_t)T * hd);
+      st_kv_store(a->kv_type, vdst, vc + (size_t)a->pos0 * rb, (int64_t)T * hd);
+    }
 
     /* Causal softmax attention: token t sees cache positions 0..pos0+t. */
-    st_attend_tokens(q, T, nq, hd, a->pos0, kc, vc, out, score, n_score);
+    st_attend_tokens(q, T, nq, hd, a->pos0, a->kv_type, kc, vc, out, score, n_score);
   }
   free(xq);
   free(xn);

@@ -69,6 +69,9 @@ struct st_attention_args {
   int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key, cublas_rows;
   int32_t int8_dot; /* 1 (STRATA_INT8_DOT): the CPU variant's Q product on int8 activations
                      * (st_dense_matmul; K and V keep float32); CUDA ignores it */
+  int32_t kv_type;  /* the KV cache's element: ST_TYPE_F32, or ST_TYPE_F16 (the new rows computed in
+                     * float32, rounded to nearest even into the cache; attention reads them back
+                     * to float32) */
   float eps, rope_theta;
   struct st_wdesc wq, wk, wv;
 };

@@ -47,7 +47,7 @@ struct st_decode_layer {
   struct st_wdesc wq_d, wk_d, wv_d, wo_d, router_d;
   struct st_wdesc gate_d, up_d, down_d; /* the layout of one expert's matrices */
   uint64_t gate_bytes, up_bytes;        /* one expert's gate and up matrices: offsets in a cache slot */
-  float *kv;                            /* the layer's host KV cache [n_head_kv][2][n_ctx][head_dim] */
+  void *kv; /* the layer's host KV cache [n_head_kv][2][n_ctx][head_dim] of st_decode_ctx.kv_type */
 };
 
 /* The work counters of one group of lanes, each on its own cache line (accessed with __atomic
@@ -102,6 +102,7 @@ struct st_decode_mail {
 struct st_decode_ctx {
   int n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, k, n_ff, n_vocab, n_ctx;
   float eps, rope_theta;
+  int kv_type;                         /* the KV cache's element: ST_TYPE_F32 or ST_TYPE_F16 */
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
   const struct st_decode_layer *layers; /* [n_layer] */
@@ -112,6 +113,7 @@ struct st_decode_ctx {
   struct st_wdesc output_d;
   /* host buffers */
   float *x, *h, *xn, *q, *attn, *xo, *ffn_in, *rlogits; /* as on the device */
+  float *kvnew;                        /* [2][n_head_kv][head_dim]: the new K rows, then V rows (CPU-only) */
   float *act;                          /* [k][n_ff]: silu(gate) * up of each slot */
   float *eout;                         /* [k][n_embd]: each slot's weighted expert row (CPU-only) */
   float *logits;                       /* [n_vocab] (CPU-only: the head's output) */

@@ -96,9 +96,8 @@ static void item_qkv(struct lane_state *s, int l, int64_t i) {
   r0 -= qrows;
   const int v = r0 >= kvrows;
   if (v) r0 -= kvrows;
-  const int g = (int)(r0 / hd);
-  float *dst = L->kv + (((size_t)g * 2 + (size_t)v) * (size_t)c->n_ctx + (size_t)c->pos) * hd + r0 % hd;
-  rows(v ? &L->wv_d : &L->wk_d, v ? L->wv : L->wk, r0, r0 + R, c->xn, dst);
+  /* the new K and V rows in float32 (kvnew [2][G][hd]); item_rope stores them in the cache */
+  rows(v ? &L->wv_d : &L->wk_d, v ? L->wv : L->wk, r0, r0 + R, c->xn, c->kvnew + (size_t)v * kvrows + r0);
 }
 
 static void item_rope(struct lane_state *s, int l, int64_t i) {
@@ -112,16 +111,21 @@ static void item_rope(struct lane_state *s, int l, int64_t i) {
     return;
   }
   const int g = (int)i - c->n_head;
-  float *kt = L->kv + ((size_t)g * 2 * (size_t)c->n_ctx + (size_t)c->pos) * hd;
+  const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
+  float *kt = c->kvnew + (size_t)g * hd;
+  uint8_t *kc = (uint8_t *)L->kv + (size_t)g * 2 * (size_t)c->n_ctx * rb, *vc = kc + (size_t)c->n_ctx * rb;
   st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
   st_rope_neox(kt, hd, c->pos, c->rope_theta);
+  st_kv_store(c->kv_type, kt, kc + (size_t)c->pos * rb, hd);
+  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, vc + (size_t)c->pos * rb, hd);
 }
 
 static void item_attn(struct lane_state *s, int l, int64_t h) {
   const struct st_decode_ctx *c = s->c;
   const int hd = c->head_dim, g = (int)h / (c->n_head / c->n_head_kv);
-  const float *kc = c->layers[l].kv + (size_t)g * 2 * (size_t)c->n_ctx * hd, *vc = kc + (size_t)c->n_ctx * hd;
-  st_attend_head(c->q + (size_t)h * hd, kc, vc, c->pos + 1, hd, s->scratch, c->attn + (size_t)h * hd);
+  const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
+  const uint8_t *kc = (const uint8_t *)c->layers[l].kv + (size_t)g * 2 * (size_t)c->n_ctx * rb, *vc = kc + (size_t)c->n_ctx * rb;
+  st_attend_head(c->q + (size_t)h * hd, c->kv_type, kc, vc, c->pos + 1, hd, s->scratch, c->attn + (size_t)h * hd);
 }
 
 static void item_resnorm(struct lane_state *s, int l) {

@@ -501,6 +501,35 @@ void st_axpy(float *o, float a, const float *v, int64_t n) {
   fns[level()](o, a, v, n);
 }
 
+/* The same with v a row of IEEE halves (a half KV cache's V row), widened exactly to float32
+ * first (F16C's conversion is exact), so every level again gives the scalar loop's bits. */
+static void axpy_f16_scalar(float *o, float a, const uint16_t *v, int64_t n) {
+  for (int64_t i = 0; i < n; i++) o[i] = o[i] + a * st_fp16_to_f32(v[i]);
+}
+
+static AVX2 void axpy_f16_avx2(float *o, float a, const uint16_t *v, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i),
+                                          _mm256_mul_ps(av, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))))));
+  for (; i < n; i++) o[i] = o[i] + a * st_fp16_to_f32(v[i]);
+}
+
+static AVX512 void axpy_f16_avx512(float *o, float a, const uint16_t *v, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(o + i, _mm512_add_ps(_mm512_loadu_ps(o + i),
+                                          _mm512_mul_ps(av, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + i))))));
+  for (; i < n; i++) o[i] = o[i] + a * st_fp16_to_f32(v[i]);
+}
+
+void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n) {
+  static void (*const fns[])(float *, float, const uint16_t *, int64_t) = {axpy_f16_scalar, axpy_f16_avx2, axpy_f16_avx512};
+  fns[level()](o, a, v, n);
+}
+
 int st_dense_q8(uint32_t type, int64_t n, int int8) { return int8 && type == ST_TYPE_Q8_0 && st_q8_row_bytes(type, n) > 0; }
 
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,

@@ -112,6 +112,10 @@ int st_dot_row_pairs(int mode);
  * level gives the bits of the plain C loop `o[i] = o[i] + a * v[i]`: attention's P V. */
 void st_axpy(float *o, float a, const float *v, int64_t n);
 
+/* st_axpy with v [n] IEEE halves (a half KV cache's V row), each widened exactly to float32:
+ * the bits of `o[i] = o[i] + a * (float)v[i]` at every SIMD level. */
+void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n);
+
 /* Whether the CPU's dense products of `type` weights with rows of n take int8 activations:
  * int8 (STRATA_INT8_DOT) and Q8_0 weights. The one rule st_dense_matmul and the decode lanes
  * (decode_lane.c) share, so that a token's bits do not depend on the path or the chunk. Q8_0

@@ -16,18 +16,27 @@ void st_rope_neox(float *v, int hd, int pos, float theta);
 void st_rope_table(float *cs, int hd, int pos, float theta);
 void st_rope_apply(float *v, int hd, const float *cs);
 
+/* Bytes of one KV-cache row of hd elements of kv_type (ST_TYPE_F32 or ST_TYPE_F16). */
+uint64_t st_kv_row_bytes(int kv_type, int hd);
+
+/* Stores n floats x into a KV-cache row of kv_type: copied (F32; x may be the row itself) or
+ * rounded to nearest even (F16, st_f32_to_fp16 per element). */
+void st_kv_store(int kv_type, const float *x, void *row, int64_t n);
+
 /* Causal softmax attention of one query head qh [hd] over the first n_keys rows of the head's
- * K and V caches (kc, vc [n_keys][hd]): scores scaled by 1/sqrt(hd), softmax (sum in double),
- * o [hd] = sum of p_j v_j in key order. score: n_keys floats of caller scratch. */
-void st_attend_head(const float *qh, const float *kc, const float *vc, int n_keys, int hd, float *score, float *o);
+ * K and V caches (kc, vc [n_keys][hd] of kv_type: ST_TYPE_F32 or ST_TYPE_F16, read back to
+ * float32): scores scaled by 1/sqrt(hd), softmax (sum in double), o [hd] = sum of p_j v_j in key
+ * order. score: n_keys floats of caller scratch. */
+void st_attend_head(const float *qh, int kv_type, const void *kc, const void *vc, int n_keys, int hd, float *score,
+                    float *o);
 
 /* The same for T tokens at positions pos0.. of nq query heads each (q and out [T][nq][hd]; token
  * t sees the first pos0 + t + 1 keys), in tiles of tokens whose scores fit score_floats (caller
  * scratch of at least pos0 + T floats): the scores of a tile in one st_matmul, P V with each V row
  * read once per tile. Every (token, head) row gets st_attend_head's bits: the same scores, the
  * same softmax, its P V added in key order with st_axpy. */
-void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, const float *kc, const float *vc, float *out,
-                      float *score, int64_t score_floats);
+void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
+                      float *out, float *score, int64_t score_floats);
 
 /* One token's routing from its E router logits (overwritten with the softmax): softmax, top-k
  * by selection (highest first, ties to the lower expert id), weights renormalised to sum to 1

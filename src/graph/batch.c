@@ -270,7 +270,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
                                   .rope_theta = hp->rope_theta, .wq = st_engine_wdesc(&L->wq),
                                   .wk = st_engine_wdesc(&L->wk), .wv = st_engine_wdesc(&L->wv),
                                   .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION), .cublas_rows = e->cublas_rows,
-                                  .int8_dot = e->int8_dot};
+                                  .int8_dot = e->int8_dot, .kv_type = e->kv_type};
     starpu_data_handle_t bufs[7 + 3 * per_task];
     const starpu_data_handle_t fixed[7] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V], hw[W_Q_NORM], hw[W_K_NORM]};
     memcpy(bufs, fixed, sizeof fixed);

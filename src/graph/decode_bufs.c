@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "codelets/dot.h"
+#include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 #include "common.h"
 #include "config.h"
@@ -118,6 +119,7 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->xn, float, dm);
   TAKE(c->q, float, qw);
   TAKE(c->attn, float, qw);
+  TAKE(c->kvnew, float, 2 * (size_t)hp->n_head_kv * hp->head_dim);
   TAKE(c->xo, float, dm);
   TAKE(c->ffn_in, float, dm);
   TAKE(c->rlogits, float, hp->n_expert);
@@ -204,7 +206,7 @@ int st_decode_init(struct st_engine *e) {
                               .n_head_kv = (int)hp->n_head_kv, .head_dim = (int)hp->head_dim, .n_expert = E,
                               .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
                               .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
-                              .int8_dot = e->int8_dot, .pdl = e->pdl, .tier = e->placement.tier,
+                              .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .tier = e->placement.tier,
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};
   c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);
@@ -221,7 +223,7 @@ int st_decode_init(struct st_engine *e) {
   d->expert_src = malloc(sizeof(void *) * (size_t)L * E * 3);
   d->layer_cpu = calloc((size_t)L, 1);
   if (!d->layers || !d->expert_src || !d->layer_cpu) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
-  const size_t kv_layer = (size_t)hp->n_head_kv * 2 * (size_t)e->n_ctx * hp->head_dim;
+  const size_t kv_layer = (size_t)hp->n_head_kv * 2 * (size_t)e->n_ctx * st_kv_row_bytes(e->kv_type, (int)hp->head_dim);
   for (int l = 0; l < L; l++) {
     const struct st_layer *W = &e->model->layers[l];
     d->layers[l] = (struct st_decode_layer){
@@ -231,7 +233,7 @@ int st_decode_init(struct st_engine *e) {
         .wo_d = desc_of(&W->wo), .router_d = desc_of(&W->router), .gate_d = desc_of(&W->gate_exps),
         .up_d = desc_of(&W->up_exps), .down_d = desc_of(&W->down_exps),
         .gate_bytes = st_expert_bytes(&W->gate_exps), .up_bytes = st_expert_bytes(&W->up_exps),
-        .kv = e->kv + (size_t)l * kv_layer};
+        .kv = (uint8_t *)e->kv + (size_t)l * kv_layer};
     for (int x = 0; x < E; x++)
       for (int i = 0; i < 3; i++)
         d->expert_src[((size_t)l * E + x) * 3 + i] = st_host_arena_src(e->placement.arena, e->model, (uint32_t)l, (uint32_t)x, i);

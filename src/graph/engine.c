@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "codelets/codelets.h"
+#include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 #include "common.h"
 #include "graph/recorder.h"
@@ -193,7 +194,7 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
   const struct st_hparams *hp = &e->hp;
   const struct st_expert_cache *C = &e->placement.cache[c];
   const uint64_t slot_bytes = st_pair_bytes(e->model), dense = dense_bytes(e, l0, l1, head);
-  const uint64_t kv = (uint64_t)(l1 - l0) * hp->n_head_kv * 2 * (uint64_t)e->n_ctx * hp->head_dim * 4;
+  const uint64_t kv = (uint64_t)(l1 - l0) * hp->n_head_kv * 2 * (uint64_t)e->n_ctx * st_kv_row_bytes(e->kv_type, (int)hp->head_dim);
   const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
                            (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
                             (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
@@ -453,6 +454,10 @@ static void register_expert_handles(struct st_engine *e) {
       if (st_placement_tier(&e->placement, l, x) == ST_TIER_CPU_POOL) st_engine_expert_handles(e, l, x);
 }
 
+uint64_t st_engine_kv_bytes(const struct st_engine *e) {
+  return (uint64_t)e->hp.n_layer * e->hp.n_head_kv * 2 * (uint64_t)e->n_ctx * st_kv_row_bytes(e->kv_type, (int)e->hp.head_dim);
+}
+
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
   *out = NULL;
   struct st_engine *e = calloc(1, sizeof *e);
@@ -476,9 +481,11 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   }
   const size_t T = (size_t)e->prefill, d = hp->n_embd, k = hp->n_expert_used;
   const size_t qw = (size_t)hp->n_head * hp->head_dim;
-  const size_t kv_floats = (size_t)hp->n_layer * hp->n_head_kv * 2 * (size_t)e->n_ctx * hp->head_dim;
+  e->kv_type = o->kv_type == ST_TYPE_F16 ? ST_TYPE_F16 : ST_TYPE_F32;
+  const uint64_t kv_row = st_kv_row_bytes(e->kv_type, (int)hp->head_dim);
+  const size_t kv_bytes = (size_t)st_engine_kv_bytes(e);
   if (!rc) {
-    e->kv = calloc(kv_floats, sizeof(float));
+    e->kv = calloc(kv_bytes, 1);
     e->x = malloc(sizeof(float) * T * d);
     e->h = malloc(sizeof(float) * T * d);
     e->ffn_in = malloc(sizeof(float) * T * d);
@@ -496,8 +503,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     if (!e->kv || !e->x || !e->h || !e->ffn_in || !e->xo || !e->attn || !e->expert_out ||
         !e->logits || !e->routing || !e->h_layer || !e->h_expert || !e->h_kv || !e->route_counts ||
         !e->live_counts)
-      rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens) and batch buffers",
-                        kv_floats * 4.0 / (1 << 20), e->n_ctx);
+      rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens, %s) and batch buffers",
+                        kv_bytes / 1048576.0, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32");
   }
   if (rc) {
     st_engine_destroy(e);
@@ -666,7 +673,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     for (uint32_t g = 0; g < hp->n_head_kv; g++)
       for (int c = 0; c < 2; c++) {
         const size_t i = ((size_t)l * hp->n_head_kv + g) * 2 + c;
-        e->h_kv[i] = st_engine_reg(e->kv + i * (size_t)e->n_ctx * hp->head_dim, (uint64_t)e->n_ctx * hp->head_dim, 4);
+        e->h_kv[i] = st_engine_reg((uint8_t *)e->kv + i * (size_t)e->n_ctx * kv_row, (uint64_t)e->n_ctx * hp->head_dim,
+                                   e->kv_type == ST_TYPE_F16 ? 2 : 4);
       }
   }
   /* The output head stays in the mapping (the arena copies experts only): its pages are mapped now,

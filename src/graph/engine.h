@@ -16,6 +16,9 @@ struct st_recorder;
 
 struct st_engine_opts {
   int n_ctx;                  /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
+  int kv_type;                /* --cache-type-k: the KV cache's element, ST_TYPE_F32 (the default)
+                                 or ST_TYPE_F16 */
+  int kv_type_v;              /* --cache-type-v: must equal kv_type (st_engine_opts_check) */
   int prefill;                /* prompt chunk in tokens; 0 = 512 */
   const char *expert_profile; /* ranked expert pairs (io/profile.h) for the caches, or NULL */
   int expert_cache;           /* primary-cache slots on CUDA0; 0 = none, ST_CACHE_AUTO = what fits,
@@ -90,7 +93,8 @@ struct st_engine {
   starpu_data_handle_t *h_expert;  /* [n_layer][n_expert][3]: gate up down, over the host expert
                                       arena's copy of the pair, or over the mapping when it has none;
                                       NULL until the CPU pool first needs the pair (engine.c) */
-  float *kv;                       /* [n_layer][n_head_kv][2][n_ctx][head_dim] */
+  int kv_type;                     /* ST_TYPE_F32 or ST_TYPE_F16 (st_engine_opts.kv_type) */
+  void *kv;                        /* [n_layer][n_head_kv][2][n_ctx][head_dim] of kv_type */
   starpu_data_handle_t *h_kv;      /* [n_layer][n_head_kv][2] */
 
   /* batch buffers, sized for `prefill` tokens; registered per batch */
@@ -138,6 +142,10 @@ void st_engine_destroy(struct st_engine *e);
 /* Sets the prompt chunk (tokens) for later evals: 1..the `prefill` the engine was created with.
  * Returns 0 or ST_EINVAL. */
 int st_engine_set_prefill(struct st_engine *e, int prefill);
+
+/* Bytes of the engine's KV cache: n_layer x n_head_kv x 2 x n_ctx rows of head_dim elements of
+ * its kv_type (held in main RAM and, with a CUDA worker, once more on the GPU running the layer). */
+uint64_t st_engine_kv_bytes(const struct st_engine *e);
 
 /* Forgets the KV cache (next eval starts at position 0). */
 void st_engine_reset(struct st_engine *e);

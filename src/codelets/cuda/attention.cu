@@ -10,11 +10,34 @@
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 
+// The KV cache's element (KT): float (ST_TYPE_F32) or __half (ST_TYPE_F16, rounded to nearest
+// even on the way in). Loads of one element and of four consecutive ones (a float row's 16 bytes,
+// a half row's 8) return float32; every kernel below computes in float32 either way.
+__device__ __forceinline__ static float kv_ld(const float *p) { return *p; }
+__device__ __forceinline__ static float kv_ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ static void kv_st(float *p, float v) { *p = v; }
+__device__ __forceinline__ static void kv_st(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ static float4 kv_ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ static float4 kv_ld4(const __half *p) {
+  const uint2 u = *(const uint2 *)p;
+  const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+template <typename KT> struct kv_tag {
+  using type = KT;
+};
+// Calls f(kv_tag<KT>()) for a cache of kv_type (ST_TYPE_F16, else float32).
+template <typename F> static void kv_dispatch(int kv_type, F &&f) {
+  if (kv_type == ST_TYPE_F16) f(kv_tag<__half>());
+  else f(kv_tag<float>());
+}
 
-// q/k RMSNorm over head_dim and NEOX RoPE at position pos of one head, in (hd floats) to out (may
-// alias in); a block of threads shares the head. cs (may be NULL): the position's row of
-// st_cuda_rope_table, the same cosines and sines as computed here.
-__device__ __forceinline__ static void norm_rope_head(const float *in, float *out, int hd, const float *w, float eps,
+
+// q/k RMSNorm over head_dim and NEOX RoPE at position pos of one head, in (hd floats) to out (a
+// float row, which may alias in, or a KV-cache row of OT); a block of threads shares the head. cs
+// (may be NULL): the position's row of st_cuda_rope_table, the same cosines and sines as computed here.
+template <typename OT>
+__device__ __forceinline__ static void norm_rope_head(const float *in, OT *out, int hd, const float *w, float eps,
                                                       int pos, float theta, float *red, const float2 *cs = NULL) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hd; i += blockDim.x)
@@ -32,8 +55,8 @@ __device__ __forceinline__ static void norm_rope_head(const float *in, float *ou
       c = (float)cos(ang), s = (float)sin(ang);
     }
     const float x0 = in[i] * scale * w[i], x1 = in[i + half] * scale * w[i + half];
-    out[i] = x0 * c - x1 * s;
-    out[i + half] = x0 * s + x1 * c;
+    kv_st(out + i, x0 * c - x1 * s);
+    kv_st(out + i + half, x0 * s + x1 * c);
   }
 }
 
@@ -61,10 +84,11 @@ __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w
 // The decode step's q/k norm, RoPE and KV append in one launch: block h < Hq takes query head h in
 // place (as qk_norm_rope); block Hq + g takes KV head g's new K row (kvnew[g hd ..], before its
 // norm) and V row (kvnew[(G + g) hd ..]), writes K normed and rotated at position *pos of its cache
-// and V there as it is.
+// and V there as it is (as KT).
 struct kv_ptrs {
-  float *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
+  void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
 };
+template <typename KT>
 __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw,
                                    const float *kw, float eps, const int *pos_dev, float theta,
                                    const __grid_constant__ kv_ptrs kv, const float2 *tab) {
@@ -79,8 +103,9 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
     return;
   }
   const int g = b - Hq;
-  norm_rope_head(kvnew + (int64_t)g * hd, kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, theta, red, cs);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv.v[g][(int64_t)pos * hd + i] = kvnew[(int64_t)(G + g) * hd + i];
+  norm_rope_head((const float *)kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, theta, red, cs);
+  KT *vr = (KT *)kv.v[g] + (int64_t)pos * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, kvnew[(int64_t)(G + g) * hd + i]);
 }
 
 // Causal attention split over the keys (split-K), one block per (chunk of keys, query heads of one
@@ -132,18 +157,18 @@ static int att_nq(int nq, int hd) {
   while (b < nq && b < most) b *= 2;
   return b;
 }
-// Dynamic shared memory of the split-K kernels: nst stages of a tile's K and V rows, reused for
-// the warps' accumulators at the end.
-static size_t att_smem_bytes(int hd, int nd, int nqb, int nst) {
-  const size_t tiles = 2 * (size_t)nst * ATT_TILE * hd, accs = (size_t)ATT_WARPS * nqb * nd * 32;
-  return sizeof(float) * (tiles > accs ? tiles : accs);
+// Dynamic shared memory of the split-K kernels: nst stages of a tile's K and V rows (es bytes an
+// element), reused for the warps' float accumulators at the end.
+static size_t att_smem_bytes(int hd, int nd, int nqb, int nst, size_t es) {
+  const size_t tiles = 2 * (size_t)nst * ATT_TILE * hd * es, accs = sizeof(float) * ATT_WARPS * nqb * nd * 32;
+  return tiles > accs ? tiles : accs;
 }
 // Stages a block keeps for head_dim hd when `room` bytes of dynamic shared memory are allowed (2:
 // the next tile's copy overlaps this tile's arithmetic; 1: one tile at a time; 0: the rows read
 // from global memory): the same values, so the same bits, whatever the choice.
-static int att_stages(int hd, int nd, int nqb, size_t room) {
+static int att_stages(int hd, int nd, int nqb, size_t es, size_t room) {
   for (int nst = 2; nst > 0; nst--)
-    if (att_smem_bytes(hd, nd, nqb, nst) <= room) return nst;
+    if (att_smem_bytes(hd, nd, nqb, nst, es) <= room) return nst;
   return 0;
 }
 
@@ -164,13 +189,15 @@ template <int NQ> __device__ __forceinline__ static void att_transpose_sum(float
 
 // Keys [k0, k0 + nk) of kc and vc ([keys][hd]) into ks, vs ([ATT_TILE][hd]): 16-byte asynchronous
 // copies where the rows allow them (vec), else plain ones; then the end of a copy group.
-__device__ __forceinline__ static void att_stage(float *ks, float *vs, const float *kc, const float *vc, int k0, int nk,
-                                                 int hd, bool vec) {
-  const float *kb = kc + (int64_t)k0 * hd, *vb = vc + (int64_t)k0 * hd;
+template <typename KT>
+__device__ __forceinline__ static void att_stage(KT *ks, KT *vs, const KT *kc, const KT *vc, int k0, int nk, int hd,
+                                                 bool vec) {
+  constexpr int PER = 16 / sizeof(KT); // elements of a 16-byte copy
+  const KT *kb = kc + (int64_t)k0 * hd, *vb = vc + (int64_t)k0 * hd;
   if (vec) {
-    for (int e = threadIdx.x; e < nk * hd / 4; e += blockDim.x) {
-      st_dev_cp16(ks + 4 * e, kb + 4 * e);
-      st_dev_cp16(vs + 4 * e, vb + 4 * e);
+    for (int e = threadIdx.x; e < nk * hd / PER; e += blockDim.x) {
+      st_dev_cp16(ks + PER * e, kb + PER * e);
+      st_dev_cp16(vs + PER * e, vb + PER * e);
     }
   } else {
     for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) ks[e] = kb[e], vs[e] = vb[e];
@@ -179,13 +206,13 @@ __device__ __forceinline__ static void att_stage(float *ks, float *vs, const flo
 }
 
 // One block's partials: the nh <= NQ query heads at qg (head i at qg + i hd) over keys [start, end)
-// of kc, vc ([keys][hd]); head i's partial (max, sum, hd weighted values) at out + i ostride,
+// of kc, vc ([keys][hd] of KT); head i's partial (max, sum, hd weighted values) at out + i ostride,
 // (-inf, 0) when the range is empty. 8 warps; stage: att_smem_bytes(.., nst) of dynamic shared
 // memory, nst from att_stages.
 // direct (the range is all the keys): head i's output A / L at direct + i hd instead, the bits
 // attend_merge_heads gives for one chunk (f = e^0 = 1, A a sum from +0, so never -0).
-template <int ND, int NQ>
-__device__ __forceinline__ static void attend_group_chunk(const float *qg, int nh, const float *kc, const float *vc,
+template <int ND, int NQ, typename KT>
+__device__ __forceinline__ static void attend_group_chunk(const float *qg, int nh, const KT *kc, const KT *vc,
                                                           int hd, int start, int end, float scale, float *out,
                                                           int64_t ostride, float *stage, int nst,
                                                           float *direct = NULL) {
@@ -197,8 +224,9 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
     return;
   }
-  const bool vec = hd % 4 == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
-  if (nst) att_stage(stage, stage + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
+  const bool vec = hd % (16 / sizeof(KT)) == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
+  KT *const kst = (KT *)stage; // the tiles' stages
+  if (nst) att_stage(kst, kst + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
   float q[NQ][ND], acc[NQ][ND];
 #pragma unroll
   for (int h = 0; h < NQ; h++)
@@ -210,18 +238,18 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     }
   if ((int)threadIdx.x < NQ) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.0f;
   for (int k0 = start, it = 0; k0 < end; k0 += ATT_TILE, it++) {
-    const float *ks = kc + (int64_t)k0 * hd, *vs = vc + (int64_t)k0 * hd; // nst 0: global memory
+    const KT *ks = kc + (int64_t)k0 * hd, *vs = vc + (int64_t)k0 * hd; // nst 0: global memory
     if (nst == 2) {
-      ks = stage + (size_t)(it & 1) * 2 * tf, vs = ks + tf;
+      ks = kst + (size_t)(it & 1) * 2 * tf, vs = ks + tf;
       if (k0 + ATT_TILE < end) {
-        float *nk = stage + (size_t)((it & 1) ^ 1) * 2 * tf;
+        KT *nk = kst + (size_t)((it & 1) ^ 1) * 2 * tf;
         att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
       } else {
         st_dev_cp_commit(); // an empty group: the wait below still leaves only the newest
       }
       st_dev_cp_wait_prev();
     } else if (nst == 1) {
-      ks = stage, vs = stage + tf;
+      ks = kst, vs = kst + tf;
       st_dev_cp_wait_all();
     }
     __syncthreads(); // the tile is in shared memory
@@ -231,7 +259,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     for (int u = 0; u < ATT_TILE / ATT_WARPS; u++) {
       const int jj = warp + ATT_WARPS * u;
 #pragma unroll
-      for (int i = 0; i < ND; i++) kr[u][i] = k0 + jj < end && lane + 32 * i < hd ? ks[jj * hd + lane + 32 * i] : 0.0f;
+      for (int i = 0; i < ND; i++) kr[u][i] = k0 + jj < end && lane + 32 * i < hd ? kv_ld(ks + jj * hd + lane + 32 * i) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < ATT_TILE / ATT_WARPS; u++) {
@@ -273,7 +301,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
       const int jj = warp + ATT_WARPS * u;
       float vr[ND];
 #pragma unroll
-      for (int i = 0; i < ND; i++) vr[i] = k0 + jj < end && lane + 32 * i < hd ? vs[jj * hd + lane + 32 * i] : 0.0f;
+      for (int i = 0; i < ND; i++) vr[i] = k0 + jj < end && lane + 32 * i < hd ? kv_ld(vs + jj * hd + lane + 32 * i) : 0.0f;
 #pragma unroll
       for (int h = 0; h < NQ; h++) {
         const float p = ss[h][jj];
@@ -283,7 +311,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     }
     __syncthreads(); // every warp is done with the tile and its P before they are overwritten
     if (nst == 1 && k0 + ATT_TILE < end)
-      att_stage(stage, stage + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
+      att_stage(kst, kst + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
   }
   float *wacc = stage; // [ATT_WARPS][NQ ND 32]: the tiles are no longer needed
 #pragma unroll
@@ -366,15 +394,15 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
 // group's nq query heads of token t ([T][ldq], head h at h hd); partials of (t, h) at part + ((t nq +
 // h) n_chunks + c) (hd + 2), chunks of `chunk` keys.
-template <int ND, int NQ>
+template <int ND, int NQ, typename KT>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
-    attend_split(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, int nq, int pos0, int chunk,
+    attend_split(const float *q, int64_t ldq, const KT *kc, const KT *vc, int hd, int nq, int pos0, int chunk,
                  float scale, float *part, int nst) {
   const int n_hb = (nq + NQ - 1) / NQ, t = blockIdx.y / n_hb, h0 = (blockIdx.y % n_hb) * NQ, c = blockIdx.x;
   const int start = c * chunk, end = min(start + chunk, pos0 + t + 1);
   const int64_t hs = (int64_t)gridDim.x * (hd + 2);
   extern __shared__ float4 att_dyn[];
-  attend_group_chunk<ND, NQ>(q + (int64_t)t * ldq + (int64_t)h0 * hd, min(NQ, nq - h0), kc, vc, hd, start, end, scale,
+  attend_group_chunk<ND, NQ, KT>(q + (int64_t)t * ldq + (int64_t)h0 * hd, min(NQ, nq - h0), kc, vc, hd, start, end, scale,
                              part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2), hs, (float *)att_dyn, nst);
 }
 
@@ -393,7 +421,7 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // CUDA graph; blocks past the keys leave at once); the last block of a (group, heads) to finish
 // (counters[blockIdx.y], reset by it) merges their chunks as attend_split_combine does, and with a
 // single chunk its block writes the output itself.
-template <int ND, int NQ>
+template <int ND, int NQ, typename KT>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
                       float scale, float *part, int *counters, float *out, int nst) {
@@ -407,7 +435,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
-  attend_group_chunk<ND, NQ>(q + (int64_t)h0 * hd, nh, kv.k[g], kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
+  attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
                              scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn, nst,
                              used == 1 ? out + (int64_t)h0 * hd : NULL);
   if (used == 1) return;
@@ -437,11 +465,11 @@ template <typename F> static void att_dispatch(int nq, int hd, F &&f) {
 }
 
 // Dynamic shared memory each split-K kernel may take on a device (att_allow_smem), by device,
-// kernel (0 attend_split, 1 attend_decode_all), ND / 4 - 1 and log2 NQ; 0: not asked yet, when the
-// default 48 KiB less its static memory is all it may take.
+// kernel (0 attend_split, 1 attend_decode_all), KV element (0 float, 1 half), ND / 4 - 1 and log2
+// NQ; 0: not asked yet, when the default 48 KiB less its static memory is all it may take.
 #define ATT_MAX_DEVICES 64
 #define ATT_DEFAULT_ROOM (40 * 1024) /* the default 48 KiB less the kernels' static memory (at most 5.3 KiB) */
-static size_t att_room[ATT_MAX_DEVICES][2][2][4];
+static size_t att_room[ATT_MAX_DEVICES][2][2][2][4];
 
 template <typename K> static size_t att_room_of(K kernel) {
   int dev = 0, optin = 48 * 1024;
@@ -469,23 +497,30 @@ static void att_allow_smem() {
       att_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
         constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
         constexpr int LQ = att_log2(NQ);
-        const size_t r0 = att_room_of(attend_split<ND, NQ>), r1 = att_room_of(attend_decode_all<ND, NQ>);
-        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
-        ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
-        att_room[dev][0][ND / 4 - 1][LQ] = r0;
-        att_room[dev][1][ND / 4 - 1][LQ] = r1;
+        for (int kt = 0; kt < 2; kt++)
+          kv_dispatch(kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
+            using KT = typename decltype(tag)::type;
+            const size_t r0 = att_room_of(attend_split<ND, NQ, KT>), r1 = att_room_of(attend_decode_all<ND, NQ, KT>);
+            ST_CUDA_CHECK(
+                cudaFuncSetAttribute(attend_split<ND, NQ, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
+            ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ, KT>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
+            att_room[dev][0][kt][ND / 4 - 1][LQ] = r0;
+            att_room[dev][1][kt][ND / 4 - 1][LQ] = r1;
+          });
       });
 }
 
-// The stages (att_stages) and dynamic bytes of kernel `kind` for (hd, ND, NQ) on the current device.
-static int att_plan(int kind, int hd, int nd, int nqb, size_t *bytes) {
+// The stages (att_stages) and dynamic bytes of kernel `kind` for (hd, ND, NQ) and es-byte KV
+// elements on the current device.
+static int att_plan(int kind, int hd, int nd, int nqb, size_t es, size_t *bytes) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError(), dev = -1;
   const int lq = att_log2(nqb);
-  size_t room = dev >= 0 && dev < ATT_MAX_DEVICES ? att_room[dev][kind][nd / 4 - 1][lq] : 0;
+  size_t room = dev >= 0 && dev < ATT_MAX_DEVICES ? att_room[dev][kind][es == 2][nd / 4 - 1][lq] : 0;
   if (!room) room = ATT_DEFAULT_ROOM;
-  const int nst = att_stages(hd, nd, nqb, room);
-  *bytes = att_smem_bytes(hd, nd, nqb, nst);
+  const int nst = att_stages(hd, nd, nqb, es, room);
+  *bytes = att_smem_bytes(hd, nd, nqb, nst, es);
   return nst;
 }
 
@@ -540,10 +575,10 @@ __device__ __forceinline__ float fa_at(const float4 &v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// NV: float4 groups of head dimensions per lane (1: head_dim <= 128, 2: <= 256).
-template <int NV>
+// NV: float4 groups of head dimensions per lane (1: head_dim <= 128, 2: <= 256); KT: the cache's element.
+template <int NV, typename KT>
 __global__ static void __launch_bounds__(FA_THREADS, 2)
-    attend_flash(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, int nq, int T, int pos0,
+    attend_flash(const float *q, int64_t ldq, const KT *kc, const KT *vc, int hd, int nq, int T, int pos0,
                  float scale, int chunk, float *part, float *out, int64_t ldo) {
   __shared__ __align__(16) float buf[FA_BUF];           // Q and K slices, then V slices
   __shared__ __align__(16) float ps[FA_ROWS * FA_KEYS]; // P of the tile; a warp reads only its own rows
@@ -577,7 +612,7 @@ __global__ static void __launch_bounds__(FA_THREADS, 2)
         const int r = e / (FA_DK / 4), d = d0 + 4 * (e % (FA_DK / 4)), row = row0 + r, key = k0 + r;
         float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv; // zeros past hd, T x n_q or the keys
         if (row < rows && d < hd) qv = *(const float4 *)(q + (int64_t)(row / nq) * ldq + (int64_t)(row % nq) * hd + d);
-        if (key < kend && d < hd) kv = *(const float4 *)(kc + (int64_t)key * hd + d);
+        if (key < kend && d < hd) kv = kv_ld4(kc + (int64_t)key * hd + d);
         *(float4 *)(qs + r * FA_LD + d - d0) = qv;
         *(float4 *)(ks + r * FA_LD + d - d0) = kv;
       }
@@ -626,7 +661,7 @@ __global__ static void __launch_bounds__(FA_THREADS, 2)
       for (int e = threadIdx.x; e < vk * hd4; e += FA_THREADS) {
         const int j = e / hd4, d = 4 * (e % hd4), key = k0 + v0 + j;
         float4 vv = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // past the keys: the cache may hold NaN there
-        if (key < kend) vv = *(const float4 *)(vc + (int64_t)key * hd + d);
+        if (key < kend) vv = kv_ld4(vc + (int64_t)key * hd + d);
         *(float4 *)(vs + j * hd + d) = vv;
       }
       __syncthreads();
@@ -698,12 +733,12 @@ static int flash_chunk(int T, int nq, int pos0) {
   return chunk;
 }
 
-// Whether attend_flash takes these buffers: float4 rows (head_dim a multiple of 4, 16-byte
-// aligned pointers and row strides) of at most 256 dimensions (the engine refuses more).
-static int flash_fits(const float *q, int64_t ldq, const float *kc, const float *vc, int hd, const float *out,
-                      int64_t ldo) {
-  const uintptr_t ptrs = (uintptr_t)q | (uintptr_t)kc | (uintptr_t)vc | (uintptr_t)out;
-  return hd % 4 == 0 && hd <= 256 && ptrs % 16 == 0 && ldq % 4 == 0 && ldo % 4 == 0;
+// Whether attend_flash takes these buffers: rows of four-element groups (head_dim a multiple of 4,
+// pointers and row strides aligned to a group) of at most 256 dimensions (the engine refuses more).
+template <typename KT>
+static int flash_fits(const float *q, int64_t ldq, const KT *kc, const KT *vc, int hd, const float *out, int64_t ldo) {
+  const uintptr_t ptrs = (uintptr_t)q | (uintptr_t)out, kvp = (uintptr_t)kc | (uintptr_t)vc;
+  return hd % 4 == 0 && hd <= 256 && ptrs % 16 == 0 && kvp % (4 * sizeof(KT)) == 0 && ldq % 4 == 0 && ldo % 4 == 0;
 }
 
 // Floats of the partials either kernel writes: T x n_q rows of (max, sum, head_dim values) per chunk.
@@ -714,10 +749,11 @@ static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
 }
 
 // Causal attention of T tokens' nq query heads (q [T][ldq], head h at h * hd) over the keys and
-// values kc, vc [pos0 + T][hd], into out [T][ldo]; part holds attention_part_floats. flash != 0
+// values kc, vc [pos0 + T][hd] of KT, into out [T][ldo]; part holds attention_part_floats. flash != 0
 // (the caller checked flash_fits) takes attend_flash, else the split-K kernels (attend_split and
 // attend_split_combine: the decode step's arithmetic).
-static void attend(const float *q, int64_t ldq, const float *kc, const float *vc, int T, int pos0, int nq, int hd,
+template <typename KT>
+static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
   const float scale = 1.0f / sqrtf((float)hd);
   if (!flash) {
@@ -726,9 +762,9 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
       constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
       const int n_hb = (nq + NQ - 1) / NQ;
       size_t bytes = 0;
-      const int nst = att_plan(0, hd, ND, NQ, &bytes);
-      attend_split<ND, NQ><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq, pos0, chunk,
-                                                                                   scale, part, nst);
+      const int nst = att_plan(0, hd, ND, NQ, sizeof(KT), &bytes);
+      attend_split<ND, NQ, KT><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq, pos0,
+                                                                                       chunk, scale, part, nst);
       attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
     });
     return;
@@ -736,16 +772,24 @@ static void attend(const float *q, int64_t ldq, const float *kc, const float *vc
   const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
   const dim3 grid((T * nq + FA_ROWS - 1) / FA_ROWS, n_split);
   if (hd <= 128)
-    attend_flash<1><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
+    attend_flash<1, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
   else
-    attend_flash<2><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
+    attend_flash<2, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
   if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
 }
 
-// Scratch floats of one call: the normed input, one group's queries and the attention partials.
+// Scratch floats of one call: the normed input, one group's queries, the attention partials and,
+// for a half cache, the new K and V rows in float32 before they are stored.
 static size_t attention_scratch_bytes(const st_attention_args *a) {
   return sizeof(float) * ((size_t)a->T * a->n_embd + (size_t)a->T * a->n_q * a->head_dim +
-                          attention_part_floats(a->T, a->pos0, a->n_q, a->head_dim));
+                          attention_part_floats(a->T, a->pos0, a->n_q, a->head_dim) +
+                          (a->kv_type == ST_TYPE_F16 ? 2 * (size_t)a->T * a->head_dim : 0));
+}
+
+// dst[i] = src[i] as KT for n elements (the new K and V rows of a half cache).
+template <typename KT> __global__ static void kv_store(const float *src, KT *dst, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    kv_st(dst + i, src[i]);
 }
 
 static void attention_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
@@ -761,14 +805,17 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
 
   float *xn = (float *)scratch;
   float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
+  float *knew = part + attention_part_floats(T, a->pos0, nq, hd), *vnew = knew + (size_t)T * hd; // half cache only
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
   cublasHandle_t cb = st_cuda_cublas_handle(T, a->cublas_rows); // NULL: the float32 kernels
+  const int half = a->kv_type == ST_TYPE_F16;
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
-    float *kc = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
-    float *vc = (float *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
+    void *kc = (void *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
+    void *vc = (void *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
-    float *kdst = kc + (size_t)a->pos0 * hd, *vdst = vc + (size_t)a->pos0 * hd;
+    // the new rows: straight into a float32 cache, through knew, vnew into a half one
+    float *kdst = half ? knew : (float *)kc + (size_t)a->pos0 * hd, *vdst = half ? vnew : (float *)vc + (size_t)a->pos0 * hd;
     // the dense products keep float32 activations (int8 = 0: STRATA_INT8_DOT is the experts')
     st_cuda_product(cb, a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T,
                    d, q, qw, st, 0);
@@ -778,8 +825,18 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
                    d, vdst, hd, st, 0);
     qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
-    // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
-    attend(q, qw, kc, vc, T, a->pos0, nq, hd, part, out, qw, T > 1 && flash_fits(q, qw, kc, vc, hd, out, qw), st);
+    kv_dispatch(a->kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      KT *kk = (KT *)kc, *vv = (KT *)vc;
+      if (half) {
+        const int64_t n = (int64_t)T * hd;
+        const int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
+        kv_store<KT><<<blocks, 256, 0, st>>>(kdst, kk + (size_t)a->pos0 * hd, n);
+        kv_store<KT><<<blocks, 256, 0, st>>>(vdst, vv + (size_t)a->pos0 * hd, n);
+      }
+      // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
+      attend<KT>(q, qw, kk, vv, T, a->pos0, nq, hd, part, out, qw, T > 1 && flash_fits<KT>(q, qw, kk, vv, hd, out, qw), st);
+    });
   }
   ST_CUDA_CHECK(cudaGetLastError());
 }
@@ -800,60 +857,76 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 }
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, const float *tab,
-                         int pdl, cudaStream_t st) {
+                         float eps, const int *pos_dev, float theta, int kv_type, void *const *k, void *const *v,
+                         const float *tab, int pdl, cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  st_cuda_launch(rope_append, dim3(Hq + G), dim3(64), 0, st, pdl, q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev, theta, p,
-                 (const float2 *)tab);
+  kv_dispatch(kv_type, [&](auto tag) {
+    using KT = typename decltype(tag)::type;
+    st_cuda_launch(rope_append<KT>, dim3(Hq + G), dim3(64), 0, st, pdl, q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev,
+                   theta, p, (const float2 *)tab);
+  });
 }
 
-void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
+void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
   const int nq = Hq / G;
   att_dispatch(nq, hd, [&](auto nd, auto nqb) {
     constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
-    const int n_hb = (nq + NQ - 1) / NQ;
-    size_t bytes = 0;
-    const int nst = att_plan(1, hd, ND, NQ, &bytes);
-    st_cuda_launch(attend_decode_all<ND, NQ>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl, q, nq, hd,
-                   p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst);
+    kv_dispatch(kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      const int n_hb = (nq + NQ - 1) / NQ;
+      size_t bytes = 0;
+      const int nst = att_plan(1, hd, ND, NQ, sizeof(KT), &bytes);
+      st_cuda_launch(attend_decode_all<ND, NQ, KT>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl, q,
+                     nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst);
+    });
   });
 }
 
-// For tests (cuda_codelets.h): attend on host data, on the legacy default stream.
+// For tests (cuda_codelets.h): attend on host data, on the legacy default stream; a half cache
+// (kv_type ST_TYPE_F16) holds k and v rounded to nearest even.
 extern "C" int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T, int pos0, int nq, int hd,
-                                      int flash, int reps, float *out, double *ms) {
+                                      int kv_type, int flash, int reps, float *out, double *ms) {
   const size_t qn = (size_t)T * nq * hd, kn = (size_t)(pos0 + T) * hd;
-  const size_t pn = attention_part_floats(T, pos0, nq, hd);
-  float *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dpart = NULL;
+  const size_t pn = attention_part_floats(T, pos0, nq, hd), es = kv_type == ST_TYPE_F16 ? 2 : 4;
+  float *dq = NULL, *dout = NULL, *dpart = NULL, *dtmp = NULL;
+  void *dk = NULL, *dv = NULL;
   cudaEvent_t e0 = NULL, e1 = NULL;
-  int ok = cudaMalloc(&dq, sizeof(float) * qn) == cudaSuccess && cudaMalloc(&dk, sizeof(float) * kn) == cudaSuccess &&
-           cudaMalloc(&dv, sizeof(float) * kn) == cudaSuccess &&
-           cudaMalloc(&dout, sizeof(float) * qn) == cudaSuccess &&
+  int ok = cudaMalloc(&dq, sizeof(float) * qn) == cudaSuccess && cudaMalloc(&dk, es * kn) == cudaSuccess &&
+           cudaMalloc(&dv, es * kn) == cudaSuccess && cudaMalloc(&dout, sizeof(float) * qn) == cudaSuccess &&
            cudaMalloc(&dpart, sizeof(float) * pn) == cudaSuccess &&
-           cudaMemcpy(dq, q, sizeof(float) * qn, cudaMemcpyHostToDevice) == cudaSuccess &&
-           cudaMemcpy(dk, k, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess &&
-           cudaMemcpy(dv, v, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess;
+           cudaMalloc(&dtmp, sizeof(float) * kn) == cudaSuccess &&
+           cudaMemcpy(dq, q, sizeof(float) * qn, cudaMemcpyHostToDevice) == cudaSuccess;
+  kv_dispatch(kv_type, [&](auto tag) { // k and v through kv_store: a half cache gets them rounded
+    using KT = typename decltype(tag)::type;
+    ok = ok && cudaMemcpy(dtmp, k, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess;
+    if (ok) kv_store<KT><<<256, 256>>>(dtmp, (KT *)dk, (int64_t)kn);
+    ok = ok && cudaMemcpy(dtmp, v, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess; // after the launch
+    if (ok) kv_store<KT><<<256, 256>>>(dtmp, (KT *)dv, (int64_t)kn);
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess;
+  });
   const int64_t ld = (int64_t)nq * hd;
   if (ok) att_allow_smem();
-  if (ok) {
-    const int use_flash = flash && T > 1 && flash_fits(dq, ld, dk, dv, hd, dout, ld);
-    attend(dq, ld, dk, dv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
-    ok = cudaGetLastError() == cudaSuccess &&
-         cudaMemcpy(out, dout, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
-    if (ok && reps > 0 && ms) {
-      float elapsed = 0.0f;
-      ok = cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
-           cudaEventRecord(e0, 0) == cudaSuccess;
-      for (int r = 0; ok && r < reps; r++) attend(dq, ld, dk, dv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
-      ok = ok && cudaEventRecord(e1, 0) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
-           cudaGetLastError() == cudaSuccess && cudaEventElapsedTime(&elapsed, e0, e1) == cudaSuccess;
-      *ms = (double)elapsed / reps;
-    }
-  }
+  if (ok) kv_dispatch(kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      const KT *kk = (const KT *)dk, *vv = (const KT *)dv;
+      const int use_flash = flash && T > 1 && flash_fits<KT>(dq, ld, kk, vv, hd, dout, ld);
+      attend<KT>(dq, ld, kk, vv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
+      ok = cudaGetLastError() == cudaSuccess &&
+           cudaMemcpy(out, dout, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+      if (ok && reps > 0 && ms) {
+        float elapsed = 0.0f;
+        ok = cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
+             cudaEventRecord(e0, 0) == cudaSuccess;
+        for (int r = 0; ok && r < reps; r++) attend<KT>(dq, ld, kk, vv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
+        ok = ok && cudaEventRecord(e1, 0) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaGetLastError() == cudaSuccess && cudaEventElapsedTime(&elapsed, e0, e1) == cudaSuccess;
+        *ms = (double)elapsed / reps;
+      }
+    });
   if (e0) cudaEventDestroy(e0);
   if (e1) cudaEventDestroy(e1);
   cudaFree(dq);
@@ -861,5 +934,6 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
   cudaFree(dv);
   cudaFree(dout);
   cudaFree(dpart);
+  cudaFree(dtmp);
   return ok ? 0 : -1;
 }

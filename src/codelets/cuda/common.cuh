@@ -427,11 +427,12 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 // The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
-// position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each). The per-task kernels' arithmetic,
-// with the cosines and sines read from tab (st_cuda_rope_table's, the same floats).
+// position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each of kv_type: ST_TYPE_F32, or
+// ST_TYPE_F16 rounded to nearest even). The per-task kernels' arithmetic, with the cosines and
+// sines read from tab (st_cuda_rope_table's, the same floats).
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, float *const *k, float *const *v, const float *tab,
-                         int pdl, cudaStream_t st);
+                         float eps, const int *pos_dev, float theta, int kv_type, void *const *k, void *const *v,
+                         const float *tab, int pdl, cudaStream_t st);
 // RoPE's cosine and sine for every position < n_ctx and pair i < hd / 2 into t ([n_ctx][hd / 2]
 // (cos, sin) pairs: n_ctx hd floats), as the attention kernels compute them (double precision,
 // rounded to float), queued on st.
@@ -441,12 +442,12 @@ void st_cuda_rope_table(float *t, int n_ctx, int hd, float theta, cudaStream_t s
 // it they stay within the default 48 KiB (fewer staged tiles, the same bits).
 void st_cuda_attention_allow_smem();
 // One token's causal attention for all Hq query heads at q ([Hq][hd]; head h reads KV head h / (Hq / G))
-// over keys 0..*pos_dev of k[g], v[g] (the attention codelet's split-K kernels: the chunks depend on
+// over keys 0..*pos_dev of k[g], v[g] (of kv_type, as st_cuda_rope_append's; the attention codelet's split-K kernels: the chunks depend on
 // the position only), out [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats;
 // counters: Hq ints, zero before the launch and zero again after it. The attention codelet's T = 1
 // kernels, bit for bit, in one launch; the grid does not depend on the position.
 // pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
-void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, float *const *k, float *const *v,
+void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);

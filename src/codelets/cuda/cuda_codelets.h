@@ -48,12 +48,13 @@ void st_cuda_gemm_set_tf32(int on);
 
 /* Causal attention of T tokens at positions pos0..pos0+T-1 for the nq query heads of one KV head
  * (a GQA group), in host memory: q [T][nq * hd], k and v [pos0 + T][hd], out [T][nq * hd]; token t
- * sees keys 0..pos0 + t, scores scaled by 1/sqrt(hd). flash != 0: the prompt path's tiled kernel
- * (attention.cu attend_flash; only for T > 1), 0: the decode path's split-K kernels. With
- * reps > 0, then runs it reps more times and stores the mean milliseconds per call in *ms (for
- * tests). 0, or -1 on a CUDA error. */
+ * sees keys 0..pos0 + t, scores scaled by 1/sqrt(hd). kv_type: the device cache's element,
+ * ST_TYPE_F32 or ST_TYPE_F16 (k and v rounded to nearest even on the way in). flash != 0: the
+ * prompt path's tiled kernel (attention.cu attend_flash; only for T > 1), 0: the decode path's
+ * split-K kernels. With reps > 0, then runs it reps more times and stores the mean milliseconds
+ * per call in *ms (for tests). 0, or -1 on a CUDA error. */
 int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T, int pos0, int nq, int hd,
-                           int flash, int reps, float *out, double *ms);
+                           int kv_type, int flash, int reps, float *out, double *ms);
 
 /* Seconds per mat-vec (one token) over `rows` rows of n weights of `type` on the current device,
  * averaged over `reps` launches after a warm-up (for strata bench --kernels); < 0 on a CUDA error. */

@@ -98,7 +98,7 @@ static int pdl_ok() { return st_cuda_compute_capability() >= 90; }
 struct layer_graph {
   const st_decode_gpu_args *a;
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
-  float *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
+  void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS]; // of c->kv_type
   const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
 };
 
@@ -177,8 +177,8 @@ void layer_body(const void *args, cudaStream_t st) {
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
   mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
-                      c->rope_theta, g->k, g->v, D.rope, pdl, st);
-  st_cuda_attend_decode_all(D.q, Hq, G, hd, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st);
+                      c->rope_theta, c->kv_type, g->k, g->v, D.rope, pdl, st);
+  st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
@@ -263,8 +263,8 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     sig.add(g.w[i]);
   }
   for (int gi = 0; gi < G; gi++) {
-    g.k[gi] = (float *)STARPU_VECTOR_GET_PTR(buffers[9 + 2 * gi]);
-    g.v[gi] = (float *)STARPU_VECTOR_GET_PTR(buffers[10 + 2 * gi]);
+    g.k[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[9 + 2 * gi]);
+    g.v[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[10 + 2 * gi]);
     sig.add(g.k[gi]);
     sig.add(g.v[gi]);
   }
