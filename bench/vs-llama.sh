@@ -20,6 +20,8 @@
 # -ncmoe for the 24 GB class (17), GPU_MEM strata's --gpu-mem for it in GiB (default: llama.cpp's
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
 # default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
+# STRATA_ARGS extra arguments for every strata bench row (e.g. "--cache-type-k f16 --cache-type-v f16",
+# llama.cpp's default KV cache type),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
 # depths QUICK_DEPTHS gives for the 24 GB row (default 0); with QUICK_PROMPT=1 also the prompt 4096
 # of the every-expert row and the CPU's prompt 128. RDEEP repetitions of the deep row (1).
@@ -96,7 +98,7 @@ sbench() { # name, then strata bench arguments
   local name=$1; shift
   echo "== strata $name: bench $*"
   local t0=$SECONDS
-  peak_run "$W/strata-$name.peak" env ${STRATA_ENV:-} timeout 560 "$S" bench -m "$model" --json -r "$R" "$@" \
+  peak_run "$W/strata-$name.peak" env ${STRATA_ENV:-} timeout 560 "$S" bench -m "$model" --json -r "$R" ${STRATA_ARGS:-} "$@" \
     > "$W/strata-$name.json" 2> "$W/strata-$name.err"
   echo "   exit $?, $((SECONDS - t0)) s, peak $(cat "$W/strata-$name.peak") MiB; $(grep -E 'expert cache|gpu-mem' "$W/strata-$name.err" | tr '\n' ' ')"
   grep -E '"test"' "$W/strata-$name.json" | sed 's/, "entries_cpu.*"tasks_per_token"/ ... "tasks_per_token"/' | head -n 6

@@ -9,7 +9,8 @@
 #     --gpu-mem GPU_MEM, cpu = STARPU_NCUDA=0): strata bench, decode step and (gpu) per-task path.
 # gpu also runs the decode step with STRATA_PDL=1 (PDL=1, the default) and (PERTASK=1, the default) the per-task path.
 # Environment: STEPS (which of 1 2 3, default all), FIXTURES and CACHES (step 2's fixture models and
-# cache settings, default all three and "0 half all"), ROWS (default "gpu 24gb cpu"), GPU_MEM (21.55),
+# cache settings, default all three and "0 half all"), KVS (step 2's KV cache types, default "f32";
+# "f32 f16" runs each comparison with both), ROWS (default "gpu 24gb cpu"), GPU_MEM (21.55),
 # W work folder (/tmp/gpu-step), DECODE tokens per bench run (64), R repetitions (3).
 # Prints a table last.
 set -u
@@ -37,15 +38,18 @@ if has 2; then
   ids=$(seq -s, 100 399)
   for mf in ${FIXTURES:-tiny-qwen3moe-q8_0 tiny-qwen3moe-bf16 small-qwen3moe-q4_k_m}; do
     "$S" profile -m "$M/$mf.gguf" -f "$W/calib.txt" -o "$W/$mf.profile" 2>/dev/null
+    for kv in ${KVS:-f32}; do
     for cache in ${CACHES:-0 half all}; do
       args=(--expert-cache 0)
       [ "$cache" != 0 ] && args=(--expert-profile "$W/$mf.profile" --expert-cache "$([ $cache = all ] && echo auto || echo 8)")
+      args+=(--cache-type-k "$kv" --cache-type-v "$kv")
       for g in 1 0; do
         STRATA_DECODE_GRAPH=$g STARPU_SCHED=eager timeout 120 "$S" eval -m "$M/$mf.gguf" -c 512 --prompt-ids "$ids" \
           --prefill 1 --all-logits --logits-out "$W/l-$g.f32" "${args[@]}" 2>"$W/err-$g"
       done
       [ -s "$W/l-1.f32" ] && cmp -s "$W/l-1.f32" "$W/l-0.f32" && r=PASS || r="FAIL ($(tail -n 2 "$W/err-1" | tr '\n' ' '))"
-      add "$mf, cache $cache: decode step vs per-task path, 300 steps, logits bitwise: $r"
+      add "$mf, cache $cache, $kv KV: decode step vs per-task path, 300 steps, logits bitwise: $r"
+    done
     done
   done
   STRATA_FIXTURES=$PWD/$C/fixtures timeout 300 "$C/tests/test_forward_ref" > "$out/forward_ref.log" 2>&1
