@@ -209,8 +209,9 @@ void st_engine_opts_help(FILE *f) {
   fprintf(f,
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
           "      --cache-type-k f32|f16  the KV cache's element type, K and V alike (give --cache-type-v the\n"
-          "      --cache-type-v f32|f16  same): f16 halves its memory and the attention's reads at long\n"
-          "                         context; rows are computed in float32 and rounded on the way in (default f32)\n"
+          "      --cache-type-v f32|f16  same): f16 halves its memory, and on sm_80+ GPUs the decode attention\n"
+          "                         runs on the tensor cores (queries and softmax weights in half there); rows\n"
+          "                         are computed in float32 and rounded on the way in (default f32)\n"
           "      --prefill N        prompt chunk in tokens (default 512)\n"
           "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
           "                         the profile learned on this model file by earlier runs, else a prior that gives\n"
