@@ -128,6 +128,9 @@ __global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, 
 #ifndef ATT_SPLIT
 #define ATT_SPLIT 32 /* chunks of keys at most: 4 KV groups x 32 blocks, one wave on an H200 at a block per SM */
 #endif
+#ifndef ATT_MIN_BLOCKS
+#define ATT_MIN_BLOCKS 1 /* the split-K kernels' resident blocks an SM at least (__launch_bounds__; bench variants) */
+#endif
 #ifndef ATT_MIN_CHUNK
 #define ATT_MIN_CHUNK 32 /* keys of a chunk at least (bench/attn-bench builds variants with -D) */
 #endif
@@ -331,6 +334,188 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     out[threadIdx.x * ostride] = m_run[threadIdx.x], out[threadIdx.x * ostride + 1] = l_run[threadIdx.x];
 }
 
+// ---- the half cache's block on the tensor cores (sm_80 and later) ------------------------------
+// d = a b + c with mma.sync m16n8k16 (f16 inputs, f32 accumulators): a the 16 x 16 A fragment
+// (a[1], a[3]: rows 8..15), b0 b1 the 16 x 8 B fragment (PTX ISA, "Matrix fragments for
+// mma.m16n8k16 with floating point type"). Traps on an older target (never launched there:
+// att_mma_ok keeps the tensor-core kernels off older targets).
+__device__ __forceinline__ static void att_mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ static uint32_t att_h2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *(const uint32_t *)&h;
+}
+__device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; }
+
+// attend_group_chunk's partials for a half cache of head_dim HD (64 or 128; 16-byte aligned rows
+// and queries) on the tensor cores: each warp takes every 8th step of 16 keys of the range and
+// keeps its own online softmax; the warps are merged in warp order at the end. Per step, with
+// lane = 4 g + t: S = Q K^T as two m16n8k16 tiles of 8 keys (A: the block's heads as rows 0..7 of
+// Q in half precision, rows 8..15 zero; B: lane g's key, the head dimensions permuted so that a
+// lane's 16-byte load of dimensions 32 s + 8 t .. + 8 gives two k-steps' B registers, with the same
+// permutation in A), so lane (g, t) holds head g's scores of keys 2t, 2t+1, 8+2t, 9+2t, which
+// are exactly its A registers of P V (P rounded to half); V's B registers come from 16-byte loads
+// of rows 2t, 2t+1, 8+2t, 9+2t at dimensions 64 h + 8 g .. + 8, paired by byte permutes, so output
+// tile (h, j)'s column n is dimension 64 h + 8 n + j. Scores in log2 units (exp2); the partial's
+// max is given back in natural units, as the float kernel's. Q and P in half precision: a
+// rounding of 2^-11 relative that the float kernel does not have (the f16 cache's route only).
+// Fixed order throughout: the same bits every run, for the decode step and the per-task path alike.
+#ifndef ATT_MMA_LOAD
+#define ATT_MMA_LOAD __ldcs /* K and V rows are read once: streaming loads (bench variants: __ldg) */
+#endif
+template <int HD, int NQ>
+__device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, int nh, const __half *kc, const __half *vc,
+                                                              int start, int end, float scale, float *out,
+                                                              int64_t ostride, float *stage, float *direct) {
+  static_assert(HD % 64 == 0 && HD <= 128 && NQ <= 8, "attend_group_chunk_mma: 64 or 128 dimensions, 8 heads at most");
+  constexpr int NS = HD / 32, NH = HD / 64, NT = HD / 8; // K loads a row, V loads a row, output tiles
+  __shared__ float mw[ATT_WARPS][NQ], lw[ATT_WARPS][NQ];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const float sl2 = scale * 1.4426950408889634f; // log2(e): scores in log2 units
+  uint32_t qa[NS][4];                            // head g's queries at dimensions 32 s + 8 t .. + 8, as half pairs
+#pragma unroll
+  for (int si = 0; si < NS; si++) {
+    float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+    if (g < nh) x0 = *(const float4 *)(qg + g * HD + 32 * si + 8 * t), x1 = *(const float4 *)(qg + g * HD + 32 * si + 8 * t + 4);
+    qa[si][0] = att_h2(x0.x, x0.y), qa[si][1] = att_h2(x0.z, x0.w), qa[si][2] = att_h2(x1.x, x1.y), qa[si][3] = att_h2(x1.z, x1.w);
+  }
+  float acc[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = 0.0f;
+  float m = -INFINITY, l = 0.0f; // head g's running max (the same in its 4 lanes) and this lane's share of the sum
+#ifdef ATT_MMA_SKIP /* bench variant: the block's fixed costs alone */
+  end = start;
+#endif
+  for (int k0 = start + 16 * warp; k0 < end; k0 += 16 * ATT_WARPS) {
+    uint4 kr[2][NS], vr[4][NH];
+    const uint4 z = make_uint4(0, 0, 0, 0); // rows past the range: zero (the cache may hold NaN there)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int key = k0 + 8 * r + g;
+#pragma unroll
+      for (int si = 0; si < NS; si++) kr[r][si] = key < end ? ATT_MMA_LOAD((const uint4 *)(kc + (int64_t)key * HD + 32 * si + 8 * t)) : z;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
+#pragma unroll
+      for (int h = 0; h < NH; h++) vr[r][h] = key < end ? ATT_MMA_LOAD((const uint4 *)(vc + (int64_t)key * HD + 64 * h + 8 * g)) : z;
+    }
+    float sc[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      sc[r][0] = sc[r][1] = sc[r][2] = sc[r][3] = 0.0f;
+#pragma unroll
+      for (int si = 0; si < NS; si++) {
+        att_mma(sc[r], qa[si][0], qa[si][1], kr[r][si].x, kr[r][si].y);
+        att_mma(sc[r], qa[si][2], qa[si][3], kr[r][si].z, kr[r][si].w);
+      }
+    }
+    // lane (g, t): head g's scores of keys k0 + 2t, 2t + 1, 8 + 2t, 9 + 2t
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int key = k0 + 2 * t + (i & 1) + 8 * (i >> 1);
+      p[i] = key < end ? sc[i >> 1][i & 1] * sl2 : -INFINITY;
+    }
+    float mx = fmaxf(fmaxf(p[0], p[1]), fmaxf(p[2], p[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx), corr = exp2f(m - m_new); // the step has a key: m_new is finite
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = exp2f(p[i] - m_new);
+    l = fmaf(l, corr, (p[0] + p[1]) + (p[2] + p[3]));
+    m = m_new;
+    const uint32_t pa0 = att_h2(p[0], p[1]), pa2 = att_h2(p[2], p[3]);
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const unsigned sel = j & 1 ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(att_word(vr[0][h], j >> 1), att_word(vr[1][h], j >> 1), sel);
+        const uint32_t b1 = __byte_perm(att_word(vr[2][h], j >> 1), att_word(vr[3][h], j >> 1), sel);
+        float d[4] = {acc[8 * h + j][0] * corr, acc[8 * h + j][1] * corr, 0.0f, 0.0f};
+        att_mma(d, pa0, pa2, b0, b1);
+        acc[8 * h + j][0] = d[0], acc[8 * h + j][1] = d[1];
+      }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  float *ow = stage; // [ATT_WARPS][NQ][HD]: each warp's unnormalised output
+  if (g < NQ) {
+    if (t == 0) mw[warp][g] = m, lw[warp][g] = l;
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        ow[(warp * NQ + g) * HD + 64 * h + 16 * t + j] = acc[8 * h + j][0];
+        ow[(warp * NQ + g) * HD + 64 * h + 16 * t + 8 + j] = acc[8 * h + j][1];
+      }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < nh * HD; e += blockDim.x) {
+    const int h = e / HD, dd = e - h * HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, mw[w][h]);
+    float L = 0.0f, a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+      const float f = exp2f(mw[w][h] - M); // a warp without keys: 0
+      L = fmaf(lw[w][h], f, L);
+      a = fmaf(ow[(w * NQ + h) * HD + dd], f, a);
+    }
+    if (direct) direct[h * HD + dd] = a / L;
+    else {
+      out[h * ostride + 2 + dd] = a;
+      if (dd == 0) out[h * ostride] = M * 0.6931471805599453f, out[h * ostride + 1] = L;
+    }
+  }
+}
+
+// The tensor-core block (attend_group_chunk's contract) for a half cache of head_dim 64 or 128,
+// 16-byte aligned rows and queries, on sm_80 and later (att_mma_ok checks it on the host). It has
+// kernels of its own (attend_split and attend_decode_all with MMA): in one kernel with the tiles'
+// block, the tiles' block itself ran 2.6x slower at 1,024 keys (bench/attn-bench). On an H200 (4
+// KV groups, half cache) it takes 48 us at 32,768 keys where the tiles take 75, but 33 us at
+// 4,096 keys where they take 19: a warp's first 16 keys cost about 20 us when 128 blocks run
+// (ATT_MMA_SKIP, the block without its key loop: 11 us), for a reason not found; so it serves
+// chunks of ATT_MMA_CHUNK keys or more only.
+#ifndef ATT_MMA_CHUNK
+#define ATT_MMA_CHUNK 512 /* keys of a chunk from which the half cache's blocks take the tensor cores */
+#endif
+template <int NQ>
+__device__ __forceinline__ static void attend_chunk_mma(const float *qg, int nh, const __half *kc, const __half *vc, int hd,
+                                                        int start, int end, float scale, float *out, int64_t ostride,
+                                                        float *stage, float *direct = NULL) {
+  if (start >= end) {
+    if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
+    return;
+  }
+  if (hd == 128) attend_group_chunk_mma<128, NQ>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
+  else attend_group_chunk_mma<64, NQ>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
+}
+
+// Dynamic shared memory of the tensor-core kernels: the warps' outputs.
+static size_t att_mma_smem_bytes(int hd, int nqb) { return sizeof(float) * ATT_WARPS * nqb * hd; }
+
+// Whether the tensor-core kernels take this attention (see attend_chunk_mma): a half cache, head_dim
+// 64 or 128, 16-byte aligned pointers (q, and each of the n cache rows' bases in kv), sm_80 or later.
+static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const void *const *kv, int n) {
+  if (kv_type != ST_TYPE_F16 || (hd != 64 && hd != 128) || ((uintptr_t)q & 15) || (ldq % 4)) return false;
+  for (int i = 0; i < n; i++)
+    if ((uintptr_t)kv[i] & 15) return false;
+  return st_cuda_compute_capability() >= 80;
+}
+
 // Merges the first `used` (<= ATT_SPLIT) chunk partials of nh <= 8 heads (head h's chunk c at p +
 // h hstride + c (hd + 2)) in chunk order into o + h ostride: out = sum_c A_c f_c / sum_c L_c f_c,
 // f_c = e^(M_c - M), M = max_c M_c. Per output value the arithmetic depends on nothing but the
@@ -394,16 +579,19 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
 // group's nq query heads of token t ([T][ldq], head h at h hd); partials of (t, h) at part + ((t nq +
 // h) n_chunks + c) (hd + 2), chunks of `chunk` keys.
-template <int ND, int NQ, typename KT>
-__global__ static void __launch_bounds__(32 * ATT_WARPS)
+// MMA: the tensor-core block (KT __half, ND 4; att_mma_ok) instead of attend_group_chunk.
+template <int ND, int NQ, typename KT, bool MMA>
+__global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_split(const float *q, int64_t ldq, const KT *kc, const KT *vc, int hd, int nq, int pos0, int chunk,
                  float scale, float *part, int nst) {
   const int n_hb = (nq + NQ - 1) / NQ, t = blockIdx.y / n_hb, h0 = (blockIdx.y % n_hb) * NQ, c = blockIdx.x;
   const int start = c * chunk, end = min(start + chunk, pos0 + t + 1);
   const int64_t hs = (int64_t)gridDim.x * (hd + 2);
   extern __shared__ float4 att_dyn[];
-  attend_group_chunk<ND, NQ, KT>(q + (int64_t)t * ldq + (int64_t)h0 * hd, min(NQ, nq - h0), kc, vc, hd, start, end, scale,
-                             part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2), hs, (float *)att_dyn, nst);
+  const float *qg = q + (int64_t)t * ldq + (int64_t)h0 * hd;
+  float *pp = part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2);
+  if constexpr (MMA) attend_chunk_mma<NQ>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn);
+  else attend_group_chunk<ND, NQ, KT>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn, nst);
 }
 
 // Block (t, b) merges attend_split's chunks of token t's heads b NQ .. (attend_merge_heads).
@@ -420,11 +608,14 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // 1) keys (gridDim.x = ATT_SPLIT: the grid does not change with the position, so neither does the
 // CUDA graph; blocks past the keys leave at once); the last block of a (group, heads) to finish
 // (counters[blockIdx.y], reset by it) merges their chunks as attend_split_combine does, and with a
-// single chunk its block writes the output itself.
-template <int ND, int NQ, typename KT>
-__global__ static void __launch_bounds__(32 * ATT_WARPS)
+// single chunk its block writes the output itself. MMA: the tensor-core block (as attend_split's);
+// paired (a half cache that att_mma_ok takes): launched twice, without and then with MMA, each
+// leaving at once where the chunks are the other's (ATT_MMA_CHUNK), so one CUDA graph serves every
+// position.
+template <int ND, int NQ, typename KT, bool MMA>
+__global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out, int nst) {
+                      float scale, float *part, int *counters, float *out, int nst, int paired) {
   __shared__ int last;
   st_dev_griddep_launch();
   st_dev_griddep_wait();
@@ -432,12 +623,19 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = *pos_dev + 1, chunk = att_chunk_keys(n_keys);
   const int used = (n_keys + chunk - 1) / chunk;
   if (c >= used) return; // past the keys: the chunks that count are the first `used`
+  if (paired && (chunk >= ATT_MMA_CHUNK) != MMA) return; // the pair's other kernel takes this position
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
-  attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, c * chunk, min(c * chunk + chunk, n_keys),
-                             scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn, nst,
-                             used == 1 ? out + (int64_t)h0 * hd : NULL);
+  const KT *kc = (const KT *)kv.k[g], *vc = (const KT *)kv.v[g];
+  const int start = c * chunk, end = min(c * chunk + chunk, n_keys);
+  float *direct = used == 1 ? out + (int64_t)h0 * hd : NULL;
+  if constexpr (MMA)
+    attend_chunk_mma<NQ>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
+                         (float *)att_dyn, direct);
+  else
+    attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
+                                   hs, (float *)att_dyn, nst, direct);
   if (used == 1) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
@@ -500,10 +698,11 @@ static void att_allow_smem() {
         for (int kt = 0; kt < 2; kt++)
           kv_dispatch(kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
             using KT = typename decltype(tag)::type;
-            const size_t r0 = att_room_of(attend_split<ND, NQ, KT>), r1 = att_room_of(attend_decode_all<ND, NQ, KT>);
-            ST_CUDA_CHECK(
-                cudaFuncSetAttribute(attend_split<ND, NQ, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
-            ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ, KT>,
+            const size_t r0 = att_room_of(attend_split<ND, NQ, KT, false>),
+                         r1 = att_room_of(attend_decode_all<ND, NQ, KT, false>);
+            ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ, KT, false>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
+            ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ, KT, false>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
             att_room[dev][0][kt][ND / 4 - 1][LQ] = r0;
             att_room[dev][1][kt][ND / 4 - 1][LQ] = r1;
@@ -519,6 +718,9 @@ static int att_plan(int kind, int hd, int nd, int nqb, size_t es, size_t *bytes)
   const int lq = att_log2(nqb);
   size_t room = dev >= 0 && dev < ATT_MAX_DEVICES ? att_room[dev][kind][es == 2][nd / 4 - 1][lq] : 0;
   if (!room) room = ATT_DEFAULT_ROOM;
+#ifdef ATT_PLAN_ES /* bench variant: plan the stages as for another element size */
+  es = ATT_PLAN_ES;
+#endif
   const int nst = att_stages(hd, nd, nqb, es, room);
   *bytes = att_smem_bytes(hd, nd, nqb, nst, es);
   return nst;
@@ -762,9 +964,18 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
       constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
       const int n_hb = (nq + NQ - 1) / NQ;
       size_t bytes = 0;
+      const void *kv[2] = {kc, vc};
+      if constexpr (std::is_same<KT, __half>::value && ND == 4) {
+        if (chunk >= ATT_MMA_CHUNK && att_mma_ok(ST_TYPE_F16, hd, q, ldq, kv, 2)) {
+          attend_split<ND, NQ, KT, true><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, att_mma_smem_bytes(hd, NQ), st>>>(
+              q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part, 0);
+          attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
+          return;
+        }
+      }
       const int nst = att_plan(0, hd, ND, NQ, sizeof(KT), &bytes);
-      attend_split<ND, NQ, KT><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq, pos0,
-                                                                                       chunk, scale, part, nst);
+      attend_split<ND, NQ, KT, false><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq,
+                                                                                              pos0, chunk, scale, part, nst);
       attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
     });
     return;
@@ -880,8 +1091,19 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
       const int n_hb = (nq + NQ - 1) / NQ;
       size_t bytes = 0;
       const int nst = att_plan(1, hd, ND, NQ, sizeof(KT), &bytes);
-      st_cuda_launch(attend_decode_all<ND, NQ, KT>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl, q,
-                     nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst);
+      bool paired = false;
+      if constexpr (std::is_same<KT, __half>::value && ND == 4) {
+        const void *kv[2 * ST_CUDA_MAX_KV_HEADS];
+        for (int g = 0; g < G; g++) kv[2 * g] = k[g], kv[2 * g + 1] = v[g];
+        paired = att_mma_ok(kv_type, hd, q, hd, kv, 2 * G);
+      }
+      st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl,
+                     q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst, (int)paired);
+      if constexpr (std::is_same<KT, __half>::value && ND == 4)
+        if (paired)
+          st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
+                         att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part,
+                         counters, out, 0, 1);
     });
   });
 }
