@@ -6,7 +6,11 @@
 // the K and V bytes read per second. Then one launch at depth 4096 against a float64 reference of
 // the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
 // the wrong thing shows. Not a test: it prints, it asserts nothing.
-// Build: `make bench/attn-bench` (ATT_FLAGS for -D flags); run: attn-bench [replays].
+// Build: `make bench/attn-bench` (ATT_FLAGS for -D flags: ATT_SPLIT, ATT_MIN_CHUNK, ATT_MIN_BLOCKS,
+// ATT_MMA_CHUNK (0: the half cache's tensor-core block at every depth), ATT_MMA_LOAD (its loads),
+// ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
+// the wait for the previous kernel), ATT_PLAN_ES); run: [KV=f16] [MODE=0|1|2] [COPIES=N] [DEPTH=N]
+// [CHECK_KEYS=N] attn-bench [replays].
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
