@@ -3,7 +3,9 @@
 # lws and dmda, and with STARPU_NCPU=1 and 2 (the task slicing never depends on the workers);
 # the same through decode steps (--prefill 1: every token one decode step, its lanes sharing work
 # items whatever the workers), and through the per-task decode path (STRATA_DECODE_GRAPH=0), all
-# against the prompt path's logits. Then greedy generation: the same ids under every setting.
+# against the prompt path's logits; all of it for the float32 and for the half KV cache
+# (--cache-type-k/-v f16: the CPU codelet's and the decode lanes' f16 reads). Then greedy
+# generation: the same ids under every setting.
 # Prints the scheduler/worker settings compared and the checksum of each logits file. The models are
 # the tiny preset of `strata mkmodel` in BF16 and Q8_0 (tests/lib.sh test_model).
 set -u
@@ -11,8 +13,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
 models="$(test_model tiny-qwen3moe-bf16 --preset tiny --type bf16) $(test_model tiny-qwen3moe-q8_0 --preset tiny --type q8_0)"
 prompt='Mixture-of-experts models route every token through a few experts; the rest stay idle.'
+for kv in f32 f16; do
 for m in $models; do
-  model=$(basename "$m" .gguf)
+  model="$(basename "$m" .gguf) $kv KV"
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=2" \
              "STARPU_SCHED=dmda STARPU_NCPU=2" "STARPU_SCHED=lws STARPU_NCPU=1" \
@@ -24,7 +27,7 @@ for m in $models; do
     case "$cfg" in PREFILL=1*) prefill=1 ;; esac
     # dmda calibrates its performance models on first use; keep them out of $HOME for the test
     if ! env $cfg STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$m" -p "$prompt" --prefill $prefill \
-         --logits-out "$out" 2>"$tmp/err"; then
+         --cache-type-k $kv --cache-type-v $kv --logits-out "$out" 2>"$tmp/err"; then
       echo "FAIL $model [$cfg]: eval failed: $(cat "$tmp/err")"; fail=$((fail + 1)); continue
     fi
     sum=$(cksum < "$out" | cut -d' ' -f1)
@@ -37,6 +40,7 @@ for m in $models; do
       echo "FAIL $model [$cfg]: logits checksum $sum differ from the baseline"; fail=$((fail + 1))
     fi
   done
+done
 done
 for m in $models; do
   model=$(basename "$m" .gguf)
