@@ -485,10 +485,12 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
 // 16-byte aligned rows and queries, on sm_80 and later (att_mma_ok checks it on the host). It has
 // kernels of its own (attend_split and attend_decode_all with MMA): in one kernel with the tiles'
 // block, the tiles' block itself ran 2.6x slower at 1,024 keys (bench/attn-bench). On an H200 (4
-// KV groups, half cache) it takes 48 us at 32,768 keys where the tiles take 75, but 33 us at
-// 4,096 keys where they take 19: a warp's first 16 keys cost about 20 us when 128 blocks run
-// (ATT_MMA_SKIP, the block without its key loop: 11 us), for a reason not found; so it serves
-// chunks of ATT_MMA_CHUNK keys or more only.
+// KV groups, half cache, bench/RESULTS.md 2026-12-03) the pair takes 42 us at 32,768 keys and 33
+// at 16,384 where the tiles alone take 75 and 43; but (measured while both blocks shared a kernel)
+// the tensor-core block took 33 us at 4,096 keys where the tiles take 19: a warp's first 16 keys
+// cost about 20 us when 128 blocks run (ATT_MMA_SKIP, the block without its key loop: 11 us), for
+// a reason not found (ATT_MMA_WARM tests one guess); so it serves chunks of ATT_MMA_CHUNK keys or
+// more only.
 #ifndef ATT_MMA_CHUNK
 #define ATT_MMA_CHUNK 512 /* keys of a chunk from which the half cache's blocks take the tensor cores */
 #endif
