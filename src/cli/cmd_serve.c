@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "codelets/quant.h"
 #include "common.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
@@ -232,9 +233,10 @@ int st_cmd_serve(int argc, char **argv) {
     if (st_gguf_get_str(s.model->gguf, "tokenizer.chat_template", &tmpl)) tmpl = NULL;
     s.chat_kind = st_chat_template_detect(tmpl);
     fprintf(stderr,
-            "strata serve: loaded %s: qwen3moe, %u layers, %u experts (top-%u), vocab %u; context %d tokens, "
-            "prompt chunk %d tokens; %d CPU and %d CUDA workers; %.2f s\n",
+            "strata serve: loaded %s: qwen3moe, %u layers, %u experts (top-%u), vocab %u; context %d tokens "
+            "(KV cache %s, %.1f MiB), prompt chunk %d tokens; %d CPU and %d CUDA workers; %.2f s\n",
             o.model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_vocab, s.engine->n_ctx,
+            s.engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_engine_kv_bytes(s.engine) / 1048576.0,
             s.engine->prefill, st_engine_n_cpu_workers(s.engine), st_engine_n_cuda_workers(s.engine),
             st_now() - t0);
     if (s.chat_kind == ST_CHAT_QWEN3)

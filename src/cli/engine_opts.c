@@ -74,7 +74,13 @@ static int parse_slots(const char *flag, const char *arg, int *out) {
 static int parse_cache_type(const char *flag, const char *arg, int *type) {
   if (!strcmp(arg, "f32")) *type = ST_TYPE_F32;
   else if (!strcmp(arg, "f16")) *type = ST_TYPE_F16;
-  else return st_set_error(ST_EINVAL, "%s expects f32 or f16, got '%s' (strata's KV cache has no quantised types)", flag, arg);
+  else {
+    static const char *quantised[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}; /* llama.cpp's other KV types */
+    int q = 0;
+    for (size_t i = 0; i < sizeof quantised / sizeof quantised[0]; i++) q |= !strcmp(arg, quantised[i]);
+    return st_set_error(ST_EINVAL, "%s expects f32 or f16, got '%s'%s", flag, arg,
+                        q ? " (strata's KV cache has no quantised types)" : "");
+  }
   return 1;
 }
 
