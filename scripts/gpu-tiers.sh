@@ -4,6 +4,9 @@
 #   scripts/gpu-tiers.sh check   exactness gates on the tiny Q8_0 fixture (three prompts, greedy):
 #                                every tier layout that holds all experts on GPUs vs one card
 #                                caching them all; the host route vs P2P; remote-expert-opt
+#   scripts/gpu-tiers.sh one     the stand-in on one card (nvidia-h200): STARPU_NWORKER_PER_CUDA=2,
+#                                the helper tier on CUDA0.1 (stripe, layer placement) vs CUDA0
+#                                caching every pair, on the tiny Q8_0 fixture (three prompts, greedy)
 #   scripts/gpu-tiers.sh exact   the same gates on a qwen3-30b-a3b-preset Q8_0 model (made once
 #                                into models/, kept while the machine stays warm)
 #   scripts/gpu-tiers.sh table [PROMPT DEPTHS REPS]  strata bench per setup (ONLY=REGEX picks setups;
@@ -90,6 +93,20 @@ check)
   gates
   gate "adaptive peer: 16 + 16 slots, --adapt-swaps 4 (runs; the set moves)" - -- --expert-cache 16 --peer-device 1 --peer-slots 16 --adapt-swaps 4 --adapt-interval 8
   grep -c "adapt:" "$out/gate.err" | sed 's/^/adaptive swaps logged: /'
+  ;;
+one)
+  M=$C/fixtures/models/tiny-qwen3moe-q8_0.gguf; N=32; pairs=64; half=24
+  printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
+  "$S" profile -m "$M" -f "$out/calib.txt" -o "$out/tiny.profile" 2>&1 | tail -n 1
+  P=$out/tiny.profile
+  gate "reference: CUDA0 caches all $pairs pairs" - -- --expert-cache $pairs
+  gate "two workers on CUDA0, no helper flag vs one worker" x STARPU_NWORKER_PER_CUDA=2 -- --expert-cache $pairs
+  gate "helper CUDA0.1 stripe: CUDA0 $half + helper the rest vs CUDA0 alone" x STARPU_NWORKER_PER_CUDA=2 -- \
+    --expert-cache $half --expert-cache-device1 $((pairs - half))
+  gate "helper CUDA0.1 layer placement vs CUDA0 alone" x STARPU_NWORKER_PER_CUDA=2 -- \
+    --expert-cache $half --expert-cache-device1 $pairs --gpu-placement layer
+  gate "helper CUDA0.1 stripe, --cuda-graphs off vs CUDA0 alone" x STARPU_NWORKER_PER_CUDA=2 -- \
+    --expert-cache $half --expert-cache-device1 $((pairs - half)) --cuda-graphs off
   ;;
 exact)
   big_model; N=16; pairs=6144; half=3000

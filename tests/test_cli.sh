@@ -34,13 +34,13 @@ grep -q "decode: 16 tokens" "$tmp/err" && grep -q "StarPU workers:" "$tmp/err" &
   && grep -q "^peak resident memory [0-9.]* GiB" "$tmp/err" \
   && ok "generate report: $(grep -E '^(prompt|decode):' "$tmp/err" | tr '\n' ' ')" || bad "generate report missing: $(cat "$tmp/err")"
 case "$want" in "["*", "*"]") ok "generate --print-ids on the test model: $want" ;; *) bad "generate --print-ids: '$want'" ;; esac
-# the half KV cache: the load line names it, at half the float32 cache's MiB
-kv32=$(sed -n 's/.*(KV cache f32, \([0-9.]*\) MiB).*/\1/p' "$tmp/err")
-"$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 --cache-type-k f16 --cache-type-v f16 >/dev/null 2>"$tmp/err16"
-kv16=$(sed -n 's/.*(KV cache f16, \([0-9.]*\) MiB).*/\1/p' "$tmp/err16")
+# the half KV cache (the default): the load line names it, at half the float32 cache's MiB
+kv16=$(sed -n 's/.*(KV cache f16, \([0-9.]*\) MiB).*/\1/p' "$tmp/err")
+"$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 --cache-type-k f32 --cache-type-v f32 >/dev/null 2>"$tmp/err32"
+kv32=$(sed -n 's/.*(KV cache f32, \([0-9.]*\) MiB).*/\1/p' "$tmp/err32")
 if [ -n "$kv32" ] && [ -n "$kv16" ] && awk -v a="$kv32" -v b="$kv16" 'BEGIN { exit !(a > 0 && b == a / 2) }'; then
-  ok "generate --cache-type-k f16 --cache-type-v f16: KV cache $kv16 MiB (f32: $kv32 MiB)"
-else bad "half KV cache: f32 '$kv32' MiB, f16 '$kv16' MiB ($(tail -n 2 "$tmp/err16"))"; fi
+  ok "generate's default KV cache f16: $kv16 MiB (--cache-type-k f32 --cache-type-v f32: $kv32 MiB)"
+else bad "half KV cache: f32 '$kv32' MiB, f16 (default) '$kv16' MiB ($(tail -n 2 "$tmp/err32"))"; fi
 
 # 2. text generation streams text
 "$STRATA" generate -m "$tiny" -p "Hello" -n 8 --seed 3 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/out" ] \
@@ -129,8 +129,8 @@ expect_error "--all-logits without a file" "all-logits writes to --logits-out" "
 expect_error "STARPU_NCPU=abc" "STARPU_NCPU=abc: expected a whole number" env STARPU_NCPU=abc "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "STARPU_NCPU=0" "needs at least one CPU worker" env STARPU_NCPU=0 "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
-expect_error "KV cache types differ" "cache-type-k f16 with --cache-type-v f32: strata's K and V caches have one type" \
-  "$STRATA" generate -m "$tiny" -p hi --cache-type-k f16
+expect_error "KV cache types differ" "cache-type-k f32 with --cache-type-v f16: strata's K and V caches have one type" \
+  "$STRATA" generate -m "$tiny" -p hi --cache-type-k f32
 expect_error "quantised KV cache" "cache-type-v expects f32 or f16, got 'q8_0'" \
   "$STRATA" generate -m "$tiny" -p hi --cache-type-v q8_0
 "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/tiny.profile" 2>/dev/null || bad "profile for the tier refusals"

@@ -218,7 +218,7 @@ void st_engine_opts_help(FILE *f) {
           "      --cache-type-v f32|f16  same): f16 halves its memory, and on sm_80+ GPUs the decode attention\n"
           "                         past about 16,000 tokens runs on the tensor cores (queries and softmax weights\n"
           "                         in half there); rows are computed in float32 and rounded on the way in\n"
-          "                         (default f32)\n"
+          "                         (default f16, as llama.cpp; f32 is the exact float32 path)\n"
           "      --prefill N        prompt chunk in tokens (default 512)\n"
           "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
           "                         the profile learned on this model file by earlier runs, else a prior that gives\n"

@@ -170,6 +170,7 @@ static uint64_t weight_bytes(const struct st_weight *w) { return w->row_bytes * 
 
 void st_engine_opts_init(struct st_engine_opts *o) {
   memset(o, 0, sizeof *o);
+  o->kv_type = o->kv_type_v = ST_TYPE_F16; /* llama.cpp's default; a zeroed struct means f32 */
   o->expert_cache = ST_CACHE_DEFAULT;
   o->peer_reserve_mib = 600;
   o->peer_adapt_swaps = -1;

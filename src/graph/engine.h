@@ -16,8 +16,8 @@ struct st_recorder;
 
 struct st_engine_opts {
   int n_ctx;                  /* KV-cache length in tokens; 0 = min(the model's context_length, 4096) */
-  int kv_type;                /* --cache-type-k: the KV cache's element, ST_TYPE_F32 (the default)
-                                 or ST_TYPE_F16 */
+  int kv_type;                /* --cache-type-k: the KV cache's element, ST_TYPE_F16 (what
+                                 st_engine_opts_init sets) or ST_TYPE_F32 (0: a zeroed struct) */
   int kv_type_v;              /* --cache-type-v: must equal kv_type (st_engine_opts_check) */
   int prefill;                /* prompt chunk in tokens; 0 = 512 */
   const char *expert_profile; /* ranked expert pairs (io/profile.h) for the caches, or NULL */
