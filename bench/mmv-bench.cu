@@ -62,7 +62,7 @@ constexpr uint64_t GATE = (uint64_t)FF * RB_D, EXPERT = 2 * GATE + (uint64_t)D *
 
 struct ctx {
   set s[SETS];
-  st_route *route; // K entries, experts 0, 2, 4, ...
+  st_route *route; // K entries: experts 0, 2, 4, ... until dk_gateup's block 0 writes 0..7 (equal logits)
   float *x, *xq, *act, *out, *q;
   int8_t *xq8; // x quantised (D)
   float *h, *ffn_in, *logits, *xn, *ones; // the router's and dk_pre's rows
@@ -102,16 +102,16 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     const gateup_job<Q8> j = {c.route, s.slots, NE, FF, H, per, GATE, RB_D, Q8 ? (const void *)c.xq8 : c.x, c.act};
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT), rg.n16[e] = (int64_t)(2 * GATE / 16);
-    if (!read) stream(dk_gateup<TY, Q8>, per * K, smem, c, pdl, grid_scale, 1, j, per * K, (int64_t)D);
+    const route_src rs = {c.logits, E, K, D, c.route, c.ffn_in, NULL, NULL, NULL, (const uint32_t *)(c.pos + 1)};
+    if (!read) stream(dk_gateup<TY, Q8>, per * K, smem + sizeof(float) * E, c, pdl, grid_scale, 1, j, rs, per * K, (int64_t)D);
   } else if (kind == 4) {
     constexpr uint32_t RT = ST_TYPE_F32;
     const int R = mmv_stream_rows<RT>(D);
-    const size_t dyn = mmv_pipe_bytes<RT>() + sizeof(float) * (D + E);
+    const size_t dyn = mmv_pipe_bytes<RT>() + sizeof(float) * D;
     rg.p[0] = (const uint4 *)s.router, rg.n16[0] = (int64_t)E * D * 4 / 16, rg.n = 1;
     if (!read)
       st_cuda_launch(dk_router<RT>, dim3((unsigned)((E + R - 1) / R)), dim3(MMV_THREADS), dyn, c.st, pdl, (const float *)c.x, (const float *)c.q,
-             (const float *)c.ones, 1e-6f, D, (const uint8_t *)s.router, (uint64_t)D * 4, E, K, c.h, c.ffn_in, c.logits,
-             c.route, c.counters, (st_route *)NULL, (float *)NULL, (uint32_t *)NULL, (const uint32_t *)(c.pos + 1),
+             (const float *)c.ones, 1e-6f, D, (const uint8_t *)s.router, (uint64_t)D * 4, E, c.h, c.ffn_in, c.logits,
              Q8 ? c.xq8 : (int8_t *)NULL);
   } else if (kind == 5) { // dk_pre: the combine of 8 cached slots and the attention norm, no PDL (as decode.cu)
     rg.n = 0;
@@ -204,6 +204,7 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&c.h, D * 4));
   CK(cudaMalloc(&c.ffn_in, D * 4));
   CK(cudaMalloc(&c.logits, E * 4));
+  CK(cudaMemset(c.logits, 0, E * 4)); // equal logits until a router writes them (zero weights): experts 0..7
   CK(cudaMalloc(&c.xn, D * 4));
   CK(cudaMalloc(&c.ones, D * 4));
   CK(cudaMemset(c.h, 0, D * 4));
@@ -218,7 +219,7 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&c.pos, 2 * 4));
   CK(cudaMemset(c.pos, 0, 2 * 4));
   CK(cudaFuncSetAttribute(dk_router<ST_TYPE_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * (D + E))));
+                          (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * D)));
   CK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF))));
   c.most = mmv_resident_blocks(dk_mv<TY>, mmv_pipe_bytes<TY>());

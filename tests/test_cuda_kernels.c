@@ -360,16 +360,18 @@ int main(void) {
     free(again);
     free(one);
   }
-  /* The router's top-k (router.cu, common.cuh st_dev_softmax_topk_block: every thread ranks its
-   * experts) against the CPU's selection (st_route_topk), on 64 rows of 128 logits in steps of
-   * 1/64 (many exact ties, which go to the lower expert id) and k = 8: the same experts in the same
-   * order, weights within 1e-6 relative (CPU and GPU expf differ by an ulp or so). */
-  {
+  /* The router's top-k (router.cu, common.cuh st_dev_softmax_topk_block) against the CPU's
+   * selection (st_route_topk), on 64 rows of 128 logits in steps of 1/64 (many exact ties, which go
+   * to the lower expert id) and k = 8: the same experts in the same
+   * order, weights within 1e-6 relative (CPU and GPU expf differ by an ulp or so). Blocks of 128
+   * threads (the router codelet's: one thread ranks an expert) and 256 (the decode step's
+   * dk_gateup: two threads' shares added). */
+  for (int threads = 128; threads <= 256; threads *= 2) {
     enum { TR = 64, E = 128, KR = 8 };
     float *lg = malloc(sizeof(float) * TR * E), *tmp = malloc(sizeof(float) * E);
     struct st_route got_r[TR * KR], want_r[KR];
     for (int i = 0; i < TR * E; i++) lg[i] = (float)((int)(uniform(&rng) * 256.0)) / 64.0f;
-    int ok = st_cuda_softmax_topk_rows(lg, TR, E, KR, got_r) == 0, same = 1;
+    int ok = st_cuda_softmax_topk_rows(lg, TR, E, KR, threads, got_r) == 0, same = 1;
     double worst = 0;
     for (int t = 0; ok && t < TR; t++) {
       memcpy(tmp, lg + (size_t)t * E, sizeof(float) * E);
@@ -380,9 +382,9 @@ int main(void) {
       }
     }
     ok &= same && worst <= 1e-6;
-    printf("%s router top-k on the GPU vs the CPU's: %d rows of %d logits with ties, k = %d: %s experts in the same "
-           "order, weights max relative difference %.2e (≤ 1e-6)\n",
-           ok ? "PASS" : "FAIL", TR, E, KR, same ? "the same" : "DIFFERENT", worst);
+    printf("%s router top-k on the GPU (%d threads a block) vs the CPU's: %d rows of %d logits with ties, k = %d: "
+           "%s experts in the same order, weights max relative difference %.2e (≤ 1e-6)\n",
+           ok ? "PASS" : "FAIL", threads, TR, E, KR, same ? "the same" : "DIFFERENT", worst);
     ok ? pass++ : fail++;
     free(lg);
     free(tmp);

@@ -73,7 +73,7 @@ struct st_decode_dev {
   float *part;                                                  /* attention partials */
   struct st_route *route;                                       /* [n_layer][k] */
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
-  int32_t *counters; /* [n_head + 1]: the fused kernels' last-block counters, zero between launches */
+  int32_t *counters; /* [n_head]: the decode attention's last-block counters, zero between launches */
   int8_t *ffn_q;     /* STRATA_INT8_DOT, Q8_0 gate and up: ffn_in quantised (st_decode_q8_bytes(d)) */
   float *rope;       /* [n_ctx][hd / 2] RoPE's (cos, sin), filled once (cuda/attention.cu st_cuda_rope_table) */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */

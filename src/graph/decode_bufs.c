@@ -183,7 +183,7 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->part, float, part);
   TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(D->pos, int32_t, 2);
-  TAKE(D->counters, int32_t, hp->n_head + 1);
+  TAKE(D->counters, int32_t, hp->n_head);
   TAKE(D->ffn_q, int8_t, st_decode_q8_bytes(dm));
   TAKE(D->rope, float, (size_t)e->n_ctx * hd);
   TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);

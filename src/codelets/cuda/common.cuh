@@ -301,8 +301,9 @@ __device__ __forceinline__ void st_dev_softmax_topk(const float *l, int E, int k
 
 // st_dev_softmax_topk's routing computed by a whole block (every thread calls it; l in shared or
 // global memory): warp 0 takes the max and the double sum exactly as st_dev_softmax_topk does; then
-// each thread ranks its experts against all E (an expert ranks behind every one with a higher
-// logit, or an equal one and a lower id; a NaN behind every number), the k first compute their
+// each expert is ranked against all E, by one thread or (a block of 2E threads or more) by several
+// threads' shares added in shared memory (an expert ranks behind every one with a higher logit, or
+// an equal one and a lower id; a NaN behind every number), the k first compute their
 // probability in parallel and thread 0 adds them in rank order. Without NaN logits, the selection,
 // the weights and their bits are st_dev_softmax_topk's, which rounds k warp-wide argmaxes one after
 // another; this takes a few hundred cycles instead. k <= 32 (else it calls st_dev_softmax_topk).
@@ -325,17 +326,35 @@ __device__ __forceinline__ void st_dev_softmax_topk_block(const float *l, int E,
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) s_mx = mx, s_sum = sum;
   }
+  // expert e's rank counted in P parts of the E others by threads e + E p (P > 1 when the block has
+  // at least twice E threads and E <= 256), added in shared memory
+  __shared__ int s_rk[256];
+  const int P = E <= 256 && (int)blockDim.x >= 2 * E ? (int)blockDim.x / E : 1;
+  if (P > 1)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s_rk[e] = 0;
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+  for (int t = threadIdx.x; t < P * E; t += blockDim.x) {
+    const int e = t % E, part = t / E, o0 = part * E / P, o1 = (part + 1) * E / P;
     const float v = l[e];
-    const bool vn = isnan(v);
     int rank = 0;
-    for (int o = 0; o < E; o++) {
-      const float u = l[o];
-      const bool un = isnan(u);
-      rank += vn ? (!un || o < e) : (!un && (u > v || (u == v && o < e)));
+    if (isnan(v)) {
+      for (int o = o0; o < o1; o++) rank += !isnan(l[o]) || o < e;
+    } else { // a NaN u is neither above nor equal to v
+#pragma unroll 8
+      for (int o = o0; o < o1; o++) {
+        const float u = l[o];
+        rank += (u > v) | ((u == v) & (o < e));
+      }
     }
-    if (rank < k) s_e[rank] = e, s_p[rank] = (float)(expf(v - s_mx) / s_sum);
+    if (P > 1) atomicAdd(&s_rk[e], rank);
+    else if (rank < k) s_e[rank] = e, s_p[rank] = (float)(expf(v - s_mx) / s_sum);
+  }
+  if (P > 1) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const int rank = s_rk[e];
+      if (rank < k) s_e[rank] = e, s_p[rank] = (float)(expf(l[e] - s_mx) / s_sum);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -31,8 +31,10 @@ int st_cuda_matmul_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_
                         int64_t n, float *out, int int8);
 
 /* The router's softmax and top-k (router.cu, the kernels' block-wide selection) over T rows of E
- * logits in host memory into routing [T][k] (for tests). 0, or -1 on a CUDA error. */
-int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, struct st_route *routing);
+ * logits in host memory into routing [T][k], by blocks of `threads` threads (0: the router
+ * codelet's 128; 256 with E <= 128: the decode step's dk_gateup, whose ranks are counted in two
+ * parts) (for tests). 0, or -1 on a CUDA error. */
+int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, int threads, struct st_route *routing);
 
 /* The same product through the prompt path's cuBLAS GEMM (gemm.cu: weights dequantised to float32,
  * CUBLAS_COMPUTE_32F_PEDANTIC, or TF32 after st_cuda_gemm_set_tf32(1)), on a cuBLAS handle of its

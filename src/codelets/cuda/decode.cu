@@ -2,14 +2,15 @@
 // experts, and the output head, each one CUDA graph captured once and replayed
 // (st_cuda_graph_replay) over the engine's persistent device buffers, the token's position and the
 // step number read from device memory. A layer the CPU pool has pairs of hands its routing and FFN
-// input to the CPU pool through the mailbox (dk_router's last block) and the next layer's dk_pre
+// input to the CPU pool through the mailbox (dk_gateup's block 0) and the next layer's dk_pre
 // takes the pool's rows from it (codelets/decode.h).
 //
 // A layer is eight kernels: dk_pre (the previous layer's combine and the attention norm), dk_mv
 // (Q, K and V in one launch when their types agree), rope_append and attend_decode_all
-// (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits and,
-// in the last block to finish, softmax, top-k and the mailbox), dk_gateup (gate, up and SwiGLU of every cached
-// routed expert) and dk_down (down, weighted), in decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
+// (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
+// dk_gateup (each block the softmax and top-k for itself, block 0 the layer's routing table and the
+// mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted), in
+// decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
 // st_cuda_matmul and st_cuda_grouped_matmul, and every other step repeats the float operations of
 // the per-task kernels (rmsnorm_kernel, combine_token, residual_piece, swiglu, softmax_topk), so a
 // decode step gives the same bits as the per-task path (STRATA_DECODE_GRAPH=0).
@@ -77,15 +78,15 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
-      const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * (n_embd + n_expert);
+      const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * n_embd, pe = p + (int)sizeof(float) * n_expert;
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
       if constexpr (TY == ST_TYPE_Q8_0) {
         // down's quantised input after the buffers: the longest row a stream takes
         const int q = p + (int)st_q8_stride(MMV_ITEMS * MMV_CH);
-        ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+        ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
         ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, q));
       }
     });
@@ -102,15 +103,23 @@ struct layer_graph {
   const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
 };
 
-// The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph.
-// With STRATA_INT8_DOT, Q8_0 gate and up take ffn_in quantised (dk_router's ffn_q) and a Q8_0
-// down its act rows quantised in each block (down_job).
-void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
+// The step number in device memory (after the position).
+const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.pos + 1); }
+
+// The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph;
+// has_xin: the CPU pool takes the layer's routing and FFN input from the mailbox (dk_gateup's
+// block 0 publishes them). With STRATA_INT8_DOT, Q8_0 gate and up take ffn_in quantised
+// (dk_router's ffn_q) and a Q8_0 down its act rows quantised in each block (down_job).
+void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[l];
   const int k = c->k, d = c->n_embd, ff = c->n_ff;
-  const st_route *route = D.route + (size_t)l * k;
+  st_route *route = D.route + (size_t)l * k;
   const uint8_t *const *slots = D.slot_ptr + (size_t)l * c->n_expert;
+  const st_decode_mail &M = c->dmail;
+  const route_src rs = {D.rlogits, c->n_expert, k, d, route, D.ffn_in, M.xroute + (size_t)l * k, M.xffn + (size_t)l * d,
+                        has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D)};
+  const size_t sl = sizeof(float) * (size_t)c->n_expert; // dk_route_block's logits
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
@@ -119,11 +128,11 @@ void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
       if (q8_on(c, TY, d)) {
         const gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
                                      D.act};
-        return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, gj, groups, (int64_t)d);
+        return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
       }
     const gateup_job<false> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in,
                                   D.act};
-    stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, gj, groups, (int64_t)d);
+    stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
   });
   mmv_dispatch(L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
@@ -143,8 +152,6 @@ void experts_body(const st_decode_ctx *c, int l, int pdl, cudaStream_t st) {
   });
 }
 
-// The step number in device memory (after the position).
-const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.pos + 1); }
 
 // dk_pre over layer l's input (combine: add layer l - 1's expert rows first, waiting for the CPU
 // pool's rows in the mailbox when wait_cpu) with norm w: the first kernel of layer 0's graph, and
@@ -158,7 +165,7 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
   st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * (size_t)c->n_embd, st, pdl,
                  (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
                  c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, c->k, c->n_embd, combine,
-                 (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head + 1, D.x, w,
+                 (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x, w,
                  c->eps, D.xn);
 }
 
@@ -185,16 +192,12 @@ void layer_body(const void *args, cudaStream_t st) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rr = mmv_stream_rows<TY>(d);
     auto kernel = dk_router<TY>;
-    const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * ((size_t)d + (size_t)E);
-    const st_decode_mail &M = c->dmail;
-    const size_t l = (size_t)a->layer;
+    const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * (size_t)d;
     st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
-                   (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, c->k, D.h,
-                   D.ffn_in, D.rlogits, D.route + l * c->k, D.counters + Hq, M.xroute + l * c->k, M.xffn + l * d,
-                   a->has_xin ? M.xin_seq + l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D),
-                   q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL);
+                   (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, D.h, D.ffn_in,
+                   D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL);
   });
-  experts_body(c, a->layer, pdl, st);
+  experts_body(c, a->layer, a->has_xin, pdl, st);
   pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
 

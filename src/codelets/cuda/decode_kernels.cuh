@@ -154,11 +154,10 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
 // block into shared memory and written by block 0 (ffn_in quantised into ffn_q when set, a share by
-// each block); then the router logits of the block's rows; the
-// last block to finish (*counter, reset by it) runs softmax and top-k into route and, when pub_flag
-// is set, publishes the routing and ffn_in to the mailbox (pub_route, pub_x), fences (system scope)
-// and raises *pub_flag to the step number *seq. Dynamic shared memory: the staging buffers, then
-// d + E floats.
+// each block); then the router logits of the block's rows. The softmax and top-k are dk_gateup's
+// (dk_route_block): a last block here to finish them (a fence, a counter and one block's work after
+// the others) cost about 8.7 us a layer on an H200 (bench/mmv-bench). Dynamic shared memory: the
+// staging buffers, then d floats.
 struct router_job {
   static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
   const uint8_t *W;
@@ -176,14 +175,11 @@ struct router_job {
 
 template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
-                                        uint64_t row_bytes, int E, int k, float *h, float *ffn_in, float *logits,
-                                        st_route *route, int *counter, st_route *pub_route, float *pub_x,
-                                        uint32_t *pub_flag, const uint32_t *seq, int8_t *ffn_q) {
+                                        uint64_t row_bytes, int E, float *h, float *ffn_in, float *logits, int8_t *ffn_q) {
   extern __shared__ uint4 dyn_smem[];
   float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   __shared__ mmv_pipe<TYPE> sm;
   __shared__ float red[32];
-  __shared__ int last;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
   const int R = mmv_stream_rows<TYPE>(d);
@@ -222,22 +218,36 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
       if (threadIdx.x < 32) st_dev_q8_row(xs, d / 32, ffn_q, (float *)(ffn_q + d), blockIdx.x, gridDim.x);
     }
   }, [] {}); // the stream's barriers order the writes to xs before the first group's reads
-  __threadfence(); // each writer's logits are visible device-wide before the block counts itself done
+}
+
+// The layer's routing from dk_router's logits, which every block of dk_gateup computes for itself
+// (E floats of its dynamic shared memory, sl) into sr[0..k) after st_dev_griddep_wait: softmax and
+// top-k as st_dev_softmax_topk_block. Block 0 also writes it to `route` (the layer's table, which
+// dk_down, dk_pre, the head and the host read) and, when pub_flag is set, publishes it and ffn_in (d
+// floats) to the mailbox (pub_route, pub_x) for the CPU pool, fences (system scope) and raises
+// *pub_flag to the step number *seq. Ends with a barrier: sr is complete.
+struct route_src {
+  const float *logits;
+  int E, k, d;
+  st_route *route;
+  const float *ffn_in;
+  st_route *pub_route;
+  float *pub_x;
+  uint32_t *pub_flag;
+  const uint32_t *seq;
+};
+__device__ __forceinline__ void dk_route_block(const route_src &rs, float *sl, st_route *sr) {
+  for (int e = threadIdx.x; e < rs.E; e += blockDim.x) sl[e] = __ldcg(rs.logits + e);
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+  st_dev_softmax_topk_block(sl, rs.E, rs.k, sr);
   __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float *l = xs + d;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) l[e] = __ldcg(logits + e);
+  if (blockIdx.x != 0) return; // block-uniform: dk_raise's barrier sees every thread of block 0
+  if ((int)threadIdx.x < rs.k) rs.route[threadIdx.x] = sr[threadIdx.x];
+  if (!rs.pub_flag) return;
+  for (int i = threadIdx.x; i < rs.d; i += blockDim.x) rs.pub_x[i] = __ldcg(rs.ffn_in + i);
+  if ((int)threadIdx.x < rs.k) rs.pub_route[threadIdx.x] = sr[threadIdx.x];
+  dk_raise(rs.pub_flag, rs.seq);
   __syncthreads();
-  st_dev_softmax_topk_block(l, E, k, route);
-  if (threadIdx.x == 0) *counter = 0;
-  if (!pub_flag) return;
-  __syncthreads(); // the routing is written
-  for (int i = threadIdx.x; i < d; i += blockDim.x) pub_x[i] = xs[i];
-  if ((int)threadIdx.x < k) pub_route[threadIdx.x] = route[threadIdx.x];
-  dk_raise(pub_flag, seq);
 }
 
 // The cached pair of routing slot j (NULL: another tier computes it).
@@ -247,7 +257,7 @@ __device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const u
 }
 
 // act[j][r] = silu(gate_r x) * up_r x for the ff rows of every routing slot j whose pair is in this
-// card's cache (swiglu's float operations). A group is (slot j, H rows): its first H rows from
+// card's cache (swiglu's float operations; route: the block's copy, dk_route_block). A group is (slot j, H rows): its first H rows from
 // gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one). Q8: x is
 // ffn_in quantised (dk_router's ffn_q).
 template <bool Q8> struct gateup_job {
@@ -274,13 +284,23 @@ template <bool Q8> struct gateup_job {
   }
 };
 
+// Dynamic shared memory: the staging buffers, then E floats (dk_route_block's logits); the job's
+// route is the block's own (dk_route_block into shared memory), rs where it comes from.
 template <uint32_t TYPE, bool Q8>
-__global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> job, int n_groups, int64_t n) {
+__global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> job_in, const __grid_constant__ route_src rs,
+                                        int n_groups, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
+  __shared__ st_route sr[64];
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
+  gateup_job<Q8> job = job_in;
+  job.route = sr;
+  float *sl = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
+    st_dev_griddep_wait();
+    dk_route_block(rs, sl, sr);
+  }, [] {});
 }
 
 // out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this

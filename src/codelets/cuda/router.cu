@@ -27,14 +27,15 @@ void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *ro
 }
 
 // For tests (cuda_codelets.h): st_cuda_softmax_topk on host data.
-extern "C" int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, st_route *routing) {
+extern "C" int st_cuda_softmax_topk_rows(const float *logits, int T, int E, int k, int threads, st_route *routing) {
   float *dl = NULL;
   st_route *dr = NULL;
   int rc = -1;
   if (cudaMalloc(&dl, sizeof(float) * (size_t)T * E) == cudaSuccess &&
       cudaMalloc(&dr, sizeof(st_route) * (size_t)T * k) == cudaSuccess) {
     cudaMemcpy(dl, logits, sizeof(float) * (size_t)T * E, cudaMemcpyHostToDevice);
-    st_cuda_softmax_topk(dl, T, E, k, dr, 0);
+    if (threads > 0) softmax_topk<<<T, threads>>>(dl, E, k, dr);
+    else st_cuda_softmax_topk(dl, T, E, k, dr, 0);
     rc = cudaMemcpy(routing, dr, sizeof(st_route) * (size_t)T * k, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
   }
   cudaFree(dl);
