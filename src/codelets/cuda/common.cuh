@@ -299,40 +299,18 @@ __device__ __forceinline__ void st_dev_softmax_topk(const float *l, int E, int k
   if (lane < k) r[lane].weight = (float)(r[lane].weight / wsum);
 }
 
-// st_dev_softmax_topk's routing computed by a whole block (every thread calls it; l in shared or
-// global memory): warp 0 takes the max and the double sum exactly as st_dev_softmax_topk does; then
-// each expert is ranked against all E, by one thread or (a block of 2E threads or more) by several
-// threads' shares added in shared memory (an expert ranks behind every one with a higher logit, or
-// an equal one and a lower id; a NaN behind every number), the k first compute their
-// probability in parallel and thread 0 adds them in rank order. Without NaN logits, the selection,
-// the weights and their bits are st_dev_softmax_topk's, which rounds k warp-wide argmaxes one after
-// another; this takes a few hundred cycles instead. k <= 32 (else it calls st_dev_softmax_topk).
-__device__ __forceinline__ void st_dev_softmax_topk_block(const float *l, int E, int k, st_route *r) {
-  __shared__ float s_p[32];
-  __shared__ int s_e[32];
-  __shared__ float s_mx;
-  __shared__ double s_sum, s_w;
-  if (k > 32) {
-    if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, r);
-    return;
-  }
-  const int lane = threadIdx.x & 31;
-  if (threadIdx.x < 32) {
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    double sum = 0.0;
-    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) s_mx = mx, s_sum = sum;
-  }
-  // expert e's rank counted in P parts of the E others by threads e + E p (P > 1 when the block has
-  // at least twice E threads and E <= 256), added in shared memory
+// The selection of st_dev_softmax_topk's routing by a whole block (every thread calls it; l in
+// shared or global memory; k <= 32): r[j].expert = the expert of rank j < k, where an expert ranks
+// behind every one with a higher logit, or an equal one and a lower id, and a NaN behind every
+// number. Each expert is ranked against all E by one thread or (a block of 2E threads or more, E
+// <= 256) by several threads' shares added in shared memory. Ends with a barrier.
+__device__ __forceinline__ void st_dev_topk_select_block(const float *l, int E, int k, st_route *r) {
   __shared__ int s_rk[256];
   const int P = E <= 256 && (int)blockDim.x >= 2 * E ? (int)blockDim.x / E : 1;
-  if (P > 1)
+  if (P > 1) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) s_rk[e] = 0;
-  __syncthreads();
+    __syncthreads();
+  }
   for (int t = threadIdx.x; t < P * E; t += blockDim.x) {
     const int e = t % E, part = t / E, o0 = part * E / P, o1 = (part + 1) * E / P;
     const float v = l[e];
@@ -347,23 +325,54 @@ __device__ __forceinline__ void st_dev_softmax_topk_block(const float *l, int E,
       }
     }
     if (P > 1) atomicAdd(&s_rk[e], rank);
-    else if (rank < k) s_e[rank] = e, s_p[rank] = (float)(expf(v - s_mx) / s_sum);
+    else if (rank < k) r[rank].expert = e;
   }
   if (P > 1) {
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      const int rank = s_rk[e];
-      if (rank < k) s_e[rank] = e, s_p[rank] = (float)(expf(l[e] - s_mx) / s_sum);
-    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (s_rk[e] < k) r[s_rk[e]].expert = e;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double w = 0.0;
-    for (int j = 0; j < k; j++) w += s_p[j];
-    s_w = w;
+}
+
+// The weights of a selection (st_dev_topk_select_block's r[0..k), k <= 32), by one warp (its 32
+// lanes call it): the max and the double sum of the softmax as st_dev_softmax_topk takes them (the
+// sum lane 0's), each chosen expert's probability, their double sum in rank order, and r[j].weight
+// = its share: the bits of st_dev_softmax_topk's weights.
+__device__ __forceinline__ void st_dev_topk_weights_warp(const float *l, int E, int k, st_route *r) {
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  double sum = 0.0;
+  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  sum = __shfl_sync(0xffffffffu, sum, 0);
+  const float p = lane < k ? (float)(expf(l[r[lane].expert] - mx) / sum) : 0.0f;
+  double w = 0.0;
+  for (int j = 0; j < k; j++) w += __shfl_sync(0xffffffffu, p, j);
+  if (lane < k) r[lane].weight = (float)(p / w);
+  __syncwarp();
+}
+
+// st_dev_softmax_topk's routing computed by a whole block (every thread calls it; l in shared or
+// global memory): st_dev_topk_select_block, then st_dev_topk_weights_warp in warp 0. Without NaN
+// logits, the selection, the weights and their bits are st_dev_softmax_topk's, which rounds k
+// warp-wide argmaxes one after another; this takes a few hundred cycles instead. k <= 32 (else it
+// calls st_dev_softmax_topk). r: shared or global memory; complete after the closing barrier.
+__device__ __forceinline__ void st_dev_softmax_topk_block(const float *l, int E, int k, st_route *r) {
+  if (k > 32) {
+    if (threadIdx.x < 32) st_dev_softmax_topk(l, E, k, r);
+    __syncthreads();
+    return;
+  }
+  __shared__ st_route s_r[32];
+  st_dev_topk_select_block(l, E, k, s_r);
+  if (threadIdx.x < 32) {
+    st_dev_topk_weights_warp(l, E, k, s_r);
+    if ((int)threadIdx.x < k) r[threadIdx.x] = s_r[threadIdx.x];
   }
   __syncthreads();
-  if ((int)threadIdx.x < k) r[threadIdx.x] = st_route{s_e[threadIdx.x], (float)(s_p[threadIdx.x] / s_w)};
 }
 
 __device__ __forceinline__ float st_block_max(float v, float *shared32) {

@@ -8,8 +8,8 @@
 // A layer is eight kernels: dk_pre (the previous layer's combine and the attention norm), dk_mv
 // (Q, K and V in one launch when their types agree), rope_append and attend_decode_all
 // (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
-// dk_gateup (each block the softmax and top-k for itself, block 0 the layer's routing table and the
-// mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted), in
+// dk_gateup (each block the top-k for itself, block 0 also the weights, the layer's routing table and
+// the mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted), in
 // decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
 // st_cuda_matmul and st_cuda_grouped_matmul, and every other step repeats the float operations of
 // the per-task kernels (rmsnorm_kernel, combine_token, residual_piece, swiglu, softmax_topk), so a
@@ -119,7 +119,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   const st_decode_mail &M = c->dmail;
   const route_src rs = {D.rlogits, c->n_expert, k, d, route, D.ffn_in, M.xroute + (size_t)l * k, M.xffn + (size_t)l * d,
                         has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D)};
-  const size_t sl = sizeof(float) * (size_t)c->n_expert; // dk_route_block's logits
+  const size_t sl = sizeof(float) * (size_t)c->n_expert; // dk_route_select's logits
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1

@@ -155,9 +155,9 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
 // block into shared memory and written by block 0 (ffn_in quantised into ffn_q when set, a share by
 // each block); then the router logits of the block's rows. The softmax and top-k are dk_gateup's
-// (dk_route_block): a last block here to finish them (a fence, a counter and one block's work after
-// the others) cost about 8.7 us a layer on an H200 (bench/mmv-bench). Dynamic shared memory: the
-// staging buffers, then d floats.
+// (dk_route_select, dk_route_finish): a last block here to finish them (a fence, a counter and one
+// block's work after the others) cost about 8.7 us a layer on an H200 (bench/mmv-bench). Dynamic
+// shared memory: the staging buffers, then d floats.
 struct router_job {
   static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
   const uint8_t *W;
@@ -220,12 +220,14 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   }, [] {}); // the stream's barriers order the writes to xs before the first group's reads
 }
 
-// The layer's routing from dk_router's logits, which every block of dk_gateup computes for itself
-// (E floats of its dynamic shared memory, sl) into sr[0..k) after st_dev_griddep_wait: softmax and
-// top-k as st_dev_softmax_topk_block. Block 0 also writes it to `route` (the layer's table, which
-// dk_down, dk_pre, the head and the host read) and, when pub_flag is set, publishes it and ffn_in (d
-// floats) to the mailbox (pub_route, pub_x) for the CPU pool, fences (system scope) and raises
-// *pub_flag to the step number *seq. Ends with a barrier: sr is complete.
+// The layer's routing from dk_router's logits, as st_dev_softmax_topk_block computes it, in two
+// halves. dk_route_select, by every block of dk_gateup after st_dev_griddep_wait: the logits into
+// E floats of the block's dynamic shared memory (sl) and the chosen experts into sr[0..k) (their
+// weights too when k > 32), ending with a barrier, so that the block can start its weights' copies.
+// dk_route_finish, by block 0 once its first copies are in flight: the weights, the layer's table
+// `route` (which dk_down, dk_pre, the head and the host read) and, when pub_flag is set, the
+// routing and ffn_in (d floats) in the mailbox (pub_route, pub_x) for the CPU pool, a fence (system
+// scope) and *pub_flag raised to the step number *seq.
 struct route_src {
   const float *logits;
   int E, k, d;
@@ -236,18 +238,21 @@ struct route_src {
   uint32_t *pub_flag;
   const uint32_t *seq;
 };
-__device__ __forceinline__ void dk_route_block(const route_src &rs, float *sl, st_route *sr) {
+__device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, st_route *sr) {
   for (int e = threadIdx.x; e < rs.E; e += blockDim.x) sl[e] = __ldcg(rs.logits + e);
   __syncthreads();
-  st_dev_softmax_topk_block(sl, rs.E, rs.k, sr);
+  if (rs.k > 32) st_dev_softmax_topk_block(sl, rs.E, rs.k, sr);
+  else st_dev_topk_select_block(sl, rs.E, rs.k, sr);
+}
+__device__ __forceinline__ void dk_route_finish(const route_src &rs, const float *sl, st_route *sr) {
+  if (blockIdx.x != 0) return; // block-uniform: the barriers below see every thread of block 0
+  if (rs.k <= 32 && threadIdx.x < 32) st_dev_topk_weights_warp(sl, rs.E, rs.k, sr);
   __syncthreads();
-  if (blockIdx.x != 0) return; // block-uniform: dk_raise's barrier sees every thread of block 0
   if ((int)threadIdx.x < rs.k) rs.route[threadIdx.x] = sr[threadIdx.x];
   if (!rs.pub_flag) return;
   for (int i = threadIdx.x; i < rs.d; i += blockDim.x) rs.pub_x[i] = __ldcg(rs.ffn_in + i);
   if ((int)threadIdx.x < rs.k) rs.pub_route[threadIdx.x] = sr[threadIdx.x];
   dk_raise(rs.pub_flag, rs.seq);
-  __syncthreads();
 }
 
 // The cached pair of routing slot j (NULL: another tier computes it).
@@ -257,7 +262,7 @@ __device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const u
 }
 
 // act[j][r] = silu(gate_r x) * up_r x for the ff rows of every routing slot j whose pair is in this
-// card's cache (swiglu's float operations; route: the block's copy, dk_route_block). A group is (slot j, H rows): its first H rows from
+// card's cache (swiglu's float operations; route: the block's selection, dk_route_select). A group is (slot j, H rows): its first H rows from
 // gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one). Q8: x is
 // ffn_in quantised (dk_router's ffn_q).
 template <bool Q8> struct gateup_job {
@@ -284,8 +289,8 @@ template <bool Q8> struct gateup_job {
   }
 };
 
-// Dynamic shared memory: the staging buffers, then E floats (dk_route_block's logits); the job's
-// route is the block's own (dk_route_block into shared memory), rs where it comes from.
+// Dynamic shared memory: the staging buffers, then E floats (dk_route_select's logits); the job's
+// route is the block's own (dk_route_select into shared memory), rs where it comes from.
 template <uint32_t TYPE, bool Q8>
 __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> job_in, const __grid_constant__ route_src rs,
                                         int n_groups, int64_t n) {
@@ -299,8 +304,8 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
   float *sl = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
     st_dev_griddep_wait();
-    dk_route_block(rs, sl, sr);
-  }, [] {});
+    dk_route_select(rs, sl, sr);
+  }, [&] { dk_route_finish(rs, sl, sr); });
 }
 
 // out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
