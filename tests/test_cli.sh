@@ -36,10 +36,10 @@ grep -q "decode: 16 tokens" "$tmp/err" && grep -q "StarPU workers:" "$tmp/err" &
 case "$want" in "["*", "*"]") ok "generate --print-ids on the test model: $want" ;; *) bad "generate --print-ids: '$want'" ;; esac
 # the half KV cache (the default): the load line names it, at half the float32 cache's MiB
 kv16=$(sed -n 's/.*(KV cache f16, \([0-9.]*\) MiB).*/\1/p' "$tmp/err")
-"$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 --cache-type-k f32 --cache-type-v f32 >/dev/null 2>"$tmp/err32"
+"$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 -ctk f32 -ctv f32 >/dev/null 2>"$tmp/err32"
 kv32=$(sed -n 's/.*(KV cache f32, \([0-9.]*\) MiB).*/\1/p' "$tmp/err32")
 if [ -n "$kv32" ] && [ -n "$kv16" ] && awk -v a="$kv32" -v b="$kv16" 'BEGIN { exit !(a > 0 && b == a / 2) }'; then
-  ok "generate's default KV cache f16: $kv16 MiB (--cache-type-k f32 --cache-type-v f32: $kv32 MiB)"
+  ok "generate's default KV cache f16: $kv16 MiB (-ctk f32 -ctv f32, llama.cpp's short forms: $kv32 MiB)"
 else bad "half KV cache: f32 '$kv32' MiB, f16 (default) '$kv16' MiB ($(tail -n 2 "$tmp/err32"))"; fi
 
 # 2. text generation streams text

@@ -33,6 +33,10 @@ int st_parse_float(const char *flag, const char *s, double lo, double hi, double
 struct option;
 /* `own` followed by the engine flags, terminated; malloc'd (caller frees), NULL when out of memory. */
 struct option *st_engine_longopts_with(const struct option *own);
+/* Rewrites llama.cpp's multi-letter short forms of the engine flags in argv[1..argc) (up to a
+ * `--`) to their long names, in place, before getopt_long: -ctk (--cache-type-k), -ctv
+ * (--cache-type-v). The replaced entries point to static strings. */
+void st_engine_argv_aliases(int argc, char **argv);
 /* 1 when `c` is an engine flag (stored in eo), 0 when it is not, a negative ST_E* on a bad value. */
 int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo);
 /* Refuses impossible combinations (a cache without a profile, swaps without a cache,

@@ -182,6 +182,7 @@ int st_cmd_bench(int argc, char **argv) {
   long threads = 0, reps = 1, row_length = 0;
   struct st_engine_opts eo;
   st_engine_opts_init(&eo);
+  st_engine_argv_aliases(argc, argv);
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;

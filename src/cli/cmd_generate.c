@@ -72,6 +72,7 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
       {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const int gen = !strcmp(argv[0], "generate");
+  st_engine_argv_aliases(argc, argv);
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) return st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;

@@ -57,6 +57,14 @@ struct option *st_engine_longopts_with(const struct option *own) {
   return all;
 }
 
+void st_engine_argv_aliases(int argc, char **argv) {
+  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v";
+  for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+    if (!strcmp(argv[i], "-ctk")) argv[i] = ctk;
+    else if (!strcmp(argv[i], "-ctv")) argv[i] = ctv;
+  }
+}
+
 /* N or auto (ST_CACHE_AUTO) expert slots. */
 static int parse_slots(const char *flag, const char *arg, int *out) {
   long v;
@@ -214,11 +222,11 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
 void st_engine_opts_help(FILE *f) {
   fprintf(f,
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
-          "      --cache-type-k f32|f16  the KV cache's element type, K and V alike (give --cache-type-v the\n"
-          "      --cache-type-v f32|f16  same): f16 halves its memory, and on sm_80+ GPUs the decode attention\n"
-          "                         past about 16,000 tokens runs on the tensor cores (queries and softmax weights\n"
-          "                         in half there); rows are computed in float32 and rounded on the way in\n"
-          "                         (default f16, as llama.cpp; f32 is the exact float32 path)\n"
+          "  -ctk, --cache-type-k T KV cache element type T, f32 or f16 (default f16, as llama.cpp; f32: the\n"
+          "  -ctv, --cache-type-v T exact float32 path); K and V must be given the same type. f16 halves the\n"
+          "                         cache's memory, and on sm_80+ GPUs the decode attention past about 16,000\n"
+          "                         tokens runs on the tensor cores (queries and softmax weights in half there);\n"
+          "                         rows are computed in float32 and rounded on the way in\n"
           "      --prefill N        prompt chunk in tokens (default 512)\n"
           "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
           "                         the profile learned on this model file by earlier runs, else a prior that gives\n"
