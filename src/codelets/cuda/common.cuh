@@ -266,18 +266,28 @@ __device__ __forceinline__ void st_dev_q8_row(const float *x, int nb, int8_t *qs
   for (int b = b0; b < nb; b += step) st_dev_q8_quantize(x[32 * b + lane], qs + 32 * b + lane, ds + b);
 }
 
+// The softmax's max and double sum of E logits l by one warp (every lane calls it): lane-strided,
+// then butterflies; mx is every lane's, the callers take lane 0's sum (the lanes' may differ in
+// their last bit).
+__device__ __forceinline__ void st_dev_softmax_stats_warp(const float *l, int E, float &mx, double &sum) {
+  const int lane = threadIdx.x & 31;
+  mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  sum = 0.0;
+  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+}
+
 // A router's softmax and top-k for one token, run by one warp (every lane calls it): softmax over
 // the E logits l (sum in double, as the CPU variant), then k rounds of a warp-wide argmax (ties to
 // the lower expert id) over the experts not yet taken, weights renormalised over the k; written to
 // r[0..k). Each lane owns experts lane, lane + 32, ... (at most 32 of them: E <= 1024).
 __device__ __forceinline__ void st_dev_softmax_topk(const float *l, int E, int k, st_route *r) {
   const int lane = threadIdx.x & 31;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  double sum = 0.0;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  float mx;
+  double sum;
+  st_dev_softmax_stats_warp(l, E, mx, sum);
   uint32_t taken = 0;
   double wsum = 0.0;
   for (int j = 0; j < k; j++) {
@@ -341,12 +351,9 @@ __device__ __forceinline__ void st_dev_topk_select_block(const float *l, int E, 
 // = its share: the bits of st_dev_softmax_topk's weights.
 __device__ __forceinline__ void st_dev_topk_weights_warp(const float *l, int E, int k, st_route *r) {
   const int lane = threadIdx.x & 31;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  double sum = 0.0;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  float mx;
+  double sum;
+  st_dev_softmax_stats_warp(l, E, mx, sum);
   sum = __shfl_sync(0xffffffffu, sum, 0);
   const float p = lane < k ? (float)(expf(l[r[lane].expert] - mx) / sum) : 0.0f;
   double w = 0.0;
