@@ -96,7 +96,26 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     g.s[0] = dk_seg{W, rb, rows, c.q, (rows + R - 1) / R};
     g.n = 1;
     rg.p[0] = (const uint4 *)W, rg.n16[0] = (int64_t)(rows * rb / 16), rg.n = 1;
-    if (!read) stream(dk_mv<TY>, (int)g.s[0].groups, smem, c, pdl, grid_scale, 1, g, (int)g.s[0].groups, kind == 0 ? c.x : c.xq, n);
+    if (!read)
+      stream(dk_mv<TY, false>, (int)g.s[0].groups, smem, c, pdl, grid_scale, 1, g, (int)g.s[0].groups, kind == 0 ? c.x : c.xq,
+             n, (const float *)NULL, 0.0f);
+  } else if (kind == 6) { // Q, K and V with the attention norm in every block (STRATA_DECODE_FUSE)
+    const int R = mmv_stream_rows<TY>(D);
+    dk_segs g = {};
+    g.s[0] = dk_seg{s.qkv, RB_D, QKV, c.q, (QKV + R - 1) / R};
+    g.n = 1;
+    rg.p[0] = (const uint4 *)s.qkv, rg.n16[0] = (int64_t)(QKV * RB_D / 16), rg.n = 1;
+    if (!read)
+      stream(dk_mv<TY, true>, (int)g.s[0].groups, smem + sizeof(float) * D, c, pdl, grid_scale, 1, g, (int)g.s[0].groups,
+             (const float *)c.x, (int64_t)D, (const float *)c.ones, 1e-6f);
+  } else if (kind == 7) { // down with the combine (dk_down_sum)
+    const int P = mmv_stream_rows<TY>(FF) / K;
+    const down_sum_job<Q8> j = {NULL, NULL, P, FF, K, 2 * GATE, RB_FF, c.act, c.h, c.x, NULL};
+    rg.n = K;
+    for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT + 2 * GATE), rg.n16[e] = (int64_t)(D * RB_FF / 16);
+    if (!read)
+      stream(dk_down_sum<TY, Q8>, D / P, smem + (Q8 ? K * st_q8_stride(FF) : 0), c, pdl, grid_scale, 1,
+             (const st_route *)c.route, s.slots, NE, j, D / P, (int64_t)FF);
   } else if (kind == 2) {
     const int H = mmv_stream_rows<TY>(D) / 2, per = (FF + H - 1) / H;
     const gateup_job<Q8> j = {c.route, s.slots, NE, FF, H, per, GATE, RB_D, Q8 ? (const void *)c.xq8 : c.x, c.act};
@@ -113,10 +132,10 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
       st_cuda_launch(dk_router<RT>, dim3((unsigned)((E + R - 1) / R)), dim3(MMV_THREADS), dyn, c.st, pdl, (const float *)c.x, (const float *)c.q,
              (const float *)c.ones, 1e-6f, D, (const uint8_t *)s.router, (uint64_t)D * 4, E, c.h, c.ffn_in, c.logits,
              Q8 ? c.xq8 : (int8_t *)NULL);
-  } else if (kind == 5) { // dk_pre: the combine of 8 cached slots and the attention norm, no PDL (as decode.cu)
+  } else if (kind == 5) { // dk_pre: the combine of 8 cached slots and the attention norm
     rg.n = 0;
     if (!read)
-      st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * D, c.st, 0, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
+      st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * D, c.st, pdl, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
              (const float *)c.out, (const uint32_t *)NULL, (const uint32_t *)(c.pos + 1), (const float *)c.h, K, D, 1,
              (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn);
   } else {
@@ -138,30 +157,37 @@ void one(const ctx &c, int kind, int i, bool read, int pdl, double grid_scale, d
     one_as<false>(c, kind, i, read, pdl, grid_scale, bytes);
 }
 
-// µs per replayed sequence of `layers` x kinds, and its bytes.
+// µs per replayed sequence of `layers` x kinds, and its bytes; per_layer: a CUDA graph per layer (as
+// the engine's decode step has), its first kernel without a programmatic edge, else one graph.
 double timed(const ctx &c, const std::vector<int> &kinds, bool read, int pdl, double grid_scale, int layers, int replays,
-             double *bytes) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
+             double *bytes, bool per_layer = false) {
+  const int n_graphs = per_layer ? layers : 1;
+  std::vector<cudaGraph_t> g(n_graphs);
+  std::vector<cudaGraphExec_t> ge(n_graphs);
   *bytes = 0;
-  CK(cudaStreamBeginCapture(c.st, cudaStreamCaptureModeThreadLocal));
-  for (int l = 0; l < layers; l++)
-    for (int k : kinds) one(c, k, l % SETS, read, pdl, grid_scale, bytes);
-  CK(cudaStreamEndCapture(c.st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  CK(cudaGraphLaunch(ge, c.st));
+  for (int gi = 0; gi < n_graphs; gi++) {
+    CK(cudaStreamBeginCapture(c.st, cudaStreamCaptureModeThreadLocal));
+    for (int l = per_layer ? gi : 0; l < (per_layer ? gi + 1 : layers); l++)
+      for (size_t i = 0; i < kinds.size(); i++) one(c, kinds[i], l % SETS, read, per_layer && i == 0 ? 0 : pdl, grid_scale, bytes);
+    CK(cudaStreamEndCapture(c.st, &g[gi]));
+    CK(cudaGraphInstantiate(&ge[gi], g[gi], 0));
+  }
+  for (int gi = 0; gi < n_graphs; gi++) CK(cudaGraphLaunch(ge[gi], c.st));
   CK(cudaStreamSynchronize(c.st));
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   CK(cudaEventRecord(a, c.st));
-  for (int r = 0; r < replays; r++) CK(cudaGraphLaunch(ge, c.st));
+  for (int r = 0; r < replays; r++)
+    for (int gi = 0; gi < n_graphs; gi++) CK(cudaGraphLaunch(ge[gi], c.st));
   CK(cudaEventRecord(b, c.st));
   CK(cudaEventSynchronize(b));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
+  for (int gi = 0; gi < n_graphs; gi++) {
+    CK(cudaGraphExecDestroy(ge[gi]));
+    CK(cudaGraphDestroy(g[gi]));
+  }
   return 1e3 * ms / replays;
 }
 
@@ -222,18 +248,24 @@ int main(int argc, char **argv) {
                           (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * D)));
   CK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF))));
-  c.most = mmv_resident_blocks(dk_mv<TY>, mmv_pipe_bytes<TY>());
+  CK(cudaFuncSetAttribute(dk_mv<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)(mmv_pipe_bytes<TY>() + sizeof(float) * D)));
+  CK(cudaFuncSetAttribute(dk_down_sum<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)(mmv_pipe_bytes<TY>() + K * st_q8_stride(FF))));
+  c.most = mmv_resident_blocks(dk_mv<TY, false>, mmv_pipe_bytes<TY>());
   printf("resident blocks: %d; staging %zu B per block; %d layers x %d replays\n", c.most, mmv_pipe_bytes<TY>(), layers,
          replays);
-  const char *names[6] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768",
-                          "router f32 128x2048", "dk_pre (combine, norm)"};
+  const char *names[8] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768",
+                          "router f32 128x2048", "dk_pre (combine, norm)", "QKV, the norm in each block", "down + combine (dk_down_sum)"};
   printf("%-26s %-10s %6s %10s %8s %8s\n", "product", "kernel", "grid", "us/launch", "MB", "GB/s");
-  for (int k = 0; k < 7; k++) {
-    const std::vector<int> kinds = k < 6 ? std::vector<int>{k} : std::vector<int>{5, 0, 1, 4, 2, 3};
-    const char *nm = k < 6 ? names[k] : "layer: all six (no attention)";
+  for (int k = 0; k < 8; k++) {
+    const std::vector<int> kinds = {k};
+    const char *nm = names[k];
     for (int v = 0; v < 5; v++) {
       const bool read = v == 2;
       if (k == 5 && (v == 1 || v == 2 || v == 4)) continue;
+      if (k >= 6 && v != 0 && v != 3) continue;
+      if (k == 6 && v == 3) continue;
       const double scale = v == 1 || v == 4 ? 0.5 : 1.0;
       const int pdl = 1;
       c.q8 = v >= 3;
@@ -244,5 +276,18 @@ int main(int argc, char **argv) {
       printf("%-26s %-10s %5.2fx %10.2f %8.2f %8.0f\n", nm, vn[v], scale, us, bytes / 1e6, bytes / us / 1e3);
     }
   }
+  // a layer's mat-vec kernels in the engine's order (int8 activations, no attention): the eight-kernel
+  // layer's six, and STRATA_DECODE_FUSE's four; with and without PDL, in one graph or a graph a layer
+  printf("\n%-44s %5s %8s %10s\n", "layer (no attention), int8 x", "PDL", "graphs", "us/layer");
+  const std::vector<int> seqs[2] = {{0, 1, 4, 2, 3, 5}, {6, 1, 4, 2, 7}};
+  const char *seq_names[2] = {"QKV, O, router, gate+up, down, dk_pre", "QKV+norm, O, router, gate+up, down+combine"};
+  c.q8 = 1;
+  for (int sq = 0; sq < 2; sq++)
+    for (int pdl = 0; pdl < 2; pdl++)
+      for (int per = 0; per < 2; per++) {
+        double bytes = 0;
+        const double us = timed(c, seqs[sq], false, pdl, 1.0, layers, replays, &bytes, per) / layers;
+        printf("%-44s %5d %8s %10.2f\n", seq_names[sq], pdl, per ? "a layer" : "one", us);
+      }
   return 0;
 }

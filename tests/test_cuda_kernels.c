@@ -450,6 +450,26 @@ int main(void) {
         free(ref);
         free(skd);
       }
+  /* The decode step's attention doing the q/k norms, RoPE and KV append itself (STRATA_DECODE_FUSE)
+   * against st_cuda_rope_append then the attention: outputs and caches bit for bit, on the fixtures'
+   * shape and Qwen3-30B-A3B's, one chunk and several, float and half caches (at 20,000 keys the half
+   * cache's chunks take the tensor-core kernel). */
+  {
+    static const int shapes[2][3] = {{4, 2, 16}, {32, 4, 128}}; /* Hq, G, hd */
+    static const int positions[] = {0, 63, 64, 200, 3000, 20000};
+    for (int si = 0; si < 2; si++)
+      for (int kt = 0; kt < 2; kt++)
+        for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++) {
+          const int Hq = shapes[si][0], G = shapes[si][1], hd = shapes[si][2], pos = positions[pi];
+          int same = 0;
+          const int rc = st_cuda_decode_rope_check(Hq, G, hd, kt ? ST_TYPE_F16 : ST_TYPE_F32, pos, 1000u + (uint32_t)pi, &same);
+          const int ok = rc == 0 && same;
+          printf("%s decode attention with its own RoPE and KV append, Hq=%d G=%d hd=%d %s KV, position %d: output and "
+                 "caches %s rope_append + attention's\n",
+                 ok ? "PASS" : "FAIL", Hq, G, hd, kt ? "f16" : "f32", pos, rc ? "(CUDA error) vs" : same ? "bitwise equal to" : "DIFFER from");
+          ok ? pass++ : fail++;
+        }
+  }
   /* The speed-up on a prompt chunk at long context (Qwen3-30B-A3B's group: 8 query heads of 128),
    * printed, not checked; the two kernels must still agree. */
   {

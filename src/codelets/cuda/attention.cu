@@ -34,21 +34,31 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
 
 
 // q/k RMSNorm over head_dim and NEOX RoPE at position pos of one head, in (hd floats) to out (a
-// float row, which may alias in, or a KV-cache row of OT); a block of threads shares the head. cs
-// (may be NULL): the position's row of st_cuda_rope_table, the same cosines and sines as computed here.
-template <typename OT>
-__device__ __forceinline__ static void norm_rope_head(const float *in, OT *out, int hd, const float *w, float eps,
-                                                      int pos, float theta, float *red, const float2 *cs = NULL) {
+// float row, which may alias in, or a KV-cache row of OT), by the nt threads t = 0 .. nt - 1 (whole
+// warps) that call it, sync() their barrier (red: nt / 32 floats of shared memory): a per-thread sum
+// over i = t + nt j, warp sums, the warps' sums in order. cs (may be NULL): the position's row of
+// st_cuda_rope_table, the same cosines and sines as computed here. The same nt gives the same bits
+// wherever the threads sit (rope_append and qk_norm_rope: a block of 64; attend_decode_all: two of
+// its warps). TAB: cs is never NULL (no double-precision trigonometry compiled in).
+template <bool TAB = false, typename OT, typename Sync>
+__device__ __forceinline__ static void norm_rope_threads(const float *in, OT *out, int hd, const float *w, float eps,
+                                                         int pos, float theta, float *red, const float2 *cs, int t,
+                                                         int nt, Sync sync) {
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x)
+  for (int i = t; i < hd; i += nt)
     ss += in[i] * in[i];
-  ss = st_block_sum(ss, red);
-  const float scale = rsqrtf(ss / (float)hd + eps);
-  __syncthreads();
+  ss = st_warp_sum(ss);
+  sync();
+  if ((t & 31) == 0) red[t >> 5] = ss;
+  sync();
+  float tot = 0.0f;
+  for (int wi = 0; wi < nt >> 5; wi++) tot += red[wi];
+  const float scale = rsqrtf(tot / (float)hd + eps);
+  sync();
   const int half = hd / 2;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+  for (int i = t; i < half; i += nt) {
     float c, s;
-    if (cs) {
+    if (TAB || cs) {
       c = cs[i].x, s = cs[i].y;
     } else {
       const double ang = (double)pos * pow((double)theta, -2.0 * i / hd);
@@ -58,6 +68,13 @@ __device__ __forceinline__ static void norm_rope_head(const float *in, OT *out, 
     kv_st(out + i, x0 * c - x1 * s);
     kv_st(out + i + half, x0 * s + x1 * c);
   }
+}
+
+// norm_rope_threads by the whole block (blockDim.x threads).
+template <typename OT>
+__device__ __forceinline__ static void norm_rope_head(const float *in, OT *out, int hd, const float *w, float eps,
+                                                      int pos, float theta, float *red, const float2 *cs = NULL) {
+  norm_rope_threads(in, out, hd, w, eps, pos, theta, red, cs, (int)threadIdx.x, (int)blockDim.x, [] { __syncthreads(); });
 }
 
 // norm_rope_head's cosine and sine of pair i at position pos, for pos < n_ctx: t[pos hd / 2 + i].
@@ -613,12 +630,26 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // single chunk its block writes the output itself. MMA: the tensor-core block (as attend_split's);
 // paired (a half cache that att_mma_ok takes): launched twice, without and then with MMA, each
 // leaving at once where the chunks are the other's (ATT_MMA_CHUNK), so one CUDA graph serves every
-// position.
+// position. rp.kvnew set (st_cuda_rope_in): q is as the Q product left it, and each block that
+// computes does rope_append's work for itself first: its heads' q norm and RoPE into shared memory
+// (norm_rope_threads by groups of two warps, so the bits of rope_append's 64-thread blocks), and the
+// block of the last chunk, the one that reads the new key, writes that K row (normed, rotated) and
+// V row at the position of its group's cache before it reads them (with several blocks per group,
+// each such block writes the same values).
+struct att_rope {
+  const float *kvnew, *qw, *kw;
+  const float2 *tab;
+  float eps;
+  int G;
+};
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out, int nst, int paired) {
+                      float scale, float *part, int *counters, float *out, int nst, int paired,
+                      const __grid_constant__ att_rope rp) {
   __shared__ int last;
+  __shared__ __align__(16) float qs[32 * 32]; // rp: the block's heads' q (NQ hd <= 1024: att_nq)
+  __shared__ float rred[ATT_WARPS / 2][2];
   st_dev_griddep_launch();
 #ifdef ATT_MMA_WARM /* bench variant: the tensor cores' first instructions before the wait for the previous kernel */
   if constexpr (MMA) {
@@ -639,12 +670,31 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   const KT *kc = (const KT *)kv.k[g], *vc = (const KT *)kv.v[g];
   const int start = c * chunk, end = min(c * chunk + chunk, n_keys);
   float *direct = used == 1 ? out + (int64_t)h0 * hd : NULL;
+  const float *qg = q + (int64_t)h0 * hd;
+  if (rp.kvnew) {
+    const int pos = n_keys - 1, grp = threadIdx.x >> 6, t = threadIdx.x & 63;
+    const float2 *cs = rp.tab + (int64_t)pos * (hd / 2);
+    const int items = nh + (c == used - 1); // the heads, then the new K row where this chunk holds it
+    for (int it = grp; it < items; it += ATT_WARPS / 2) { // the group's 64 threads alike
+      const auto sync = [grp] { asm volatile("bar.sync %0, 64;" ::"r"(1 + grp) : "memory"); };
+      if (it < nh)
+        norm_rope_threads<true>(qg + (int64_t)it * hd, qs + it * hd, hd, rp.qw, rp.eps, pos, 0.0f, rred[grp], cs, t, 64, sync);
+      else
+        norm_rope_threads<true>(rp.kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)pos * hd, hd, rp.kw, rp.eps, pos, 0.0f,
+                          rred[grp], cs, t, 64, sync);
+    }
+    if (c == used - 1)
+      for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        kv_st((KT *)kv.v[g] + (int64_t)pos * hd + i, rp.kvnew[(int64_t)(rp.G + g) * hd + i]);
+    __syncthreads(); // qs is complete, and the new rows are in the cache before this block reads them
+    qg = qs;
+  }
   if constexpr (MMA)
-    attend_chunk_mma<NQ>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
-                         (float *)att_dyn, direct);
+    attend_chunk_mma<NQ>(qg, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn,
+                         direct);
   else
-    attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
-                                   hs, (float *)att_dyn, nst, direct);
+    attend_group_chunk<ND, NQ, KT>(qg, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
+                                   (float *)att_dyn, nst, direct);
   if (used == 1) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
@@ -1089,9 +1139,12 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
-                               const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st) {
+                               const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st,
+                               const st_cuda_rope_in *rope) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
+  att_rope rp = {};
+  if (rope) rp = att_rope{rope->kvnew, rope->qw, rope->kw, (const float2 *)rope->tab, rope->eps, G};
   const int nq = Hq / G;
   att_dispatch(nq, hd, [&](auto nd, auto nqb) {
     constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
@@ -1107,12 +1160,12 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
         paired = att_mma_ok(kv_type, hd, q, hd, kv, 2 * G);
       }
       st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl,
-                     q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst, (int)paired);
+                     q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst, (int)paired, rp);
       if constexpr (std::is_same<KT, __half>::value && ND == 4)
         if (paired)
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part,
-                         counters, out, 0, 1);
+                         counters, out, 0, 1, rp);
     });
   });
 }
@@ -1166,5 +1219,77 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
   cudaFree(dout);
   cudaFree(dpart);
   cudaFree(dtmp);
+  return ok ? 0 : -1;
+}
+
+// Random values in [-1, 1) from an index and a seed (st_cuda_decode_rope_check's data).
+template <typename T> __global__ static void rope_check_fill(T *p, int64_t n, uint32_t seed) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull + seed;
+    x ^= x >> 31, x *= 0xbf58476d1ce4e5b9ull, x ^= x >> 29;
+    kv_st(p + i, (float)((x >> 40) & 0xffffff) / (float)0x800000 - 1.0f);
+  }
+}
+
+extern "C" int st_cuda_decode_rope_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same) {
+  if (G < 1 || G > ST_CUDA_MAX_KV_HEADS || Hq % G || pos < 0) return -1;
+  const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, rows = (size_t)pos + 1, cache = rows * hd * es;
+  const size_t pf = st_cuda_decode_part_floats((int)rows, Hq, hd);
+  float *q[2] = {NULL, NULL}, *out[2] = {NULL, NULL}, *kvnew = NULL, *nw = NULL, *tab = NULL, *part = NULL;
+  int *counters = NULL, *pos_dev = NULL;
+  void *kv[2][2 * ST_CUDA_MAX_KV_HEADS] = {};
+  uint8_t *hbuf = NULL;
+  bool ok = true;
+  for (int r = 0; r < 2; r++) {
+    ok = ok && cudaMalloc(&q[r], sizeof(float) * Hq * hd) == cudaSuccess &&
+         cudaMalloc(&out[r], sizeof(float) * Hq * hd) == cudaSuccess;
+    for (int i = 0; ok && i < 2 * G; i++) ok = cudaMalloc(&kv[r][i], cache) == cudaSuccess;
+  }
+  ok = ok && cudaMalloc(&kvnew, sizeof(float) * 2 * G * hd) == cudaSuccess &&
+       cudaMalloc(&nw, sizeof(float) * 2 * hd) == cudaSuccess && cudaMalloc(&tab, sizeof(float) * rows * hd) == cudaSuccess &&
+       cudaMalloc(&part, sizeof(float) * pf) == cudaSuccess && cudaMalloc(&counters, sizeof(int) * Hq) == cudaSuccess &&
+       cudaMalloc(&pos_dev, sizeof(int)) == cudaSuccess && cudaMemset(counters, 0, sizeof(int) * Hq) == cudaSuccess &&
+       cudaMemcpy(pos_dev, &pos, sizeof pos, cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) {
+    att_allow_smem();
+    rope_check_fill<<<64, 256>>>(kvnew, 2 * G * hd, seed + 1);
+    rope_check_fill<<<8, 256>>>(nw, 2 * hd, seed + 2);
+    for (int r = 0; r < 2; r++) rope_check_fill<<<64, 256>>>(q[r], Hq * hd, seed + 3);
+    kv_dispatch(kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 2 * G; i++) rope_check_fill<<<256, 256>>>((KT *)kv[r][i], (int64_t)rows * hd, seed + 4 + i);
+    });
+    st_cuda_rope_table(tab, (int)rows, hd, 1e6f, 0);
+    void *k0[ST_CUDA_MAX_KV_HEADS], *v0[ST_CUDA_MAX_KV_HEADS], *k1[ST_CUDA_MAX_KV_HEADS], *v1[ST_CUDA_MAX_KV_HEADS];
+    for (int g = 0; g < G; g++) k0[g] = kv[0][2 * g], v0[g] = kv[0][2 * g + 1], k1[g] = kv[1][2 * g], v1[g] = kv[1][2 * g + 1];
+    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, 1e6f, kv_type, k0, v0, tab, 0, 0);
+    st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 0, 0);
+    const st_cuda_rope_in rope = {kvnew, nw, nw + hd, tab, 1e-6f};
+    st_cuda_attend_decode_all(q[1], Hq, G, hd, kv_type, k1, v1, pos_dev, part, counters, out[1], 0, 0, &rope);
+    ok = cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
+  }
+  const size_t hb = 2 * (cache > sizeof(float) * Hq * hd ? cache : sizeof(float) * Hq * hd);
+  ok = ok && (hbuf = (uint8_t *)malloc(hb)) != NULL;
+  *same = ok;
+  for (int i = -1; ok && i < 2 * G; i++) { // the outputs, then each cache
+    const void *a = i < 0 ? (const void *)out[0] : kv[0][i], *b = i < 0 ? (const void *)out[1] : kv[1][i];
+    const size_t n = i < 0 ? sizeof(float) * Hq * hd : cache;
+    ok = cudaMemcpy(hbuf, a, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(hbuf + n, b, n, cudaMemcpyDeviceToHost) == cudaSuccess;
+    if (ok && memcmp(hbuf, hbuf + n, n)) *same = 0;
+  }
+  free(hbuf);
+  for (int r = 0; r < 2; r++) {
+    cudaFree(q[r]);
+    cudaFree(out[r]);
+    for (int i = 0; i < 2 * G; i++) cudaFree(kv[r][i]);
+  }
+  cudaFree(kvnew);
+  cudaFree(nw);
+  cudaFree(tab);
+  cudaFree(part);
+  cudaFree(counters);
+  cudaFree(pos_dev);
   return ok ? 0 : -1;
 }
