@@ -10,10 +10,7 @@
 // ATT_MMA_CHUNK (0: the half cache's tensor-core block at every depth), ATT_MMA_LOAD (its loads),
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
 // the wait for the previous kernel), ATT_PLAN_ES); run: [KV=f16] [MODE=0|1|2] [COPIES=N] [DEPTH=N]
-// [CHECK_KEYS=N] [ROPE=0|1|2] attn-bench [replays]. ROPE=1: each launch preceded by
-// st_cuda_rope_append (the q/k norms, RoPE and KV append: the eight-kernel layer's pair); ROPE=2: the
-// attention doing that work itself (st_cuda_rope_in, STRATA_DECODE_FUSE); both skip the float64 check
-// (they write the caches).
+// [CHECK_KEYS=N] attn-bench [replays].
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,15 +75,6 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&counters, sizeof(int) * HQ));
   CK(cudaMemset(counters, 0, sizeof(int) * HQ));
   CK(cudaMalloc(&pos, sizeof(int)));
-  const int rope = getenv("ROPE") ? atoi(getenv("ROPE")) : 0;
-  float *kvnew, *nw, *tab;
-  CK(cudaMalloc(&kvnew, sizeof(float) * 2 * G * HD));
-  fill<<<8, 256>>>(kvnew, 2 * G * HD, 4242);
-  CK(cudaMalloc(&nw, sizeof(float) * HD));
-  fill<<<1, 128>>>(nw, HD, 99);
-  CK(cudaMalloc(&tab, sizeof(float) * (size_t)N_CTX * HD));
-  st_cuda_rope_table(tab, N_CTX, HD, 1e6f, 0);
-  const st_cuda_rope_in rope_in = {kvnew, nw, nw, tab, 1e-6f};
   CK(cudaDeviceSynchronize());
   st_cuda_attention_allow_smem();
   cudaStream_t st;
@@ -97,8 +85,7 @@ int main(int argc, char **argv) {
   // the attention codelet's T = 1 kernels (attend_split, attend_split_combine) per KV group
   const char *mode_env = getenv("MODE");
   const int mode = mode_env ? atoi(mode_env) : 0;
-  printf("mode %d (%s), ROPE %d (%s)\n", mode, mode == 0 ? "decode kernel, PDL" : mode == 1 ? "decode kernel, no PDL" : "split + combine per group",
-         rope, rope == 0 ? "attention alone" : rope == 1 ? "rope_append, then attention" : "attention with the rope");
+  printf("mode %d (%s)\n", mode, mode == 0 ? "decode kernel, PDL" : mode == 1 ? "decode kernel, no PDL" : "split + combine per group");
   printf("%8s %8s %10s %8s %8s\n", "keys", "chunk", "us/launch", "MB", "GB/s");
   std::vector<int> depths = {32, 64, 128, 256, 512, 1024, 4096, 4097, 16384, 32768, 32769}; // 2^k + 1: just past a power of two
   if (getenv("DEPTH")) depths = {atoi(getenv("DEPTH"))}; // one depth (for Nsight Compute)
@@ -110,11 +97,8 @@ int main(int argc, char **argv) {
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (int l = 0; l < LAUNCHES; l++) {
       const int c = l % COPIES;
-      if (mode < 2 && rope == 1)
-        st_cuda_rope_append(q, HQ, kvnew, G, HD, nw, nw, 1e-6f, pos, 1e6f, kv_type, &k[c * G], &v[c * G], tab, mode == 0, st);
       if (mode < 2)
-        st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[c * G], &v[c * G], pos, part, counters, out, mode == 0, st,
-                                  rope == 2 ? &rope_in : NULL);
+        st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[c * G], &v[c * G], pos, part, counters, out, 0, mode == 0, st);
       else
         kv_dispatch(kv_type, [&](auto tag) {
           using KT = typename decltype(tag)::type;
@@ -141,14 +125,10 @@ int main(int argc, char **argv) {
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
   }
-  if (rope) {
-    printf("ROPE %d: no float64 check (the launches wrote the caches)\n", rope);
-    return 0;
-  }
   // one launch at depth CHECK_KEYS (default 4096) on copy 0 against float64 on the host
   const int n_keys = getenv("CHECK_KEYS") ? std::min(std::max(atoi(getenv("CHECK_KEYS")), 1), N_CTX) : 4096, p0 = n_keys - 1;
   CK(cudaMemcpy(pos, &p0, sizeof p0, cudaMemcpyHostToDevice));
-  st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[0], &v[0], pos, part, counters, out, 0, st);
+  st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[0], &v[0], pos, part, counters, out, 0, 0, st);
   std::vector<float> ho(HQ * HD);
   CK(cudaStreamSynchronize(st));
   CK(cudaMemcpy(ho.data(), out, sizeof(float) * HQ * HD, cudaMemcpyDeviceToHost));

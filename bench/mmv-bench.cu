@@ -96,26 +96,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     g.s[0] = dk_seg{W, rb, rows, c.q, (rows + R - 1) / R};
     g.n = 1;
     rg.p[0] = (const uint4 *)W, rg.n16[0] = (int64_t)(rows * rb / 16), rg.n = 1;
-    if (!read)
-      stream(dk_mv<TY, false>, (int)g.s[0].groups, smem, c, pdl, grid_scale, 1, g, (int)g.s[0].groups, kind == 0 ? c.x : c.xq,
-             n, (const float *)NULL, 0.0f);
-  } else if (kind == 6) { // Q, K and V with the attention norm in every block (STRATA_DECODE_FUSE)
-    const int R = mmv_stream_rows<TY>(D);
-    dk_segs g = {};
-    g.s[0] = dk_seg{s.qkv, RB_D, QKV, c.q, (QKV + R - 1) / R};
-    g.n = 1;
-    rg.p[0] = (const uint4 *)s.qkv, rg.n16[0] = (int64_t)(QKV * RB_D / 16), rg.n = 1;
-    if (!read)
-      stream(dk_mv<TY, true>, (int)g.s[0].groups, smem + sizeof(float) * D, c, pdl, grid_scale, 1, g, (int)g.s[0].groups,
-             (const float *)c.x, (int64_t)D, (const float *)c.ones, 1e-6f);
-  } else if (kind == 7) { // down with the combine (dk_down_sum)
-    const int P = mmv_stream_rows<TY>(FF) / K;
-    const down_sum_job<Q8> j = {NULL, NULL, P, FF, K, 2 * GATE, RB_FF, c.act, c.h, c.x, NULL};
-    rg.n = K;
-    for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT + 2 * GATE), rg.n16[e] = (int64_t)(D * RB_FF / 16);
-    if (!read)
-      stream(dk_down_sum<TY, Q8>, D / P, smem + (Q8 ? K * st_q8_stride(FF) : 0), c, pdl, grid_scale, 1,
-             (const st_route *)c.route, s.slots, NE, j, D / P, (int64_t)FF);
+    if (!read) stream(dk_mv<TY>, (int)g.s[0].groups, smem, c, pdl, grid_scale, 1, g, (int)g.s[0].groups, kind == 0 ? c.x : c.xq, n);
   } else if (kind == 2) {
     const int H = mmv_stream_rows<TY>(D) / 2, per = (FF + H - 1) / H;
     const gateup_job<Q8> j = {c.route, s.slots, NE, FF, H, per, GATE, RB_D, Q8 ? (const void *)c.xq8 : c.x, c.act};
@@ -248,24 +229,18 @@ int main(int argc, char **argv) {
                           (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * D)));
   CK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF))));
-  CK(cudaFuncSetAttribute(dk_mv<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          (int)(mmv_pipe_bytes<TY>() + sizeof(float) * D)));
-  CK(cudaFuncSetAttribute(dk_down_sum<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          (int)(mmv_pipe_bytes<TY>() + K * st_q8_stride(FF))));
-  c.most = mmv_resident_blocks(dk_mv<TY, false>, mmv_pipe_bytes<TY>());
+  c.most = mmv_resident_blocks(dk_mv<TY>, mmv_pipe_bytes<TY>());
   printf("resident blocks: %d; staging %zu B per block; %d layers x %d replays\n", c.most, mmv_pipe_bytes<TY>(), layers,
          replays);
-  const char *names[8] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768",
-                          "router f32 128x2048", "dk_pre (combine, norm)", "QKV, the norm in each block", "down + combine (dk_down_sum)"};
+  const char *names[6] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768",
+                          "router f32 128x2048", "dk_pre (combine, norm)"};
   printf("%-26s %-10s %6s %10s %8s %8s\n", "product", "kernel", "grid", "us/launch", "MB", "GB/s");
-  for (int k = 0; k < 8; k++) {
-    const std::vector<int> kinds = {k};
-    const char *nm = names[k];
+  for (int k = 0; k < 7; k++) {
+    const std::vector<int> kinds = k < 6 ? std::vector<int>{k} : std::vector<int>{5, 0, 1, 4, 2, 3};
+    const char *nm = k < 6 ? names[k] : "layer: all six (no attention)";
     for (int v = 0; v < 5; v++) {
       const bool read = v == 2;
       if (k == 5 && (v == 1 || v == 2 || v == 4)) continue;
-      if (k >= 6 && v != 0 && v != 3) continue;
-      if (k == 6 && v == 3) continue;
       const double scale = v == 1 || v == 4 ? 0.5 : 1.0;
       const int pdl = 1;
       c.q8 = v >= 3;
@@ -276,18 +251,15 @@ int main(int argc, char **argv) {
       printf("%-26s %-10s %5.2fx %10.2f %8.2f %8.0f\n", nm, vn[v], scale, us, bytes / 1e6, bytes / us / 1e3);
     }
   }
-  // a layer's mat-vec kernels in the engine's order (int8 activations, no attention): the eight-kernel
-  // layer's six, and STRATA_DECODE_FUSE's four; with and without PDL, in one graph or a graph a layer
-  printf("\n%-44s %5s %8s %10s\n", "layer (no attention), int8 x", "PDL", "graphs", "us/layer");
-  const std::vector<int> seqs[2] = {{0, 1, 4, 2, 3, 5}, {6, 1, 4, 2, 7}};
-  const char *seq_names[2] = {"QKV, O, router, gate+up, down, dk_pre", "QKV+norm, O, router, gate+up, down+combine"};
+  // a layer's mat-vec kernels in the engine's order (int8 activations, no attention), with and
+  // without PDL, in one CUDA graph or a graph a layer (as the engine's decode step has)
+  printf("\n%-40s %5s %8s %10s\n", "layer (no attention), int8 x", "PDL", "graphs", "us/layer");
   c.q8 = 1;
-  for (int sq = 0; sq < 2; sq++)
-    for (int pdl = 0; pdl < 2; pdl++)
-      for (int per = 0; per < 2; per++) {
-        double bytes = 0;
-        const double us = timed(c, seqs[sq], false, pdl, 1.0, layers, replays, &bytes, per) / layers;
-        printf("%-44s %5d %8s %10.2f\n", seq_names[sq], pdl, per ? "a layer" : "one", us);
-      }
+  for (int pdl = 0; pdl < 2; pdl++)
+    for (int per = 0; per < 2; per++) {
+      double bytes = 0;
+      const double us = timed(c, {0, 1, 4, 2, 3, 5}, false, pdl, 1.0, layers, replays, &bytes, per) / layers;
+      printf("%-40s %5d %8s %10.2f\n", "QKV, O, router, gate+up, down, dk_pre", pdl, per ? "a layer" : "one", us);
+    }
   return 0;
 }

@@ -69,6 +69,8 @@ sz=$(wc -c < "$tmp/l.f32" 2>/dev/null || echo 0)
 # 5. bad input
 expect_error "unknown flag" "unknown option '--bogus'" "$STRATA" generate -m "$tiny" -p hi --bogus
 expect_error "unknown command" "unknown command" "$STRATA" frobnicate
+# profile takes no KV cache flags: llama.cpp's -ctk is named as such, not read as -c tk
+expect_error "profile -ctk" "unknown option '--cache-type-k'" "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/p.profile" -ctk f16
 expect_error "missing model file" "$tmp/nope.gguf" "$STRATA" generate -m "$tmp/nope.gguf" -p hi
 # special files never block (issue #21): a FIFO or a directory given where a file is read is
 # refused at once (each under `timeout`: before the fix, open() on the FIFO waited forever)

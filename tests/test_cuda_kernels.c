@@ -401,7 +401,8 @@ int main(void) {
    * round the queries and P to half on the tensor cores: their bound adds to 1e-4 × max|ref| the
    * first-order effect of those roundings, (2 δ + 2^-10) × max|v| with δ = 2^-11 × the largest
    * sum of |q_i k_i| × scale (a score's shift); the flash kernel keeps float32 math (1e-4). */
-  static const int shapes[][2] = {{2, 0}, {7, 5}, {64, 0}, {100, 300}, {512, 0}, {512, 3000}, {33, 4096}, {1, 20000}, {3, 17000}};
+  static const int shapes[][2] = {{2, 0}, {7, 5}, {64, 0}, {100, 300}, {512, 0}, {512, 3000}, {33, 4096}, {1, 20000}, {3, 17000},
+                                  {1, 0}, {1, 63}, {1, 100}, {1, 127}, {1, 128}}; /* T = 1 up to 128 keys: the short-context block */
   static const int hds[] = {64, 128, 256}, nqs[] = {1, 8};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (int hi = 0; hi < 3; hi++)
@@ -450,22 +451,22 @@ int main(void) {
         free(ref);
         free(skd);
       }
-  /* The decode step's attention doing the q/k norms, RoPE and KV append itself (STRATA_DECODE_FUSE)
-   * against st_cuda_rope_append then the attention: outputs and caches bit for bit, on the fixtures'
-   * shape and Qwen3-30B-A3B's, one chunk and several, float and half caches (at 20,000 keys the half
-   * cache's chunks take the tensor-core kernel). */
+  /* The decode step's attention (rope_append's launch computing short contexts itself, the split-K
+   * kernels the rest) against the attention codelet's T = 1 kernels: outputs and caches bit for bit,
+   * on the fixtures' shape and Qwen3-30B-A3B's, short contexts, their edge, and long ones (at 20,000
+   * keys the half cache's chunks take the tensor-core kernels). */
   {
     static const int shapes[2][3] = {{4, 2, 16}, {32, 4, 128}}; /* Hq, G, hd */
-    static const int positions[] = {0, 63, 64, 200, 3000, 20000};
+    static const int positions[] = {0, 63, 127, 128, 200, 3000, 20000};
     for (int si = 0; si < 2; si++)
       for (int kt = 0; kt < 2; kt++)
         for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++) {
           const int Hq = shapes[si][0], G = shapes[si][1], hd = shapes[si][2], pos = positions[pi];
           int same = 0;
-          const int rc = st_cuda_decode_rope_check(Hq, G, hd, kt ? ST_TYPE_F16 : ST_TYPE_F32, pos, 1000u + (uint32_t)pi, &same);
+          const int rc = st_cuda_decode_attention_check(Hq, G, hd, kt ? ST_TYPE_F16 : ST_TYPE_F32, pos, 1000u + (uint32_t)pi, &same);
           const int ok = rc == 0 && same;
-          printf("%s decode attention with its own RoPE and KV append, Hq=%d G=%d hd=%d %s KV, position %d: output and "
-                 "caches %s rope_append + attention's\n",
+          printf("%s decode step's attention, Hq=%d G=%d hd=%d %s KV, position %d: output and caches %s the attention "
+                 "codelet's T = 1 kernels'\n",
                  ok ? "PASS" : "FAIL", Hq, G, hd, kt ? "f16" : "f32", pos, rc ? "(CUDA error) vs" : same ? "bitwise equal to" : "DIFFER from");
           ok ? pass++ : fail++;
         }

@@ -76,4 +76,8 @@ void st_cli_learn_save(const struct st_learned *l, const struct st_engine *e);
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);
 
+/* Decimals to print a size of `mib` MiB with (the KV cache of a tiny model's short context is a
+ * few KiB: "0.0625 MiB", not "0.0 MiB"). */
+static inline int st_mib_digits(double mib) { return mib >= 10 ? 1 : 4; }
+
 #endif

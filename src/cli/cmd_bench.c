@@ -240,7 +240,9 @@ int st_cmd_bench(int argc, char **argv) {
           "                         on Intel CPUs, else off)\n"
           "      --row-length N     --kernels: weights per row, a multiple of 256 (default 4096)\n"
           "      --cuda-graphs both measure each decode depth with CUDA graphs off, then on, and compare\n"
-          "                         (tok/s, the dense codelets' host time per token, graph counters)\n");
+          "                         (tok/s, the dense codelets' host time per token, graph counters)\n"
+          "Engine flags as for generate, but -c defaults to what the largest test needs (its prompt, or its\n"
+          "depth plus --decode), not min(model context, 4096):\n");
       st_engine_opts_help(stdout);
       free(longopts);
       return 0;
@@ -404,7 +406,7 @@ int st_cmd_bench(int argc, char **argv) {
                                                                           (bw_gpu > 0 ? share(r) * pair_b / bw_gpu : 0.0)))
   if (!rc && json) {
     printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, "
-           "\"n_ctx\": %d, \"kv_type\": \"%s\", \"kv_mib\": %.1f, \"results\": [",
+           "\"n_ctx\": %d, \"kv_type\": \"%s\", \"kv_mib\": %.4f, \"results\": [",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots, e->cache_mass_share,
            e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_engine_kv_bytes(e) / 1048576.0);
     for (int i = 0; i < n_res; i++) {
@@ -444,9 +446,10 @@ int st_cmd_bench(int argc, char **argv) {
     printf("]}\n");
   } else if (!rc) {
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed "
-           "mass; context %d tokens, KV cache %s (%.0f MiB)%s\n",
+           "mass; context %d tokens, KV cache %s (%.*f MiB)%s\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
-           100.0 * e->cache_mass_share, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_engine_kv_bytes(e) / 1048576.0,
+           100.0 * e->cache_mass_share, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32",
+           st_mib_digits(st_engine_kv_bytes(e) / 1048576.0), st_engine_kv_bytes(e) / 1048576.0,
            reps > 1 ? "; each row: the run with the median time" : "");
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",

@@ -23,6 +23,7 @@ int st_cmd_profile(int argc, char **argv) {
   int c, rc = 0;
   opterr = 0;
   optind = 1;
+  st_engine_argv_aliases(argc, argv); /* -ctk is llama.cpp's --cache-type-k (refused below), not -c tk */
   while (!rc && (c = getopt_long(argc, argv, ":m:f:n:o:c:h", longopts, NULL)) != -1) {
     switch (c) {
     case 'm': model = optarg; break;

@@ -105,8 +105,6 @@ struct st_decode_ctx {
   int kv_type;                         /* the KV cache's element: ST_TYPE_F32 or ST_TYPE_F16 */
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
-  int fuse;                            /* STRATA_DECODE_FUSE: the combine in down, the norms and RoPE in their
-                                        * consumers (cuda/decode.cu) */
   const struct st_decode_layer *layers; /* [n_layer] */
   const void *const *expert_src;       /* [n_layer][n_expert][3] host gate/up/down of each pair */
   const uint8_t *tier;                 /* [n_layer][n_expert]: 0 = the CPU pool computes the pair */

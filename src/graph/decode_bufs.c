@@ -206,7 +206,7 @@ int st_decode_init(struct st_engine *e) {
                               .n_head_kv = (int)hp->n_head_kv, .head_dim = (int)hp->head_dim, .n_expert = E,
                               .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
                               .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
-                              .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .fuse = e->decode_fuse, .tier = e->placement.tier,
+                              .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .tier = e->placement.tier,
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};
   c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);

@@ -40,7 +40,6 @@ struct env_conf {
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
-  long fuse;           /* STRATA_DECODE_FUSE: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -73,7 +72,6 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
-  if (!rc) rc = env_long("STRATA_DECODE_FUSE", 0, 1, 1, &c->fuse);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
 }
@@ -542,7 +540,6 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->mmq = (int)env.mmq;
   e->decode_graph = (int)env.decode_graph;
   e->pdl = (int)env.pdl;
-  e->decode_fuse = (int)env.fuse;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "

@@ -124,7 +124,6 @@ struct st_engine {
   int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
   int pdl;                 /* STRATA_PDL: the decode step's kernels as programmatic dependent launches (default 0) */
-  int decode_fuse;         /* STRATA_DECODE_FUSE: six fused kernels a layer instead of eight (default 1) */
   struct st_decode *dec;   /* the decode step's buffers and handles (graph/decode.h), or NULL: the
                               per-task path of this file decodes */
 };

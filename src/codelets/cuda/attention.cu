@@ -1,8 +1,9 @@
 // CUDA variant of the attention codelet (codelets.h): RMSNorm, the group's Q/K/V projections
 // (K and V written straight into the KV cache kept on the device; through cuBLAS for prompt
 // chunks of at least cublas_rows tokens, gemm.cu), q/k RMSNorm and NEOX RoPE per
-// head, then causal attention: split over the keys, one block per (chunk, KV group), for decode
-// (T = 1, see attend_split), a tiled flash-attention kernel for prompt chunks (T > 1, see attend_flash).
+// head, then causal attention: for decode (T = 1) one block per (KV group, two heads) over every key
+// up to 128 keys (attend_short_block), else split over the keys, one block per (chunk, KV group)
+// (see attend_split); a tiled flash-attention kernel for prompt chunks (T > 1, see attend_flash).
 #include <math.h>
 
 #include <type_traits>
@@ -38,8 +39,8 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
 // warps) that call it, sync() their barrier (red: nt / 32 floats of shared memory): a per-thread sum
 // over i = t + nt j, warp sums, the warps' sums in order. cs (may be NULL): the position's row of
 // st_cuda_rope_table, the same cosines and sines as computed here. The same nt gives the same bits
-// wherever the threads sit (rope_append and qk_norm_rope: a block of 64; attend_decode_all: two of
-// its warps). TAB: cs is never NULL (no double-precision trigonometry compiled in).
+// wherever the threads sit (qk_norm_rope: a block of 64; rope_short: two warps of its block). TAB:
+// cs is never NULL (no double-precision trigonometry compiled in).
 template <bool TAB = false, typename OT, typename Sync>
 __device__ __forceinline__ static void norm_rope_threads(const float *in, OT *out, int hd, const float *w, float eps,
                                                          int pos, float theta, float *red, const float2 *cs, int t,
@@ -98,32 +99,10 @@ __global__ static void qk_norm_rope(float *v, int64_t ld, int hd, const float *w
   norm_rope_head(h, h, hd, w, eps, pos0 + blockIdx.x, theta, red);
 }
 
-// The decode step's q/k norm, RoPE and KV append in one launch: block h < Hq takes query head h in
-// place (as qk_norm_rope); block Hq + g takes KV head g's new K row (kvnew[g hd ..], before its
-// norm) and V row (kvnew[(G + g) hd ..]), writes K normed and rotated at position *pos of its cache
-// and V there as it is (as KT).
+// The decode step's KV cache pointers, one K and one V cache per KV head (rope_short, attend_decode_all).
 struct kv_ptrs {
   void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS];
 };
-template <typename KT>
-__global__ static void rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw,
-                                   const float *kw, float eps, const int *pos_dev, float theta,
-                                   const __grid_constant__ kv_ptrs kv, const float2 *tab) {
-  __shared__ float red[32];
-  st_dev_griddep_launch();
-  st_dev_griddep_wait();
-  const int b = blockIdx.x, pos = *pos_dev;
-  const float2 *cs = tab + (int64_t)pos * (hd / 2);
-  if (b < Hq) {
-    float *h = q + (int64_t)b * hd;
-    norm_rope_head(h, h, hd, qw, eps, pos, theta, red, cs);
-    return;
-  }
-  const int g = b - Hq;
-  norm_rope_head((const float *)kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, theta, red, cs);
-  KT *vr = (KT *)kv.v[g] + (int64_t)pos * hd;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, kvnew[(int64_t)(G + g) * hd + i]);
-}
 
 // Causal attention split over the keys (split-K), one block per (chunk of keys, query heads of one
 // KV group): block (c, t, b) takes token t's query heads b NQ .. b NQ + NQ - 1 of a group (those
@@ -205,6 +184,26 @@ template <int NQ> __device__ __forceinline__ static void att_transpose_sum(float
     }
   }
   for (; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+}
+
+// The block's warps' accumulators acc[h][i] (head h, dimension lane + 32 i) added in warp order
+// through wacc (ATT_WARPS NQ ND 32 floats of shared memory): put(h, d, sum) for dimension d < hd of
+// head h < nh. Every thread of the block calls it.
+template <int ND, int NQ, typename Put>
+__device__ __forceinline__ static void att_warps_sum(const float (&acc)[NQ][ND], float *wacc, int nh, int hd, Put put) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < NQ; h++)
+#pragma unroll
+    for (int i = 0; i < ND; i++) wacc[(warp * NQ * ND + h * ND + i) * 32 + lane] = acc[h][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
+    const int h = e / hd, dd = e - h * hd, slot = (h * ND + dd / 32) * 32 + dd % 32;
+    float a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) a += wacc[w * NQ * ND * 32 + slot];
+    put(h, dd, a);
+  }
 }
 
 // Keys [k0, k0 + nk) of kc and vc ([keys][hd]) into ks, vs ([ATT_TILE][hd]): 16-byte asynchronous
@@ -333,20 +332,10 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     if (nst == 1 && k0 + ATT_TILE < end)
       att_stage(kst, kst + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
   }
-  float *wacc = stage; // [ATT_WARPS][NQ ND 32]: the tiles are no longer needed
-#pragma unroll
-  for (int h = 0; h < NQ; h++)
-#pragma unroll
-    for (int i = 0; i < ND; i++) wacc[(warp * NQ * ND + h * ND + i) * 32 + lane] = acc[h][i];
-  __syncthreads();
-  for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
-    const int h = e / hd, dd = e - h * hd, slot = (h * ND + dd / 32) * 32 + dd % 32;
-    float a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++) a += wacc[w * NQ * ND * 32 + slot];
+  att_warps_sum<ND, NQ>(acc, stage, nh, hd, [&](int h, int dd, float a) { // the tiles are no longer needed
     if (direct) direct[h * hd + dd] = a / l_run[h]; // what attend_merge_heads makes of one chunk
     else out[h * ostride + 2 + dd] = a;
-  }
+  });
   if (!direct && (int)threadIdx.x < nh)
     out[threadIdx.x * ostride] = m_run[threadIdx.x], out[threadIdx.x * ostride + 1] = l_run[threadIdx.x];
 }
@@ -595,6 +584,164 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
   }
 }
 
+// ---- short contexts: one block a (KV group, heads) over every key ------------------------------
+// Up to ATT_SHORT_MAX keys, a token's attention is one block per (KV group, NQ heads) that copies
+// every K and V row into shared memory at once, where the split-K kernels pay a tile loop (about
+// 2 us a tile of 32 keys) and, past 64 keys, a merge by the last block (about 4.7 us): the decode
+// step's short contexts (rope_short, which also does the q/k norms, RoPE and KV append) and the
+// attention codelet's T = 1 path (attend_short) run the same block, so they agree bit for bit.
+#define ATT_SHORT_MAX 128
+
+// Keys of a short context for head_dim hd and es-byte elements: ATT_SHORT_MAX, or half of it where
+// their K and V rows would pass 128 KiB of shared memory (head_dim 256 in float32).
+__host__ __device__ __forceinline__ static int att_short_max(int hd, size_t es) {
+  return 2 * (size_t)ATT_SHORT_MAX * hd * es <= 128 * 1024 ? ATT_SHORT_MAX : ATT_SHORT_MAX / 2;
+}
+// Dynamic shared memory of attend_short_block: every key's K and V rows (es-byte elements), then
+// the warps' accumulators.
+static size_t att_short_smem(int hd, int nd, int nqb, size_t es) {
+  return 2 * (size_t)att_short_max(hd, es) * hd * es + sizeof(float) * ATT_WARPS * nqb * nd * 32;
+}
+
+// Causal attention of nh <= NQ query heads (qs: shared memory, head i at qs + i hd) over keys
+// [0, n) of kc, vc ([keys][hd] of KT; 1 <= n <= att_short_max) into out (head i at out + i hd), by a
+// block of ATT_WARPS warps: the rows copied into `smem` (att_short_smem bytes) by 16-byte
+// asynchronous copies where they allow it; the scores of key j by warp j % 8 (lanes share the head
+// dimensions, the NQ dot products reduced by att_transpose_sum, as attend_group_chunk's); each
+// head's softmax over all n keys by one warp (its max, then e^(s - max) and their sum: per lane in
+// key order, then a butterfly); P V by warp j % 8 for its keys; the warps' sums added in warp order,
+// divided by the head's sum. Fixed order throughout: the same bits every run.
+template <int ND, int NQ, typename KT>
+__device__ __forceinline__ static void attend_short_block(const float *qs, int nh, const KT *kc, const KT *vc, int hd,
+                                                          int n, float scale, float *out, uint8_t *smem) {
+  __shared__ float ps[NQ][ATT_SHORT_MAX], lsum[NQ];
+  constexpr int B = att_log2(NQ), PER = 16 / sizeof(KT);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const size_t rows = (size_t)att_short_max(hd, sizeof(KT)) * hd;
+  KT *ks = (KT *)smem, *vs = ks + rows;
+  float *wacc = (float *)(smem + 2 * rows * sizeof(KT));
+  if (hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0) {
+    for (int e = threadIdx.x; e < n * hd / PER; e += blockDim.x) {
+      st_dev_cp16(ks + PER * e, kc + PER * e);
+      st_dev_cp16(vs + PER * e, vc + PER * e);
+    }
+    st_dev_cp_commit();
+    st_dev_cp_wait_all();
+  } else {
+    for (int e = threadIdx.x; e < n * hd; e += blockDim.x) ks[e] = kc[e], vs[e] = vc[e];
+  }
+  __syncthreads(); // the rows (and the caller's qs) are in shared memory
+  float q[NQ][ND];
+#pragma unroll
+  for (int h = 0; h < NQ; h++)
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+      const int dd = lane + 32 * i;
+      q[h][i] = h < nh && dd < hd ? qs[h * hd + dd] : 0.0f;
+    }
+  for (int j = warp; j < n; j += ATT_WARPS) {
+    float kr[ND], v[NQ];
+#pragma unroll
+    for (int i = 0; i < ND; i++) kr[i] = lane + 32 * i < hd ? kv_ld(ks + j * hd + lane + 32 * i) : 0.0f;
+#pragma unroll
+    for (int h = 0; h < NQ; h++) {
+      v[h] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < ND; i++) v[h] = fmaf(q[h][i], kr[i], v[h]);
+    }
+    att_transpose_sum<NQ>(v, lane);
+    if ((lane & ((32 >> B) - 1)) == 0) ps[lane >> (5 - B)][j] = v[0] * scale;
+  }
+  __syncthreads();
+  if (warp < nh) { // warp h: head h's softmax, lane l over keys l, l + 32, ...
+    float mx = -INFINITY;
+    for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ps[warp][j]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float p = expf(ps[warp][j] - mx);
+      ps[warp][j] = p;
+      sum += p;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) lsum[warp] = sum;
+  }
+  __syncthreads();
+  float acc[NQ][ND];
+#pragma unroll
+  for (int h = 0; h < NQ; h++)
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[h][i] = 0.0f;
+  for (int j = warp; j < n; j += ATT_WARPS) {
+    float vr[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++) vr[i] = lane + 32 * i < hd ? kv_ld(vs + j * hd + lane + 32 * i) : 0.0f;
+#pragma unroll
+    for (int h = 0; h < NQ; h++) {
+      const float p = ps[h][j];
+#pragma unroll
+      for (int i = 0; i < ND; i++) acc[h][i] = fmaf(p, vr[i], acc[h][i]);
+    }
+  }
+  att_warps_sum<ND, NQ>(acc, wacc, nh, hd, [&](int h, int dd, float a) { out[h * hd + dd] = a / lsum[h]; });
+}
+
+// The attention codelet's T = 1 path up to ATT_SHORT_MAX keys: block b takes heads b NQ .. of one
+// KV group's nq query heads (q [nq][hd], already normed and rotated) over keys [0, n).
+template <int ND, int NQ, typename KT>
+__global__ static void __launch_bounds__(32 * ATT_WARPS)
+    attend_short(const float *q, const KT *kc, const KT *vc, int hd, int nq, int n, float scale, float *out) {
+  __shared__ __align__(16) float qs[32 * 32]; // NQ hd <= 1024 (att_nq)
+  extern __shared__ float4 att_dyn[];
+  const int h0 = blockIdx.x * NQ, nh = min(NQ, nq - h0);
+  for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) qs[e] = q[(int64_t)h0 * hd + e];
+  attend_short_block<ND, NQ, KT>(qs, nh, kc, vc, hd, n, scale, out + (int64_t)h0 * hd, (uint8_t *)att_dyn);
+}
+
+// Heads a short-context block takes (attend_short_block's NQ, which its sums' order depends on): at
+// most two, so that the decode step's few keys are read by 4 blocks a KV group of 8 heads.
+static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < 2 ? att_nq(nq, hd) : 2; }
+
+// The decode step's q/k norms, RoPE and KV append in one launch, and with at most ATT_SHORT_MAX keys
+// (and out set) its attention too: block g n_hb + b takes KV group g's query heads b NQ .. (nq a
+// group, n_hb blocks a group). Each head is normed (qw) and rotated at position *pos_dev by two warps
+// (norm_rope_threads: the bits of qk_norm_rope's 64-thread blocks) into shared memory when the block
+// computes the attention, else in place in q for attend_decode_all; the group's new K row (kvnew[g
+// hd ..], normed with kw and rotated) and V row (kvnew[(G + g) hd ..]) are written at the position
+// of its caches as KT (every block of the group writes the same values, before it reads them); then
+// attend_short_block into out. Dynamic shared memory: att_short_smem.
+template <int ND, int NQ, typename KT>
+__global__ static void __launch_bounds__(32 * ATT_WARPS)
+    rope_short(float *q, int nq, const float *kvnew, int G, int hd, const float *qw, const float *kw, float eps,
+               const int *pos_dev, const __grid_constant__ kv_ptrs kv, const float2 *tab, float scale, float *out) {
+  __shared__ __align__(16) float qs[32 * 32]; // NQ hd <= 1024 (att_nq)
+  __shared__ float red[ATT_WARPS / 2][2];
+  extern __shared__ float4 att_dyn[];
+  st_dev_griddep_launch();
+  st_dev_griddep_wait();
+  const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.x / n_hb, h0 = g * nq + (int)(blockIdx.x % n_hb) * NQ;
+  const int nh = min(NQ, (g + 1) * nq - h0), pos = *pos_dev, n = pos + 1;
+  const bool attend_here = out && n <= att_short_max(hd, sizeof(KT));
+  const float2 *cs = tab + (int64_t)pos * (hd / 2);
+  const int grp = threadIdx.x >> 6, t = threadIdx.x & 63;
+  for (int it = grp; it <= nh; it += ATT_WARPS / 2) { // the heads, then the K row; a group's 64 threads alike
+    const auto sync = [grp] { asm volatile("bar.sync %0, 64;" ::"r"(1 + grp) : "memory"); };
+    if (it < nh) {
+      float *qh = q + (int64_t)(h0 + it) * hd;
+      norm_rope_threads<true>(qh, attend_here ? qs + it * hd : qh, hd, qw, eps, pos, 0.0f, red[grp], cs, t, 64, sync);
+    } else {
+      norm_rope_threads<true>(kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, 0.0f,
+                              red[grp], cs, t, 64, sync);
+    }
+  }
+  KT *vr = (KT *)kv.v[g] + (int64_t)pos * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, kvnew[(int64_t)(G + g) * hd + i]);
+  if (!attend_here) return; // block-uniform
+  __syncthreads(); // (attend_short_block's copies start after another barrier: qs and the new rows are written)
+  attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n, scale, out + (int64_t)h0 * hd,
+                                 (uint8_t *)att_dyn);
+}
+
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
 // group's nq query heads of token t ([T][ldq], head h at h hd); partials of (t, h) at part + ((t nq +
 // h) n_chunks + c) (hd + 2), chunks of `chunk` keys.
@@ -630,26 +777,12 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // single chunk its block writes the output itself. MMA: the tensor-core block (as attend_split's);
 // paired (a half cache that att_mma_ok takes): launched twice, without and then with MMA, each
 // leaving at once where the chunks are the other's (ATT_MMA_CHUNK), so one CUDA graph serves every
-// position. rp.kvnew set (st_cuda_rope_in): q is as the Q product left it, and each block that
-// computes does rope_append's work for itself first: its heads' q norm and RoPE into shared memory
-// (norm_rope_threads by groups of two warps, so the bits of rope_append's 64-thread blocks), and the
-// block of the last chunk, the one that reads the new key, writes that K row (normed, rotated) and
-// V row at the position of its group's cache before it reads them (with several blocks per group,
-// each such block writes the same values).
-struct att_rope {
-  const float *kvnew, *qw, *kw;
-  const float2 *tab;
-  float eps;
-  int G;
-};
+// position. after_short: with at most att_short_max keys rope_short has written the output; leave.
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out, int nst, int paired,
-                      const __grid_constant__ att_rope rp) {
+                      float scale, float *part, int *counters, float *out, int nst, int paired, int after_short) {
   __shared__ int last;
-  __shared__ __align__(16) float qs[32 * 32]; // rp: the block's heads' q (NQ hd <= 1024: att_nq)
-  __shared__ float rred[ATT_WARPS / 2][2];
   st_dev_griddep_launch();
 #ifdef ATT_MMA_WARM /* bench variant: the tensor cores' first instructions before the wait for the previous kernel */
   if constexpr (MMA) {
@@ -662,6 +795,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.y / n_hb, h0 = g * nq + (blockIdx.y % n_hb) * NQ;
   const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = *pos_dev + 1, chunk = att_chunk_keys(n_keys);
   const int used = (n_keys + chunk - 1) / chunk;
+  if (after_short && n_keys <= att_short_max(hd, sizeof(KT))) return; // rope_short's
   if (c >= used) return; // past the keys: the chunks that count are the first `used`
   if (paired && (chunk >= ATT_MMA_CHUNK) != MMA) return; // the pair's other kernel takes this position
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
@@ -670,31 +804,12 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   const KT *kc = (const KT *)kv.k[g], *vc = (const KT *)kv.v[g];
   const int start = c * chunk, end = min(c * chunk + chunk, n_keys);
   float *direct = used == 1 ? out + (int64_t)h0 * hd : NULL;
-  const float *qg = q + (int64_t)h0 * hd;
-  if (rp.kvnew) {
-    const int pos = n_keys - 1, grp = threadIdx.x >> 6, t = threadIdx.x & 63;
-    const float2 *cs = rp.tab + (int64_t)pos * (hd / 2);
-    const int items = nh + (c == used - 1); // the heads, then the new K row where this chunk holds it
-    for (int it = grp; it < items; it += ATT_WARPS / 2) { // the group's 64 threads alike
-      const auto sync = [grp] { asm volatile("bar.sync %0, 64;" ::"r"(1 + grp) : "memory"); };
-      if (it < nh)
-        norm_rope_threads<true>(qg + (int64_t)it * hd, qs + it * hd, hd, rp.qw, rp.eps, pos, 0.0f, rred[grp], cs, t, 64, sync);
-      else
-        norm_rope_threads<true>(rp.kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)pos * hd, hd, rp.kw, rp.eps, pos, 0.0f,
-                          rred[grp], cs, t, 64, sync);
-    }
-    if (c == used - 1)
-      for (int i = threadIdx.x; i < hd; i += blockDim.x)
-        kv_st((KT *)kv.v[g] + (int64_t)pos * hd + i, rp.kvnew[(int64_t)(rp.G + g) * hd + i]);
-    __syncthreads(); // qs is complete, and the new rows are in the cache before this block reads them
-    qg = qs;
-  }
   if constexpr (MMA)
-    attend_chunk_mma<NQ>(qg, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs, (float *)att_dyn,
-                         direct);
+    attend_chunk_mma<NQ>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
+                         (float *)att_dyn, direct);
   else
-    attend_group_chunk<ND, NQ, KT>(qg, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
-                                   (float *)att_dyn, nst, direct);
+    attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
+                                   hs, (float *)att_dyn, nst, direct);
   if (used == 1) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
@@ -718,6 +833,19 @@ template <typename F> static void att_dispatch(int nq, int hd, F &&f) {
     if (b == 1) f(std::integral_constant<int, 8>(), std::integral_constant<int, 1>());
     else if (b == 2) f(std::integral_constant<int, 8>(), std::integral_constant<int, 2>());
     else f(std::integral_constant<int, 8>(), std::integral_constant<int, 4>());
+  }
+}
+
+// Calls f(std::integral_constant ND, NQ) for the short-context kernels' instance of (nq, hd)
+// (att_short_nq heads a block).
+template <typename F> static void att_short_dispatch(int nq, int hd, F &&f) {
+  const bool two = att_short_nq(nq, hd) == 2;
+  if (att_nd(hd) == 4) {
+    if (two) f(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
+    else f(std::integral_constant<int, 4>(), std::integral_constant<int, 1>());
+  } else {
+    if (two) f(std::integral_constant<int, 8>(), std::integral_constant<int, 2>());
+    else f(std::integral_constant<int, 8>(), std::integral_constant<int, 1>());
   }
 }
 
@@ -765,6 +893,18 @@ static void att_allow_smem() {
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
             att_room[dev][0][kt][ND / 4 - 1][LQ] = r0;
             att_room[dev][1][kt][ND / 4 - 1][LQ] = r1;
+          });
+      });
+  for (int nd = 4; nd <= 8; nd += 4)
+    for (int b = 1; b <= 2; b *= 2)
+      att_short_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
+        constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
+        for (int kt = 0; kt < 2; kt++)
+          kv_dispatch(kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
+            using KT = typename decltype(tag)::type;
+            const int bytes = (int)att_short_smem(ND == 4 ? 128 : 256, ND, NQ, sizeof(KT));
+            ST_CUDA_CHECK(cudaFuncSetAttribute(attend_short<ND, NQ, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+            ST_CUDA_CHECK(cudaFuncSetAttribute(rope_short<ND, NQ, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
           });
       });
 }
@@ -1017,6 +1157,14 @@ template <typename KT>
 static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
   const float scale = 1.0f / sqrtf((float)hd);
+  if (!flash && T == 1 && pos0 + 1 <= att_short_max(hd, sizeof(KT))) { // the decode step's block (rope_short's)
+    att_short_dispatch(nq, hd, [&](auto nd, auto nqb) {
+      constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
+      attend_short<ND, NQ, KT><<<(nq + NQ - 1) / NQ, 32 * ATT_WARPS, att_short_smem(hd, ND, NQ, sizeof(KT)), st>>>(
+          q, kc, vc, hd, nq, pos0 + 1, scale, out);
+    });
+    return;
+  }
   if (!flash) {
     const int chunk = att_chunk_keys(pos0 + T), n_chunks = (pos0 + T + chunk - 1) / chunk;
     att_dispatch(nq, hd, [&](auto nd, auto nqb) {
@@ -1128,23 +1276,27 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, float theta, int kv_type, void *const *k, void *const *v,
-                         const float *tab, int pdl, cudaStream_t st) {
+                         const float *tab, float *out, int pdl, cudaStream_t st) {
+  (void)theta; // the table's
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  kv_dispatch(kv_type, [&](auto tag) {
-    using KT = typename decltype(tag)::type;
-    st_cuda_launch(rope_append<KT>, dim3(Hq + G), dim3(64), 0, st, pdl, q, Hq, kvnew, G, hd, qw, kw, eps, pos_dev,
-                   theta, p, (const float2 *)tab);
+  const int nq = Hq / G;
+  att_short_dispatch(nq, hd, [&](auto nd, auto nqb) {
+    constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
+    kv_dispatch(kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      st_cuda_launch(rope_short<ND, NQ, KT>, dim3((unsigned)(G * ((nq + NQ - 1) / NQ))), dim3(32 * ATT_WARPS),
+                     att_short_smem(hd, ND, NQ, sizeof(KT)), st, pdl, q, nq, kvnew, G, hd, qw, kw, eps, pos_dev, p,
+                     (const float2 *)tab, 1.0f / sqrtf((float)hd), out);
+    });
   });
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
-                               const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st,
-                               const st_cuda_rope_in *rope) {
+                               const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
+                               cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
-  att_rope rp = {};
-  if (rope) rp = att_rope{rope->kvnew, rope->qw, rope->kw, (const float2 *)rope->tab, rope->eps, G};
   const int nq = Hq / G;
   att_dispatch(nq, hd, [&](auto nd, auto nqb) {
     constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
@@ -1160,12 +1312,12 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
         paired = att_mma_ok(kv_type, hd, q, hd, kv, 2 * G);
       }
       st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl,
-                     q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst, (int)paired, rp);
+                     q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst, (int)paired, after_short);
       if constexpr (std::is_same<KT, __half>::value && ND == 4)
         if (paired)
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part,
-                         counters, out, 0, 1, rp);
+                         counters, out, 0, 1, after_short);
     });
   });
 }
@@ -1222,8 +1374,8 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
   return ok ? 0 : -1;
 }
 
-// Random values in [-1, 1) from an index and a seed (st_cuda_decode_rope_check's data).
-template <typename T> __global__ static void rope_check_fill(T *p, int64_t n, uint32_t seed) {
+// Random values in [-1, 1) from an index and a seed (st_cuda_decode_attention_check's data).
+template <typename T> __global__ static void check_fill(T *p, int64_t n, uint32_t seed) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull + seed;
     x ^= x >> 31, x *= 0xbf58476d1ce4e5b9ull, x ^= x >> 29;
@@ -1231,10 +1383,12 @@ template <typename T> __global__ static void rope_check_fill(T *p, int64_t n, ui
   }
 }
 
-extern "C" int st_cuda_decode_rope_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same) {
+extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same) {
+  *same = 0;
   if (G < 1 || G > ST_CUDA_MAX_KV_HEADS || Hq % G || pos < 0) return -1;
+  const int nq = Hq / G;
   const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, rows = (size_t)pos + 1, cache = rows * hd * es;
-  const size_t pf = st_cuda_decode_part_floats((int)rows, Hq, hd);
+  const size_t pf = st_cuda_decode_part_floats((int)rows, Hq, hd) + attention_part_floats(1, pos, nq, hd);
   float *q[2] = {NULL, NULL}, *out[2] = {NULL, NULL}, *kvnew = NULL, *nw = NULL, *tab = NULL, *part = NULL;
   int *counters = NULL, *pos_dev = NULL;
   void *kv[2][2 * ST_CUDA_MAX_KV_HEADS] = {};
@@ -1252,21 +1406,28 @@ extern "C" int st_cuda_decode_rope_check(int Hq, int G, int hd, int kv_type, int
        cudaMemcpy(pos_dev, &pos, sizeof pos, cudaMemcpyHostToDevice) == cudaSuccess;
   if (ok) {
     att_allow_smem();
-    rope_check_fill<<<64, 256>>>(kvnew, 2 * G * hd, seed + 1);
-    rope_check_fill<<<8, 256>>>(nw, 2 * hd, seed + 2);
-    for (int r = 0; r < 2; r++) rope_check_fill<<<64, 256>>>(q[r], Hq * hd, seed + 3);
+    check_fill<<<64, 256>>>(kvnew, 2 * G * hd, seed + 1);
+    check_fill<<<8, 256>>>(nw, 2 * hd, seed + 2);
+    for (int r = 0; r < 2; r++) check_fill<<<64, 256>>>(q[r], Hq * hd, seed + 3);
     kv_dispatch(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       for (int r = 0; r < 2; r++)
-        for (int i = 0; i < 2 * G; i++) rope_check_fill<<<256, 256>>>((KT *)kv[r][i], (int64_t)rows * hd, seed + 4 + i);
+        for (int i = 0; i < 2 * G; i++) check_fill<<<256, 256>>>((KT *)kv[r][i], (int64_t)rows * hd, seed + 4 + i);
     });
     st_cuda_rope_table(tab, (int)rows, hd, 1e6f, 0);
     void *k0[ST_CUDA_MAX_KV_HEADS], *v0[ST_CUDA_MAX_KV_HEADS], *k1[ST_CUDA_MAX_KV_HEADS], *v1[ST_CUDA_MAX_KV_HEADS];
     for (int g = 0; g < G; g++) k0[g] = kv[0][2 * g], v0[g] = kv[0][2 * g + 1], k1[g] = kv[1][2 * g], v1[g] = kv[1][2 * g + 1];
-    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, 1e6f, kv_type, k0, v0, tab, 0, 0);
-    st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 0, 0);
-    const st_cuda_rope_in rope = {kvnew, nw, nw + hd, tab, 1e-6f};
-    st_cuda_attend_decode_all(q[1], Hq, G, hd, kv_type, k1, v1, pos_dev, part, counters, out[1], 0, 0, &rope);
+    // the decode step's pair
+    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, 1e6f, kv_type, k0, v0, tab, out[0], 0, 0);
+    st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 1, 0, 0);
+    // the per-task path's: q and the new rows first, then the attention of each KV group
+    st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, 1e6f, kv_type, k1, v1, tab, NULL, 0, 0);
+    kv_dispatch(kv_type, [&](auto tag) {
+      using KT = typename decltype(tag)::type;
+      for (int g = 0; g < G; g++)
+        attend<KT>(q[1] + (size_t)g * nq * hd, (int64_t)nq * hd, (const KT *)k1[g], (const KT *)v1[g], 1, pos, nq, hd, part,
+                   out[1] + (size_t)g * nq * hd, (int64_t)nq * hd, 0, 0);
+    });
     ok = cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
   }
   const size_t hb = 2 * (cache > sizeof(float) * Hq * hd ? cache : sizeof(float) * Hq * hd);

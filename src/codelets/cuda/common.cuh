@@ -259,32 +259,6 @@ __device__ __forceinline__ void st_dev_q8_quantize(float v, int8_t *q, float *d)
   if ((threadIdx.x & 31) == 0) *d = amax / 127.0f;
 }
 
-// One block of 32 values at x (16-byte aligned) by one thread: st_dev_q8_quantize's quants (the
-// same operations, so the same bits) to q[0..32) (4-byte aligned) and its scale to *d.
-__device__ __forceinline__ void st_dev_q8_block_thread(const float *x, int8_t *q, float *d) {
-  float4 v[8];
-#pragma unroll
-  for (int i = 0; i < 8; i++) v[i] = __ldcg((const float4 *)x + i);
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  uint32_t *qw = (uint32_t *)q;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-    uint32_t word = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int r = (__float_as_int(__fadd_rn(__fmul_rn(e[j], id), 12582912.0f)) & 0x007fffff) - 0x00400000;
-      word |= (uint32_t)(uint8_t)(int8_t)min(max(r, -127), 127) << (8 * j);
-    }
-    qw[i] = word;
-  }
-  *d = amax / 127.0f;
-}
-
 // Blocks b0, b0 + step, ... (< nb) of the 32-float blocks at x, quants to qs[32 b ..], scales to
 // ds[b], one warp each; every lane of the calling warps calls it.
 __device__ __forceinline__ void st_dev_q8_row(const float *x, int nb, int8_t *qs, float *ds, int b0, int step) {
@@ -490,10 +464,13 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
 // position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each of kv_type: ST_TYPE_F32, or
 // ST_TYPE_F16 rounded to nearest even). The per-task kernels' arithmetic, with the cosines and
-// sines read from tab (st_cuda_rope_table's, the same floats).
+// sines read from tab (st_cuda_rope_table's, the same floats). out (may be NULL): at positions whose
+// keys are few (up to 128; 64 for head_dim 256 in float32) the launch also writes the token's
+// attention there ([Hq][hd], the attention codelet's T = 1 bits), leaving q as it was; then
+// st_cuda_attend_decode_all with after_short leaves those positions alone.
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, float theta, int kv_type, void *const *k, void *const *v,
-                         const float *tab, int pdl, cudaStream_t st);
+                         const float *tab, float *out, int pdl, cudaStream_t st);
 // RoPE's cosine and sine for every position < n_ctx and pair i < hd / 2 into t ([n_ctx][hd / 2]
 // (cos, sin) pairs: n_ctx hd floats), as the attention kernels compute them (double precision,
 // rounded to float), queued on st.
@@ -507,18 +484,11 @@ void st_cuda_attention_allow_smem();
 // the position only), out [Hq][hd]. part: st_cuda_decode_part_floats(n_ctx, Hq, hd) floats;
 // counters: Hq ints, zero before the launch and zero again after it. The attention codelet's T = 1
 // kernels, bit for bit, in one launch; the grid does not depend on the position.
+// after_short: positions whose attention st_cuda_rope_append wrote (given out) are left alone.
 // pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
-// rope (may be NULL): st_cuda_rope_append's work done by the attention's own blocks (one launch fewer,
-// the same bits): q as the Q product left it (not changed), the new K and V rows in rope->kvnew
-// ([2 G][hd], as st_cuda_rope_append's kvnew) normed, rotated and written at *pos_dev of the caches.
-struct st_cuda_rope_in {
-  const float *kvnew, *qw, *kw; // the new K and V rows; the q and k norms' weights [hd]
-  const float *tab;             // st_cuda_rope_table's cosines and sines
-  float eps;
-};
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
-                               const int *pos_dev, float *part, int *counters, float *out, int pdl, cudaStream_t st,
-                               const st_cuda_rope_in *rope = NULL);
+                               const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
+                               cudaStream_t st);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

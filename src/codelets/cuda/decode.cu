@@ -6,8 +6,8 @@
 // takes the pool's rows from it (codelets/decode.h).
 //
 // A layer is eight kernels: dk_pre (the previous layer's combine and the attention norm), dk_mv
-// (Q, K and V in one launch when their types agree), rope_append and attend_decode_all
-// (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
+// (Q, K and V in one launch when their types agree), rope_append (with up to 128 keys also the
+// attention itself) and attend_decode_all (the longer contexts) (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
 // dk_gateup (each block the top-k for itself, block 0 also the weights, the layer's routing table and
 // the mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted), in
 // decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
@@ -45,10 +45,8 @@ void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int p
   st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, st, pdl, args...);
 }
 
-// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type; with
-// norm_w, W_i RMSNorm(x) norm_w instead, each block norming x itself (dk_mv NORM).
-void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st,
-               const float *norm_w = NULL, float eps = 0.0f) {
+// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type.
+void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st) {
   for (int i = 0; i < n_parts;) {
     const int i0 = i;
     const uint32_t type = parts[i].type;
@@ -63,34 +61,9 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
                           (parts[p].rows + R - 1) / R};
         groups += g.s[g.n].groups;
       }
-      if (norm_w)
-        stream_launch(dk_mv<TY, true>, groups, mmv_pipe_bytes<TY>() + sizeof(float) * n, st, pdl, 1, g, (int)groups, x, n,
-                      norm_w, eps);
-      else
-        stream_launch(dk_mv<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, g, (int)groups, x, n, norm_w, eps);
+      stream_launch(dk_mv<TY>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, g, (int)groups, x, n);
     });
   }
-}
-
-// dk_down_sum's quantised act rows (Q8): k rows of st_q8_stride(n_ff) bytes.
-size_t down_sum_q8_bytes(const st_decode_ctx *c) { return (size_t)c->k * (size_t)st_q8_stride(c->n_ff); }
-
-// Output rows of a dk_down_sum group (decode_kernels.cuh) for down of type TY, or 0 where a layer's
-// down products keep dk_down and the next dk_pre: with STRATA_DECODE_FUSE, a layer without CPU-pool
-// pairs (has_xin 0) whose group rows (mmv_stream_rows(n_ff)) split into k slots of whole warps' rows,
-// d a multiple of them, and (Q8) the k quantised act rows within dk_down's shared memory.
-template <uint32_t TY> int down_sum_rows(const st_decode_ctx *c, int has_xin) {
-  const int R = mmv_stream_rows<TY>(c->n_ff), k = c->k;
-  if (!c->fuse || has_xin || k < 1 || k > 64 || R % k) return 0;
-  const int P = R / k;
-  if (P % mmv_stream_nr<TY>() || c->n_embd % P) return 0;
-  if (q8_on(c, TY, c->n_ff) && down_sum_q8_bytes(c) > (size_t)st_q8_stride(MMV_ITEMS * MMV_CH)) return 0;
-  return P;
-}
-int down_sums(const st_decode_ctx *c, const st_decode_layer *L, int has_xin) {
-  int P = 0;
-  mmv_dispatch(L->down_d.type, [&](auto ty) { P = down_sum_rows<decltype(ty)::value>(c, has_xin); });
-  return P > 0;
 }
 
 // Once per engine (a device reset at StarPU's shutdown forgets the attributes), on the primary
@@ -106,9 +79,7 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
       const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * n_embd, pe = p + (int)sizeof(float) * n_expert;
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down_sum<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
@@ -117,9 +88,6 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
         const int q = p + (int)st_q8_stride(MMV_ITEMS * MMV_CH);
         ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
         ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, q));
-        if (down_sum_q8_bytes(c) <= (size_t)q) // down_sum_rows keeps dk_down_sum to what this allows
-          ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down_sum<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)(p + down_sum_q8_bytes(c))));
       }
     });
 }
@@ -168,19 +136,6 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   });
   mmv_dispatch(L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
-    const uint64_t doff = L->gate_bytes + L->up_bytes;
-    if (const int P = down_sum_rows<TY>(c, has_xin)) { // the combine too: x = h + the slots' rows
-      const int groups = d / P;
-      if constexpr (TY == ST_TYPE_Q8_0)
-        if (q8_on(c, TY, ff)) {
-          const down_sum_job<true> dj = {NULL, NULL, P, ff, k, doff, L->down_d.row_bytes, D.act, D.h, D.x, NULL};
-          return stream_launch(dk_down_sum<TY, true>, groups, mmv_pipe_bytes<TY>() + down_sum_q8_bytes(c), st, pdl, 1,
-                               (const st_route *)route, slots, c->n_expert, dj, groups, (int64_t)ff);
-        }
-      const down_sum_job<false> dj = {NULL, NULL, P, ff, k, doff, L->down_d.row_bytes, D.act, D.h, D.x, NULL};
-      return stream_launch(dk_down_sum<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, (const st_route *)route,
-                           slots, c->n_expert, dj, groups, (int64_t)ff);
-    }
     const int Rd = mmv_stream_rows<TY>(ff);
     const int per_d = (d + Rd - 1) / Rd, groups = per_d * k;
     const uint64_t off = L->gate_bytes + L->up_bytes;
@@ -223,24 +178,15 @@ void layer_body(const void *args, cudaStream_t st) {
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
   const bool first = a->layer == 0; // later layers' input comes from the previous graph's last kernel
-  // STRATA_DECODE_FUSE: Q, K and V norm the layer's input themselves (dk_mv NORM), so dk_pre only adds
-  // (or, for layer 0, copies) it; else dk_pre norms it into xn
-  const float *anorm = (const float *)g->w[0];
-  if (first) pre_launch(c, 0, 0, 0, c->fuse ? NULL : anorm, 0, st);
+  if (first) pre_launch(c, 0, 0, 0, (const float *)g->w[0], 0, st);
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  // no programmatic edge into a graph's first kernel
-  if (c->fuse) mv_launch(qkv, 3, D.x, d, first ? pdl : 0, st, anorm, c->eps);
-  else mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st);
-  if (c->fuse) { // the attention's blocks do the q/k norms, RoPE and KV append themselves
-    const st_cuda_rope_in rope = {D.kvnew, (const float *)g->w[5], (const float *)g->w[6], D.rope, c->eps};
-    st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st, &rope);
-  } else {
-    st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
-                        c->rope_theta, c->kv_type, g->k, g->v, D.rope, pdl, st);
-    st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, pdl, st);
-  }
+  mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
+  // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
+  st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
+                      c->rope_theta, c->kv_type, g->k, g->v, D.rope, D.attn, pdl, st);
+  st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
@@ -253,8 +199,7 @@ void layer_body(const void *args, cudaStream_t st) {
                    D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL);
   });
   experts_body(c, a->layer, a->has_xin, pdl, st);
-  // layer + 1's input (or the head's), unless dk_down_sum added it
-  if (!down_sums(c, L, a->has_xin)) pre_launch(c, a->layer + 1, 1, a->has_xin, c->fuse ? NULL : g->next_norm, pdl, st);
+  pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
 
 struct head_graph {
@@ -275,8 +220,7 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  if (c->fuse) mv_launch(&head, 1, D.x, c->n_embd, 0, st, g->norm, c->eps); // the head norms the last layer's output
-  else mv_launch(&head, 1, D.xn, c->n_embd, 0, st); // xn: the last layer's graph ended with the output norm
+  mv_launch(&head, 1, D.xn, c->n_embd, 0, st); // xn: the last layer's graph ended with the output norm
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D));
 }
 

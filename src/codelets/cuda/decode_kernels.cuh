@@ -34,9 +34,8 @@ __device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
 // pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
 // set; plain adds, as combine_token), else (layer 0) x = the mailbox's embedding row `emb`, with
 // the step's position and number copied from the mailbox to pos[0..1] and the n_counters fused
-// kernels' counters zeroed; then, when w is set, xn = RMSNorm(x) * w as rmsnorm_kernel computes it
-// (the decode step's graphs leave the norm to the next dk_mv: w NULL). One block; dynamic shared
-// memory: d floats.
+// kernels' counters zeroed; then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
+// dynamic shared memory: d floats.
 __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
@@ -91,7 +90,6 @@ __global__ void __launch_bounds__(PRE_THREADS)
       xs[i] = v;
     }
   }
-  if (!w) return; // block-uniform
   __syncthreads();
   float ss = 0.0f;
   if (threadIdx.x < NORM_THREADS)
@@ -119,8 +117,8 @@ struct dk_segs {
   int n;
 };
 
-template <bool XS> struct mv_job {
-  static constexpr bool static_rows = true, x_shared = XS, x_q8 = false, x_by_row = false;
+struct mv_job {
+  static constexpr bool static_rows = true, x_shared = false, x_q8 = false;
   const dk_segs *g;
   const float *xv;
   int R;
@@ -144,56 +142,14 @@ template <bool XS> struct mv_job {
   }
 };
 
-// xs[i] = RMSNorm(x)[i] * w[i] for the d <= 4096 floats of x, into shared memory, as
-// rmsnorm_kernel (and dk_pre) compute it: a per-thread fma chain over i = tid + 256 u, warp sums,
-// the 8 warps' sums in order, then (x scale) w. Every thread of the block (MMV_THREADS) calls it;
-// x is read through L2 (an earlier kernel wrote it).
-__device__ __forceinline__ void dk_norm_shared(const float *x, const float *w, float eps, int d, float *xs, float *red) {
-  constexpr int PER = 4096 / MMV_THREADS;
-  float xv[PER];
-#pragma unroll
-  for (int u = 0; u < PER; u++) {
-    const int i = threadIdx.x + u * MMV_THREADS;
-    xv[u] = i < d ? __ldcg(x + i) : 0.0f;
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int u = 0; u < PER; u++) {
-    if ((int)threadIdx.x + u * MMV_THREADS >= d) break;
-    ss = fmaf(xv[u], xv[u], ss);
-  }
-  ss = st_block_sum(ss, red);
-  const float scale = rsqrtf(ss / (float)d + eps);
-#pragma unroll
-  for (int u = 0; u < PER; u++) {
-    const int i = threadIdx.x + u * MMV_THREADS;
-    if (i >= d) break;
-    xs[i] = xv[u] * scale * w[i];
-  }
-}
-
-// NORM: x is the layer's input, normed by every block into shared memory (dk_norm_shared with
-// norm_w; dynamic shared memory: the staging buffers, then n floats) once the previous kernel is
-// done, while the first group's weights are already on their way; else x is read as it is.
-template <uint32_t TYPE, bool NORM>
-__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_groups, const float *x, int64_t n,
-                                    const float *norm_w, float eps) {
+template <uint32_t TYPE>
+__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_groups, const float *x, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  if constexpr (NORM) {
-    __shared__ float red[32];
-    float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
-    const mv_job<true> job = {&g, xs, mmv_stream_rows<TYPE>(n)};
-    mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
-      st_dev_griddep_wait();
-      dk_norm_shared(x, norm_w, eps, (int)n, xs, red);
-    }, [] {}); // the stream's barriers order the writes to xs before the first group's reads
-  } else {
-    const mv_job<false> job = {&g, x, mmv_stream_rows<TYPE>(n)};
-    mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
-  }
+  const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
 }
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
@@ -203,7 +159,7 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 // block's work after the others) cost about 8.7 us a layer on an H200 (bench/mmv-bench). Dynamic
 // shared memory: the staging buffers, then d floats.
 struct router_job {
-  static constexpr bool static_rows = true, x_shared = true, x_q8 = false, x_by_row = false;
+  static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
   const uint8_t *W;
   uint64_t row_bytes;
   int E, R;
@@ -310,7 +266,7 @@ __device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const u
 // gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one). Q8: x is
 // ffn_in quantised (dk_router's ffn_q).
 template <bool Q8> struct gateup_job {
-  static constexpr bool static_rows = false, x_shared = false, x_q8 = Q8, x_by_row = false;
+  static constexpr bool static_rows = false, x_shared = false, x_q8 = Q8;
   const st_route *route;
   const uint8_t *const *slot_ptr;
   int n_expert, ff, H, per; // per: groups per slot
@@ -358,7 +314,7 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
 // k, so that a block's groups share one slot, whose act row the block quantises once into shared
 // memory, xq, after it has started its first group's copies).
 template <bool Q8> struct down_job {
-  static constexpr bool static_rows = false, x_shared = Q8, x_q8 = Q8, x_by_row = false;
+  static constexpr bool static_rows = false, x_shared = Q8, x_q8 = Q8;
   const st_route *route;
   const uint8_t *const *slot_ptr;
   int n_expert, d, R, per, ff, k;
@@ -393,81 +349,6 @@ __global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_i
   mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [&] {
     if (Q8 && (int)blockIdx.x < n_groups)
       st_dev_q8_row(job.act + (int64_t)j * ff, ff / 32, job.xq, (float *)(job.xq + ff), threadIdx.x >> 5, MMV_THREADS / 32);
-  });
-}
-
-// down_job's products and dk_pre's combine in one kernel, for a layer whose routed pairs are all in
-// this card's cache: x[i] = h[i] + the k slots' weight_j down_i act[j] added in slot order, the
-// same float operations as dk_down's put and dk_pre's sums (__fmul_rn, __fadd_rn: no contraction),
-// so the same bits. A group is P consecutive output rows of every slot: its row r is slot r / P's
-// output row g P + r % P (P = mmv_stream_rows(ff) / k, a multiple of the rows a warp takes, so a
-// warp's rows share a slot, whose act row is the warp's input: x_row). Q8: the block quantises the
-// k act rows into shared memory (xq, st_q8_stride(ff) bytes apart) while its first copies are in
-// flight. The routing's slots and weights are read once per block into shared memory (sp, sw). A
-// routed pair that is not cached (never, while the layer has no CPU-pool pair: decode.cu
-// down_sums) makes the group's rows NaN, which the step's finiteness check reports.
-template <bool Q8> struct down_sum_job {
-  static constexpr bool static_rows = false, x_shared = Q8, x_q8 = Q8, x_by_row = true;
-  const uint8_t *const *sp; // [k] the slots' cached pairs (shared memory)
-  const float *sw;          // [k] their routing weights (shared memory)
-  int P, ff, k;
-  uint64_t down_off, row_bytes;
-  const float *act, *h;
-  float *xout;
-  int8_t *xq; // Q8: the k quantised act rows (shared memory)
-  __device__ int count(int) const {
-    for (int j = 0; j < k; j++)
-      if (!sp[j]) return 0;
-    return k * P;
-  }
-  __device__ const uint8_t *row(int g, int r) const {
-    return sp[r / P] + down_off + (uint64_t)(g * P + r % P) * row_bytes;
-  }
-  __device__ const void *x(int) const { return NULL; }
-  __device__ const void *x_row(int, int r) const {
-    return Q8 ? (const void *)(xq + (int64_t)(r / P) * st_q8_stride(ff)) : (const void *)(act + (int64_t)(r / P) * ff);
-  }
-  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
-    if ((int)threadIdx.x >= P) return;
-    const int i = g * P + threadIdx.x;
-    if (!nr) {
-      xout[i] = __int_as_float(0x7fc00000);
-      return;
-    }
-    float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc = __fadd_rn(acc, __fmul_rn(sum(j * P + threadIdx.x), sw[j]));
-    xout[i] = __fadd_rn(acc, h[i]);
-  }
-};
-
-template <uint32_t TYPE, bool Q8>
-__global__ void MMV_BOUNDS(1) dk_down_sum(const st_route *route, const uint8_t *const *slot_ptr, int n_expert,
-                                          __grid_constant__ const down_sum_job<Q8> job_in, int n_groups, int64_t n) {
-  extern __shared__ uint4 dyn_smem[];
-  __shared__ mmv_pipe<TYPE> sm;
-  __shared__ const uint8_t *sp[64];
-  __shared__ float sw[64];
-  st_dev_griddep_launch();
-  mmv_table<TYPE>(sm.kv);
-  down_sum_job<Q8> job = job_in;
-  job.sp = sp;
-  job.sw = sw;
-  job.xq = (int8_t *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
-  const int k = job.k, ff = job.ff;
-  mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
-    st_dev_griddep_wait();
-    if ((int)threadIdx.x < k) {
-      sp[threadIdx.x] = dk_slot(route, slot_ptr, n_expert, threadIdx.x);
-      sw[threadIdx.x] = route[threadIdx.x].weight;
-    }
-    __syncthreads();
-  }, [&] {
-    if (Q8 && (int)blockIdx.x < n_groups)
-      for (int t = threadIdx.x; t < k * (ff / 32); t += MMV_THREADS) {
-        const int j = t / (ff / 32), b = t - j * (ff / 32);
-        int8_t *q = job.xq + (int64_t)j * st_q8_stride(ff);
-        st_dev_q8_block_thread(job.act + (int64_t)j * ff + 32 * b, q + 32 * b, (float *)(q + ff) + b);
-      }
   });
 }
 

@@ -681,8 +681,6 @@ template <uint32_t TYPE> struct mmv_pipe {
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
 //   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 weights only:
 //                                       mmv_chunk_rows_q8)
-//   static constexpr bool x_by_row      each warp's input is x_row(g, r), r its first row (the
-//                                       warp's rows share it), instead of x(g)
 
 // Group g's rows and input into buffer b (threads r < R).
 template <uint32_t TYPE, typename Job>
@@ -810,15 +808,13 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
         ch[q] = (const uint8_t *)(stage + b * SEGS + r * rs) + ((uintptr_t)sm.rows[b][r] & 15) + my_s * CB;
       }
       const int nw = (int)min((int64_t)MMV_CH, n - (int64_t)my_s * MMV_CH);
-      const void *xw = sm.x[b];
-      if constexpr (Job::x_by_row) xw = job.x_row(g, my_r);
       if constexpr (Job::x_q8) {
         static_assert(TYPE == ST_TYPE_Q8_0, "int8 activations pair with Q8_0 weights");
-        const int8_t *xq = (const int8_t *)xw;
+        const int8_t *xq = (const int8_t *)sm.x[b];
         mmv_chunk_rows_q8<NR, Job::x_shared>(ch, nw, xq + my_s * MMV_CH, (const float *)(xq + n) + my_s * (MMV_CH / 32),
                                              acc);
       } else {
-        mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, nw, (const float *)xw + my_s * MMV_CH, sm.kv, acc);
+        mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, nw, (const float *)sm.x[b] + my_s * MMV_CH, sm.kv, acc);
       }
     }
 #pragma unroll
