@@ -445,11 +445,11 @@ int st_cmd_bench(int argc, char **argv) {
     for (int d = 0; d < n_cards; d++) printf("%s%.0f", d ? ", " : "", peak_gpu_mib[d]);
     printf("]}\n");
   } else if (!rc) {
+    const double kv_mib = st_engine_kv_bytes(e) / 1048576.0;
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed "
            "mass; context %d tokens, KV cache %s (%.*f MiB)%s\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
-           100.0 * e->cache_mass_share, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32",
-           st_mib_digits(st_engine_kv_bytes(e) / 1048576.0), st_engine_kv_bytes(e) / 1048576.0,
+           100.0 * e->cache_mass_share, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
            reps > 1 ? "; each row: the run with the median time" : "");
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",

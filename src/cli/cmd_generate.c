@@ -169,12 +169,12 @@ static int session_open(const struct run_opts *o, struct session *s) {
   st_cli_learn_begin(&s->learned, s->model, &eo);
   if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
   st_cli_learn_say(&s->learned);
+  const double kv_mib = st_engine_kv_bytes(s->engine) / 1048576.0;
   fprintf(stderr,
           "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
           "context %d tokens (KV cache %s, %.*f MiB), prompt chunk %d tokens; %.2f s\n",
           o->model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab, s->engine->n_ctx,
-          s->engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(st_engine_kv_bytes(s->engine) / 1048576.0),
-          st_engine_kv_bytes(s->engine) / 1048576.0,
+          s->engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
           s->engine->prefill, st_now() - t0);
   return 0;
 }

@@ -233,12 +233,12 @@ int st_cmd_serve(int argc, char **argv) {
     s.stats = s.engine->stats;
     if (st_gguf_get_str(s.model->gguf, "tokenizer.chat_template", &tmpl)) tmpl = NULL;
     s.chat_kind = st_chat_template_detect(tmpl);
+    const double kv_mib = st_engine_kv_bytes(s.engine) / 1048576.0;
     fprintf(stderr,
             "strata serve: loaded %s: qwen3moe, %u layers, %u experts (top-%u), vocab %u; context %d tokens "
             "(KV cache %s, %.*f MiB), prompt chunk %d tokens; %d CPU and %d CUDA workers; %.2f s\n",
             o.model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_vocab, s.engine->n_ctx,
-            s.engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(st_engine_kv_bytes(s.engine) / 1048576.0),
-            st_engine_kv_bytes(s.engine) / 1048576.0,
+            s.engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
             s.engine->prefill, st_engine_n_cpu_workers(s.engine), st_engine_n_cuda_workers(s.engine),
             st_now() - t0);
     if (s.chat_kind == ST_CHAT_QWEN3)

@@ -186,6 +186,19 @@ template <int NQ> __device__ __forceinline__ static void att_transpose_sum(float
   for (; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
 }
 
+// Lane `lane`'s queries: q[h][i] = dimension lane + 32 i of head h of qg (head h at qg + h hd), 0
+// past the nh heads or hd dimensions.
+template <int ND, int NQ>
+__device__ __forceinline__ static void att_load_q(float (&q)[NQ][ND], const float *qg, int nh, int hd, int lane) {
+#pragma unroll
+  for (int h = 0; h < NQ; h++)
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+      const int dd = lane + 32 * i;
+      q[h][i] = h < nh && dd < hd ? qg[h * hd + dd] : 0.0f;
+    }
+}
+
 // The block's warps' accumulators acc[h][i] (head h, dimension lane + 32 i) added in warp order
 // through wacc (ATT_WARPS NQ ND 32 floats of shared memory): put(h, d, sum) for dimension d < hd of
 // head h < nh. Every thread of the block calls it.
@@ -247,14 +260,11 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
   KT *const kst = (KT *)stage; // the tiles' stages
   if (nst) att_stage(kst, kst + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
   float q[NQ][ND], acc[NQ][ND];
+  att_load_q<ND, NQ>(q, qg, nh, hd, lane);
 #pragma unroll
   for (int h = 0; h < NQ; h++)
 #pragma unroll
-    for (int i = 0; i < ND; i++) {
-      const int dd = lane + 32 * i;
-      q[h][i] = h < nh && dd < hd ? qg[h * hd + dd] : 0.0f;
-      acc[h][i] = 0.0f;
-    }
+    for (int i = 0; i < ND; i++) acc[h][i] = 0.0f;
   if ((int)threadIdx.x < NQ) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.0f;
   for (int k0 = start, it = 0; k0 < end; k0 += ATT_TILE, it++) {
     const KT *ks = kc + (int64_t)k0 * hd, *vs = vc + (int64_t)k0 * hd; // nst 0: global memory
@@ -632,13 +642,7 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
   }
   __syncthreads(); // the rows (and the caller's qs) are in shared memory
   float q[NQ][ND];
-#pragma unroll
-  for (int h = 0; h < NQ; h++)
-#pragma unroll
-    for (int i = 0; i < ND; i++) {
-      const int dd = lane + 32 * i;
-      q[h][i] = h < nh && dd < hd ? qs[h * hd + dd] : 0.0f;
-    }
+  att_load_q<ND, NQ>(q, qs, nh, hd, lane);
   for (int j = warp; j < n; j += ATT_WARPS) {
     float kr[ND], v[NQ];
 #pragma unroll
@@ -1275,9 +1279,8 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 }
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, int kv_type, void *const *k, void *const *v,
-                         const float *tab, float *out, int pdl, cudaStream_t st) {
-  (void)theta; // the table's
+                         float eps, const int *pos_dev, int kv_type, void *const *k, void *const *v, const float *tab,
+                         float *out, int pdl, cudaStream_t st) {
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
   const int nq = Hq / G;
@@ -1418,10 +1421,10 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
     void *k0[ST_CUDA_MAX_KV_HEADS], *v0[ST_CUDA_MAX_KV_HEADS], *k1[ST_CUDA_MAX_KV_HEADS], *v1[ST_CUDA_MAX_KV_HEADS];
     for (int g = 0; g < G; g++) k0[g] = kv[0][2 * g], v0[g] = kv[0][2 * g + 1], k1[g] = kv[1][2 * g], v1[g] = kv[1][2 * g + 1];
     // the decode step's pair
-    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, 1e6f, kv_type, k0, v0, tab, out[0], 0, 0);
+    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k0, v0, tab, out[0], 0, 0);
     st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 1, 0, 0);
     // the per-task path's: q and the new rows first, then the attention of each KV group
-    st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, 1e6f, kv_type, k1, v1, tab, NULL, 0, 0);
+    st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k1, v1, tab, NULL, 0, 0);
     kv_dispatch(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       for (int g = 0; g < G; g++)

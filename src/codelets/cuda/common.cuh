@@ -469,8 +469,8 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 // attention there ([Hq][hd], the attention codelet's T = 1 bits), leaving q as it was; then
 // st_cuda_attend_decode_all with after_short leaves those positions alone.
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
-                         float eps, const int *pos_dev, float theta, int kv_type, void *const *k, void *const *v,
-                         const float *tab, float *out, int pdl, cudaStream_t st);
+                         float eps, const int *pos_dev, int kv_type, void *const *k, void *const *v, const float *tab,
+                         float *out, int pdl, cudaStream_t st);
 // RoPE's cosine and sine for every position < n_ctx and pair i < hd / 2 into t ([n_ctx][hd / 2]
 // (cos, sin) pairs: n_ctx hd floats), as the attention kernels compute them (double precision,
 // rounded to float), queued on st.

@@ -185,7 +185,7 @@ void layer_body(const void *args, cudaStream_t st) {
   mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
-                      c->rope_theta, c->kv_type, g->k, g->v, D.rope, D.attn, pdl, st);
+                      c->kv_type, g->k, g->v, D.rope, D.attn, pdl, st);
   st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
