@@ -1,6 +1,8 @@
 #!/bin/sh
 # Scheduler independence: the same prompt gives bitwise-identical logits under STARPU_SCHED=eager,
-# lws and dmda, and with STARPU_NCPU=1 and 2 (the task slicing never depends on the workers);
+# lws and dmda, and with STARPU_NCPU=1 and 2 (the prompt lanes share work items whatever the
+# workers), and the same through the per-task prompt path (STRATA_PROMPT_LANES=0: its task slicing
+# never depends on the workers);
 # the same through decode steps (--prefill 1: every token one decode step, its lanes sharing work
 # items whatever the workers), and through the per-task decode path (STRATA_DECODE_GRAPH=0), all
 # against the prompt path's logits; all of it for the float32 and for the half KV cache
@@ -19,7 +21,8 @@ for m in $models; do
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=2" \
              "STARPU_SCHED=dmda STARPU_NCPU=2" "STARPU_SCHED=lws STARPU_NCPU=1" \
-             "STARPU_SCHED=eager STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" \
+             "STARPU_SCHED=eager STARPU_NCPU=1" "STRATA_PROMPT_LANES=0 STARPU_SCHED=lws STARPU_NCPU=2" \
+             "STRATA_PROMPT_LANES=0 STARPU_SCHED=dmda STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" \
              "PREFILL=1 STARPU_SCHED=eager STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=dmda STARPU_NCPU=2" \
              "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2 STRATA_DECODE_GRAPH=0"; do
     out="$tmp/$(echo "$model $cfg" | tr ' =' '__').f32"

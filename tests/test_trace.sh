@@ -39,9 +39,10 @@ synth() {
   }'
 }
 
-# check_trace NAME DIR: strata trace DIR, then the SVG, JSON and summary against DIR/events.tsv
+# check_trace NAME DIR [KIND]: strata trace DIR, then the SVG, JSON and summary against
+# DIR/events.tsv; KIND (default expert_rows) is the task kind whose boxes are counted
 check_trace() {
-  name=$1; d=$2; ev=$d/events.tsv
+  name=$1; d=$2; ev=$d/events.tsv; kind=${3:-expert_rows}
   if ! "$STRATA" trace "$d" -o "$d/out" >"$tmp/out" 2>"$tmp/err"; then
     bad "$name: strata trace exit $?: $(cat "$tmp/err")"; return
   fi
@@ -55,9 +56,9 @@ check_trace() {
   fi
   want=$(grep -c '^worker	' "$ev"); got=$(grep -o 'class="lane"' "$svg" | wc -l | tr -d ' ')
   [ "$got" = "$want" ] && ok "$name: $got lanes in the SVG for $want worker lines" || bad "$name: $got lanes in the SVG for $want worker lines"
-  want=$(grep -c '^task	expert_rows	' "$ev"); got=$(grep -o 'class="task expert_rows' "$svg" | wc -l | tr -d ' ')
-  [ "$got" = "$want" ] && [ "$want" -gt 0 ] && ok "$name: $got expert_rows boxes in the SVG for $want expert_rows task lines" \
-    || bad "$name: $got expert_rows boxes in the SVG for $want expert_rows task lines"
+  want=$(grep -c "^task	$kind	" "$ev"); got=$(grep -o "class=\"task $kind" "$svg" | wc -l | tr -d ' ')
+  [ "$got" = "$want" ] && [ "$want" -gt 0 ] && ok "$name: $got $kind boxes in the SVG for $want $kind task lines" \
+    || bad "$name: $got $kind boxes in the SVG for $want $kind task lines"
   want=$(grep -c '^task	' "$ev"); got=$(grep -c '<title>' "$svg")
   [ "$got" -ge "$want" ] && ok "$name: $got tooltips for $want tasks" || bad "$name: $got tooltips for $want tasks"
   json=$d/out/trace.json
@@ -84,17 +85,19 @@ mkdir -p "$tmp/syn"
 synth 2 1 3 4 6 > "$tmp/syn/events.tsv"
 check_trace "synthetic (2 workers, 4 layers, 1+3 steps)" "$tmp/syn"
 
-# 2. a real traced run
-{
-  ids="785, 3974, 293, 4830, 282, 5131, 7784, 82, 916, 279, 1187, 4246, 5562, 13"
-  if "$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 --ignore-eos --print-ids --trace "$tmp/real" \
-       >/dev/null 2>"$tmp/err" && [ -s "$tmp/real/events.tsv" ]; then
-    ok "generate --trace: events.tsv with $(grep -c '^task	' "$tmp/real/events.tsv") tasks, $(ls "$tmp/real" | grep -c '^prof_file_') FxT files"
-    check_trace "real (tiny q8_0)" "$tmp/real"
+# 2. real traced runs: the prompt through the per-task path (STRATA_PROMPT_LANES=0: expert-row
+# tasks), then through the prompt lanes (the default without a GPU: prompt_lane tasks)
+ids="785, 3974, 293, 4830, 282, 5131, 7784, 82, 916, 279, 1187, 4246, 5562, 13"
+for lanes in 0 1; do
+  kind=expert_rows; [ $lanes = 1 ] && kind=prompt_lane
+  if env STRATA_PROMPT_LANES=$lanes "$STRATA" generate -m "$tiny" --prompt-ids "$ids" -n 4 --temp 0 --ignore-eos --print-ids \
+       --trace "$tmp/real$lanes" >/dev/null 2>"$tmp/err" && [ -s "$tmp/real$lanes/events.tsv" ]; then
+    ok "generate --trace (STRATA_PROMPT_LANES=$lanes): events.tsv with $(grep -c '^task	' "$tmp/real$lanes/events.tsv") tasks, $(ls "$tmp/real$lanes" | grep -c '^prof_file_') FxT files"
+    check_trace "real (tiny q8_0, STRATA_PROMPT_LANES=$lanes)" "$tmp/real$lanes" $kind
   else
-    bad "generate --trace: $(tail -n 3 "$tmp/err")"
+    bad "generate --trace (STRATA_PROMPT_LANES=$lanes): $(tail -n 3 "$tmp/err")"
   fi
-}
+done
 
 # 3. malformed logs: exit 1 and one line naming the file and the line
 mal() { mkdir -p "$tmp/$1"; cat > "$tmp/$1/events.tsv"; }

@@ -32,6 +32,7 @@
 #ifndef ST_DECODE_H
 #define ST_DECODE_H
 
+#include <sched.h>
 #include <stdint.h>
 
 #include "codelets/codelets.h"
@@ -61,6 +62,26 @@ struct st_lane_sync {
   int32_t error_layer;
   char pad2[56];
 };
+
+#ifndef __CUDACC__
+/* Spins until *p >= want (acquire), pausing, then yielding after a while: a lane's wait for
+ * the items of the phases before its item. */
+static inline void st_lane_wait_at_least(const int64_t *p, int64_t want) {
+  for (unsigned spins = 0; __atomic_load_n(p, __ATOMIC_ACQUIRE) < want; spins++) {
+    if (spins < (1u << 14)) __builtin_ia32_pause();
+    else sched_yield();
+  }
+}
+
+/* Claims the next item of s below `bound`: its index, or -1 when none is left. */
+static inline int64_t st_lane_claim(struct st_lane_sync *s, int64_t bound) {
+  int64_t i = __atomic_load_n(&s->next, __ATOMIC_RELAXED);
+  do {
+    if (i >= bound) return -1;
+  } while (!__atomic_compare_exchange_n(&s->next, &i, i + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+  return i;
+}
+#endif
 
 /* Bytes of one quantised activation row of n floats on a GPU (cuda/common.cuh st_q8_stride). */
 static inline size_t st_decode_q8_bytes(size_t n) { return (n + n / 8 + 15) / 16 * 16; }

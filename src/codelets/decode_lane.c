@@ -9,7 +9,6 @@
  * kernels of dot.h and layer_cpu.h, as the prompt-path codelets use them), so a decode step gives
  * the same bits as the prompt path on one token and does not depend on the number of lanes. */
 #include <math.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,23 +19,6 @@
 #include "common.h"
 
 static int64_t div_up64(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-/* Spins until *p >= want (acquire), pausing, then yielding after a while. */
-static void wait_at_least(const int64_t *p, int64_t want) {
-  for (unsigned spins = 0; __atomic_load_n(p, __ATOMIC_ACQUIRE) < want; spins++) {
-    if (spins < (1u << 14)) __builtin_ia32_pause();
-    else sched_yield();
-  }
-}
-
-/* Claims the next item below `bound`: its index, or -1 when none is left. */
-static int64_t claim(struct st_lane_sync *s, int64_t bound) {
-  int64_t i = __atomic_load_n(&s->next, __ATOMIC_RELAXED);
-  do {
-    if (i >= bound) return -1;
-  } while (!__atomic_compare_exchange_n(&s->next, &i, i + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
-  return i;
-}
 
 /* What an item needs beyond the context: the layer's routing and FFN input (CPU-only: the
  * context's; GPU layers: the mailbox), and the slots the CPU pool computes. */
@@ -280,14 +262,14 @@ static int64_t run_plan(struct lane_state *s, const int64_t *starts, const int16
                         int n_phases, int64_t bound, int cpu_only) {
   int p = 0, cur_layer = -1;
   int64_t reached = 0;
-  for (int64_t i; (i = claim(s->sync, bound)) >= 0;) {
+  for (int64_t i; (i = st_lane_claim(s->sync, bound)) >= 0;) {
     while (p < n_phases && starts[p + 1] <= i) p++;
     ST_ASSERT(p < n_phases);
     if (cpu_only && layer[p] != cur_layer) {
       cur_layer = layer[p];
       enter_layer_cpu(s, cur_layer);
     }
-    wait_at_least(&s->sync->done, starts[p]);
+    st_lane_wait_at_least(&s->sync->done, starts[p]);
     run_item(s, kind[p], layer[p], i - starts[p]);
     reached = __atomic_add_fetch(&s->sync->done, 1, __ATOMIC_ACQ_REL);
   }

@@ -25,6 +25,7 @@
 #endif
 #include "graph/batch.h"
 #include "graph/decode.h"
+#include "graph/prompt.h"
 #include "io/profile.h"
 #include "tiers/plan.h"
 
@@ -39,6 +40,7 @@ struct env_conf {
   long mmq;            /* STRATA_MMQ: 0 or 1 */
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
+  long prompt_lanes;   /* STRATA_PROMPT_LANES: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
@@ -71,6 +73,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_MMQ", 0, 1, 1, &c->mmq);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
+  if (!rc) rc = env_long("STRATA_PROMPT_LANES", 0, 1, 1, &c->prompt_lanes);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
@@ -539,6 +542,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->int8_dot = (int)env.int8_dot;
   e->mmq = (int)env.mmq;
   e->decode_graph = (int)env.decode_graph;
+  e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
@@ -695,6 +699,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     if (st_decode_supported(e, &why)) rc = st_decode_init(e);
     else fprintf(stderr, "strata: decode steps: one task per expert and layer (%s)\n", why);
   }
+  if (!rc) rc = st_prompt_init(e);
   if (rc) {
     st_engine_destroy(e);
     return rc;
@@ -714,9 +719,12 @@ void st_engine_destroy(struct st_engine *e) {
     if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(st_cuda_graph_release, NULL, STARPU_CUDA);
     if (e->cublas_rows > 0) starpu_cublas_shutdown();
 #endif
-    st_decode_free(e);
+    /* the recorder holds the tasks' name pointers: written out before their owners go */
     if (e->rec && st_recorder_close(e->rec, e->model->gguf->path))
       fprintf(stderr, "strata: %s\n", st_last_error());
+    e->rec = NULL;
+    st_prompt_free(e);
+    st_decode_free(e);
     if (e->h_output_norm) starpu_data_unregister(e->h_output_norm);
     if (e->h_output) starpu_data_unregister(e->h_output);
     for (size_t i = 0; i < (size_t)hp->n_layer * W_COUNT; i++)
@@ -983,7 +991,9 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     /* a decode step writes its logits where they go (no copy through e->logits) */
     const int step = T == 1 && e->dec;
     float *out = step && all_logits ? logits + (size_t)done * V : step && last ? logits : e->logits;
-    int rc = step ? st_decode_step(e, ids[done], out) : st_batch_eval(e, ids + done, T, all_logits || last, all_logits);
+    int rc = step        ? st_decode_step(e, ids[done], out)
+             : e->prompt ? st_prompt_eval(e, ids + done, T, all_logits || last, all_logits)
+                         : st_batch_eval(e, ids + done, T, all_logits || last, all_logits);
     if (e->rec) st_recorder_step(e->rec, n == 1, t_start, starpu_timing_now());
     if (rc) return rc;
     if (all_logits || last) { /* garbage weights must not pass silently as NaN logits */

@@ -26,6 +26,7 @@ enum st_trace_kind {
   ST_TRACE_OUTPUT_HEAD,
   ST_TRACE_DECODE_LAYER, /* a decode step's dense work of one layer on a GPU (graph/decode.h) */
   ST_TRACE_DECODE_LANE,  /* a decode step's CPU lane without a GPU: attention, router, experts, combine */
+  ST_TRACE_PROMPT_LANE,  /* a prompt chunk's CPU lane without a GPU (graph/prompt.h): the same for T tokens */
   ST_TRACE_TRANSFER,
   ST_TRACE_NKINDS
 };

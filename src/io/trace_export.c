@@ -26,7 +26,7 @@ extern char **environ;
 
 static const char *const kind_names[ST_TRACE_NKINDS] = {
     "attention", "attn_output", "router", "expert_rows", "combine", "output_head", "decode_layer", "decode_lane",
-    "transfer"};
+    "prompt_lane", "transfer"};
 
 const char *st_trace_kind_name(int kind) {
   return kind >= 0 && kind < ST_TRACE_NKINDS ? kind_names[kind] : NULL;
@@ -408,6 +408,7 @@ static const char *const kind_colour[ST_TRACE_NKINDS] = {
     "#9c755f", /* output_head: brown */
     "#4e79a7", /* decode_layer: blue, as attention (most of it) */
     "#76b7b2", /* decode_lane: teal */
+    "#59a14f", /* prompt_lane: green, as the CPU pool's experts (most of it) */
     "#bab0ac", /* transfer: grey */
 };
 /* expert_rows by tier: CPU pool green, CUDA0 (primary cache) red, helpers and peer after. */
