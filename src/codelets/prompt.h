@@ -13,7 +13,8 @@
  *   RESNORM   token tiles: h = x + xo, ffn_in = RMSNorm(h)
  *   RLOGITS   row blocks of the router over all T
  *   TOPK      token tiles: softmax, top-k, renormalised weights
- *   SORT      1 item: the chunk's (token, slot) entries sorted by expert, in token order
+ *   SORT      1 item: the chunk's (token, slot) entries sorted by expert, in token order, and
+ *             the experts by their row count (the expert items take the largest first)
  *   QX        token tiles: each token's FFN input (quantised for gate and up, or float32) copied
  *             to its k sorted rows
  *   GATEUP    (expert, rows of gate and up): act = silu(gate x) * up x over the expert's rows
@@ -81,6 +82,7 @@ struct st_prompt_ctx {
   int32_t *row_tok;                /* [cap * k]: each sorted row's token */
   float *row_w;                    /* [cap * k]: its routing weight */
   int32_t *row_of;                 /* [cap * k]: entry t * k + j -> its sorted row */
+  int32_t *eorder;                 /* [n_expert]: the experts by rows, most first (ties by id) */
   /* the FFN input of each sorted row: quantised for gate (xsg), for up where its layout differs
    * (xsu), in float32 where a matrix takes float32 activations (xsf [cap * k][n_embd]); a layer's
    * rows are st_q8_row_bytes(type, n_embd) apart, as st_matmul_q8 reads them; NULL if no layer

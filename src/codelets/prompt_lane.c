@@ -85,7 +85,9 @@ static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_layer *L = &c->layers[l];
   const int hd = c->head_dim, d = c->n_embd, G = c->n_head_kv, qw = c->n_head / G * hd;
   const int64_t qrows = (int64_t)c->n_head * hd, kvrows = (int64_t)G * hd, R = p->rows_qkv;
-  int64_t r0 = i * R;
+  /* K and V first: their float32 products take longer than a Q block, and the phase's last items
+   * should be its shortest */
+  int64_t r0 = i * R < 2 * kvrows ? qrows + i * R : i * R - 2 * kvrows;
   if (r0 < qrows) { /* rows_qkv divides head_dim: the block lies in one group */
     const int g = (int)(r0 / qw);
     float *out = p->q + ((size_t)g * p->cap) * qw + (size_t)(r0 - (int64_t)g * qw);
@@ -217,6 +219,13 @@ static void item_sort(const struct st_prompt_ctx *p, int l) {
     p->row_w[row] = r[i].weight;
     p->row_of[i] = row;
   }
+  /* the order the expert items take the experts: most rows first (ties by id), so that the
+   * phases end on the smallest items (a counting sort by row count, descending) */
+  int32_t *by = fill; /* [T + 2] counts of each row count, reused */
+  memset(by, 0, sizeof(int32_t) * (size_t)(p->T + 2));
+  for (int e = 0; e < E; e++) by[p->T - (p->grp[e + 1] - p->grp[e]) + 1]++;
+  for (int v = 0; v <= p->T; v++) by[v + 1] += by[v];
+  for (int e = 0; e < E; e++) p->eorder[by[p->T - (p->grp[e + 1] - p->grp[e])]++] = e;
 }
 
 /* Each token's FFN input in its layouts, copied to its k sorted rows. */
@@ -244,7 +253,7 @@ static void item_qx(const struct st_prompt_ctx *p, int l, int64_t i) {
 static void item_gateup(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
-  const int R = p->rows_gateup, per = (int)div_up64(c->n_ff, R), e = (int)(i / per), d = c->n_embd, ff = c->n_ff;
+  const int R = p->rows_gateup, per = (int)div_up64(c->n_ff, R), e = p->eorder[i / per], d = c->n_embd, ff = c->n_ff;
   const int row0 = p->grp[e], n = p->grp[e + 1] - row0;
   if (n == 0) return;
   const int64_t f0 = (i % per) * R, f1 = min64(ff, f0 + R), nf = f1 - f0;
@@ -277,7 +286,7 @@ static void item_qa(const struct st_prompt_ctx *p, int l, int64_t i) {
 static void item_down(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
-  const int R = p->rows_down, d = c->n_embd, ff = c->n_ff, per = (int)div_up64(d, R), e = (int)(i / per);
+  const int R = p->rows_down, d = c->n_embd, ff = c->n_ff, per = (int)div_up64(d, R), e = p->eorder[i / per];
   const int row0 = p->grp[e], n = p->grp[e + 1] - row0;
   if (n == 0) return;
   const int64_t r0 = (i % per) * R, r1 = min64(d, r0 + R);

@@ -83,6 +83,7 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   CARVE(base, at, p->row_tok, int32_t, rows);
   CARVE(base, at, p->row_w, float, rows);
   CARVE(base, at, p->row_of, int32_t, rows);
+  CARVE(base, at, p->eorder, int32_t, hp->n_expert);
   CARVE(base, at, p->xsg, uint8_t, rows * qg + 1);
   CARVE(base, at, p->xsu, uint8_t, rows * qu + 1);
   CARVE(base, at, p->xsf, float, any_float_ffn(e) ? rows * d : 1);
@@ -129,7 +130,7 @@ int st_prompt_init(struct st_engine *e) {
   const int64_t score = (int64_t)TILE_ATTN * (hp->n_head / hp->n_head_kv) * e->n_ctx;
   const int64_t attn_f = (int64_t)TILE_ATTN * qw + (score < (1 << 20) ? score : (1 << 20) > e->n_ctx ? (1 << 20) : e->n_ctx);
   const int64_t gu_f = 2 * (int64_t)p->cap * ROWS_GATEUP;
-  const int64_t row_f = (int64_t)(q8_max(e, 0) + q8_max(e, 1)) / 4 + hp->n_expert + 16;
+  const int64_t row_f = (int64_t)(q8_max(e, 0) + q8_max(e, 1)) / 4 + hp->n_expert + p->cap + 16;
   p->scratch_floats = (attn_f > gu_f ? attn_f : gu_f) > row_f ? (attn_f > gu_f ? attn_f : gu_f) : row_f;
   p->scratch_floats += 16;
   const unsigned nw = starpu_worker_get_count();
