@@ -10,9 +10,8 @@
  *   ATTN      (KV group, token tile), the last tiles first: causal softmax attention
  *   QATTN     token tiles (int8 and Q8_0 wo only): attn quantised for wo
  *   OPROJ     row blocks of wo over all T
- *   RESNORM   token tiles: h = x + xo, ffn_in = RMSNorm(h)
- *   RLOGITS   row blocks of the router over all T
- *   TOPK      token tiles: softmax, top-k, renormalised weights
+ *   ROUTE     token tiles: h = x + xo, ffn_in = RMSNorm(h), the router's logits, softmax,
+ *             top-k, renormalised weights
  *   SORT      1 item: the chunk's (token, slot) entries sorted by expert, in token order, and
  *             the experts by their row count (the expert items take the largest first)
  *   QX        token tiles: each token's FFN input (quantised for gate and up, or float32) copied
@@ -46,9 +45,7 @@ enum st_prompt_kind {
   ST_PP_ATTN,
   ST_PP_QATTN,
   ST_PP_OPROJ,
-  ST_PP_RESNORM,
-  ST_PP_RLOGITS,
-  ST_PP_TOPK,
+  ST_PP_ROUTE,
   ST_PP_SORT,
   ST_PP_QX,
   ST_PP_GATEUP,
@@ -96,7 +93,7 @@ struct st_prompt_ctx {
   float *scratch;                  /* per StarPU worker: scratch_floats each */
   int64_t scratch_floats;
   int tile, tile_attn;             /* tokens per token-tile item, per attention item */
-  int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_head, rows_qa; /* per item */
+  int rows_qkv, rows_o, rows_gateup, rows_down, rows_head, rows_qa; /* weight rows (QA: act rows) per item */
   /* the chunk's plan (st_prompt_plan) */
   int n_phases;
   int64_t *phase_start;            /* [n_phases + 1] */

@@ -164,39 +164,30 @@ static void item_oproj(const struct st_prompt_ctx *p, int l, int64_t i) {
   else st_matmul(w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attn, n, p->T, n, p->xo + r0, d);
 }
 
-static void item_resnorm(const struct st_prompt_ctx *p, int l, int64_t i) {
+/* Token tile: h = x + xo, ffn_in = RMSNorm(h), the router's logits (every row for the tile's
+ * tokens: the router is small), softmax and top-k per token (router_cpu). A non-finite choice is
+ * recorded in the sync block (the host finds the token afterwards) and its expert replaced by 0 so
+ * that later items stay in bounds. */
+static void item_route(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
-  const int d = c->n_embd;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int d = c->n_embd, E = c->n_expert;
   int t0, t1;
   tile_of(p, i, &t0, &t1);
   for (int t = t0; t < t1; t++) {
     float *h = p->h + (size_t)t * d;
     for (int j = 0; j < d; j++) h[j] = p->x[(size_t)t * d + j] + p->xo[(size_t)t * d + j];
-    st_rmsnorm(h, c->layers[l].ffn_norm, p->ffn_in + (size_t)t * d, d, c->eps);
+    st_rmsnorm(h, L->ffn_norm, p->ffn_in + (size_t)t * d, d, c->eps);
   }
-}
-
-static void item_rlogits(const struct st_prompt_ctx *p, int l, int64_t i) {
-  const struct st_decode_ctx *c = p->dc;
-  const struct st_wdesc *w = &c->layers[l].router_d;
-  const int64_t r0 = i * p->rows_router, r1 = min64(c->n_expert, r0 + p->rows_router);
-  st_matmul(w->type, c->layers[l].router, w->row_bytes, r0, r1, p->ffn_in, c->n_embd, p->T, c->n_embd, p->rlogits + r0,
-            c->n_expert);
-}
-
-/* Softmax and top-k per token; a non-finite choice is recorded in the sync block (the host finds
- * the token afterwards) and its expert replaced by 0 so that later items stay in bounds. */
-static void item_topk(const struct st_prompt_ctx *p, int l, int64_t i) {
-  const struct st_decode_ctx *c = p->dc;
-  int t0, t1;
-  tile_of(p, i, &t0, &t1);
+  float *logits = p->rlogits + (size_t)t0 * E;
+  st_matmul(L->router_d.type, L->router, L->router_d.row_bytes, 0, E, p->ffn_in + (size_t)t0 * d, d, t1 - t0, d, logits, E);
   for (int t = t0; t < t1; t++) {
     struct st_route *r = p->route + ((size_t)l * p->cap + t) * c->k;
-    st_route_topk(p->rlogits + (size_t)t * c->n_expert, c->n_expert, c->k, r);
+    st_route_topk(p->rlogits + (size_t)t * E, E, c->k, r);
     for (int j = 0; j < c->k; j++)
-      if (r[j].expert < 0 || r[j].expert >= c->n_expert || !(r[j].weight == r[j].weight)) {
+      if (r[j].expert < 0 || r[j].expert >= E || !(r[j].weight == r[j].weight)) {
         if (!__atomic_exchange_n(&p->sync->error, 1, __ATOMIC_RELAXED)) p->sync->error_layer = l;
-        if (r[j].expert < 0 || r[j].expert >= c->n_expert) r[j].expert = 0;
+        if (r[j].expert < 0 || r[j].expert >= E) r[j].expert = 0;
       }
   }
 }
@@ -337,9 +328,7 @@ static void run_item(const struct st_prompt_ctx *p, int kind, int l, int64_t i) 
   case ST_PP_ATTN: item_attn(p, l, i); break;
   case ST_PP_QATTN: item_qattn(p, i); break;
   case ST_PP_OPROJ: item_oproj(p, l, i); break;
-  case ST_PP_RESNORM: item_resnorm(p, l, i); break;
-  case ST_PP_RLOGITS: item_rlogits(p, l, i); break;
-  case ST_PP_TOPK: item_topk(p, l, i); break;
+  case ST_PP_ROUTE: item_route(p, l, i); break;
   case ST_PP_SORT: item_sort(p, l); break;
   case ST_PP_QX: item_qx(p, l, i); break;
   case ST_PP_GATEUP: item_gateup(p, l, i); break;
@@ -393,9 +382,7 @@ void st_prompt_plan(struct st_prompt_ctx *p) {
     PHASE(ST_PP_ATTN, l, (int64_t)c->n_head_kv * div_up64(T, p->tile_attn));
     PHASE(ST_PP_QATTN, l, dense_q8(c, &Ly->wo_d) ? tiles : 0);
     PHASE(ST_PP_OPROJ, l, div_up64(c->n_embd, p->rows_o));
-    PHASE(ST_PP_RESNORM, l, tiles);
-    PHASE(ST_PP_RLOGITS, l, div_up64(E, p->rows_router));
-    PHASE(ST_PP_TOPK, l, tiles);
+    PHASE(ST_PP_ROUTE, l, tiles);
     PHASE(ST_PP_SORT, l, 1);
     PHASE(ST_PP_QX, l, tiles);
     PHASE(ST_PP_GATEUP, l, (int64_t)E * div_up64(c->n_ff, p->rows_gateup));

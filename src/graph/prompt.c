@@ -19,7 +19,6 @@
 #define TILE 8
 #define TILE_ATTN 16
 #define ROWS_O 64
-#define ROWS_ROUTER 8
 #define ROWS_GATEUP 64
 #define ROWS_DOWN 128
 #define ROWS_HEAD 512
@@ -122,7 +121,7 @@ int st_prompt_init(struct st_engine *e) {
   *p = (struct st_prompt_ctx){.dc = &e->dec->ctx, .cap = e->prefill_cap, .x = e->x, .h = e->h, .ffn_in = e->ffn_in,
                               .xo = e->xo, .attn = e->attn, .eout = e->expert_out, .logits = e->logits,
                               .tile = TILE, .tile_attn = TILE_ATTN, .rows_qkv = e->dec->ctx.rows_qkv, .rows_o = ROWS_O,
-                              .rows_router = ROWS_ROUTER, .rows_gateup = ROWS_GATEUP, .rows_down = ROWS_DOWN,
+                              .rows_gateup = ROWS_GATEUP, .rows_down = ROWS_DOWN,
                               .rows_head = ROWS_HEAD, .rows_qa = ROWS_QA};
   /* a worker's scratch: an attention item's output tile and scores (st_attend_tokens tiles its
    * tokens to fit them; at least one row of n_ctx keys), a gate/up item's two row blocks, the
