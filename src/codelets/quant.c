@@ -49,15 +49,46 @@ static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_BF16] = {"bf16", 1, 2, 1},
     [ST_TYPE_TQ1_0] = {"tq1_0", 256, 54, 0},
     [ST_TYPE_TQ2_0] = {"tq2_0", 256, 66, 0},
+    [ST_TYPE_MXFP4] = {"mxfp4", 32, 17, 0},
+    [ST_TYPE_NVFP4] = {"nvfp4", 64, 36, 0},
+    [ST_TYPE_Q1_0] = {"q1_0", 128, 18, 0},
+    [ST_TYPE_Q2_0] = {"q2_0", 64, 18, 0},
 };
+
+/* The ids ggml has removed (ggml.h keeps them as comments), by their old names. */
+static const char *removed_name(uint32_t type) {
+  switch (type) {
+  case 4: return "q4_2";
+  case 5: return "q4_3";
+  case 31: return "q4_0_4_4";
+  case 32: return "q4_0_4_8";
+  case 33: return "q4_0_8_8";
+  case 36: return "iq4_nl_4_4";
+  case 37: return "iq4_nl_4_8";
+  case 38: return "iq4_nl_8_8";
+  default: return NULL;
+  }
+}
 
 const struct st_type_info *st_type_info(uint32_t type) {
   static _Thread_local struct st_type_info unknown;
   static _Thread_local char name[32];
   if (type < ST_TYPE_COUNT && type_table[type].type_size) return &type_table[type];
-  snprintf(name, sizeof name, "type%u", type);
+  const char *old = removed_name(type);
+  if (old) snprintf(name, sizeof name, "%s", old);
+  else snprintf(name, sizeof name, "type%u", type);
   unknown = (struct st_type_info){name, 1, 0, 0};
   return &unknown;
+}
+
+int st_unsupported_type(int code, uint32_t type, const char *tensor, const char *file, const char *why) {
+  const int known = (type < ST_TYPE_COUNT && type_table[type].type_size) || removed_name(type);
+  char tail[160] = "";
+  if (why) snprintf(tail, sizeof tail, " (%s)", why);
+  if (known)
+    return st_set_error(code, "unsupported tensor type %s (id %u) for %s in %s%s", st_type_info(type)->name, type, tensor,
+                        file, tail);
+  return st_set_error(code, "unsupported tensor type id %u (unknown to ggml) for %s in %s%s", type, tensor, file, tail);
 }
 
 uint64_t st_row_bytes(uint32_t type, uint64_t n) {

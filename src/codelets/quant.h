@@ -47,7 +47,11 @@ enum st_type {
   ST_TYPE_BF16 = 30,
   ST_TYPE_TQ1_0 = 34,
   ST_TYPE_TQ2_0 = 35,
-  ST_TYPE_COUNT = 39,
+  ST_TYPE_MXFP4 = 39,
+  ST_TYPE_NVFP4 = 40,
+  ST_TYPE_Q1_0 = 41,
+  ST_TYPE_Q2_0 = 42,
+  ST_TYPE_COUNT = 43,
 };
 
 /* Q8_0: 32 weights, one fp16 scale (ggml-common.h block_q8_0). */
@@ -185,8 +189,16 @@ struct st_type_info {
   int computed;       /* 1 when strata has kernels for it */
 };
 
-/* Info for a type number; a name of "type<N>" and type_size 0 for numbers ggml does not define. */
+/* Info for a type number (ggml's numbering, ggml.h enum ggml_type); type_size 0 for numbers ggml
+ * does not define now: named as ggml named them for the ids it has removed (q4_2, q4_0_4_4, ...),
+ * "type<N>" for the others. */
 const struct st_type_info *st_type_info(uint32_t type);
+
+/* Sets the one message for a tensor whose type strata does not compute, and returns `code`:
+ * "unsupported tensor type NAME (id N) for TENSOR in FILE" (NAME llama.cpp's, when ggml has or had
+ * one), or "unsupported tensor type id N (unknown to ggml) for TENSOR in FILE"; `why`, if not
+ * NULL, is added in parentheses at the end. */
+int st_unsupported_type(int code, uint32_t type, const char *tensor, const char *file, const char *why);
 
 /* Bytes of a row of `n` elements of `type`, or 0 when n is not a multiple of the block size
  * or the type is unknown. */

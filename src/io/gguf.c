@@ -217,7 +217,7 @@ static int rd_tensor_info(struct st_gguf *g, struct cursor *c, uint64_t idx) {
   if ((rc = rd_u32(c, &t->type)) || (rc = rd_u64(c, &t->offset))) return rc;
   const struct st_type_info *ti = st_type_info(t->type);
   if (!ti->type_size)
-    return st_set_error(ST_EFORMAT, "%s: unknown tensor type %u for %s", c->name, t->type, nb);
+    return st_unsupported_type(ST_EFORMAT, t->type, nb, c->name, "its block size is not known, so the file cannot be read");
   uint64_t rb = st_row_bytes(t->type, t->ne[0]);
   if (!rb)
     return st_set_error(ST_EFORMAT, "%s: tensor %s: row length %llu is not a multiple of %s's block of %u",

@@ -36,7 +36,7 @@ static int find_weight(const struct st_gguf *g, const char *name, int nd, const 
                         nd > 2 ? want[2] : 1);
   const struct st_type_info *ti = st_type_info(t->type);
   if (!ti->computed || (norm && t->type != ST_TYPE_F32))
-    return st_set_error(ST_EUNSUP, "unsupported tensor type %s for %s", ti->name, name);
+    return st_unsupported_type(ST_EUNSUP, t->type, name, g->path, ti->computed ? "strata reads norms as f32" : NULL);
   snprintf(w->name, sizeof w->name, "%s", name);
   w->data = t->data;
   w->type = t->type;
@@ -161,7 +161,7 @@ int st_model_load(const char *path, struct st_model **out) {
     rc = st_set_error(ST_EFORMAT, "tokenizer has %d ids but token_embd.weight only %u rows",
                       st_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
   if (rc) {
-    st_error_context(rc, path);
+    if (!strstr(st_last_error(), path)) st_error_context(rc, path); /* the message names the file once */
     st_model_free(m);
     return rc;
   }

@@ -44,8 +44,8 @@ struct st_model {
 /* Loads `path`: checks the architecture is qwen3moe (else ST_EUNSUP "unsupported architecture
  * <name>"), reads the hyper-parameters, finds every tensor and checks its shape against them
  * (ST_EFORMAT naming the tensor, expected and found shapes) and its type (ST_EUNSUP
- * "unsupported tensor type <type> for <tensor>"), and loads the tokenizer. Messages start with
- * the file name. *out is owned by the caller: st_model_free(). */
+ * "unsupported tensor type <type> (id <n>) for <tensor> in <file>", st_unsupported_type), and loads
+ * the tokenizer. Messages name the file (the others start with it). *out is owned by the caller: st_model_free(). */
 int st_model_load(const char *path, struct st_model **out);
 void st_model_free(struct st_model *m);
 
