@@ -19,7 +19,8 @@
 # Environment: W work folder (default /tmp/vs-llama), R repetitions (3), NCMOE llama.cpp's
 # -ncmoe for the 24 GB class (17), GPU_MEM strata's --gpu-mem for it in GiB (default: llama.cpp's
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
-# default "gpu 24gb cpu deep"), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
+# default "gpu 24gb cpu deep"; cpu-tasks: CPU-only prompt 128 on the per-task path, STRATA_PROMPT_LANES=0,
+# against the cpu row's lanes), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
 # STRATA_ARGS extra arguments for every strata bench row (e.g. "--cache-type-k f16 --cache-type-v f16",
 # llama.cpp's default KV cache type),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
@@ -130,6 +131,7 @@ strata_phase() {
       gpu) sbench gpu --prompt $pgg --decode 128 --expert-profile "$profile" --expert-cache auto ;;
       24gb) sbench 24gb --prompt $pg --decode 64 --depth $dd --expert-profile "$profile" --expert-cache auto --gpu-mem "$gm" ;;
       cpu) STARPU_NCUDA=0 sbench cpu --prompt $pc --decode 32 ;;
+      cpu-tasks) STRATA_PROMPT_LANES=0 STARPU_NCUDA=0 sbench cpu-tasks --prompt 128 --decode 0 ;;
       deep) R=${RDEEP:-1} sbench deep -c 32832 --prompt 0 --decode 64 --depth 0,32768 --expert-profile "$profile" --expert-cache auto ;;
     esac
   done
@@ -198,6 +200,7 @@ row("24 GB class: decode at depth 4096", "24gb", "decode", None, 4096, "24gb", 0
 row("24 GB class: prompt 4096", "24gb", "prompt", 4096, 0, "24gb", 4096, 0, 0)
 row("CPU only: decode", "cpu", "decode", None, 0, "cpu", 0, 32, 0)
 row("CPU only: prompt 128", "cpu", "prompt", 128, 0, "cpu", 128, 0, 0)
+row("CPU only: prompt 128, per-task path (STRATA_PROMPT_LANES=0)", "cpu-tasks", "prompt", 128, 0, "cpu", 128, 0, 0)
 row("every expert on the GPU: decode at depth 32768", "deep", "decode", None, 32768, "deep", 0, 64, 32768)
 f = lambda v, p=2: "—" if v is None else ("%.*f" % (p, v))
 out = ["| setup | llama.cpp tok/s | strata tok/s | strata / llama.cpp | peak GPU MiB llama.cpp / strata | notes |", "|---|---|---|---|---|---|"]
