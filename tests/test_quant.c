@@ -185,6 +185,50 @@ static void check_known(uint32_t type, const void *block, const struct known *k,
   free(y);
 }
 
+/* The low-bit formats (issue #25) from their definitions in ggml-common.h / ggml-quants.c: */
+static void test_lowbit_known_blocks(void) {
+  /* Q1_0, d = 0.5: bit j of byte j / 8 set gives +0.5, clear -0.5 */
+  st_block_q1_0 q1;
+  memset(&q1, 0, sizeof q1);
+  q1.d = st_f32_to_fp16(0.5f);
+  q1.qs[0] = 0x81, q1.qs[15] = 0x40;
+  const struct known k1[] = {{0, 0.5f}, {1, -0.5f}, {7, 0.5f}, {8, -0.5f}, {126, 0.5f}, {127, -0.5f}};
+  check_known(ST_TYPE_Q1_0, &q1, k1, 6, "d=0.5, qs[0]=0x81 qs[15]=0x40 rest 0");
+
+  /* Q2_0, d = 0.25: 2-bit q of weight j at bits 2 (j % 4) of byte j / 4, weight (q - 1) d:
+   * qs[0] = 0b11100100 gives q 0, 1, 2, 3 -> -0.25, 0, 0.25, 0.5 */
+  st_block_q2_0 q2;
+  memset(&q2, 0x55, sizeof q2); /* q = 1 everywhere: 0 */
+  q2.d = st_f32_to_fp16(0.25f);
+  q2.qs[0] = 0xE4, q2.qs[15] = 0x15; /* weight 63: q 0 */
+  const struct known k2[] = {{0, -0.25f}, {1, 0.0f}, {2, 0.25f}, {3, 0.5f}, {4, 0.0f}, {63, -0.25f}};
+  check_known(ST_TYPE_Q2_0, &q2, k2, 6, "d=0.25, qs[0]=0xE4 qs[15]=0x15 rest 0x55");
+
+  /* TQ1_0, d = 2: a byte holds its trits as ceil(v * 256 / 243) for the base-3 number v of five
+   * digits (0, 1, 2 = -1, 0, +1), the first digit most significant. Digits 2,0,1,1,2 (v = 2*81 +
+   * 0*27 + 1*9 + 1*3 + 2 = 176; byte ceil(176 * 256 / 243) = 186) in qs[3] give weights 3, 35, 67,
+   * 99, 131 = +2, -2, 0, 0, +2; digits 0,0,0,0,2 (v = 2, byte 3) in qs[40] give weights 168 and
+   * 232 = -2 and +2; qh[1] with four digits 2,1,1,0 and a fifth 0 (v = 2*81 + 27 + 9 = 198, byte
+   * 209) gives weights 241, 245, 249, 253 = +2, 0, 0, -2 */
+  st_block_tq1_0 t1;
+  memset(t1.qs, 0, sizeof t1.qs);
+  memset(t1.qh, 0, sizeof t1.qh);
+  t1.d = st_f32_to_fp16(2.0f);
+  t1.qs[3] = 186, t1.qs[40] = 3, t1.qh[1] = 209;
+  const struct known kt1[] = {{3, 2.0f}, {35, -2.0f}, {67, 0.0f}, {99, 0.0f}, {131, 2.0f}, {0, -2.0f},
+                              {168, -2.0f}, {232, 2.0f}, {241, 2.0f}, {245, 0.0f}, {249, 0.0f}, {253, -2.0f}};
+  check_known(ST_TYPE_TQ1_0, &t1, kt1, 12, "d=2, qs[3]=186 qs[40]=3 qh[1]=209 rest 0");
+
+  /* TQ2_0, d = 1.5: byte m of group g holds weights 128 g + 32 l + m at bits 2 l; qs[33] = 0x92
+   * (q 2, 0, 1, 2) gives weights 129, 161, 193, 225 = +1.5, -1.5, 0, +1.5 */
+  st_block_tq2_0 t2;
+  memset(t2.qs, 0x55, sizeof t2.qs);
+  t2.d = st_f32_to_fp16(1.5f);
+  t2.qs[33] = 0x92;
+  const struct known kt2[] = {{129, 1.5f}, {161, -1.5f}, {193, 0.0f}, {225, 1.5f}, {1, 0.0f}};
+  check_known(ST_TYPE_TQ2_0, &t2, kt2, 5, "d=1.5, qs[33]=0x92 rest 0x55");
+}
+
 static void test_iq_known_blocks(void) {
   /* IQ4_NL, d = 0.5: nibble q gives 0.5 * kvalues_iq4nl[q] (levels -127 -104 ... 1 ... 89 113) */
   st_block_iq4_nl nl;
@@ -667,6 +711,14 @@ int main(void) {
   test_matmul(ST_TYPE_BF16, 16);
   test_iq_signs();
   test_iq_known_blocks();
+  test_lowbit_known_blocks();
+  /* the low-bit formats through the float path (each row decoded once, st_matmul's rule for a
+   * format without register kernels): random and quantised blocks */
+  const uint32_t lowbit[] = {ST_TYPE_Q1_0, ST_TYPE_Q2_0, ST_TYPE_TQ1_0, ST_TYPE_TQ2_0};
+  for (size_t i = 0; i < sizeof lowbit / sizeof lowbit[0]; i++) {
+    test_matmul_blocks(lowbit[i], 512, 0);
+    test_matmul_blocks(lowbit[i], 512, 1);
+  }
   const uint32_t iq[] = {ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ3_S};
   for (size_t i = 0; i < sizeof iq / sizeof iq[0]; i++) {
     test_matmul_blocks(iq[i], 512, 0);
@@ -690,7 +742,11 @@ int main(void) {
             {ST_TYPE_Q5_K, 0.075}, {ST_TYPE_Q6_K, 0.04},
             /* i-quants: measured 0.076 0.077 0.285 0.239 0.177 0.129 when written, bounds ~12% above */
             {ST_TYPE_IQ4_NL, 0.085}, {ST_TYPE_IQ4_XS, 0.085}, {ST_TYPE_IQ2_XS, 0.32}, {ST_TYPE_IQ2_S, 0.27},
-            {ST_TYPE_IQ3_XXS, 0.20}, {ST_TYPE_IQ3_S, 0.145}};
+            {ST_TYPE_IQ3_XXS, 0.20}, {ST_TYPE_IQ3_S, 0.145},
+            /* the low-bit formats with ggml's reference quantisers (a sign and the mean |x|; amax
+             * scales for the 2-bit and ternary levels): measured 0.602 0.714 0.819 0.811 when
+             * written (1 bit: sqrt(1 - 2/pi) = 0.603 is the best a sign can do), bounds ~12% above */
+            {ST_TYPE_Q1_0, 0.68}, {ST_TYPE_Q2_0, 0.80}, {ST_TYPE_TQ1_0, 0.92}, {ST_TYPE_TQ2_0, 0.92}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
    * tail), random and quantised blocks, tiles of 1 to 4 tokens */

@@ -33,6 +33,8 @@ void tu_random_row(uint32_t t, uint8_t *row, int64_t n, uint64_t *rng) {
     if (t == ST_TYPE_Q2_K) at[0] = 80, at[1] = 82, count = 2;
     if (t == ST_TYPE_Q3_K) at[0] = 108;
     if (t == ST_TYPE_Q6_K) at[0] = 208;
+    if (t == ST_TYPE_TQ1_0) at[0] = 52;
+    if (t == ST_TYPE_TQ2_0) at[0] = 64;
     memcpy(blk + at[0], &d, 2);
     if (count == 2) memcpy(blk + at[1], &m, 2);
   }

@@ -47,12 +47,12 @@ static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_F64] = {"f64", 1, 8, 0},
     [ST_TYPE_IQ1_M] = {"iq1_m", 256, 56, 0},
     [ST_TYPE_BF16] = {"bf16", 1, 2, 1},
-    [ST_TYPE_TQ1_0] = {"tq1_0", 256, 54, 0},
-    [ST_TYPE_TQ2_0] = {"tq2_0", 256, 66, 0},
+    [ST_TYPE_TQ1_0] = {"tq1_0", 256, 54, 1},
+    [ST_TYPE_TQ2_0] = {"tq2_0", 256, 66, 1},
     [ST_TYPE_MXFP4] = {"mxfp4", 32, 17, 0},
     [ST_TYPE_NVFP4] = {"nvfp4", 64, 36, 0},
-    [ST_TYPE_Q1_0] = {"q1_0", 128, 18, 0},
-    [ST_TYPE_Q2_0] = {"q2_0", 64, 18, 0},
+    [ST_TYPE_Q1_0] = {"q1_0", 128, 18, 1},
+    [ST_TYPE_Q2_0] = {"q2_0", 64, 18, 1},
 };
 
 /* The ids ggml has removed (ggml.h keeps them as comments), by their old names. */
@@ -317,6 +317,41 @@ static void dequant_iq3_s(const st_block_iq3_s *b, float *y) {
   }
 }
 
+/* ---- the low-bit formats (quant.h): decoders as ggml's dequantize_row_q1_0, _q2_0, _tq1_0, _tq2_0 */
+
+static void dequant_q1_0(const st_block_q1_0 *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int j = 0; j < ST_QK1_0; j++) y[j] = (b->qs[j / 8] >> (j % 8)) & 1 ? d : -d;
+}
+
+static void dequant_q2_0(const st_block_q2_0 *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int j = 0; j < ST_QK2_0; j++) y[j] = (float)(((b->qs[j / 4] >> (2 * (j % 4))) & 3) - 1) * d;
+}
+
+/* Trit n (0..4) of a TQ1_0 byte: the n-th base-3 digit of the fraction q / 243, as 0, 1 or 2. */
+static inline int tq1_trit(uint8_t q, int n) {
+  static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+  return (int)(((unsigned)(uint8_t)(q * pow3[n]) * 3) >> 8);
+}
+
+static void dequant_tq1_0(const st_block_tq1_0 *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int n = 0; n < 5; n++)
+    for (int m = 0; m < 32; m++) y[32 * n + m] = (float)(tq1_trit(b->qs[m], n) - 1) * d;
+  for (int n = 0; n < 5; n++)
+    for (int m = 0; m < 16; m++) y[160 + 16 * n + m] = (float)(tq1_trit(b->qs[32 + m], n) - 1) * d;
+  for (int n = 0; n < 4; n++)
+    for (int j = 0; j < 4; j++) y[240 + 4 * n + j] = (float)(tq1_trit(b->qh[j], n) - 1) * d;
+}
+
+static void dequant_tq2_0(const st_block_tq2_0 *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int g = 0; g < 2; g++)
+    for (int l = 0; l < 4; l++)
+      for (int m = 0; m < 32; m++) y[128 * g + 32 * l + m] = (float)(((b->qs[32 * g + m] >> (2 * l)) & 3) - 1) * d;
+}
+
 void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
   switch (type) {
   case ST_TYPE_F32:
@@ -392,6 +427,18 @@ void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
     break;
   case ST_TYPE_IQ3_S:
     for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq3_s((const st_block_iq3_s *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_Q1_0:
+    for (int64_t i = 0; i < n / ST_QK1_0; i++) dequant_q1_0((const st_block_q1_0 *)row + i, out + ST_QK1_0 * i);
+    break;
+  case ST_TYPE_Q2_0:
+    for (int64_t i = 0; i < n / ST_QK2_0; i++) dequant_q2_0((const st_block_q2_0 *)row + i, out + ST_QK2_0 * i);
+    break;
+  case ST_TYPE_TQ1_0:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_tq1_0((const st_block_tq1_0 *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_TQ2_0:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_tq2_0((const st_block_tq2_0 *)row + i, out + ST_QK_K * i);
     break;
   default:
     ST_QUANT_UNREACHABLE(type);
@@ -897,6 +944,60 @@ static void quant_iq_grid(uint32_t type, const float *x, uint8_t *out) {
   }
 }
 
+/* The low-bit formats' quantisers, as ggml's quantize_row_*_ref define them (so that a model
+ * strata makes holds what llama-quantize would write from the same floats): Q1_0 d = mean |x|,
+ * the sign bit (x >= 0); Q2_0 d = max |x|, q = clamp(round(x / d) + 1, 0, 3); TQ1_0 and TQ2_0
+ * d = max |x|, trits lroundf(x / d) + 1 (TQ1_0 packs five as the ceiling of their base-3 value
+ * times 256 / 243). */
+static void quant_q1_0(const float *x, st_block_q1_0 *b) {
+  float sum = 0.0f;
+  for (int j = 0; j < ST_QK1_0; j++) sum += fabsf(x[j]);
+  b->d = st_f32_to_fp16(sum / ST_QK1_0);
+  memset(b->qs, 0, sizeof b->qs);
+  for (int j = 0; j < ST_QK1_0; j++)
+    if (x[j] >= 0.0f) b->qs[j / 8] |= (uint8_t)(1 << (j % 8));
+}
+
+static float absmax(const float *x, int n) {
+  float amax = 0.0f;
+  for (int j = 0; j < n; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+  return amax;
+}
+
+static void quant_q2_0(const float *x, st_block_q2_0 *b) {
+  const float d = absmax(x, ST_QK2_0), id = d > 0.0f ? 1.0f / d : 0.0f;
+  b->d = st_f32_to_fp16(d);
+  memset(b->qs, 0, sizeof b->qs);
+  for (int j = 0; j < ST_QK2_0; j++) b->qs[j / 4] |= (uint8_t)(clampi((int)roundf(x[j] * id) + 1, 0, 3) << (2 * (j % 4)));
+}
+
+/* Five (or four) trits of x[0], x[stride], ... as one TQ1_0 byte. */
+static uint8_t tq1_pack(const float *x, int stride, int count, float id) {
+  unsigned q = 0;
+  for (int n = 0; n < count; n++) q = q * 3 + (unsigned)(lroundf(x[n * stride] * id) + 1);
+  for (int n = count; n < 5; n++) q *= 3; /* four trits a byte: the fifth digit 0 */
+  return (uint8_t)((q * 256 + 242) / 243);
+}
+
+static void quant_tq1_0(const float *x, st_block_tq1_0 *b) {
+  const float d = absmax(x, ST_QK_K), id = d ? 1.0f / d : 0.0f;
+  b->d = st_f32_to_fp16(d);
+  for (int m = 0; m < 32; m++) b->qs[m] = tq1_pack(x + m, 32, 5, id);
+  for (int m = 0; m < 16; m++) b->qs[32 + m] = tq1_pack(x + 160 + m, 16, 5, id);
+  for (int j = 0; j < 4; j++) b->qh[j] = tq1_pack(x + 240 + j, 4, 4, id);
+}
+
+static void quant_tq2_0(const float *x, st_block_tq2_0 *b) {
+  const float d = absmax(x, ST_QK_K), id = d ? 1.0f / d : 0.0f;
+  b->d = st_f32_to_fp16(d);
+  for (int g = 0; g < 2; g++)
+    for (int m = 0; m < 32; m++) {
+      unsigned q = 0;
+      for (int l = 0; l < 4; l++) q |= (unsigned)((lroundf(x[128 * g + 32 * l + m] * id) + 1) & 3) << (2 * l);
+      b->qs[32 * g + m] = (uint8_t)q;
+    }
+}
+
 int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
   uint8_t *o = out;
   switch (type) {
@@ -959,6 +1060,18 @@ int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
   case ST_TYPE_IQ3_S:
     pthread_once(&iq_grids_once, iq_grids_init);
     for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq_grid(type, x + ST_QK_K * i, o + (uint64_t)i * st_type_info(type)->type_size);
+    return 0;
+  case ST_TYPE_Q1_0:
+    for (int64_t i = 0; i < n / ST_QK1_0; i++) quant_q1_0(x + ST_QK1_0 * i, (st_block_q1_0 *)out + i);
+    return 0;
+  case ST_TYPE_Q2_0:
+    for (int64_t i = 0; i < n / ST_QK2_0; i++) quant_q2_0(x + ST_QK2_0 * i, (st_block_q2_0 *)out + i);
+    return 0;
+  case ST_TYPE_TQ1_0:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) quant_tq1_0(x + ST_QK_K * i, (st_block_tq1_0 *)out + i);
+    return 0;
+  case ST_TYPE_TQ2_0:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) quant_tq2_0(x + ST_QK_K * i, (st_block_tq2_0 *)out + i);
     return 0;
   default:
     (void)o;

@@ -167,6 +167,41 @@ typedef struct {
 } st_block_iq3_s;
 static_assert(sizeof(st_block_iq3_s) == 110, "block_iq3_s size");
 
+/* The low-bit formats (ggml-common.h block_q1_0, block_q2_0, block_tq1_0, block_tq2_0).
+ * Q1_0: 128 weights, d (fp16) and one bit each, weight j = bit j ? d : -d (bit j of byte j / 8,
+ * least significant first). */
+#define ST_QK1_0 128
+typedef struct {
+  uint16_t d;
+  uint8_t qs[ST_QK1_0 / 8];
+} st_block_q1_0;
+static_assert(sizeof(st_block_q1_0) == 18, "block_q1_0 size");
+/* Q2_0: 64 weights, d and 2 bits each, weight j = (q - 1) d with q bits 2 (j % 4) of byte j / 4. */
+#define ST_QK2_0 64
+typedef struct {
+  uint16_t d;
+  uint8_t qs[ST_QK2_0 / 4];
+} st_block_q2_0;
+static_assert(sizeof(st_block_q2_0) == 18, "block_q2_0 size");
+/* TQ1_0: 256 ternary weights (-1, 0, +1 times d): qs[48] hold five trits a byte as the fixed-point
+ * fraction q / 243 of base-3 digits (trit n of a byte: ((uint8_t)(q * 3^n) * 3) >> 8), the first 32
+ * bytes for weights 0..159 (byte m, trit n: weight 32 n + m), the last 16 for weights 160..239
+ * (weight 160 + 16 n + m); qh[4] four trits a byte for weights 240..255 (byte j, trit n: weight
+ * 240 + 4 n + j); then d. Digit value 0, 1, 2 means -1, 0, +1. */
+typedef struct {
+  uint8_t qs[48];
+  uint8_t qh[4];
+  uint16_t d;
+} st_block_tq1_0;
+static_assert(sizeof(st_block_tq1_0) == 54, "block_tq1_0 size");
+/* TQ2_0: 256 ternary weights, 2 bits each (q - 1 times d): byte m of each 32-byte group g holds
+ * weights 128 g + 32 l + m at bits 2 l; then d. */
+typedef struct {
+  uint8_t qs[ST_QK_K / 4];
+  uint16_t d;
+} st_block_tq2_0;
+static_assert(sizeof(st_block_tq2_0) == 66, "block_tq2_0 size");
+
 /* The i-quant lookup tables (values in iq_grids.h, defined in quant.c). */
 extern const int8_t st_kvalues_iq4nl[16];
 extern const uint64_t st_iq2xs_grid[512];

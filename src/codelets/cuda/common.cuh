@@ -170,6 +170,33 @@ __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row
   case ST_TYPE_IQ2_S:
   case ST_TYPE_IQ3_XXS:
   case ST_TYPE_IQ3_S: return st_dev_iq_weight(type, row, i);
+  case ST_TYPE_Q1_0: { // quant.h st_block_q1_0
+    const int j = (int)(i % 128);
+    const uint8_t *b = row + (i / 128) * 18;
+    const float d = st_dev_f16at(b);
+    return (b[2 + j / 8] >> (j % 8)) & 1 ? d : -d;
+  }
+  case ST_TYPE_Q2_0: {
+    const int j = (int)(i % 64);
+    const uint8_t *b = row + (i / 64) * 18;
+    return (float)(((b[2 + j / 4] >> (2 * (j % 4))) & 3) - 1) * st_dev_f16at(b);
+  }
+  case ST_TYPE_TQ1_0: { // byte and trit of weight r (quant.h st_block_tq1_0)
+    const int r = (int)(i % 256);
+    const uint8_t *b = row + (i / 256) * 54;
+    int byte, n;
+    if (r < 160) byte = r % 32, n = r / 32;
+    else if (r < 240) byte = 32 + (r - 160) % 16, n = (r - 160) / 16;
+    else byte = 48 + (r - 240) % 4, n = (r - 240) / 4;
+    const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    const int trit = (int)(((unsigned)(uint8_t)(b[byte] * pow3[n]) * 3) >> 8);
+    return (float)(trit - 1) * st_dev_f16at(b + 52);
+  }
+  case ST_TYPE_TQ2_0: {
+    const int r = (int)(i % 256), g = r / 128, l = (r % 128) / 32, m = r % 32;
+    const uint8_t *b = row + (i / 256) * 66;
+    return (float)(((b[32 * g + m] >> (2 * l)) & 3) - 1) * st_dev_f16at(b + 64);
+  }
   default: { // Q6_K
     const int r = (int)(i % 256), n = r / 128, quarter = (r % 128) / 32, l = r % 32;
     const uint8_t *b = row + (i / 256) * 210, *ql = b + n * 64, *qh = b + 128 + n * 32;
