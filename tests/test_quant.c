@@ -185,6 +185,40 @@ static void check_known(uint32_t type, const void *block, const struct known *k,
   free(y);
 }
 
+/* IQ2_XXS, IQ1_S and IQ1_M (issue #25) from ggml's dequantize_row_iq2_xxs / _iq1_s / _iq1_m: */
+static void test_iq_low_known_blocks(void) {
+  /* IQ2_XXS, d = 1; sub-block 0: index bytes 1, 0, 0, 0 and the word 0x30000001 (group 0's sign
+   * field 1 = ggml 0x81: weights 0 and 7 negative; scale 3: (0.5 + 3) / 4 = 0.875); group 0 is
+   * iq2xxs_grid[1] = {43, 8, ..., 8}; sub-block 1 all zero: grid[0] = 8s at (0.5 + 0) / 4 */
+  st_block_iq2_xxs x;
+  memset(&x, 0, sizeof x);
+  x.d = st_f32_to_fp16(1.0f);
+  uint8_t *q = (uint8_t *)x.qs;
+  q[0] = 1, q[4] = 0x01, q[7] = 0x30;
+  const struct known kx[] = {{0, -37.625f}, {1, 7.0f}, {7, -7.0f}, {8, 7.0f}, {32, 1.0f}};
+  check_known(ST_TYPE_IQ2_XXS, &x, kx, 5, "d=1, idx 1 sign field 1 scale 3, rest 0");
+
+  /* IQ1_S, d = 0.5; qh[0] = 0x2038: scale 2 (dl = 0.5 * 5 = 2.5), group 1's high bits 7 (index
+   * 1792 = {1, -1, 0, 1, 1, 0, 0, 1}), shift +1/8; qs[0] = 1: group 0 is iq1s_grid[1] = {1, -1, ..., -1};
+   * qh[1] = 0x8000: scale 0 (dl 0.5), shift -1/8, grid[0] all -1 */
+  st_block_iq1_s s1;
+  memset(&s1, 0, sizeof s1);
+  s1.d = st_f32_to_fp16(0.5f);
+  s1.qs[0] = 1, s1.qh[0] = 0x2038, s1.qh[1] = 0x8000;
+  const struct known ks[] = {{0, 2.8125f}, {1, -2.1875f}, {8, 2.8125f}, {9, -2.1875f}, {10, 0.3125f}, {32, -0.5625f}};
+  check_known(ST_TYPE_IQ1_S, &s1, ks, 6, "d=0.5, qh[0]=0x2038 qs[0]=1 qh[1]=0x8000");
+
+  /* IQ1_M, d = 1 (fp16 0x3C00 in the top nibbles of the scale words 0..3: 0, 0, 0xC, 0x3); word 0 =
+   * 0x11: sub-block 0's scales 1 and 2 (dl1 = 3, dl2 = 5); qh[0] = 0x78: group 0 high bits 0, shift
+   * -1/8; group 1 high bits 7 (index 1792), shift +1/8; qs[0] = 1 */
+  st_block_iq1_m m1;
+  memset(&m1, 0, sizeof m1);
+  m1.qs[0] = 1, m1.qh[0] = 0x78;
+  m1.scales[0] = 0x11, m1.scales[5] = 0xC0, m1.scales[7] = 0x30;
+  const struct known km[] = {{0, 2.625f}, {1, -3.375f}, {8, 3.375f}, {10, 0.375f}, {16, -4.375f}, {64, -0.875f}};
+  check_known(ST_TYPE_IQ1_M, &m1, km, 6, "d=1 in the scale nibbles, scales 1/2, qh[0]=0x78 qs[0]=1");
+}
+
 /* The low-bit formats (issue #25) from their definitions in ggml-common.h / ggml-quants.c: */
 static void test_lowbit_known_blocks(void) {
   /* Q1_0, d = 0.5: bit j of byte j / 8 set gives +0.5, clear -0.5 */
@@ -712,6 +746,10 @@ int main(void) {
   test_iq_signs();
   test_iq_known_blocks();
   test_lowbit_known_blocks();
+  test_iq_low_known_blocks();
+  const uint32_t iq_low[] = {ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M}; /* random blocks (IQ1: no quantiser) */
+  for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_matmul_blocks(iq_low[i], 512, 0);
+  test_matmul_blocks(ST_TYPE_IQ2_XXS, 512, 1);
   /* the low-bit formats through the float path (each row decoded once, st_matmul's rule for a
    * format without register kernels): random and quantised blocks */
   const uint32_t lowbit[] = {ST_TYPE_Q1_0, ST_TYPE_Q2_0, ST_TYPE_TQ1_0, ST_TYPE_TQ2_0};
@@ -746,7 +784,9 @@ int main(void) {
             /* the low-bit formats with ggml's reference quantisers (a sign and the mean |x|; amax
              * scales for the 2-bit and ternary levels): measured 0.602 0.714 0.819 0.811 when
              * written (1 bit: sqrt(1 - 2/pi) = 0.603 is the best a sign can do), bounds ~12% above */
-            {ST_TYPE_Q1_0, 0.68}, {ST_TYPE_Q2_0, 0.80}, {ST_TYPE_TQ1_0, 0.92}, {ST_TYPE_TQ2_0, 0.92}};
+            {ST_TYPE_Q1_0, 0.68}, {ST_TYPE_Q2_0, 0.80}, {ST_TYPE_TQ1_0, 0.92}, {ST_TYPE_TQ2_0, 0.92},
+            /* IQ2_XXS through the grid search of IQ2_XS (one scale per 32 weights): 0.334 when written */
+            {ST_TYPE_IQ2_XXS, 0.375}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
    * tail), random and quantised blocks, tiles of 1 to 4 tokens */

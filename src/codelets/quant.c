@@ -16,6 +16,8 @@ const uint64_t st_iq2xs_grid[512] = ST_IQ2XS_GRID_VALUES;
 const uint64_t st_iq2s_grid[1024] = ST_IQ2S_GRID_VALUES;
 const uint32_t st_iq3xxs_grid[256] = ST_IQ3XXS_GRID_VALUES;
 const uint32_t st_iq3s_grid[512] = ST_IQ3S_GRID_VALUES;
+const uint64_t st_iq2xxs_grid[256] = ST_IQ2XXS_GRID_VALUES;
+const uint64_t st_iq1s_grid[2048] = ST_IQ1S_GRID_VALUES;
 
 static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_F32] = {"f32", 1, 4, 1},
@@ -32,10 +34,10 @@ static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_Q5_K] = {"q5_K", 256, 176, 1},
     [ST_TYPE_Q6_K] = {"q6_K", 256, 210, 1},
     [ST_TYPE_Q8_K] = {"q8_K", 256, 292, 0},
-    [ST_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66, 0},
+    [ST_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66, 1},
     [ST_TYPE_IQ2_XS] = {"iq2_xs", 256, 74, 1},
     [ST_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98, 1},
-    [ST_TYPE_IQ1_S] = {"iq1_s", 256, 50, 0},
+    [ST_TYPE_IQ1_S] = {"iq1_s", 256, 50, 1},
     [ST_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, 1},
     [ST_TYPE_IQ3_S] = {"iq3_s", 256, 110, 1},
     [ST_TYPE_IQ2_S] = {"iq2_s", 256, 82, 1},
@@ -45,7 +47,7 @@ static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_I32] = {"i32", 1, 4, 0},
     [ST_TYPE_I64] = {"i64", 1, 8, 0},
     [ST_TYPE_F64] = {"f64", 1, 8, 0},
-    [ST_TYPE_IQ1_M] = {"iq1_m", 256, 56, 0},
+    [ST_TYPE_IQ1_M] = {"iq1_m", 256, 56, 1},
     [ST_TYPE_BF16] = {"bf16", 1, 2, 1},
     [ST_TYPE_TQ1_0] = {"tq1_0", 256, 54, 1},
     [ST_TYPE_TQ2_0] = {"tq2_0", 256, 66, 1},
@@ -281,6 +283,56 @@ static void dequant_iq2_xs(const st_block_iq2_xs *b, float *y) {
   }
 }
 
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+static void dequant_iq2_xxs(const st_block_iq2_xxs *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  const uint8_t *q = (const uint8_t *)b->qs;
+  for (int ib = 0; ib < 8; ib++) {
+    const uint32_t idx = le32(q + 8 * ib), aux = le32(q + 8 * ib + 4);
+    const float dl = iq2_scale(d, (int)(aux >> 28));
+    for (int l = 0; l < 4; l++)
+      iq_emit8(st_iq2xxs_grid[(idx >> (8 * l)) & 0xFF], st_iq_signs((aux >> (7 * l)) & 127), dl, y + 32 * ib + 8 * l);
+  }
+}
+
+/* 8 weights dl * (value + delta) of an iq1s grid entry (dequantize_row_iq1_s's operations). */
+static void iq1_emit8(uint64_t grid, float dl, float delta, float *y) {
+  for (int j = 0; j < 8; j++) y[j] = dl * ((float)(int8_t)(grid >> (8 * j)) + delta);
+}
+
+static void dequant_iq1_s(const st_block_iq1_s *b, float *y) {
+  const float d = st_fp16_to_f32(b->d);
+  for (int ib = 0; ib < 8; ib++) {
+    const unsigned qh = b->qh[ib];
+    const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1), delta = qh & 0x8000 ? -ST_IQ1_DELTA : ST_IQ1_DELTA;
+    for (int l = 0; l < 4; l++)
+      iq1_emit8(st_iq1s_grid[b->qs[4 * ib + l] | ((qh >> (3 * l)) & 7) << 8], dl, delta, y + 32 * ib + 8 * l);
+  }
+}
+
+/* IQ1_M's fp16 d from the top nibbles of its four scale words. */
+static float iq1m_d(const st_block_iq1_m *b) {
+  uint16_t sc[4];
+  for (int k = 0; k < 4; k++) sc[k] = (uint16_t)(b->scales[2 * k] | b->scales[2 * k + 1] << 8);
+  return st_fp16_to_f32((uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000)));
+}
+
+static void dequant_iq1_m(const st_block_iq1_m *b, float *y) {
+  const float d = iq1m_d(b);
+  for (int ib = 0; ib < 8; ib++) {
+    const unsigned sc = (unsigned)(b->scales[2 * (ib / 2)] | b->scales[2 * (ib / 2) + 1] << 8);
+    const float dl1 = d * (float)(2 * ((sc >> (6 * (ib % 2))) & 7) + 1);
+    const float dl2 = d * (float)(2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1);
+    const uint8_t *qs = b->qs + 4 * ib, *qh = b->qh + 2 * ib;
+    for (int l = 0; l < 4; l++) {
+      const unsigned h = qh[l / 2] >> (4 * (l % 2)); /* the group's high bits (0..2) and shift sign (3) */
+      const float delta = h & 8 ? -ST_IQ1_DELTA : ST_IQ1_DELTA;
+      iq1_emit8(st_iq1s_grid[qs[l] | (h & 7) << 8], l < 2 ? dl1 : dl2, delta, y + 32 * ib + 8 * l);
+    }
+  }
+}
+
 static void dequant_iq2_s(const st_block_iq2_s *b, float *y) {
   const float d = st_fp16_to_f32(b->d);
   for (int g = 0; g < 32; g++) {
@@ -427,6 +479,15 @@ void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
     break;
   case ST_TYPE_IQ3_S:
     for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq3_s((const st_block_iq3_s *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ2_XXS:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq2_xxs((const st_block_iq2_xxs *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ1_S:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq1_s((const st_block_iq1_s *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_IQ1_M:
+    for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq1_m((const st_block_iq1_m *)row + i, out + ST_QK_K * i);
     break;
   case ST_TYPE_Q1_0:
     for (int64_t i = 0; i < n / ST_QK1_0; i++) dequant_q1_0((const st_block_q1_0 *)row + i, out + ST_QK1_0 * i);
@@ -723,8 +784,8 @@ struct iq_grid {
   uint8_t exact[IQ_MAX_CODES];
   int16_t near[IQ_MAX_CODES][IQ_NEAR];
 };
-enum { IQ_GRID_2XS, IQ_GRID_2S, IQ_GRID_3XXS, IQ_GRID_3S };
-static struct iq_grid iq_grids[4];
+enum { IQ_GRID_2XS, IQ_GRID_2S, IQ_GRID_3XXS, IQ_GRID_3S, IQ_GRID_2XXS };
+static struct iq_grid iq_grids[5];
 static pthread_once_t iq_grids_once = PTHREAD_ONCE_INIT;
 
 /* table: n uint64 entries (dim 8) or n uint32 entries (dim 4). */
@@ -767,6 +828,7 @@ static void iq_grids_init(void) {
   iq_grid_build(&iq_grids[IQ_GRID_2S], st_iq2s_grid, 1024, 8, l2, 3);
   iq_grid_build(&iq_grids[IQ_GRID_3XXS], st_iq3xxs_grid, 256, 4, l3xxs, 8);
   iq_grid_build(&iq_grids[IQ_GRID_3S], st_iq3s_grid, 512, 4, l3s, 8);
+  iq_grid_build(&iq_grids[IQ_GRID_2XXS], st_iq2xxs_grid, 256, 8, l2, 3);
 }
 
 /* The entry for target magnitudes t[dim] (in grid units): the code's own entry when the code is
@@ -853,10 +915,11 @@ static float iq_sub_scale(uint32_t type, float d, int s) {
 }
 
 static void iq_quant_block(uint32_t type, const float *x, struct iq_fitted *o) {
-  const int parity = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS;
+  const int parity = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ2_XXS;
   const struct iq_grid *g = &iq_grids[type == ST_TYPE_IQ2_XS ? IQ_GRID_2XS : type == ST_TYPE_IQ2_S ? IQ_GRID_2S
-                                      : type == ST_TYPE_IQ3_XXS ? IQ_GRID_3XXS : IQ_GRID_3S];
-  const int sub = g->dim == 8 ? 16 : 32;
+                                      : type == ST_TYPE_IQ3_XXS ? IQ_GRID_3XXS : type == ST_TYPE_IQ2_XXS ? IQ_GRID_2XXS
+                                      : IQ_GRID_3S];
+  const int sub = g->dim == 8 && type != ST_TYPE_IQ2_XXS ? 16 : 32; /* weights per 4-bit scale */
   float a[ST_QK_K];
   for (int k = 0; k < 32; k++) {
     const float *xk = x + 8 * k;
@@ -899,6 +962,20 @@ static void quant_iq_grid(uint32_t type, const float *x, uint8_t *out) {
   struct iq_fitted f;
   iq_quant_block(type, x, &f);
   switch (type) {
+  case ST_TYPE_IQ2_XXS: { /* per 32 weights: four grid index bytes, then the signs and scale word */
+    st_block_iq2_xxs *b = (st_block_iq2_xxs *)out;
+    b->d = f.d;
+    uint8_t *q = (uint8_t *)b->qs;
+    for (int ib = 0; ib < 8; ib++) {
+      uint32_t aux = (uint32_t)f.scale[ib] << 28;
+      for (int l = 0; l < 4; l++) {
+        q[8 * ib + l] = (uint8_t)f.idx[4 * ib + l];
+        aux |= (uint32_t)(f.signs[4 * ib + l] & 127) << (7 * l);
+      }
+      for (int k = 0; k < 4; k++) q[8 * ib + 4 + k] = (uint8_t)(aux >> (8 * k));
+    }
+    break;
+  }
   case ST_TYPE_IQ2_XS: {
     st_block_iq2_xs *b = (st_block_iq2_xs *)out;
     b->d = f.d;
@@ -1054,6 +1131,7 @@ int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
   case ST_TYPE_IQ4_XS:
     for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq4_xs(x + ST_QK_K * i, (st_block_iq4_xs *)out + i);
     return 0;
+  case ST_TYPE_IQ2_XXS:
   case ST_TYPE_IQ2_XS:
   case ST_TYPE_IQ2_S:
   case ST_TYPE_IQ3_XXS:

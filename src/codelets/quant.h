@@ -167,6 +167,38 @@ typedef struct {
 } st_block_iq3_s;
 static_assert(sizeof(st_block_iq3_s) == 110, "block_iq3_s size");
 
+/* IQ2_XXS (ggml-common.h block_iq2_xxs): 256 weights, d, then per 32 weights 8 bytes: four grid
+ * indices (one byte each, into st_iq2xxs_grid, 8 magnitudes a group), then a 32-bit word with four
+ * 7-bit sign fields (group l at bits 7 l, st_iq_signs) and a 4-bit scale s in bits 28..31: weights
+ * d (0.5 + s) / 4 * magnitude * sign. */
+typedef struct {
+  uint16_t d;
+  uint16_t qs[32];
+} st_block_iq2_xxs;
+static_assert(sizeof(st_block_iq2_xxs) == 66, "block_iq2_xxs size");
+/* IQ1_S (block_iq1_s): 256 weights, d, the low 8 bits of 32 grid indices (st_iq1s_grid: 8 values
+ * of {-1, 0, +1}), then per 32 weights a 16-bit word: the indices' high 3 bits (group l at bits
+ * 3 l), a 3-bit scale s in bits 12..14 and the sign of the shift in bit 15: weights
+ * d (2 s + 1) (value + shift), shift = -1/8 when bit 15 is set, else +1/8 (ST_IQ1_DELTA). */
+#define ST_IQ1_DELTA 0.125f
+typedef struct {
+  uint16_t d;
+  uint8_t qs[32];
+  uint16_t qh[8];
+} st_block_iq1_s;
+static_assert(sizeof(st_block_iq1_s) == 50, "block_iq1_s size");
+/* IQ1_M (block_iq1_m): 256 weights and no separate d: per 32 weights four index bytes and two qh
+ * bytes (each: two groups' high 3 bits at bits 0..2 and 4..6, their shift signs at bits 3 and 7),
+ * per 16 weights a 3-bit scale in `scales` (four 16-bit words, 6 bits per 32 weights), and the
+ * fp16 d spread over the top nibbles of those four words (word k's bits 12..15 are d's bits
+ * 4 k .. 4 k + 3). */
+typedef struct {
+  uint8_t qs[32];
+  uint8_t qh[16];
+  uint8_t scales[8];
+} st_block_iq1_m;
+static_assert(sizeof(st_block_iq1_m) == 56, "block_iq1_m size");
+
 /* The low-bit formats (ggml-common.h block_q1_0, block_q2_0, block_tq1_0, block_tq2_0).
  * Q1_0: 128 weights, d (fp16) and one bit each, weight j = bit j ? d : -d (bit j of byte j / 8,
  * least significant first). */
@@ -208,6 +240,8 @@ extern const uint64_t st_iq2xs_grid[512];
 extern const uint64_t st_iq2s_grid[1024];
 extern const uint32_t st_iq3xxs_grid[256];
 extern const uint32_t st_iq3s_grid[512];
+extern const uint64_t st_iq2xxs_grid[256];
+extern const uint64_t st_iq1s_grid[2048];
 
 /* IQ2_XS/IQ3_XXS sign byte of a 7-bit sign field: the eighth sign makes the number of negative
  * weights even (ggml's ksigns_iq2xs[i]; bit j set = weight j negative). */

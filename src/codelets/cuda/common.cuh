@@ -47,6 +47,8 @@ static __device__ const uint64_t st_dev_iq2xs_grid[512] = ST_IQ2XS_GRID_VALUES;
 static __device__ const uint64_t st_dev_iq2s_grid[1024] = ST_IQ2S_GRID_VALUES;
 static __device__ const uint32_t st_dev_iq3xxs_grid[256] = ST_IQ3XXS_GRID_VALUES;
 static __device__ const uint32_t st_dev_iq3s_grid[512] = ST_IQ3S_GRID_VALUES;
+static __device__ const uint64_t st_dev_iq2xxs_grid[256] = ST_IQ2XXS_GRID_VALUES;
+static __device__ const uint64_t st_dev_iq1s_grid[2048] = ST_IQ1S_GRID_VALUES;
 
 // Sign (+1 or -1) of weight j of a group of 8 under sign byte `signs` (bit j set: negative).
 __device__ __forceinline__ float st_dev_sign(uint32_t signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }
@@ -90,6 +92,34 @@ __device__ __forceinline__ float st_dev_iq_weight(uint32_t type, const uint8_t *
       signs = b[34 + g];
     }
     return dl * (float)((grid >> (8 * j)) & 0xFF) * st_dev_sign(signs, j);
+  }
+  case ST_TYPE_IQ2_XXS: { // quant.h st_block_iq2_xxs
+    const int l = (r % 32) / 8, j = r % 8;
+    const uint8_t *b = row + (i / 256) * 66;
+    const uint32_t aux = st_dev_u32(b + 2 + 8 * ib + 4);
+    const float dl = st_dev_f16at(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
+    const uint64_t grid = st_dev_iq2xxs_grid[b[2 + 8 * ib + l]];
+    return dl * (float)((grid >> (8 * j)) & 0xFF) * st_dev_sign(st_dev_iq_signs((aux >> (7 * l)) & 127), j);
+  }
+  case ST_TYPE_IQ1_S: { // st_block_iq1_s
+    const int l = (r % 32) / 8, j = r % 8;
+    const uint8_t *b = row + (i / 256) * 50;
+    const unsigned qh = b[34 + 2 * ib] | (unsigned)b[35 + 2 * ib] << 8;
+    const float dl = st_dev_f16at(b) * (float)(2 * ((qh >> 12) & 7) + 1), delta = qh & 0x8000 ? -0.125f : 0.125f;
+    const uint64_t grid = st_dev_iq1s_grid[b[2 + 4 * ib + l] | ((qh >> (3 * l)) & 7) << 8];
+    return dl * ((float)(int8_t)(grid >> (8 * j)) + delta);
+  }
+  case ST_TYPE_IQ1_M: { // st_block_iq1_m: d in the scale words' top nibbles
+    const int l = (r % 32) / 8, j = r % 8;
+    const uint8_t *b = row + (i / 256) * 56, *sb = b + 48;
+    const unsigned s0 = sb[0] | sb[1] << 8, s1 = sb[2] | sb[3] << 8, s2 = sb[4] | sb[5] << 8, s3 = sb[6] | sb[7] << 8;
+    const float d = st_dev_half((uint16_t)((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000)));
+    const unsigned sc = sb[2 * (ib / 2)] | sb[2 * (ib / 2) + 1] << 8;
+    const float dl = d * (float)(2 * ((sc >> (6 * (ib % 2) + (l < 2 ? 0 : 3))) & 7) + 1);
+    const unsigned h = b[32 + 2 * ib + l / 2] >> (4 * (l % 2));
+    const float delta = h & 8 ? -0.125f : 0.125f;
+    const uint64_t grid = st_dev_iq1s_grid[b[4 * ib + l] | (h & 7) << 8];
+    return dl * ((float)(int8_t)(grid >> (8 * j)) + delta);
   }
   case ST_TYPE_IQ3_XXS: {
     const int k = r / 4, l = (r % 32) / 8;
@@ -166,10 +196,13 @@ __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row
   }
   case ST_TYPE_IQ4_NL:
   case ST_TYPE_IQ4_XS:
+  case ST_TYPE_IQ2_XXS:
   case ST_TYPE_IQ2_XS:
   case ST_TYPE_IQ2_S:
   case ST_TYPE_IQ3_XXS:
-  case ST_TYPE_IQ3_S: return st_dev_iq_weight(type, row, i);
+  case ST_TYPE_IQ3_S:
+  case ST_TYPE_IQ1_S:
+  case ST_TYPE_IQ1_M: return st_dev_iq_weight(type, row, i);
   case ST_TYPE_Q1_0: { // quant.h st_block_q1_0
     const int j = (int)(i % 128);
     const uint8_t *b = row + (i / 128) * 18;
