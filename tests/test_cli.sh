@@ -102,14 +102,14 @@ expect_error "wrong magic" "magic" "$STRATA" generate -m "$tmp/magic.gguf" -p hi
 # the same file with its architecture renamed (same length, so the layout stays valid)
 LC_ALL=C sed 's/qwen3moe/llama4xx/g' "$tiny" > "$tmp/arch.gguf"
 expect_error "unsupported architecture" "unsupported architecture llama4xx" "$STRATA" generate -m "$tmp/arch.gguf" -p hi
-# a tiny Q8_0 model with rows of 256 and token_embd.weight's type changed to iq1_s (19), which strata
+# a tiny Q8_0 model with rows of 256 and token_embd.weight's type changed to nvfp4 (40), which strata
 # does not compute: the tensor info's type field follows the name, n_dims and two dims
 cp "$(test_model tiny-h256-q8_0 --preset tiny --hidden 256 --type q8_0)" "$tmp/iq.gguf"; chmod u+w "$tmp/iq.gguf"
 at=$(grep -obUa "token_embd.weight" "$tmp/iq.gguf" | head -n 1 | cut -d: -f1)
-printf '\023\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
-expect_error "unsupported tensor type" "unsupported tensor type iq1_s (id 19) for token_embd.weight in $tmp/iq.gguf\$" \
+printf '\050\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
+expect_error "unsupported tensor type" "unsupported tensor type nvfp4 (id 40) for token_embd.weight in $tmp/iq.gguf\$" \
   "$STRATA" generate -m "$tmp/iq.gguf" -p hi
-# the same wording for a type the reader knows only by its block (mxfp4, 39) and, from the reader,
+# the same wording for mxfp4 (39) and, from the reader,
 # for an id ggml does not define (200)
 printf '\047\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
 expect_error "unsupported tensor type mxfp4" "unsupported tensor type mxfp4 (id 39) for token_embd.weight in $tmp/iq.gguf\$" \
