@@ -799,6 +799,13 @@ int main(void) {
     test_int8(int8_types[i], 768, 0, 6);
   }
   test_int8(ST_TYPE_Q8_0, 96, 0, 7);
+  /* the low-bit formats through their Q4_0 transcoding: random and quantised blocks, short rows */
+  for (size_t i = 0; i < sizeof lowbit / sizeof lowbit[0]; i++) {
+    test_int8(lowbit[i], 2048, 1, 7);
+    test_int8(lowbit[i], 768, 0, 6);
+  }
+  test_int8(ST_TYPE_Q2_0, 64, 0, 5);
+  test_int8(ST_TYPE_Q1_0, 128, 1, 3);
   test_int8(ST_TYPE_Q4_0, 32, 1, 5);
   /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in a partial last group of four blocks */
   test_int8(ST_TYPE_Q4_1, 96, 1, 7);

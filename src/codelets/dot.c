@@ -12,6 +12,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,12 +205,127 @@ int st_dot_force_isa(int l) {
   return full_level();
 }
 
+/* ---- the low-bit formats through Q4_0 (issue #25) ----------------------------------------------
+ * Every Q2_0, Q1_0, TQ2_0 and TQ1_0 weight is a small integer v in -1..2 times its block's fp16 d,
+ * so a row of them is exactly a row of Q4_0 blocks (q = v + 8, the same d in each 32-weight block).
+ * st_matmul and st_matmul_q8 transcode 64 rows at a time into that layout and run the Q4_0
+ * kernels (SIMD at every level, the same bits at every level), instead of decoding each weight
+ * to float32. */
+static int via_q4_0(uint32_t type) {
+  return type == ST_TYPE_Q2_0 || type == ST_TYPE_Q1_0 || type == ST_TYPE_TQ2_0 || type == ST_TYPE_TQ1_0;
+}
+
+/* One TQ2_0 or TQ1_0 block as Q4_0 quants q = v + 8 (q[256]); returns the block's fp16 d. */
+static uint16_t lowbit_block(uint32_t type, const uint8_t *b, uint8_t *q) {
+  uint16_t d;
+  switch (type) {
+  case ST_TYPE_TQ2_0:
+    memcpy(&d, b + 64, 2);
+    for (int g = 0; g < 2; g++)
+      for (int l = 0; l < 4; l++)
+        for (int m = 0; m < 32; m++) q[128 * g + 32 * l + m] = (uint8_t)(((b[32 * g + m] >> (2 * l)) & 3) + 7);
+    break;
+  default: { /* TQ1_0 (quant.h st_block_tq1_0): trit n of a byte is ((uint8_t)(byte * 3^n) * 3) >> 8 */
+    memcpy(&d, b + 52, 2);
+    uint8_t p[48 + 4];
+    memcpy(p, b, 52);
+    for (int n = 0; n < 5; n++) {
+      for (int m = 0; m < 32; m++) q[32 * n + m] = (uint8_t)(((p[m] * 3u) >> 8) + 7);
+      for (int m = 0; m < 16; m++) q[160 + 16 * n + m] = (uint8_t)(((p[32 + m] * 3u) >> 8) + 7);
+      if (n < 4)
+        for (int j = 0; j < 4; j++) q[240 + 4 * n + j] = (uint8_t)(((p[48 + j] * 3u) >> 8) + 7);
+      for (int m = 0; m < 52; m++) p[m] = (uint8_t)(p[m] * 3u); /* the next trit to the top */
+    }
+  }
+  }
+  return d;
+}
+
+/* Q2_0 and Q1_0 bytes to Q4_0 quants, one byte of the output per weight (value + 8 < 16, so two
+ * such words or-ed with one shifted by 4 give the Q4_0 bytes of two half-blocks at once). */
+static uint32_t lut_q2[256];
+static uint64_t lut_q1[256];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+static void lut_init(void) {
+  for (int v = 0; v < 256; v++) {
+    uint32_t w2 = 0;
+    uint64_t w1 = 0;
+    for (int j = 0; j < 4; j++) w2 |= (uint32_t)(((v >> (2 * j)) & 3) + 7) << (8 * j);
+    for (int j = 0; j < 8; j++) w1 |= (uint64_t)(7 + 2 * ((v >> j) & 1)) << (8 * j);
+    lut_q2[v] = w2, lut_q1[v] = w1;
+  }
+}
+
+/* Rows [r0, r1) of W (of a via_q4_0 type, n weights a row) as Q4_0 rows into out. */
+static void lowbit_to_q4_0(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t r0, int64_t r1, int64_t n,
+                           st_block_q4_0 *out) {
+  const struct st_type_info *ti = st_type_info(type);
+  const int bs = (int)ti->blck_size;
+  pthread_once(&lut_once, lut_init);
+  uint8_t q[256];
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    st_block_q4_0 *o = out + (r - r0) * (n / 32);
+    for (int64_t b = 0; b < n / bs; b++) {
+      const uint8_t *blk = row + (uint64_t)b * ti->type_size;
+      if (type == ST_TYPE_Q2_0) { /* a 32-weight half: bytes 8 h .. 8 h + 3 low, + 4 .. + 7 high */
+        for (int h = 0; h < 2; h++, o++) {
+          memcpy(&o->d, blk, 2);
+          for (int k = 0; k < 4; k++) {
+            const uint32_t w = lut_q2[blk[2 + 8 * h + k]] | lut_q2[blk[2 + 8 * h + 4 + k]] << 4;
+            memcpy(o->qs + 4 * k, &w, 4);
+          }
+        }
+        continue;
+      }
+      if (type == ST_TYPE_Q1_0) { /* a 32-weight quarter: bytes 4 k, 4 k + 1 low, 4 k + 2, 4 k + 3 high */
+        for (int k = 0; k < 4; k++, o++) {
+          memcpy(&o->d, blk, 2);
+          for (int h = 0; h < 2; h++) {
+            const uint64_t w = lut_q1[blk[2 + 4 * k + h]] | lut_q1[blk[2 + 4 * k + 2 + h]] << 4;
+            memcpy(o->qs + 8 * h, &w, 8);
+          }
+        }
+        continue;
+      }
+      const uint16_t d = lowbit_block(type, blk, q);
+      for (int k = 0; k < bs / 32; k++, o++) {
+        o->d = d;
+        for (int j = 0; j < 16; j++) o->qs[j] = (uint8_t)(q[32 * k + j] | q[32 * k + j + 16] << 4);
+      }
+    }
+  }
+}
+
+/* A per-thread buffer of at least `bytes` (kept for the next call). */
+static void *thread_buffer(size_t bytes) {
+  static _Thread_local void *buf;
+  static _Thread_local size_t cap;
+  if (bytes > cap) {
+    free(buf);
+    buf = malloc(bytes);
+    cap = buf ? bytes : 0;
+  }
+  return buf;
+}
+
 /* Block formats decoded in registers: Q2_K..Q6_K and IQ4_XS a super-block at a time in the
  * row_tile_k_* functions (dot_k.c); Q4_0..Q5_1 and IQ4_NL a 32-weight block at a time and the grid
  * i-quants in row_tile_b_* (dot_b32.c) and row_tile_iq_* (dot_grid.c). IQ4_NL/IQ4_XS map their
  * 4-bit indices to the non-linear levels with one byte shuffle (pshufb) of st_kvalues_iq4nl. */
 void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1,
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
+  if (via_q4_0(type)) {
+    const uint64_t rb4 = (uint64_t)(n / 32) * sizeof(st_block_q4_0);
+    st_block_q4_0 *q4 = thread_buffer(64 * rb4);
+    ST_ASSERT(q4 != NULL);
+    for (int64_t rb = r0; rb < r1; rb += 64) {
+      const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
+      lowbit_to_q4_0(type, W, row_bytes, rb, re, n, q4);
+      st_matmul(ST_TYPE_Q4_0, q4, rb4, 0, re - rb, x, ldx, T, n, out + (rb - r0), ldo);
+    }
+    return;
+  }
   static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
   const row_tile_fn fn = fns[level()];
   row_tile_fn tile = fn;
@@ -275,6 +391,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
 static int q8_family(uint32_t type) {
   switch (type) {
   case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_Q4_1: case ST_TYPE_Q5_0: case ST_TYPE_Q5_1: case ST_TYPE_IQ4_NL:
+  case ST_TYPE_Q2_0: case ST_TYPE_Q1_0: case ST_TYPE_TQ2_0: case ST_TYPE_TQ1_0: /* through Q4_0 */
     return 1;
   case ST_TYPE_Q2_K: case ST_TYPE_Q3_K: case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS:
   case ST_TYPE_IQ2_XS: case ST_TYPE_IQ2_S: case ST_TYPE_IQ3_XXS: case ST_TYPE_IQ3_S:
@@ -459,6 +576,17 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
                                        {q8_tile_grid_scalar, q8_tile_grid_avx2, q8_tile_grid_vnni, q8_tile_grid_vbmi}};
   const uint64_t ldq = st_q8_row_bytes(type, n);
   ST_ASSERT(ldq > 0);
+  if (via_q4_0(type)) { /* the same activation rows (blocks of 32) as Q4_0's */
+    const uint64_t rb4 = (uint64_t)(n / 32) * sizeof(st_block_q4_0);
+    st_block_q4_0 *q4 = thread_buffer(64 * rb4);
+    ST_ASSERT(q4 != NULL);
+    for (int64_t rb = r0; rb < r1; rb += 64) {
+      const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
+      lowbit_to_q4_0(type, W, row_bytes, rb, re, n, q4);
+      st_matmul_q8(ST_TYPE_Q4_0, q4, rb4, 0, re - rb, xq, T, n, out + (rb - r0), ldo);
+    }
+    return;
+  }
   const int family = q8_family(type) == 1 ? 0 : k_is_grid(type) ? 2 : 1;
   const q8_tile_fn tile = k_is_grid(type) && q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_grid_vbmi_gather
                                                                                        : fns[family][q8_level()];
