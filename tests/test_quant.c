@@ -805,6 +805,12 @@ int main(void) {
     test_int8(lowbit[i], 768, 0, 6);
   }
   test_int8(ST_TYPE_Q2_0, 64, 0, 5);
+  /* IQ2_XXS, IQ1_S and IQ1_M's own kernels (dot_lowiq.c): random blocks, IQ2_XXS also quantised */
+  for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) {
+    test_int8(iq_low[i], 2048, 0, 7);
+    test_int8(iq_low[i], 768, 0, 6);
+  }
+  test_int8(ST_TYPE_IQ2_XXS, 512, 1, 5);
   test_int8(ST_TYPE_Q1_0, 128, 1, 3);
   test_int8(ST_TYPE_Q4_0, 32, 1, 5);
   /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in a partial last group of four blocks */

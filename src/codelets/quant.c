@@ -236,7 +236,8 @@ static void dequant_q6_K(const st_block_q6_K *b, float *y) {
 
 /* ---- i-quant decoders (ggml's dequantize_row_iq*) ---- */
 
-static inline float iq_sign(uint32_t signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }
+/* +1 or -1 for sign bit j, without a branch (random signs mispredict: 4 ns a weight with one). */
+static inline float iq_sign(uint32_t signs, int j) { return 1.0f - 2.0f * (float)((signs >> j) & 1); }
 
 /* 8 (IQ2) or 4 (IQ3) weights of one grid entry: dl * magnitude * sign, sign bit j for weight j. */
 static void iq_emit8(uint64_t grid, uint32_t signs, float dl, float *y) {
