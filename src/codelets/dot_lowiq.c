@@ -1,11 +1,11 @@
 /* st_matmul_q8's kernels for IQ2_XXS, IQ1_S and IQ1_M (issue #25): q8_0 activations (blocks of 32),
  * each 32-weight block of a row decoded once to 32 exact int8 weights (IQ2_XXS: grid magnitude
  * times sign, -43..43; IQ1_S and IQ1_M: 8 (value + shift), the shift of +-1/8 folded in as +-1,
- * -9..9), an exact int32 dot product with each token's quants, and one float multiply-add per
- * block and token: acc += (scale * dx) * isum, blocks in row order (IQ1_M: its two 16-weight halves
- * in order, each with its own scale). The float part is the same C at every level and the integer
- * sums are exact, so the scalar and AVX2 kernels (AVX2 also at the AVX-512 levels) give the same
- * bits; a (row, token) result does not depend on the call's rows or tokens. */
+ * -9..9), an exact int32 dot product with each token's quants, and a float multiply and add per
+ * block, token and lane (eight lanes, below), the lanes added once per row and token by a fixed
+ * tree. The float operations are the same at every level and the integer sums are exact, so the
+ * scalar and AVX2 kernels (AVX2 also at the AVX-512 levels) give the same bits; a (row, token)
+ * result does not depend on the call's rows or tokens. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <string.h>
@@ -77,69 +77,88 @@ static inline __attribute__((always_inline)) void decode_block(uint32_t type, co
   }
 }
 
-/* The integer dot products of the two 16-weight halves of w and x. */
-static inline void dot_scalar(const uint64_t *g, const int8_t *x, int32_t *s0, int32_t *s1) {
-  int8_t w[32];
-  memcpy(w, g, 32);
-  int32_t a = 0, b = 0;
-  for (int i = 0; i < 16; i++) a += w[i] * x[i];
-  for (int i = 16; i < 32; i++) b += w[i] * x[i];
-  *s0 = a, *s1 = b;
-}
+/* The arithmetic every level shares, for one (row, token): eight float lanes A[j], lane j taking
+ * block by block f * (float)P_j, where P_j is the exact integer sum of weights 4j .. 4j + 3 times
+ * the token's quants and f = scale * dx (the first half's scale for lanes 0..3, the second's for
+ * 4..7); at the end ((A0 + A1) + (A2 + A3)) + ((A4 + A5) + (A6 + A7)). The AVX2 kernel keeps the
+ * lanes in one register (vpmaddubsw + vpmaddwd give P_j in lane j). */
+#define LOWIQ_CHUNK 16 /* blocks of a chunk: the tokens' activations stay in L1 while every row passes */
 
-static inline AVX2 void dot_avx2(const uint64_t *g, const int8_t *x, int32_t *s0, int32_t *s1) {
-  /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
-  const __m256i wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
-  const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);
-  /* |w| times x with w's sign: products of at most 43 * 127, pairs well inside int16 */
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-  const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-  const __m128i lo = _mm256_castsi256_si128(p32), hi = _mm256_extracti128_si256(p32, 1);
-  __m128i a = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0x4E)), b = _mm_add_epi32(hi, _mm_shuffle_epi32(hi, 0x4E));
-  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1)), b = _mm_add_epi32(b, _mm_shuffle_epi32(b, 0xB1));
-  *s0 = _mm_cvtsi128_si32(a), *s1 = _mm_cvtsi128_si32(b);
-}
-
-/* nr rows (row_bytes apart) times nt tokens of q8_0 quants (ldq bytes apart); `body` is
- * specialised on the type and on nt (1..ST_TILE) so that the accumulators stay in registers. */
-#define LOWIQ_BODY(name, attr, dot)                                                                          \
-  static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *W, uint64_t row_bytes, \
-                                                             int64_t nr, const uint8_t *xq, int64_t ldq,       \
-                                                             const int nt, int64_t n, float *out, int64_t ldo) { \
-    uint64_t w[4];                                                                                          \
-    float sc[2], acc[64][ST_TILE];                                                                          \
-    ST_ASSERT(nr <= 64);                                                                                    \
-    for (int64_t r = 0; r < nr; r++)                                                                        \
-      for (int t = 0; t < nt; t++) acc[r][t] = 0.0f;                                                        \
-    /* chunks of 16 blocks: the tokens' 16 activation blocks stay in L1 while every row passes */         \
-    for (int64_t k0 = 0; k0 < n / 32; k0 += 16) {                                                           \
-      const int64_t k1 = k0 + 16 < n / 32 ? k0 + 16 : n / 32;                                               \
-      for (int64_t r = 0; r < nr; r++) {                                                                    \
-        const uint8_t *row = (const uint8_t *)W + (uint64_t)r * row_bytes;                                  \
-        float a[ST_TILE];                                                                                   \
-        for (int t = 0; t < nt; t++) a[t] = acc[r][t];                                                      \
-        for (int64_t k = k0; k < k1; k++) {                                                                 \
-          decode_block(type, row, k, w, sc);                                                                \
-          for (int t = 0; t < nt; t++) {                                                                    \
-            const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;                    \
-            int32_t s0, s1;                                                                                 \
-            dot(w, x->qs, &s0, &s1);                                                                        \
-            if (type == ST_TYPE_IQ1_M) {                                                                    \
-              a[t] = a[t] + sc[0] * x->d * (float)s0;                                                       \
-              a[t] = a[t] + sc[1] * x->d * (float)s1;                                                       \
-            } else {                                                                                        \
-              a[t] = a[t] + sc[0] * x->d * (float)(s0 + s1);                                                \
-            }                                                                                               \
-          }                                                                                                 \
-        }                                                                                                   \
-        for (int t = 0; t < nt; t++) acc[r][t] = a[t];                                                      \
-      }                                                                                                     \
-    }                                                                                                       \
-    for (int64_t r = 0; r < nr; r++)                                                                        \
-      for (int t = 0; t < nt; t++) out[t * ldo + r] = acc[r][t];                                            \
+static inline __attribute__((always_inline)) void lowiq_body_scalar(uint32_t type, const void *W, uint64_t row_bytes,
+                                                                    int64_t nr, const uint8_t *xq, int64_t ldq,
+                                                                    const int nt, int64_t n, float *out, int64_t ldo) {
+  float acc[64][ST_TILE][8];
+  ST_ASSERT(nr <= 64);
+  memset(acc, 0, sizeof acc);
+  uint64_t g[4];
+  float sc[2];
+  for (int64_t k0 = 0; k0 < n / 32; k0 += LOWIQ_CHUNK) {
+    const int64_t k1 = k0 + LOWIQ_CHUNK < n / 32 ? k0 + LOWIQ_CHUNK : n / 32;
+    for (int64_t r = 0; r < nr; r++) {
+      const uint8_t *row = (const uint8_t *)W + (uint64_t)r * row_bytes;
+      for (int64_t k = k0; k < k1; k++) {
+        decode_block(type, row, k, g, sc);
+        int8_t w[32];
+        memcpy(w, g, 32);
+        for (int t = 0; t < nt; t++) {
+          const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;
+          const float f0 = sc[0] * x->d, f1 = sc[1] * x->d;
+          for (int j = 0; j < 8; j++) {
+            int32_t p = 0;
+            for (int i = 4 * j; i < 4 * j + 4; i++) p += w[i] * x->qs[i];
+            acc[r][t][j] = acc[r][t][j] + (j < 4 ? f0 : f1) * (float)p;
+          }
+        }
+      }
+    }
   }
-LOWIQ_BODY(lowiq_body_scalar, , dot_scalar)
-LOWIQ_BODY(lowiq_body_avx2, AVX2, dot_avx2)
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++) {
+      const float *A = acc[r][t];
+      out[t * ldo + r] = ((A[0] + A[1]) + (A[2] + A[3])) + ((A[4] + A[5]) + (A[6] + A[7]));
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t type, const void *W, uint64_t row_bytes,
+                                                                       int64_t nr, const uint8_t *xq, int64_t ldq,
+                                                                       const int nt, int64_t n, float *out, int64_t ldo) {
+  __m256 acc[64][ST_TILE];
+  ST_ASSERT(nr <= 64);
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++) acc[r][t] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  uint64_t g[4];
+  float sc[2];
+  for (int64_t k0 = 0; k0 < n / 32; k0 += LOWIQ_CHUNK) {
+    const int64_t k1 = k0 + LOWIQ_CHUNK < n / 32 ? k0 + LOWIQ_CHUNK : n / 32;
+    for (int64_t r = 0; r < nr; r++) {
+      const uint8_t *row = (const uint8_t *)W + (uint64_t)r * row_bytes;
+      __m256 a[ST_TILE];
+      for (int t = 0; t < nt; t++) a[t] = acc[r][t];
+      for (int64_t k = k0; k < k1; k++) {
+        decode_block(type, row, k, g, sc);
+        /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
+        const __m256i wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
+        const __m256i aw = _mm256_sign_epi8(wv, wv);
+        for (int t = 0; t < nt; t++) {
+          const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;
+          const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x->qs);
+          /* |w| times x with w's sign: products of at most 43 * 127, pairs well inside int16 */
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+          const __m256 f = _mm256_set_m128(_mm_set1_ps(sc[1] * x->d), _mm_set1_ps(sc[0] * x->d));
+          a[t] = _mm256_add_ps(a[t], _mm256_mul_ps(f, _mm256_cvtepi32_ps(p)));
+        }
+      }
+      for (int t = 0; t < nt; t++) acc[r][t] = a[t];
+    }
+  }
+  for (int64_t r = 0; r < nr; r++)
+    for (int t = 0; t < nt; t++) {
+      const __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
+      const __m128 q = _mm_hadd_ps(h, h); /* (A0 + A1) + (A2 + A3), (A4 + A5) + (A6 + A7) */
+      out[t * ldo + r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+    }
+}
 
 /* The per-type, per-tile-width instances of a body. */
 #define LOWIQ_NT(body, ty)                                                                                   \
