@@ -747,9 +747,9 @@ int main(void) {
   test_iq_known_blocks();
   test_lowbit_known_blocks();
   test_iq_low_known_blocks();
-  const uint32_t iq_low[] = {ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M}; /* random blocks (IQ1: no quantiser) */
+  const uint32_t iq_low[] = {ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M};
   for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_matmul_blocks(iq_low[i], 512, 0);
-  test_matmul_blocks(ST_TYPE_IQ2_XXS, 512, 1);
+  for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_matmul_blocks(iq_low[i], 512, 1);
   /* the low-bit formats through the float path (each row decoded once, st_matmul's rule for a
    * format without register kernels): random and quantised blocks */
   const uint32_t lowbit[] = {ST_TYPE_Q1_0, ST_TYPE_Q2_0, ST_TYPE_TQ1_0, ST_TYPE_TQ2_0};
@@ -786,7 +786,9 @@ int main(void) {
              * written (1 bit: sqrt(1 - 2/pi) = 0.603 is the best a sign can do), bounds ~12% above */
             {ST_TYPE_Q1_0, 0.68}, {ST_TYPE_Q2_0, 0.80}, {ST_TYPE_TQ1_0, 0.92}, {ST_TYPE_TQ2_0, 0.92},
             /* IQ2_XXS through the grid search of IQ2_XS (one scale per 32 weights): 0.334 when written */
-            {ST_TYPE_IQ2_XXS, 0.375}};
+            {ST_TYPE_IQ2_XXS, 0.375},
+            /* IQ1_S and IQ1_M through a search over the iq1s grid: 0.452 and 0.407 when written */
+            {ST_TYPE_IQ1_S, 0.51}, {ST_TYPE_IQ1_M, 0.46}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
    * tail), random and quantised blocks, tiles of 1 to 4 tokens */
@@ -810,7 +812,7 @@ int main(void) {
     test_int8(iq_low[i], 2048, 0, 7);
     test_int8(iq_low[i], 768, 0, 6);
   }
-  test_int8(ST_TYPE_IQ2_XXS, 512, 1, 5);
+  for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_int8(iq_low[i], 512, 1, 5);
   test_int8(ST_TYPE_Q1_0, 128, 1, 3);
   test_int8(ST_TYPE_Q4_0, 32, 1, 5);
   /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in a partial last group of four blocks */

@@ -43,7 +43,8 @@ static void usage(FILE *f) {
           "                         q2_k | q3_k | q4_k | q5_k | q6_k (a simpler quantiser than llama.cpp's;\n"
           "                         rows not a multiple of 256 fall back to q8_0, as llama.cpp's do) |\n"
           "                         iq4_nl | iq4_xs (llama.cpp's search, no imatrix) | iq3_xxs | iq3_s |\n"
-          "                         iq2_xs | iq2_s | iq2_xxs (a simpler, slower search than llama.cpp's, for\n"
+          "                         iq2_xs | iq2_s | iq2_xxs | iq1_s | iq1_m (a simpler, slower search than\n"
+          "                         llama.cpp's, without an importance matrix, for\n"
           "                         benchmark models; rows not a multiple of 256 fall back to q8_0) |\n"
           "                         q2_0 | q1_0 | tq2_0 | tq1_0 (llama.cpp's reference quantisers; 2, 1\n"
           "                         and ternary bits a weight: models for speed, not for text);\n"
@@ -185,13 +186,14 @@ int st_cmd_mkmodel(int argc, char **argv) {
                  {"q2_k", ST_TYPE_Q2_K}, {"q3_k", ST_TYPE_Q3_K}, {"q4_k", ST_TYPE_Q4_K}, {"q5_k", ST_TYPE_Q5_K},
                  {"q6_k", ST_TYPE_Q6_K}, {"iq4_nl", ST_TYPE_IQ4_NL}, {"iq4_xs", ST_TYPE_IQ4_XS},
                  {"iq3_xxs", ST_TYPE_IQ3_XXS}, {"iq3_s", ST_TYPE_IQ3_S}, {"iq2_xs", ST_TYPE_IQ2_XS},
-                 {"iq2_s", ST_TYPE_IQ2_S}, {"iq2_xxs", ST_TYPE_IQ2_XXS}, {"q2_0", ST_TYPE_Q2_0}, {"q1_0", ST_TYPE_Q1_0},
+                 {"iq2_s", ST_TYPE_IQ2_S}, {"iq2_xxs", ST_TYPE_IQ2_XXS}, {"iq1_s", ST_TYPE_IQ1_S},
+                 {"iq1_m", ST_TYPE_IQ1_M}, {"q2_0", ST_TYPE_Q2_0}, {"q1_0", ST_TYPE_Q1_0},
                  {"tq2_0", ST_TYPE_TQ2_0}, {"tq1_0", ST_TYPE_TQ1_0}};
     size_t i = 0;
     while (i < sizeof types / sizeof types[0] && strcasecmp(types[i].name, type)) i++;
     if (i == sizeof types / sizeof types[0])
       return fail("--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                  "iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, q2_0, q1_0, tq2_0, tq1_0; got '%s'", type);
+                  "iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0; got '%s'", type);
     cfg.type = types[i].type;
   }
   cfg.progress = !quiet;

@@ -780,13 +780,13 @@ static void quant_iq4_xs(const float *x, st_block_iq4_xs *b) {
 struct iq_grid {
   int dim, n, nlev;
   float levels[8], mid[7];
-  uint8_t mag[1024 * 8];
-  float magf[1024 * 8];
+  uint8_t mag[2048 * 8];
+  float magf[2048 * 8];
   uint8_t exact[IQ_MAX_CODES];
   int16_t near[IQ_MAX_CODES][IQ_NEAR];
 };
-enum { IQ_GRID_2XS, IQ_GRID_2S, IQ_GRID_3XXS, IQ_GRID_3S, IQ_GRID_2XXS };
-static struct iq_grid iq_grids[5];
+enum { IQ_GRID_2XS, IQ_GRID_2S, IQ_GRID_3XXS, IQ_GRID_3S, IQ_GRID_2XXS, IQ_GRID_1S };
+static struct iq_grid iq_grids[6];
 static pthread_once_t iq_grids_once = PTHREAD_ONCE_INIT;
 
 /* table: n uint64 entries (dim 8) or n uint32 entries (dim 4). */
@@ -830,6 +830,14 @@ static void iq_grids_init(void) {
   iq_grid_build(&iq_grids[IQ_GRID_3XXS], st_iq3xxs_grid, 256, 4, l3xxs, 8);
   iq_grid_build(&iq_grids[IQ_GRID_3S], st_iq3s_grid, 512, 4, l3s, 8);
   iq_grid_build(&iq_grids[IQ_GRID_2XXS], st_iq2xxs_grid, 256, 8, l2, 3);
+  /* IQ1: the values -1, 0, +1 as the levels 0, 1, 2 (each byte + 1) */
+  static const uint8_t l1[3] = {0, 1, 2};
+  static uint64_t shifted[2048];
+  for (int e = 0; e < 2048; e++) {
+    shifted[e] = 0;
+    for (int j = 0; j < 8; j++) shifted[e] |= (uint64_t)(uint8_t)((st_iq1s_grid[e] >> (8 * j)) + 1) << (8 * j);
+  }
+  iq_grid_build(&iq_grids[IQ_GRID_1S], shifted, 2048, 8, l1, 3);
 }
 
 /* The entry for target magnitudes t[dim] (in grid units): the code's own entry when the code is
@@ -1022,6 +1030,141 @@ static void quant_iq_grid(uint32_t type, const float *x, uint8_t *out) {
   }
 }
 
+/* ---- IQ1_S and IQ1_M: a search over the iq1s grid (not llama.cpp's: theirs needs an importance
+ * matrix and searches harder; these are for benchmark models) ----------------------------------- */
+
+/* Group of 8 weights x at scale dl with the shift of sign neg (-1/8 if neg): the nearest grid
+ * entry into *idx; returns the squared error. */
+static float iq1_group(const float *x, float dl, int neg, uint16_t *idx) {
+  const struct iq_grid *g = &iq_grids[IQ_GRID_1S];
+  const float delta = neg ? -ST_IQ1_DELTA : ST_IQ1_DELTA, inv = dl > 0.0f ? 1.0f / dl : 0.0f;
+  float t[8];
+  for (int j = 0; j < 8; j++) t[j] = x[j] * inv - delta + 1.0f;
+  *idx = (uint16_t)iq_nearest(g, t);
+  float err = 0.0f;
+  for (int j = 0; j < 8; j++) {
+    const float e = x[j] - dl * ((float)g->mag[*idx * 8 + j] - 1.0f + delta);
+    err += e * e;
+  }
+  return err;
+}
+
+/* n weights (groups of 8) at scale dl: each group's entry and shift (per group when neg < 0, else
+ * neg for all); returns the squared error. */
+static float iq1_fit(const float *x, int n, float dl, int neg, uint16_t *idx, uint8_t *negs) {
+  float err = 0.0f;
+  for (int k = 0; k < n / 8; k++) {
+    uint16_t i0, i1;
+    const float e0 = iq1_group(x + 8 * k, dl, neg < 0 ? 0 : neg, &i0);
+    if (neg >= 0) {
+      idx[k] = i0, negs[k] = (uint8_t)neg, err += e0;
+      continue;
+    }
+    const float e1 = iq1_group(x + 8 * k, dl, 1, &i1);
+    idx[k] = e1 < e0 ? i1 : i0, negs[k] = e1 < e0, err += e1 < e0 ? e1 : e0;
+  }
+  return err;
+}
+
+/* The best scale of n weights (candidates putting the largest at 0.6 .. 1.2 of 1 + 1/8, each refined
+ * once by least squares), for a shift shared by all (neg 0 or 1) or chosen per group (neg < 0). */
+static float iq1_best_scale(const float *x, int n, int neg) {
+  float amax = 0.0f;
+  for (int j = 0; j < n; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+  if (amax == 0.0f) return 0.0f;
+  const struct iq_grid *g = &iq_grids[IQ_GRID_1S];
+  float best = 0.0f, best_err = INFINITY;
+  uint16_t idx[4];
+  uint8_t negs[4];
+  for (int c = 0; c < 5; c++) {
+    float dl = amax / (1.125f * (0.6f + 0.15f * (float)c));
+    float err = iq1_fit(x, n, dl, neg, idx, negs);
+    double num = 0.0, den = 0.0;
+    for (int j = 0; j < n; j++) {
+      const double v = (double)g->mag[idx[j / 8] * 8 + j % 8] - 1.0 + (negs[j / 8] ? -ST_IQ1_DELTA : ST_IQ1_DELTA);
+      num += x[j] * v, den += v * v;
+    }
+    if (num > 0.0 && den > 0.0) {
+      const float ls = (float)(num / den), err2 = iq1_fit(x, n, ls, neg, idx, negs);
+      if (err2 < err) err = err2, dl = ls;
+    }
+    if (err < best_err) best_err = err, best = dl;
+  }
+  return best;
+}
+
+/* The 3-bit scale s (dl = d (2 s + 1)) and the fit at it, trying s around the nearest. */
+static int iq1_scale_code(const float *x, int n, float d, float dl, int neg, uint16_t *idx, uint8_t *negs) {
+  const int s0 = d > 0.0f ? clampi((int)lrintf((dl / d - 1.0f) / 2.0f), 0, 7) : 0;
+  float best_err = INFINITY;
+  int best = s0;
+  uint16_t ti[4];
+  uint8_t tn[4];
+  for (int s = s0 > 0 ? s0 - 1 : 0; s <= s0 + 1 && s <= 7; s++) {
+    const float err = iq1_fit(x, n, d * (float)(2 * s + 1), neg, ti, tn);
+    if (err < best_err) {
+      best_err = err, best = s;
+      memcpy(idx, ti, sizeof(uint16_t) * (size_t)(n / 8));
+      memcpy(negs, tn, (size_t)(n / 8));
+    }
+  }
+  return best;
+}
+
+static void quant_iq1_s(const float *x, st_block_iq1_s *b) {
+  float dl[8], smax = 0.0f;
+  int neg[8];
+  for (int ib = 0; ib < 8; ib++) { /* the shift's sign: whichever fits the sub-block better */
+    const float d0 = iq1_best_scale(x + 32 * ib, 32, 0), d1 = iq1_best_scale(x + 32 * ib, 32, 1);
+    uint16_t idx[4];
+    uint8_t negs[4];
+    const float e0 = iq1_fit(x + 32 * ib, 32, d0, 0, idx, negs), e1 = iq1_fit(x + 32 * ib, 32, d1, 1, idx, negs);
+    neg[ib] = e1 < e0, dl[ib] = e1 < e0 ? d1 : d0;
+    smax = dl[ib] > smax ? dl[ib] : smax;
+  }
+  b->d = st_f32_to_fp16(smax / 15.0f);
+  const float d = st_fp16_to_f32(b->d);
+  for (int ib = 0; ib < 8; ib++) {
+    uint16_t idx[4];
+    uint8_t negs[4];
+    const int s = iq1_scale_code(x + 32 * ib, 32, d, dl[ib], neg[ib], idx, negs);
+    unsigned qh = (unsigned)s << 12 | (unsigned)neg[ib] << 15;
+    for (int l = 0; l < 4; l++) {
+      b->qs[4 * ib + l] = (uint8_t)idx[l];
+      qh |= (unsigned)(idx[l] >> 8) << (3 * l);
+    }
+    b->qh[ib] = (uint16_t)qh;
+  }
+}
+
+static void quant_iq1_m(const float *x, st_block_iq1_m *b) {
+  float dl[16], smax = 0.0f;
+  for (int h = 0; h < 16; h++) { /* 16-weight halves, the shift chosen per group of 8 */
+    dl[h] = iq1_best_scale(x + 16 * h, 16, -1);
+    smax = dl[h] > smax ? dl[h] : smax;
+  }
+  const uint16_t dh = st_f32_to_fp16(smax / 15.0f);
+  const float d = st_fp16_to_f32(dh);
+  uint16_t sc[4] = {0, 0, 0, 0};
+  memset(b->qh, 0, sizeof b->qh);
+  for (int h = 0; h < 16; h++) {
+    uint16_t idx[2];
+    uint8_t negs[2];
+    const int s = iq1_scale_code(x + 16 * h, 16, d, dl[h], -1, idx, negs);
+    const int ib = h / 2;
+    sc[ib / 2] |= (uint16_t)(s << (6 * (ib % 2) + 3 * (h % 2)));
+    for (int l = 0; l < 2; l++) {
+      const int gl = 2 * (h % 2) + l; /* the group within the 32-weight sub-block */
+      b->qs[4 * ib + gl] = (uint8_t)idx[l];
+      b->qh[2 * ib + gl / 2] |= (uint8_t)(((idx[l] >> 8) | negs[l] << 3) << (4 * (gl % 2)));
+    }
+  }
+  for (int k = 0; k < 4; k++) {
+    sc[k] |= (uint16_t)(((dh >> (4 * k)) & 0xF) << 12);
+    b->scales[2 * k] = (uint8_t)sc[k], b->scales[2 * k + 1] = (uint8_t)(sc[k] >> 8);
+  }
+}
+
 /* The low-bit formats' quantisers, as ggml's quantize_row_*_ref define them (so that a model
  * strata makes holds what llama-quantize would write from the same floats): Q1_0 d = mean |x|,
  * the sign bit (x >= 0); Q2_0 d = max |x|, q = clamp(round(x / d) + 1, 0, 3); TQ1_0 and TQ2_0
@@ -1131,6 +1274,14 @@ int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
     return 0;
   case ST_TYPE_IQ4_XS:
     for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq4_xs(x + ST_QK_K * i, (st_block_iq4_xs *)out + i);
+    return 0;
+  case ST_TYPE_IQ1_S:
+    pthread_once(&iq_grids_once, iq_grids_init);
+    for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq1_s(x + ST_QK_K * i, (st_block_iq1_s *)out + i);
+    return 0;
+  case ST_TYPE_IQ1_M:
+    pthread_once(&iq_grids_once, iq_grids_init);
+    for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq1_m(x + ST_QK_K * i, (st_block_iq1_m *)out + i);
     return 0;
   case ST_TYPE_IQ2_XXS:
   case ST_TYPE_IQ2_XS:

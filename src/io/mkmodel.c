@@ -69,7 +69,7 @@ int st_mkmodel_check(const struct st_mkmodel_config *c) {
   const struct st_type_info *ti = st_type_info(c->type);
   if (st_mkmodel_file_type(c->type) < 0)
     return st_set_error(ST_EINVAL, "weight type %s cannot be written (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                                   "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, q2_0, q1_0, tq2_0, tq1_0)",
+                                   "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0)",
                           ti->name);
   if (ti->blck_size > 1) {
     const unsigned bs = 32; /* K-quant rows that are not a multiple of 256 fall back to q8_0 */
@@ -447,6 +447,8 @@ int st_mkmodel_file_type(uint32_t type) {
   case ST_TYPE_Q5_K: return 16;
   case ST_TYPE_Q6_K: return 18;
   case ST_TYPE_IQ2_XXS: return 19;
+  case ST_TYPE_IQ1_S: return 24;
+  case ST_TYPE_IQ1_M: return 31;
   case ST_TYPE_IQ2_XS: return 20;
   case ST_TYPE_IQ3_XXS: return 23;
   case ST_TYPE_IQ4_NL: return 25;
