@@ -121,10 +121,10 @@ static int cpu_rounds(uint32_t t, const uint8_t *w, uint64_t rb, int64_t rows, i
 }
 
 /* Marks in *pick which of the n types `formats` names (comma-separated, case-insensitive GGUF type
- * names; NULL: all of them); an unknown name is an error that lists the known ones. */
-static int pick_formats(const char *formats, const uint32_t *types, int n, int *pick) {
+ * names; NULL: the first n_default of them); an unknown name is an error that lists the known ones. */
+static int pick_formats(const char *formats, const uint32_t *types, int n, int n_default, int *pick) {
   for (int i = 0; i < n; i++)
-    pick[i] = formats == NULL;
+    pick[i] = formats == NULL && i < n_default;
   if (!formats) return 0;
   char *copy = strdup(formats), *save = NULL;
   if (!copy) return st_set_error(ST_ENOMEM, "out of memory");
@@ -152,10 +152,14 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
   static const uint32_t types[] = {ST_TYPE_F32,  ST_TYPE_F16,  ST_TYPE_BF16, ST_TYPE_Q8_0, ST_TYPE_Q4_0,
                                    ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K,
                                    ST_TYPE_Q4_K, ST_TYPE_Q5_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS,
-                                   ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S, ST_TYPE_IQ2_XS};
-  enum { NTYPES = sizeof types / sizeof types[0] };
+                                   ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S, ST_TYPE_IQ2_XS,
+                                   /* named only: their float kernels decode each row first and take
+                                    * minutes over the 2 GiB a format reads */
+                                   ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M, ST_TYPE_Q2_0, ST_TYPE_Q1_0,
+                                   ST_TYPE_TQ2_0, ST_TYPE_TQ1_0};
+  enum { NTYPES = sizeof types / sizeof types[0], NDEFAULT = 19 };
   int pick[NTYPES];
-  const int prc = pick_formats(formats, types, NTYPES, pick);
+  const int prc = pick_formats(formats, types, NTYPES, NDEFAULT, pick);
   if (prc) return prc;
   if (n < 256 || n > 65536 || n % 256)
     return st_set_error(ST_EINVAL, "--row-length must be a multiple of 256 from 256 to 65536, got %lld",
