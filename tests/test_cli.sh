@@ -117,6 +117,10 @@ expect_error "unsupported tensor type mxfp4" "unsupported tensor type mxfp4 (id 
 printf '\310\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
 expect_error "unknown tensor type id" "unsupported tensor type id 200 (unknown to ggml) for token_embd.weight in $tmp/iq.gguf (its block size" \
   "$STRATA" generate -m "$tmp/iq.gguf" -p hi
+# an FFN slice that would cut the down matrices' 256-weight blocks (q4_K experts of 512 rows, slices of 64)
+k4="$(test_model tiny-ffn512-q4_k --preset tiny --hidden 256 --expert-ffn 512 --type q4_k)"
+expect_error "STRATA_FF_SLICE inside a block" "STRATA_FF_SLICE=64: this model's q4_K expert down matrices (blk.0.ffn_down_exps.weight) take slices of a multiple of 256" \
+  env STRATA_FF_SLICE=64 "$STRATA" generate -m "$k4" -p hi -n 1
 # the second-GPU tiers' refusals (the seeds' wording for the peer tier), before any device is touched
 expect_error "peer + layer split" "^strata generate: --peer-device cannot be combined with --layer-split (use one or the other)$" \
   "$STRATA" generate -m "$tiny" -p hi --expert-profile x --expert-cache 4 --peer-device 1 --layer-split auto
@@ -131,7 +135,8 @@ expect_error "remote-expert-opt without a helper" "remote-expert-opt needs a hel
   "$STRATA" generate -m "$tiny" -p hi --remote-expert-opt
 expect_error "peer flags without a peer" "need --peer-device N" "$STRATA" generate -m "$tiny" -p hi --peer-slots 8
 expect_error "--trace into a file" "not a directory" "$STRATA" generate -m "$tiny" -p hi --trace "$tiny"
-for v in STRATA_CUBLAS=abc STRATA_CUBLAS_TF32=2 STRATA_MMQ=2 STRATA_INT8_DOT=2 STRATA_PRIMARY_DEVICE=x STRATA_FF_SLICE=7; do
+for v in STRATA_CUBLAS=abc STRATA_CUBLAS_TF32=2 STRATA_MMQ=2 STRATA_INT8_DOT=2 STRATA_PRIMARY_DEVICE=x STRATA_FF_SLICE=7 \
+         STRATA_PROMPT_LANES=2 STRATA_DECODE_GRAPH=x STRATA_PDL=3; do
   expect_error "malformed $v" "${v%%=*}=" env "$v" "$STRATA" generate -m "$tiny" -p hi -n 1
 done
 expect_error "empty id in --prompt-ids" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "1,,3"

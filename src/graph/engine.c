@@ -479,6 +479,15 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
 
   struct env_conf env;
   int rc = read_env(&env);
+  /* an FFN slice splits down's rows inside the FFN: it must end on the blocks of every layer's
+   * down matrix (a 256-weight K or i-quant block cannot be cut at 64) */
+  for (uint32_t l = 0; !rc && env.ff_slice > 0 && ff_parts_for(hp, env.ff_slice) > 1 && l < hp->n_layer; l++) {
+    const struct st_weight *dw = &m->layers[l].down_exps;
+    const uint32_t bs = st_type_info(dw->type)->blck_size;
+    if (env.ff_slice % bs)
+      rc = st_set_error(ST_EINVAL, "STRATA_FF_SLICE=%ld: this model's %s expert down matrices (%s) take slices of a multiple of %u "
+                                   "(doc/tuning.md)", env.ff_slice, st_type_info(dw->type)->name, dw->name, bs);
+  }
   if (rc) {
     free(e);
     return rc;
