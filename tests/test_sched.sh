@@ -65,5 +65,19 @@ for m in $models; do
     fi
   done
 done
+# Many query heads per KV head (4096 of dim 8 on one) over 300 positions: one token's attention
+# scores (4096 x 300 floats) pass the 2^20 a scores buffer holds by default, which both prompt
+# paths must size for (they overflowed it before); both finish and agree bitwise.
+wide=$(test_model wide-gqa-q8_0 --preset tiny --layers 1 --heads 4096 --kv-heads 1 --head-dim 8)
+ids=$(seq -s, 100 399)
+for lanes in 0 1; do
+  env STRATA_PROMPT_LANES=$lanes STARPU_NCPU=2 STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$wide" --prompt-ids "$ids" \
+    -c 300 --no-learn --logits-out "$tmp/wide$lanes.f32" 2>"$tmp/err" || echo "     eval STRATA_PROMPT_LANES=$lanes: exit $?: $(tail -n 1 "$tmp/err")"
+done
+if [ -s "$tmp/wide0.f32" ] && cmp -s "$tmp/wide0.f32" "$tmp/wide1.f32"; then
+  echo "PASS 4096 query heads on 1 KV head, 300 tokens: both prompt paths finish, logits bitwise identical"; pass=$((pass + 1))
+else
+  echo "FAIL 4096 query heads on 1 KV head, 300 tokens: a path failed or the logits differ"; fail=$((fail + 1))
+fi
 echo "test_sched: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -106,9 +106,11 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   const int T = a->T, d = a->n_embd, hd = a->head_dim, nq = a->n_q, qw = nq * hd;
   const int n_kv_total = a->pos0 + T;
 
-  /* scores of a tile of (token, head) rows (st_attend_tokens): up to 4 MiB, at least one row */
+  /* scores of a tile of (token, head) rows (st_attend_tokens): up to 4 MiB, at least one token's */
   const int64_t all_scores = (int64_t)T * nq * n_kv_total;
-  const int64_t n_score = all_scores < ((int64_t)1 << 20) ? all_scores : n_kv_total > ((int64_t)1 << 20) ? n_kv_total : (int64_t)1 << 20;
+  /* st_attend_tokens tiles down to one token, whose nq rows of scores must fit */
+  const int64_t one_token = (int64_t)nq * n_kv_total;
+  const int64_t n_score = all_scores < ((int64_t)1 << 20) ? all_scores : one_token > ((int64_t)1 << 20) ? one_token : (int64_t)1 << 20;
   const int half = a->kv_type == ST_TYPE_F16;
   float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_score + (size_t)T * hd +
                                       (half ? 2 * (size_t)T * hd : 0)));

@@ -97,14 +97,14 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
 static int make_names(struct st_prompt *pr, const struct st_engine *e) {
   const int L = (int)e->hp.n_layer;
   const size_t n = (size_t)(L + 1) * pr->n_lanes;
-  pr->names = malloc(n * 40);
+  pr->names = malloc(n * 64);
   pr->lane_names = malloc(sizeof(char *) * n);
   if (!pr->names || !pr->lane_names) return st_set_error(ST_ENOMEM, "out of memory for task names");
   for (int l = 0; l <= L; l++)
     for (int i = 0; i < pr->n_lanes; i++) {
-      char *s = pr->names + ((size_t)l * pr->n_lanes + i) * 40;
-      if (l < L) snprintf(s, 40, "prompt_lane L%d lane %d", l, i);
-      else snprintf(s, 40, "prompt_lane head lane %d", i);
+      char *s = pr->names + ((size_t)l * pr->n_lanes + i) * 64;
+      if (l < L) snprintf(s, 64, "prompt_lane L%d lane %d", l, i);
+      else snprintf(s, 64, "prompt_lane head lane %d", i);
       pr->lane_names[(size_t)l * pr->n_lanes + i] = s;
     }
   return 0;
@@ -124,10 +124,11 @@ int st_prompt_init(struct st_engine *e) {
                               .rows_gateup = ROWS_GATEUP, .rows_down = ROWS_DOWN,
                               .rows_head = ROWS_HEAD, .rows_qa = ROWS_QA};
   /* a worker's scratch: an attention item's output tile and scores (st_attend_tokens tiles its
-   * tokens to fit them; at least one row of n_ctx keys), a gate/up item's two row blocks, the
+   * tokens to fit them; at least one token's rows over n_ctx keys), a gate/up item's two row blocks, the
    * sort's fill counts, a quantised FFN input row */
   const int64_t score = (int64_t)TILE_ATTN * (hp->n_head / hp->n_head_kv) * e->n_ctx;
-  const int64_t attn_f = (int64_t)TILE_ATTN * qw + (score < (1 << 20) ? score : (1 << 20) > e->n_ctx ? (1 << 20) : e->n_ctx);
+  const int64_t one_token = (int64_t)(hp->n_head / hp->n_head_kv) * e->n_ctx; /* a one-token tile's scores */
+  const int64_t attn_f = (int64_t)TILE_ATTN * qw + (score < (1 << 20) ? score : one_token > (1 << 20) ? one_token : (1 << 20));
   const int64_t gu_f = 2 * (int64_t)p->cap * ROWS_GATEUP;
   const int64_t row_f = (int64_t)(q8_max(e, 0) + q8_max(e, 1)) / 4 + hp->n_expert + p->cap + 16;
   p->scratch_floats = (attn_f > gu_f ? attn_f : gu_f) > row_f ? (attn_f > gu_f ? attn_f : gu_f) : row_f;
