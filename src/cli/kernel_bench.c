@@ -270,14 +270,17 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
           "%.3f}",
           printed++ ? "," : "", st_type_info(t)->name, bits, f.read_gbs, f.gbs, f.share, f.int8_gbs,
           f.int8_share, gpu_gbs, bw_gpu > 0 ? gpu_gbs * 1e9 / bw_gpu : 0.0);
-    else if (f.int8_gbs > 0)
-      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
-             f.read_gbs, f.gbs, 100.0 * f.share, f.int8_gbs, 100.0 * f.int8_share, gpu_gbs,
-             bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
-    else
-      printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %10.1f %8.1f%%\n", st_type_info(t)->name, bits,
-             f.read_gbs, f.gbs, 100.0 * f.share, "-", "", gpu_gbs,
-             bw_gpu > 0 ? 100.0 * gpu_gbs * 1e9 / bw_gpu : 0.0);
+    else {
+      /* the GPU columns: "-" without a GPU or a GPU kernel for the format */
+      char gcol[32] = "         -          ";
+      if (gpu_gbs > 0) snprintf(gcol, sizeof gcol, "%10.1f %8.1f%%", gpu_gbs, 100.0 * gpu_gbs * 1e9 / bw_gpu);
+      if (f.int8_gbs > 0)
+        printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10.2f %8.1f%% %s\n", st_type_info(t)->name, bits, f.read_gbs,
+               f.gbs, 100.0 * f.share, f.int8_gbs, 100.0 * f.int8_share, gcol);
+      else
+        printf("%-8s %10.3f %10.1f %10.2f %8.1f%% %10s %9s %s\n", st_type_info(t)->name, bits, f.read_gbs, f.gbs,
+               100.0 * f.share, "-", "", gcol);
+    }
     fflush(stdout);
   }
   if (json) printf("\n]}\n");
