@@ -109,10 +109,10 @@ at=$(grep -obUa "token_embd.weight" "$tmp/iq.gguf" | head -n 1 | cut -d: -f1)
 printf '\050\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
 expect_error "unsupported tensor type" "unsupported tensor type nvfp4 (id 40) for token_embd.weight in $tmp/iq.gguf\$" \
   "$STRATA" generate -m "$tmp/iq.gguf" -p hi
-# the same wording for mxfp4 (39) and, from the reader,
+# the same wording for i8 (24) and, from the reader,
 # for an id ggml does not define (200)
-printf '\047\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
-expect_error "unsupported tensor type mxfp4" "unsupported tensor type mxfp4 (id 39) for token_embd.weight in $tmp/iq.gguf\$" \
+printf '\030\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
+expect_error "unsupported tensor type i8" "unsupported tensor type i8 (id 24) for token_embd.weight in $tmp/iq.gguf\$" \
   "$STRATA" generate -m "$tmp/iq.gguf" -p hi
 printf '\310\000\000\000' | dd of="$tmp/iq.gguf" bs=1 seek=$((at + 17 + 4 + 16)) conv=notrunc 2>/dev/null
 expect_error "unknown tensor type id" "unsupported tensor type id 200 (unknown to ggml) for token_embd.weight in $tmp/iq.gguf (its block size" \

@@ -98,7 +98,7 @@ int main(void) {
                                    ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K,
                                    ST_TYPE_Q6_K, ST_TYPE_IQ4_NL, ST_TYPE_IQ4_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S,
                                    ST_TYPE_IQ3_XXS, ST_TYPE_IQ3_S, ST_TYPE_Q1_0, ST_TYPE_Q2_0, ST_TYPE_TQ1_0,
-                                   ST_TYPE_TQ2_0, ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M};
+                                   ST_TYPE_TQ2_0, ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M, ST_TYPE_MXFP4};
   enum { N = 1024 };
   int pass = 0, fail = 0;
   uint64_t rng = 0x9e3779b97f4a7c15ull;

@@ -187,6 +187,16 @@ static void check_known(uint32_t type, const void *block, const struct known *k,
 
 /* IQ2_XXS, IQ1_S and IQ1_M (issue #25) from ggml's dequantize_row_iq2_xxs / _iq1_s / _iq1_m: */
 static void test_iq_low_known_blocks(void) {
+  /* MXFP4 (ggml's dequantize_row_mxfp4), e = 127: scale 2^-1; code q is kvalues_mxfp4[q] (0, 1, 2, 3,
+   * 4, 6, 8, 12, then the same negated); qs[0] = 0x97 gives weight 0 = 12 / 2 and weight 16 = -1 / 2,
+   * qs[15] = 0x3F weight 15 = -12 / 2 and weight 31 = 3 / 2 */
+  st_block_mxfp4 f4;
+  memset(&f4, 0, sizeof f4);
+  f4.e = 127;
+  f4.qs[0] = 0x97, f4.qs[15] = 0x3F;
+  const struct known kf[] = {{0, 6.0f}, {16, -0.5f}, {15, -6.0f}, {31, 1.5f}, {1, 0.0f}};
+  check_known(ST_TYPE_MXFP4, &f4, kf, 5, "e=127, qs[0]=0x97 qs[15]=0x3F rest 0");
+
   /* IQ2_XXS, d = 1; sub-block 0: index bytes 1, 0, 0, 0 and the word 0x30000001 (group 0's sign
    * field 1 = ggml 0x81: weights 0 and 7 negative; scale 3: (0.5 + 3) / 4 = 0.875); group 0 is
    * iq2xxs_grid[1] = {43, 8, ..., 8}; sub-block 1 all zero: grid[0] = 8s at (0.5 + 0) / 4 */
@@ -747,7 +757,7 @@ int main(void) {
   test_iq_known_blocks();
   test_lowbit_known_blocks();
   test_iq_low_known_blocks();
-  const uint32_t iq_low[] = {ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M};
+  const uint32_t iq_low[] = {ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M, ST_TYPE_MXFP4};
   for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_matmul_blocks(iq_low[i], 512, 0);
   for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_matmul_blocks(iq_low[i], 512, 1);
   /* the low-bit formats through the float path (each row decoded once, st_matmul's rule for a
@@ -788,7 +798,9 @@ int main(void) {
             /* IQ2_XXS through the grid search of IQ2_XS (one scale per 32 weights): 0.334 when written */
             {ST_TYPE_IQ2_XXS, 0.375},
             /* IQ1_S and IQ1_M through a search over the iq1s grid: 0.452 and 0.407 when written */
-            {ST_TYPE_IQ1_S, 0.51}, {ST_TYPE_IQ1_M, 0.46}};
+            {ST_TYPE_IQ1_S, 0.51}, {ST_TYPE_IQ1_M, 0.46},
+            /* MXFP4 with ggml's reference rounding (a power-of-two scale): 0.115 when written */
+            {ST_TYPE_MXFP4, 0.13}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
    * tail), random and quantised blocks, tiles of 1 to 4 tokens */

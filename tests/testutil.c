@@ -34,6 +34,10 @@ void tu_random_row(uint32_t t, uint8_t *row, int64_t n, uint64_t *rng) {
     if (t == ST_TYPE_Q3_K) at[0] = 108;
     if (t == ST_TYPE_Q6_K) at[0] = 208;
     if (t == ST_TYPE_TQ1_0) at[0] = 52;
+    if (t == ST_TYPE_MXFP4) { /* an E8M0 scale near 2^-7 */
+      blk[0] = (uint8_t)(120 + blk[0] % 4);
+      continue;
+    }
     if (t == ST_TYPE_IQ1_M) { /* d lives in the scale words' top nibbles: a small positive half */
       const uint16_t h = d;
       for (int k = 0; k < 4; k++) blk[48 + 2 * k + 1] = (uint8_t)((blk[48 + 2 * k + 1] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));

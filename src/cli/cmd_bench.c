@@ -228,7 +228,7 @@ int st_cmd_bench(int argc, char **argv) {
           "                         the memory bandwidths measured in the same run\n"
           "      --threads N        CPU threads for --kernels (default: online CPUs)\n"
           "      --formats LIST     --kernels: only these weight formats, e.g. q4_K,iq3_xxs (default: all but\n"
-          "                         iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, which run only when named)\n"
+          "                         iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, mxfp4: named only)\n"
           "      --isa NAME         --kernels: cap the CPU kernels at scalar, avx2, avx512 or avx512vbmi\n"
           "                         (default: the best this CPU has)\n"
           "      --grid-lookup permute|gather\n"

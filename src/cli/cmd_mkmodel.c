@@ -47,7 +47,9 @@ static void usage(FILE *f) {
           "                         llama.cpp's, without an importance matrix, for\n"
           "                         benchmark models; rows not a multiple of 256 fall back to q8_0) |\n"
           "                         q2_0 | q1_0 | tq2_0 | tq1_0 (llama.cpp's reference quantisers; 2, 1\n"
-          "                         and ternary bits a weight: models for speed, not for text);\n"
+          "                         and ternary bits a weight: models for speed, not for text) |\n"
+          "                         mxfp4 (llama.cpp's reference rounding; every matrix, not only the\n"
+          "                         experts as llama.cpp's MXFP4_MOE);\n"
           "                         norms and the router (ffn_gate_inp) are always f32\n"
           "      --seed N           random seed (default: 1)\n"
           "      --skew S           routing skew, 0 = uniform routing (default: 1.5)\n"
@@ -188,12 +190,12 @@ int st_cmd_mkmodel(int argc, char **argv) {
                  {"iq3_xxs", ST_TYPE_IQ3_XXS}, {"iq3_s", ST_TYPE_IQ3_S}, {"iq2_xs", ST_TYPE_IQ2_XS},
                  {"iq2_s", ST_TYPE_IQ2_S}, {"iq2_xxs", ST_TYPE_IQ2_XXS}, {"iq1_s", ST_TYPE_IQ1_S},
                  {"iq1_m", ST_TYPE_IQ1_M}, {"q2_0", ST_TYPE_Q2_0}, {"q1_0", ST_TYPE_Q1_0},
-                 {"tq2_0", ST_TYPE_TQ2_0}, {"tq1_0", ST_TYPE_TQ1_0}};
+                 {"tq2_0", ST_TYPE_TQ2_0}, {"tq1_0", ST_TYPE_TQ1_0}, {"mxfp4", ST_TYPE_MXFP4}};
     size_t i = 0;
     while (i < sizeof types / sizeof types[0] && strcasecmp(types[i].name, type)) i++;
     if (i == sizeof types / sizeof types[0])
       return fail("--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                  "iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0; got '%s'", type);
+                  "iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, mxfp4; got '%s'", type);
     cfg.type = types[i].type;
   }
   cfg.progress = !quiet;

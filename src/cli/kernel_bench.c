@@ -156,7 +156,7 @@ int st_kernel_bench(int threads, int json, const char *formats, int64_t n) {
                                    /* named only: their float kernels decode each row first and take
                                     * minutes over the 2 GiB a format reads */
                                    ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M, ST_TYPE_Q2_0, ST_TYPE_Q1_0,
-                                   ST_TYPE_TQ2_0, ST_TYPE_TQ1_0};
+                                   ST_TYPE_TQ2_0, ST_TYPE_TQ1_0, ST_TYPE_MXFP4};
   enum { NTYPES = sizeof types / sizeof types[0], NDEFAULT = 19 };
   int pick[NTYPES];
   const int prc = pick_formats(formats, types, NTYPES, NDEFAULT, pick);

@@ -392,7 +392,7 @@ static int q8_family(uint32_t type) {
   switch (type) {
   case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_Q4_1: case ST_TYPE_Q5_0: case ST_TYPE_Q5_1: case ST_TYPE_IQ4_NL:
   case ST_TYPE_Q2_0: case ST_TYPE_Q1_0: case ST_TYPE_TQ2_0: case ST_TYPE_TQ1_0: /* through Q4_0 */
-  case ST_TYPE_IQ2_XXS: case ST_TYPE_IQ1_S: case ST_TYPE_IQ1_M:  /* dot_lowiq.c */
+  case ST_TYPE_IQ2_XXS: case ST_TYPE_IQ1_S: case ST_TYPE_IQ1_M: case ST_TYPE_MXFP4: /* dot_lowiq.c */
     return 1;
   case ST_TYPE_Q2_K: case ST_TYPE_Q3_K: case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS:
   case ST_TYPE_IQ2_XS: case ST_TYPE_IQ2_S: case ST_TYPE_IQ3_XXS: case ST_TYPE_IQ3_S:
@@ -589,7 +589,7 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     return;
   }
   const int family = q8_family(type) == 1 ? 0 : k_is_grid(type) ? 2 : 1;
-  const int lowiq = type == ST_TYPE_IQ2_XXS || type == ST_TYPE_IQ1_S || type == ST_TYPE_IQ1_M;
+  const int lowiq = type == ST_TYPE_IQ2_XXS || type == ST_TYPE_IQ1_S || type == ST_TYPE_IQ1_M || type == ST_TYPE_MXFP4;
   const q8_tile_fn tile = lowiq ? (q8_level() >= 1 ? q8_tile_lowiq_avx2 : q8_tile_lowiq_scalar)
                           : k_is_grid(type) && q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_grid_vbmi_gather
                                                                                          : fns[family][q8_level()];

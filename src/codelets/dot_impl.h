@@ -225,7 +225,7 @@ struct kvec {
 typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t,
                            float *, int64_t);
 
-/* IQ2_XXS, IQ1_S and IQ1_M on q8_0 activations (dot_lowiq.c): the scalar kernel, and the AVX2 one
+/* IQ2_XXS, IQ1_S, IQ1_M and MXFP4 on q8_0 activations (dot_lowiq.c): the scalar kernel, and the AVX2 one
  * for every SIMD level (the same bits). */
 void q8_tile_lowiq_scalar(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                           int nt, int64_t n, float *out, int64_t ldo);

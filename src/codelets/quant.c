@@ -18,6 +18,8 @@ const uint32_t st_iq3xxs_grid[256] = ST_IQ3XXS_GRID_VALUES;
 const uint32_t st_iq3s_grid[512] = ST_IQ3S_GRID_VALUES;
 const uint64_t st_iq2xxs_grid[256] = ST_IQ2XXS_GRID_VALUES;
 const uint64_t st_iq1s_grid[2048] = ST_IQ1S_GRID_VALUES;
+/* MXFP4's E2M1 values, doubled (ggml-common.h kvalues_mxfp4: format data) */
+const int8_t st_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_F32] = {"f32", 1, 4, 1},
@@ -51,7 +53,7 @@ static const struct st_type_info type_table[ST_TYPE_COUNT] = {
     [ST_TYPE_BF16] = {"bf16", 1, 2, 1},
     [ST_TYPE_TQ1_0] = {"tq1_0", 256, 54, 1},
     [ST_TYPE_TQ2_0] = {"tq2_0", 256, 66, 1},
-    [ST_TYPE_MXFP4] = {"mxfp4", 32, 17, 0},
+    [ST_TYPE_MXFP4] = {"mxfp4", 32, 17, 1},
     [ST_TYPE_NVFP4] = {"nvfp4", 64, 36, 0},
     [ST_TYPE_Q1_0] = {"q1_0", 128, 18, 1},
     [ST_TYPE_Q2_0] = {"q2_0", 64, 18, 1},
@@ -405,6 +407,14 @@ static void dequant_tq2_0(const st_block_tq2_0 *b, float *y) {
       for (int m = 0; m < 32; m++) y[128 * g + 32 * l + m] = (float)(((b->qs[32 * g + m] >> (2 * l)) & 3) - 1) * d;
 }
 
+static void dequant_mxfp4(const st_block_mxfp4 *b, float *y) {
+  const float d = st_e8m0_to_f32_half(b->e);
+  for (int j = 0; j < 16; j++) {
+    y[j] = (float)st_kvalues_mxfp4[b->qs[j] & 0xF] * d;
+    y[j + 16] = (float)st_kvalues_mxfp4[b->qs[j] >> 4] * d;
+  }
+}
+
 void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
   switch (type) {
   case ST_TYPE_F32:
@@ -480,6 +490,9 @@ void st_dequantize_row(uint32_t type, const void *row, float *out, int64_t n) {
     break;
   case ST_TYPE_IQ3_S:
     for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq3_s((const st_block_iq3_s *)row + i, out + ST_QK_K * i);
+    break;
+  case ST_TYPE_MXFP4:
+    for (int64_t i = 0; i < n / 32; i++) dequant_mxfp4((const st_block_mxfp4 *)row + i, out + 32 * i);
     break;
   case ST_TYPE_IQ2_XXS:
     for (int64_t i = 0; i < n / ST_QK_K; i++) dequant_iq2_xxs((const st_block_iq2_xxs *)row + i, out + ST_QK_K * i);
@@ -1030,6 +1043,29 @@ static void quant_iq_grid(uint32_t type, const float *x, uint8_t *out) {
   }
 }
 
+/* MXFP4 as ggml's quantize_row_mxfp4_ref: e = floor(log2(max |x|)) - 2 + 127, each weight the
+ * nearest of the 16 levels (the first on a tie). */
+static void quant_mxfp4(const float *x, st_block_mxfp4 *b) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+  b->e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+  const float d = st_e8m0_to_f32_half(b->e);
+  for (int j = 0; j < 16; j++) {
+    int q[2];
+    for (int h = 0; h < 2; h++) {
+      const float v = x[j + 16 * h];
+      int best = 0;
+      float best_err = fabsf((float)st_kvalues_mxfp4[0] * d - v);
+      for (int i = 1; i < 16; i++) {
+        const float err = fabsf((float)st_kvalues_mxfp4[i] * d - v);
+        if (err < best_err) best = i, best_err = err;
+      }
+      q[h] = best;
+    }
+    b->qs[j] = (uint8_t)(q[0] | q[1] << 4);
+  }
+}
+
 /* ---- IQ1_S and IQ1_M: a search over the iq1s grid (not llama.cpp's: theirs needs an importance
  * matrix and searches harder; these are for benchmark models) ----------------------------------- */
 
@@ -1274,6 +1310,9 @@ int st_quantize_row(uint32_t type, const float *x, void *out, int64_t n) {
     return 0;
   case ST_TYPE_IQ4_XS:
     for (int64_t i = 0; i < n / ST_QK_K; i++) quant_iq4_xs(x + ST_QK_K * i, (st_block_iq4_xs *)out + i);
+    return 0;
+  case ST_TYPE_MXFP4:
+    for (int64_t i = 0; i < n / 32; i++) quant_mxfp4(x + 32 * i, (st_block_mxfp4 *)out + i);
     return 0;
   case ST_TYPE_IQ1_S:
     pthread_once(&iq_grids_once, iq_grids_init);

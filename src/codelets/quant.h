@@ -199,6 +199,25 @@ typedef struct {
 } st_block_iq1_m;
 static_assert(sizeof(st_block_iq1_m) == 56, "block_iq1_m size");
 
+/* MXFP4 (ggml-common.h block_mxfp4, the OCP microscaling FP4 format): 32 weights, an E8M0 scale
+ * byte e and 16 bytes of 4-bit E2M1 codes (low nibbles weights 0..15, high nibbles 16..31); weight
+ * = st_kvalues_mxfp4[code] * 2^(e - 128) (ggml's GGML_E8M0_TO_FP32_HALF: the table holds twice
+ * the E2M1 values). */
+typedef struct {
+  uint8_t e;
+  uint8_t qs[16];
+} st_block_mxfp4;
+static_assert(sizeof(st_block_mxfp4) == 17, "block_mxfp4 size");
+extern const int8_t st_kvalues_mxfp4[16];
+
+/* 2^(e - 128) as a float (e = 0 and 1 give the subnormals 2^-128 and 2^-127), as ggml builds it. */
+static inline float st_e8m0_to_f32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
 /* The low-bit formats (ggml-common.h block_q1_0, block_q2_0, block_tq1_0, block_tq2_0).
  * Q1_0: 128 weights, d (fp16) and one bit each, weight j = bit j ? d : -d (bit j of byte j / 8,
  * least significant first). */

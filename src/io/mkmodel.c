@@ -69,7 +69,7 @@ int st_mkmodel_check(const struct st_mkmodel_config *c) {
   const struct st_type_info *ti = st_type_info(c->type);
   if (st_mkmodel_file_type(c->type) < 0)
     return st_set_error(ST_EINVAL, "weight type %s cannot be written (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                                   "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0)",
+                                   "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, mxfp4)",
                           ti->name);
   if (ti->blck_size > 1) {
     const unsigned bs = 32; /* K-quant rows that are not a multiple of 256 fall back to q8_0 */
@@ -459,6 +459,7 @@ int st_mkmodel_file_type(uint32_t type) {
   case ST_TYPE_TQ1_0: return 36;
   case ST_TYPE_TQ2_0: return 37;
   case ST_TYPE_Q1_0: return 40;
+  case ST_TYPE_MXFP4: return 38; /* MXFP4_MOE: llama.cpp's only MXFP4 file type */
   case ST_TYPE_Q2_0: return 41;
   default: return -1;
   }

@@ -203,6 +203,14 @@ __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row
   case ST_TYPE_IQ3_S:
   case ST_TYPE_IQ1_S:
   case ST_TYPE_IQ1_M: return st_dev_iq_weight(type, row, i);
+  case ST_TYPE_MXFP4: { // quant.h st_block_mxfp4: the doubled E2M1 level times 2^(e - 128)
+    const int j = (int)(i % 32);
+    const uint8_t *b = row + (i / 32) * 17;
+    const int q = j < 16 ? b[1 + j] & 0xF : b[1 + j - 16] >> 4;
+    const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+    return (float)kv[q] * __uint_as_float(bits);
+  }
   case ST_TYPE_Q1_0: { // quant.h st_block_q1_0
     const int j = (int)(i % 128);
     const uint8_t *b = row + (i / 128) * 18;
