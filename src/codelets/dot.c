@@ -243,17 +243,31 @@ static uint16_t lowbit_block(uint32_t type, const uint8_t *b, uint8_t *q) {
 
 /* Q2_0 and Q1_0 bytes to Q4_0 quants, one byte of the output per weight (value + 8 < 16, so two
  * such words or-ed with one shifted by 4 give the Q4_0 bytes of two half-blocks at once). */
-static uint32_t lut_q2[256];
-static uint64_t lut_q1[256];
+static uint64_t lut_q2[256], lut_q1[256]; /* lut_q2: 4 quants, in the low 4 bytes */
 static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
 static void lut_init(void) {
   for (int v = 0; v < 256; v++) {
-    uint32_t w2 = 0;
-    uint64_t w1 = 0;
-    for (int j = 0; j < 4; j++) w2 |= (uint32_t)(((v >> (2 * j)) & 3) + 7) << (8 * j);
+    uint64_t w2 = 0, w1 = 0;
+    for (int j = 0; j < 4; j++) w2 |= (uint64_t)(((v >> (2 * j)) & 3) + 7) << (8 * j);
     for (int j = 0; j < 8; j++) w1 |= (uint64_t)(7 + 2 * ((v >> j) & 1)) << (8 * j);
     lut_q2[v] = w2, lut_q1[v] = w1;
   }
+}
+
+/* A Q2_0 (wpb 4 weights a byte) or Q1_0 (8) block of bs weights as Q4_0 blocks at o, by the byte
+ * tables: a 32-weight block's low half in its first 16 / wpb quant bytes, the high half in the
+ * next, each byte one word of wpb Q4_0 quants. Returns the next block. */
+static inline __attribute__((always_inline)) st_block_q4_0 *lut_blocks(const uint8_t *blk, int bs, const int wpb,
+                                                                       const uint64_t *lut, st_block_q4_0 *o) {
+  for (int k = 0; k < bs / 32; k++, o++) {
+    const uint8_t *qb = blk + 2 + k * (32 / wpb);
+    memcpy(&o->d, blk, 2);
+    for (int m = 0; m < 16 / wpb; m++) {
+      const uint64_t w = lut[qb[m]] | lut[qb[16 / wpb + m]] << 4;
+      memcpy(o->qs + wpb * m, &w, (size_t)wpb);
+    }
+  }
+  return o;
 }
 
 /* Rows [r0, r1) of W (of a via_q4_0 type, n weights a row) as Q4_0 rows into out. */
@@ -268,24 +282,8 @@ static void lowbit_to_q4_0(uint32_t type, const uint8_t *W, uint64_t row_bytes, 
     st_block_q4_0 *o = out + (r - r0) * (n / 32);
     for (int64_t b = 0; b < n / bs; b++) {
       const uint8_t *blk = row + (uint64_t)b * ti->type_size;
-      if (type == ST_TYPE_Q2_0) { /* a 32-weight half: bytes 8 h .. 8 h + 3 low, + 4 .. + 7 high */
-        for (int h = 0; h < 2; h++, o++) {
-          memcpy(&o->d, blk, 2);
-          for (int k = 0; k < 4; k++) {
-            const uint32_t w = lut_q2[blk[2 + 8 * h + k]] | lut_q2[blk[2 + 8 * h + 4 + k]] << 4;
-            memcpy(o->qs + 4 * k, &w, 4);
-          }
-        }
-        continue;
-      }
-      if (type == ST_TYPE_Q1_0) { /* a 32-weight quarter: bytes 4 k, 4 k + 1 low, 4 k + 2, 4 k + 3 high */
-        for (int k = 0; k < 4; k++, o++) {
-          memcpy(&o->d, blk, 2);
-          for (int h = 0; h < 2; h++) {
-            const uint64_t w = lut_q1[blk[2 + 4 * k + h]] | lut_q1[blk[2 + 4 * k + 2 + h]] << 4;
-            memcpy(o->qs + 8 * h, &w, 8);
-          }
-        }
+      if (type == ST_TYPE_Q2_0 || type == ST_TYPE_Q1_0) {
+        o = type == ST_TYPE_Q2_0 ? lut_blocks(blk, bs, 4, lut_q2, o) : lut_blocks(blk, bs, 8, lut_q1, o);
         continue;
       }
       const uint16_t d = lowbit_block(type, blk, q);

@@ -147,9 +147,19 @@ static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t 
       __m256 a[ST_TILE];
       for (int t = 0; t < nt; t++) a[t] = acc[r][t];
       for (int64_t k = k0; k < k1; k++) {
-        decode_block(type, row, k, g, sc);
-        /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
-        const __m256i wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
+        __m256i wv;
+        if (type == ST_TYPE_MXFP4) { /* the 32 levels by two byte shuffles of the table (decode_block's values) */
+          const st_block_mxfp4 *b = (const st_block_mxfp4 *)(const void *)(row + k * sizeof(st_block_mxfp4));
+          const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)st_kvalues_mxfp4);
+          const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)b->qs), m4 = _mm_set1_epi8(0x0F);
+          wv = _mm256_set_m128i(_mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4)),
+                                _mm_shuffle_epi8(kv, _mm_and_si128(q, m4)));
+          sc[0] = sc[1] = st_e8m0_to_f32_half(b->e);
+        } else {
+          decode_block(type, row, k, g, sc);
+          /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
+          wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
+        }
         const __m256i aw = _mm256_sign_epi8(wv, wv);
         for (int t = 0; t < nt; t++) {
           const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;
@@ -171,22 +181,15 @@ static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t 
     }
 }
 
-/* The per-type, per-tile-width instances of a body. */
-#define LOWIQ_NT(body, ty)                                                                                   \
-  switch (nt) {                                                                                             \
-  case 1: body(ty, W, row_bytes, nr, xq, ldq, 1, n, out, ldo); break;                                       \
-  case 2: body(ty, W, row_bytes, nr, xq, ldq, 2, n, out, ldo); break;                                       \
-  case 3: body(ty, W, row_bytes, nr, xq, ldq, 3, n, out, ldo); break;                                       \
-  default: body(ty, W, row_bytes, nr, xq, ldq, 4, n, out, ldo); break;                                      \
-  }
+/* The per-type, per-tile-width instances of a body (ST_Q8_TILE_CASES: nt constant in each). */
 #define LOWIQ_TILE(name, attr, body)                                                                         \
-  static attr void name(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq,     \
+  static attr void name(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,     \
                         int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {                          \
     switch (type) {                                                                                         \
-    case ST_TYPE_IQ2_XXS: LOWIQ_NT(body, ST_TYPE_IQ2_XXS) break;                                             \
-    case ST_TYPE_IQ1_S: LOWIQ_NT(body, ST_TYPE_IQ1_S) break;                                                 \
-    case ST_TYPE_MXFP4: LOWIQ_NT(body, ST_TYPE_MXFP4) break;                                                 \
-    default: LOWIQ_NT(body, ST_TYPE_IQ1_M) break;                                                            \
+    case ST_TYPE_IQ2_XXS: ST_Q8_TILE_CASES(body, ST_TYPE_IQ2_XXS) break;                                     \
+    case ST_TYPE_IQ1_S: ST_Q8_TILE_CASES(body, ST_TYPE_IQ1_S) break;                                         \
+    case ST_TYPE_MXFP4: ST_Q8_TILE_CASES(body, ST_TYPE_MXFP4) break;                                         \
+    default: ST_Q8_TILE_CASES(body, ST_TYPE_IQ1_M) break;                                                    \
     }                                                                                                       \
   }
 LOWIQ_TILE(lowiq_tile_scalar, , lowiq_body_scalar)

@@ -358,10 +358,7 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
   const struct st_hparams *hp = &e->hp;
   const size_t d = hp->n_embd, k = hp->n_expert_used;
   const size_t qg = (size_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
-  const struct st_weight *emb = &e->model->tok_embd;
-  for (int t = 0; t < T; t++)
-    st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)ids[t] * emb->row_bytes,
-                      e->x + (size_t)t * d, (int64_t)d);
+  st_engine_embed(e, ids, T, e->x);
 
   struct batch b = {.T = T};
   starpu_data_handle_t attn[hp->n_head_kv], xo[e->n_slices_o];

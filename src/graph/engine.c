@@ -947,6 +947,24 @@ static int weight_nonfinite(const struct st_weight *w, float *buf, uint64_t *row
   return 0;
 }
 
+void st_engine_embed(const struct st_engine *e, const int32_t *ids, int T, float *x) {
+  const struct st_weight *emb = &e->model->tok_embd;
+  const size_t d = e->hp.n_embd;
+  for (int t = 0; t < T; t++)
+    st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)ids[t] * emb->row_bytes, x + (size_t)t * d,
+                      (int64_t)d);
+}
+
+void st_engine_count_routes(struct st_engine *e, uint32_t l, const struct st_route *route, int T) {
+  const int k = (int)e->hp.n_expert_used, E = (int)e->hp.n_expert;
+  for (int i = 0; i < T * k; i++) {
+    const int x = route[i].expert;
+    e->route_counts[(size_t)l * E + x]++;
+    e->live_counts[(size_t)l * E + x]++;
+    if (e->routing_trace) e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + i] = x;
+  }
+}
+
 int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what) {
   const struct st_model *m = e->model;
   const int L = (int)e->hp.n_layer;

@@ -188,6 +188,13 @@ int st_engine_set_cuda_graphs(struct st_engine *e, int on);
  * ST_ERUNTIME. Reads the weights through the mapping (a few seconds for a large layer). */
 int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what);
 
+/* The token embedding rows of ids[0..T) as float32 into x ([T][n_embd]). */
+void st_engine_embed(const struct st_engine *e, const int32_t *ids, int T, float *x);
+
+/* Counts layer l's routing of T tokens at positions n_past.. (route: T * k entries, token after
+ * token): the profile's and the adaptive cache's counts, and the routing trace when one is kept. */
+void st_engine_count_routes(struct st_engine *e, uint32_t l, const struct st_route *route, int T);
+
 /* The CUDA graph keys (cuda_codelets.h) the per-task path's dense tasks use are below this; the
  * decode step's start here. */
 int st_engine_graph_keys_used(const struct st_engine *e);

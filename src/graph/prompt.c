@@ -47,6 +47,17 @@ static uint64_t q8_max(const struct st_engine *e, int which) {
   return most;
 }
 
+/* Whether some layer's up matrix takes int8 activations of another layout than gate's
+ * (prompt_lane.c's up_own: a second quantised copy of each row). */
+static int any_up_own(const struct st_engine *e) {
+  for (uint32_t l = 0; l < e->hp.n_layer && e->int8_dot; l++) {
+    const struct st_layer *L = &e->model->layers[l];
+    const uint64_t qg = st_q8_row_bytes(L->gate_exps.type, e->hp.n_embd), qu = st_q8_row_bytes(L->up_exps.type, e->hp.n_embd);
+    if (qu && qu != qg) return 1;
+  }
+  return 0;
+}
+
 /* Whether some layer's gate or up takes float32 activations (prompt_lane.c's need_f). */
 static int any_float_ffn(const struct st_engine *e) {
   for (uint32_t l = 0; l < e->hp.n_layer; l++) {
@@ -84,7 +95,7 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   CARVE(base, at, p->row_of, int32_t, rows);
   CARVE(base, at, p->eorder, int32_t, hp->n_expert);
   CARVE(base, at, p->xsg, uint8_t, rows * qg + 1);
-  CARVE(base, at, p->xsu, uint8_t, rows * qu + 1);
+  CARVE(base, at, p->xsu, uint8_t, any_up_own(e) ? rows * qu + 1 : 1);
   CARVE(base, at, p->xsf, float, any_float_ffn(e) ? rows * d : 1);
   CARVE(base, at, p->act, float, rows * hp->n_ff_exp);
   CARVE(base, at, p->aq, uint8_t, rows * qa + 1);
@@ -131,8 +142,8 @@ int st_prompt_init(struct st_engine *e) {
   const int64_t attn_f = (int64_t)TILE_ATTN * qw + (score < (1 << 20) ? score : one_token > (1 << 20) ? one_token : (1 << 20));
   const int64_t gu_f = 2 * (int64_t)p->cap * ROWS_GATEUP;
   const int64_t row_f = (int64_t)(q8_max(e, 0) + q8_max(e, 1)) / 4 + hp->n_expert + p->cap + 16;
-  p->scratch_floats = (attn_f > gu_f ? attn_f : gu_f) > row_f ? (attn_f > gu_f ? attn_f : gu_f) : row_f;
-  p->scratch_floats += 16;
+  const int64_t most = attn_f > gu_f ? attn_f : gu_f;
+  p->scratch_floats = (most > row_f ? most : row_f) + 16;
   const unsigned nw = starpu_worker_get_count();
   pr->bytes = carve(p, e, NULL, nw);
   if (posix_memalign(&pr->block, 4096, pr->bytes)) {
@@ -175,12 +186,7 @@ static int count_routing(struct st_engine *e, const struct st_prompt_ctx *p) {
         }
       }
   for (uint32_t l = 0; l < hp->n_layer; l++) {
-    for (int i = 0; i < T * k; i++) {
-      const int x = p->route[(size_t)l * p->cap * k + i].expert;
-      e->route_counts[(size_t)l * E + x]++;
-      e->live_counts[(size_t)l * E + x]++;
-      if (e->routing_trace) e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + i] = x;
-    }
+    st_engine_count_routes(e, l, p->route + (size_t)l * p->cap * k, T);
     e->stats.expert_tasks[ST_TIER_CPU_POOL] += (uint64_t)e->prompt->n_lanes;
     e->stats.expert_entries[ST_TIER_CPU_POOL] += (uint64_t)T * k;
   }
@@ -192,11 +198,7 @@ int st_prompt_eval(struct st_engine *e, const int32_t *ids, int T, int want_logi
   struct st_prompt_ctx *p = &pr->ctx;
   const struct st_hparams *hp = &e->hp;
   const int L = (int)hp->n_layer;
-  const size_t d = hp->n_embd;
-  const struct st_weight *emb = &e->model->tok_embd;
-  for (int t = 0; t < T; t++)
-    st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)ids[t] * emb->row_bytes, p->x + (size_t)t * d,
-                      (int64_t)d);
+  st_engine_embed(e, ids, T, p->x);
   p->T = T;
   p->pos0 = e->n_past;
   p->n_out = want_logits ? (all_logits ? T : 1) : 0;

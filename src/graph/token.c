@@ -24,16 +24,12 @@ static int count_routing(struct st_engine *e, const struct st_route *route, int 
       }
     }
   for (uint32_t l = 0; l < hp->n_layer; l++) {
+    st_engine_count_routes(e, l, route + (size_t)l * k, 1);
     int tiers_seen = 0;
     for (int j = 0; j < k; j++) {
-      const int x = route[(size_t)l * k + j].expert;
-      const size_t pair = (size_t)l * E + x;
-      e->route_counts[pair]++;
-      e->live_counts[pair]++;
-      const int t = e->placement.tier[pair];
+      const int t = e->placement.tier[(size_t)l * E + route[(size_t)l * k + j].expert];
       e->stats.expert_entries[t]++;
       tiers_seen |= 1 << t;
-      if (e->routing_trace) e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + j] = x;
     }
     for (int t = 0; t < ST_TIER_MAX; t++)
       if (tiers_seen >> t & 1) e->stats.expert_tasks[t]++;
@@ -45,9 +41,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   struct st_decode *d = e->dec;
   struct st_decode_ctx *c = &d->ctx;
   const struct st_hparams *hp = &e->hp;
-  const struct st_weight *emb = &e->model->tok_embd;
-  st_dequantize_row(emb->type, (const uint8_t *)emb->data + (uint64_t)id * emb->row_bytes, d->gpu ? c->mail.emb : c->x,
-                    (int64_t)hp->n_embd);
+  st_engine_embed(e, &id, 1, d->gpu ? c->mail.emb : c->x);
   const double t_step = st_now();
   c->pos = e->n_past;
   c->seq = c->seq + 1 ? c->seq + 1 : 1; /* never 0: the mailbox's flags start at 0 */
