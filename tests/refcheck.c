@@ -85,11 +85,16 @@ int ref_load(const char *dir, const char *json_name, struct ref_file *r) {
     const cJSON *rt = cJSON_GetObjectItem(pj, "routing");
     if (rt) {
       const size_t n = (size_t)r->n_layer * p->n_ids * r->k;
-      p->routing_experts = malloc(sizeof(int32_t) * n);
-      p->routing_weights = malloc(sizeof(float) * n);
-      for (int l = 0; l < r->n_layer; l++) {
-        const cJSON *lj = cJSON_GetArrayItem(rt, l), *ex = cJSON_GetObjectItem(lj, "experts"),
-                    *wt = cJSON_GetObjectItem(lj, "weights");
+      p->routing_experts = calloc(n, sizeof(int32_t));
+      p->routing_weights = calloc(n, sizeof(float));
+      p->routing_layer = calloc((size_t)r->n_layer, 1);
+      /* one entry per layer, or (archs/) per MoE layer with its `layer` index: dense layers have none */
+      for (int i = 0; i < cJSON_GetArraySize(rt); i++) {
+        const cJSON *lj = cJSON_GetArrayItem(rt, i), *ex = cJSON_GetObjectItem(lj, "experts"),
+                    *wt = cJSON_GetObjectItem(lj, "weights"), *lk = cJSON_GetObjectItem(lj, "layer");
+        const int l = lk ? lk->valueint : i;
+        if (l < 0 || l >= r->n_layer) continue;
+        p->routing_layer[l] = 1;
         for (int t = 0; t < p->n_ids; t++)
           for (int j = 0; j < r->k; j++) {
             const size_t at = ((size_t)l * p->n_ids + t) * r->k + j;
@@ -125,6 +130,7 @@ void ref_free(struct ref_file *r) {
     free(p->last_logits);
     free(p->routing_experts);
     free(p->routing_weights);
+    free(p->routing_layer);
   }
   free(r->p);
   free(r->model_file);

@@ -1,4 +1,4 @@
-/* Reference files of ../shared/fixtures/models (<model>-<type>-reference.json and the
+/* Reference files of ../shared/fixtures/models and archs/ (<model>-<type>-reference.json and the
  * last-position logits files) and the comparisons their `tolerance` block defines
  * (fixtures/README.md). */
 #ifndef ST_REFCHECK_H
@@ -19,6 +19,7 @@ struct ref_prompt {
   int n_greedy;
   int32_t *routing_experts; /* [n_layer][n_ids][k] or NULL */
   float *routing_weights;
+  uint8_t *routing_layer; /* [n_layer]: 1 where the reference has the layer's routing (not a dense layer) */
 };
 
 struct ref_file {

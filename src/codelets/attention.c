@@ -39,19 +39,64 @@ void st_rope_neox(float *v, int hd, int pos, float theta) {
   st_rope_apply(v, hd, cs);
 }
 
+void st_rope_conf_init(struct st_rope_conf *rc, int n_rot, int neox, float theta, float yarn_factor, int orig_ctx,
+                       float beta_fast, float beta_slow) {
+  *rc = (struct st_rope_conf){.n_rot = n_rot, .neox = neox, .theta = theta, .mscale = 1.0f, .freq_scale = 1.0f};
+  if (!(yarn_factor > 0.0f)) return;
+  /* ggml_rope_yarn_corr_dims: the dims whose wavelength fits beta_fast / beta_slow rotations in
+   * the original context, floored and ceiled ("truncate") */
+  const double base = theta, nd = n_rot;
+  const double c_fast = nd * log(orig_ctx / (beta_fast * 2 * M_PI)) / (2 * log(base));
+  const double c_slow = nd * log(orig_ctx / (beta_slow * 2 * M_PI)) / (2 * log(base));
+  rc->yarn = 1;
+  rc->freq_scale = 1.0f / yarn_factor;
+  rc->corr0 = (float)fmax(0.0, floor(c_fast));
+  rc->corr1 = (float)fmin(nd - 1, ceil(c_slow));
+  rc->mscale = (float)(1.0 + 0.1 * log(yarn_factor));
+}
+
+void st_rope_conf_table(float *cs, const struct st_rope_conf *rc, int pos) {
+  if (!rc->yarn) {
+    st_rope_table(cs, rc->n_rot, pos, rc->theta);
+    return;
+  }
+  for (int i = 0; i < rc->n_rot / 2; i++) {
+    const double extrap = (double)pos * pow((double)rc->theta, -2.0 * i / rc->n_rot);
+    const double interp = rc->freq_scale * extrap;
+    const double y = (i - rc->corr0) / fmax(0.001, (double)rc->corr1 - rc->corr0);
+    const double mix = 1.0 - fmin(1.0, fmax(0.0, y)); /* 1: extrapolate (high frequencies) */
+    const double ang = interp * (1.0 - mix) + extrap * mix;
+    cs[2 * i] = (float)(cos(ang) * rc->mscale), cs[2 * i + 1] = (float)(sin(ang) * rc->mscale);
+  }
+}
+
+void st_rope_conf_apply(float *v, const struct st_rope_conf *rc, const float *cs) {
+  if (rc->neox) {
+    st_rope_apply(v, rc->n_rot, cs);
+    return;
+  }
+  for (int i = 0; i < rc->n_rot / 2; i++) {
+    const float c = cs[2 * i], s = cs[2 * i + 1], x0 = v[2 * i], x1 = v[2 * i + 1];
+    v[2 * i] = x0 * c - x1 * s;
+    v[2 * i + 1] = x0 * s + x1 * c;
+  }
+}
+
 /* Softmax of n scores in place, scaled by `scale` first (sum in double); returns 1 / the sum:
- * p_j = s[j] * the returned factor. */
-static float softmax_row(float *s, int n, float scale) {
+ * p_j = s[j] * the returned factor. A sink (not NaN) is one more logit in the denominator only. */
+static float softmax_row(float *s, int n, float scale, float sink) {
   float mx = -INFINITY;
   for (int j = 0; j < n; j++) {
     s[j] *= scale;
     mx = fmaxf(mx, s[j]);
   }
+  if (sink == sink) mx = fmaxf(mx, sink);
   double sum = 0.0;
   for (int j = 0; j < n; j++) {
     s[j] = expf(s[j] - mx);
     sum += s[j];
   }
+  if (sink == sink) sum += expf(sink - mx);
   return (float)(1.0 / sum);
 }
 
@@ -62,31 +107,49 @@ void st_kv_store(int kv_type, const float *x, void *row, int64_t n) {
   else if ((const void *)x != row) memcpy(row, x, sizeof(float) * (size_t)n);
 }
 
-void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
-                      float *out, float *score, int64_t score_floats) {
-  const float scale = 1.0f / sqrtf((float)hd);
-  const uint64_t rb = st_kv_row_bytes(kv_type, hd);
+void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
+                           float *out, float *score, int64_t score_floats, const struct st_attn_conf *ac) {
+  const float scale = ac->scale;
+  const int hv = ac->hd_v, W = ac->window;
+  const uint64_t rb = st_kv_row_bytes(kv_type, hd), vb = st_kv_row_bytes(kv_type, ac->v_row);
   for (int t0 = 0; t0 < T;) {
     int tt = T - t0; /* the tile's tokens: as many as their scores fit (at least one) */
-    while (tt > 1 && (int64_t)tt * nq * (pos0 + t0 + tt) > score_floats) tt = (tt + 1) / 2;
-    const int nk = pos0 + t0 + tt, rows = tt * nq; /* keys of the tile's last token; (token, head) rows */
-    /* every row's scores over the first nk keys: a row's value per key does not depend on the
-     * call's shape (st_matmul), the keys past a row's own are not read below */
-    st_matmul((uint32_t)kv_type, kc, rb, 0, nk, q + (size_t)t0 * nq * hd, hd, rows, hd, score, nk);
+    /* keys from j0 (the first the tile's first token sees) to nk (its last token's) */
+    int j0 = W > 0 && pos0 + t0 - W + 1 > 0 ? pos0 + t0 - W + 1 : 0;
+    while (tt > 1 && (int64_t)tt * nq * (pos0 + t0 + tt - j0) > score_floats) tt = (tt + 1) / 2;
+    const int nk = pos0 + t0 + tt, rows = tt * nq, nks = nk - j0; /* keys of the tile's last token; (token, head) rows */
+    /* every row's scores over keys j0 .. nk: a row's value per key does not depend on the call's
+     * shape (st_matmul), the keys past a row's own are not read below */
+    st_matmul((uint32_t)kv_type, (const uint8_t *)kc + (size_t)j0 * rb, rb, 0, nks, q + (size_t)t0 * nq * hd, hd, rows, hd,
+              score, nks);
     float inv[rows];
-    for (int r = 0; r < rows; r++) inv[r] = softmax_row(score + (size_t)r * nk, pos0 + t0 + r / nq + 1, scale);
-    float *o = out + (size_t)t0 * nq * hd;
-    memset(o, 0, sizeof(float) * (size_t)rows * hd);
+    int first[rows]; /* each row's first visible key, from j0 */
+    for (int r = 0; r < rows; r++) {
+      const int pos = pos0 + t0 + r / nq;
+      first[r] = W > 0 && pos - W + 1 > j0 ? pos - W + 1 - j0 : 0;
+      inv[r] = softmax_row(score + (size_t)r * nks + first[r], pos + 1 - j0 - first[r], scale,
+                           ac->sinks ? ac->sinks[r % nq] : NAN);
+    }
+    float *o = out + (size_t)t0 * nq * hv;
+    memset(o, 0, sizeof(float) * (size_t)rows * hv);
     /* P V in key order for each row, every V row read once for the tile */
-    for (int j = 0; j < nk; j++) {
-      const void *vj = (const uint8_t *)vc + (size_t)j * rb;
+    for (int j = j0; j < nk; j++) {
+      const void *vj = (const uint8_t *)vc + (size_t)j * vb;
       for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++) {
-        if (kv_type == ST_TYPE_F16) st_axpy_f16(o + (size_t)r * hd, score[(size_t)r * nk + j] * inv[r], vj, hd);
-        else st_axpy(o + (size_t)r * hd, score[(size_t)r * nk + j] * inv[r], vj, hd);
+        if (j - j0 < first[r]) continue;
+        const float p = score[(size_t)r * nks + (j - j0)] * inv[r];
+        if (kv_type == ST_TYPE_F16) st_axpy_f16(o + (size_t)r * hv, p, vj, hv);
+        else st_axpy(o + (size_t)r * hv, p, vj, hv);
       }
     }
     t0 += tt;
   }
+}
+
+void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
+                      float *out, float *score, int64_t score_floats) {
+  const struct st_attn_conf ac = {1.0f / sqrtf((float)hd), hd, hd, NULL, 0};
+  st_attend_tokens_conf(q, T, nq, hd, pos0, kv_type, kc, vc, out, score, score_floats, &ac);
 }
 
 void st_attend_head(const float *qh, int kv_type, const void *kc, const void *vc, int n_keys, int hd, float *score,

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "codelets/codelets.h"
+#include "codelets/layer_cpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,7 +49,21 @@ struct st_decode_layer {
   struct st_wdesc wq_d, wk_d, wv_d, wo_d, router_d;
   struct st_wdesc gate_d, up_d, down_d; /* the layout of one expert's matrices */
   uint64_t gate_bytes, up_bytes;        /* one expert's gate and up matrices: offsets in a cache slot */
-  void *kv; /* the layer's host KV cache [n_head_kv][2][n_ctx][head_dim] of st_decode_ctx.kv_type */
+  void *kv; /* the layer's host KV cache [n_head_kv][kv_planes][n_ctx][head_dim] of st_decode_ctx.kv_type */
+  /* what other architectures add (io/arch.h; NULL / 0 when the layer has none) */
+  const float *bq, *bk, *bv, *bo, *sinks;   /* attention biases, one sink logit per head */
+  const float *router_b, *probs_b;         /* router bias, selection bias [n_expert] */
+  const float *gate_b, *up_b, *down_b;     /* expert biases [n_expert][n_ff] / [n_expert][n_embd] */
+  int dense, swa;                          /* no experts (the dense FFN only); sliding window */
+  /* the FFN every token computes besides its routed experts, at slot k: the shared expert of a
+   * MoE layer, or a dense layer's FFN (fixed_ff 0: none); float32 activations */
+  const void *fgate, *fup, *fdown;
+  struct st_wdesc fgate_d, fup_d, fdown_d;
+  int fixed_ff;
+  /* MLA (st_decode_ctx.mla): q_a (or wq without a q LoRA), kv_a_mqa, k_b and v_b per head */
+  const void *wq_a, *wq_b, *wkv_a, *wk_b, *wv_b;
+  const float *q_a_norm, *kv_a_norm;
+  struct st_wdesc wq_a_d, wq_b_d, wkv_a_d, wk_b_d, wv_b_d;
 };
 
 /* The work counters of one group of lanes, each on its own cache line (accessed with __atomic
@@ -123,6 +138,17 @@ struct st_decode_mail {
 struct st_decode_ctx {
   int n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, k, n_ff, n_vocab, n_ctx;
   float eps, rope_theta;
+  /* the architecture (io/arch.h, model.h's st_hparams; qwen3moe: plain NEOX RoPE over head_dim,
+   * softmax routing renormalised, silu, no window) */
+  struct st_rope_conf rope;
+  struct st_attn_conf attn_conf;   /* scale, value rows, window (sinks per layer) */
+  int gating, n_group, n_group_used, w_norm, ffn_act;
+  float w_scale;
+  int kv_planes;                   /* 2: K and V cached; 1 (MLA): one row, K and V */
+  int mla, q_lora, kv_lora, qk_nope, head_dim_v;
+  int n_ff_max;                    /* act's row: the largest of n_ff and every layer's fixed_ff */
+  float *qa;                       /* MLA: [q_lora] the q LoRA's output */
+  float *qm;                       /* MLA: [n_head][head_dim] the absorbed queries */
   int kv_type;                         /* the KV cache's element: ST_TYPE_F32 or ST_TYPE_F16 */
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
@@ -135,8 +161,8 @@ struct st_decode_ctx {
   /* host buffers */
   float *x, *h, *xn, *q, *attn, *xo, *ffn_in, *rlogits; /* as on the device */
   float *kvnew;                        /* [2][n_head_kv][head_dim]: the new K rows, then V rows (CPU-only) */
-  float *act;                          /* [k][n_ff]: silu(gate) * up of each slot */
-  float *eout;                         /* [k][n_embd]: each slot's weighted expert row (CPU-only) */
+  float *act;                          /* [k + 1][n_ff_max]: silu(gate) * up of each slot (slot k: the layer's fixed FFN) */
+  float *eout;                         /* [k + 1][n_embd]: each slot's weighted expert row (CPU-only) */
   float *logits;                       /* [n_vocab] (CPU-only: the head's output) */
   struct st_route *route;              /* [n_layer][k]: the step's routing (CPU-only) */
   uint8_t *xq;                         /* quantised FFN input: [2][q8 row of n_embd] (gate's, up's layout) */
@@ -166,9 +192,13 @@ struct st_decode_ctx {
 /* Phases of lane work items, in the order a layer runs them. */
 enum st_lane_kind {
   ST_LP_EMBNORM, /* 1 item: xn = RMSNorm(x) with layer 0's attn_norm */
-  ST_LP_QKV,     /* rows of wq, wk, wv: q, and K, V into the KV cache at pos */
-  ST_LP_ROPE,    /* per query head, then per KV head: q/k RMSNorm and RoPE */
-  ST_LP_ATTN,    /* per query head: softmax attention over positions 0..pos */
+  ST_LP_QKV,     /* rows of wq, wk, wv (and their biases): q, and the new K, V rows (MLA: rows of q_a
+                    or wq, then kv_a_mqa) */
+  ST_LP_MLANORM, /* MLA, 1 item: the q LoRA's norm; the latent's norm and the key part's RoPE, cached */
+  ST_LP_QB,      /* MLA with a q LoRA: rows of q_b */
+  ST_LP_ROPE,    /* per query head, then per KV head: q/k RMSNorm and RoPE, K and V into the cache
+                    (MLA: per head, the query's RoPE and its absorption by k_b) */
+  ST_LP_ATTN,    /* per query head: softmax attention over positions 0..pos (MLA: then v_b) */
   ST_LP_QATTN,   /* 1 item (int8 and Q8_0 wo only): attn quantised for wo (st_dense_matmul's rule) */
   ST_LP_OPROJ,   /* rows of wo */
   ST_LP_RESNORM, /* 1 item: h = x + xo, ffn_in = RMSNorm(h) */

@@ -17,6 +17,7 @@
 #include "codelets/layer_cpu.h"
 #include "codelets/quant.h"
 #include "common.h"
+#include "io/model.h"
 
 static int64_t div_up64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -65,49 +66,144 @@ static void quantize_xn(const struct st_decode_ctx *c, int l) {
 
 /* ---- the items ---------------------------------------------------------------------------- */
 
+/* Adds bias[0 .. n) to v (a NULL bias adds nothing). */
+static void add_bias(float *v, const float *bias, int64_t n) {
+  if (bias)
+    for (int64_t i = 0; i < n; i++) v[i] += bias[i];
+}
+
+/* One matrix of the QKV phase: its rows go to out, their bias with them. */
+struct proj {
+  const struct st_wdesc *d;
+  const void *w;
+  float *out;
+  const float *bias;
+  int64_t rows;
+  int q8; /* takes xnq (st_dense_q8's rule) */
+};
+
+/* The QKV phase's matrices of layer l (returns how many): GQA wq, wk, wv; MLA q_a (or wq), kv_a_mqa. */
+static int qkv_projs(const struct st_decode_ctx *c, const struct st_decode_layer *L, struct proj *p) {
+  if (c->mla) {
+    int n = 0;
+    if (c->q_lora) p[n++] = (struct proj){&L->wq_a_d, L->wq_a, c->qa, NULL, c->q_lora, 0};
+    else p[n++] = (struct proj){&L->wq_d, L->wq, c->q, NULL, (int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), 0};
+    p[n++] = (struct proj){&L->wkv_a_d, L->wkv_a, c->kvnew, NULL, c->head_dim, 0};
+    return n;
+  }
+  const int64_t qrows = (int64_t)c->n_head * c->head_dim, kvrows = (int64_t)c->n_head_kv * c->head_dim;
+  p[0] = (struct proj){&L->wq_d, L->wq, c->q, L->bq, qrows, dense_q8(c, &L->wq_d)};
+  /* the new K and V rows in float32 (kvnew [2][G][hd]); item_rope stores them in the cache */
+  p[1] = (struct proj){&L->wk_d, L->wk, c->kvnew, L->bk, kvrows, 0};
+  p[2] = (struct proj){&L->wv_d, L->wv, c->kvnew + kvrows, L->bv, kvrows, 0};
+  return 3;
+}
+
+static int64_t qkv_items(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  struct proj p[3];
+  int64_t n = 0;
+  for (int i = 0, np = qkv_projs(c, L, p); i < np; i++) n += div_up64(p[i].rows, c->rows_qkv);
+  return n;
+}
+
 static void item_qkv(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
-  const int hd = c->head_dim, qrows = c->n_head * hd, kvrows = c->n_head_kv * hd, R = c->rows_qkv;
-  int64_t r0 = i * R;
-  if (r0 < qrows) {
-    if (dense_q8(c, &L->wq_d)) st_matmul_q8(L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, c->xnq, 1, L->wq_d.n, c->q + r0, R);
-    else rows(&L->wq_d, L->wq, r0, r0 + R, c->xn, c->q + r0);
-    return;
-  }
-  r0 -= qrows;
-  const int v = r0 >= kvrows;
-  if (v) r0 -= kvrows;
-  /* the new K and V rows in float32 (kvnew [2][G][hd]); item_rope stores them in the cache */
-  rows(v ? &L->wv_d : &L->wk_d, v ? L->wv : L->wk, r0, r0 + R, c->xn, c->kvnew + (size_t)v * kvrows + r0);
+  const int R = c->rows_qkv;
+  struct proj p[3];
+  const int np = qkv_projs(c, L, p);
+  int j = 0;
+  for (; j < np - 1 && i >= div_up64(p[j].rows, R); j++) i -= div_up64(p[j].rows, R);
+  const int64_t r0 = i * R, r1 = r0 + R < p[j].rows ? r0 + R : p[j].rows;
+  if (p[j].q8) st_matmul_q8(p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xnq, 1, p[j].d->n, p[j].out + r0, r1 - r0);
+  else rows(p[j].d, p[j].w, r0, r1, c->xn, p[j].out + r0);
+  add_bias(p[j].out + r0, p[j].bias ? p[j].bias + r0 : NULL, r1 - r0);
+}
+
+/* Layer l's K and V planes of KV head g (V: NULL with one plane). */
+static uint8_t *kv_plane(const struct st_decode_ctx *c, const struct st_decode_layer *L, int g, int v) {
+  const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
+  return (uint8_t *)L->kv + ((size_t)g * c->kv_planes + (size_t)v) * (size_t)c->n_ctx * rb;
+}
+
+/* MLA: the q LoRA's norm; the latent normed and the key part roped, cached as the token's row. */
+static void item_mla_norm(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  if (c->q_lora) st_rmsnorm(c->qa, L->q_a_norm, c->qa, c->q_lora, c->eps);
+  float *kv = c->kvnew, cs[c->rope.n_rot];
+  st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
+  st_rope_conf_table(cs, &c->rope, c->pos);
+  st_rope_conf_apply(kv + c->kv_lora, &c->rope, cs);
+  const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
+  st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)c->pos * rb, c->head_dim);
+}
+
+/* MLA: rows of q_b over the normed q LoRA output. */
+static void item_qb(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int64_t n = (int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), r0 = i * c->rows_qkv;
+  const int64_t r1 = r0 + c->rows_qkv < n ? r0 + c->rows_qkv : n;
+  rows(&L->wq_b_d, L->wq_b, r0, r1, c->qa, c->q + r0);
+}
+
+/* MLA, head h: its query's rope part roped, its no-rope part absorbed by k_b into the latent's
+ * space: qm[h] = [k_b[h] q_nope, q_pe], a query against the cached rows. */
+static void mla_query(const struct st_decode_ctx *c, const struct st_decode_layer *L, int h) {
+  const int qk = c->qk_nope + c->rope.n_rot;
+  float *qh = c->q + (size_t)h * qk, *qm = c->qm + (size_t)h * c->head_dim, cs[c->rope.n_rot];
+  st_rope_conf_table(cs, &c->rope, c->pos);
+  st_rope_conf_apply(qh + c->qk_nope, &c->rope, cs);
+  st_matmul(L->wk_b_d.type, L->wk_b, L->wk_b_d.row_bytes, (int64_t)h * c->kv_lora, (int64_t)(h + 1) * c->kv_lora, qh,
+            c->qk_nope, 1, c->qk_nope, qm, c->kv_lora);
+  memcpy(qm + c->kv_lora, qh + c->qk_nope, sizeof(float) * (size_t)c->rope.n_rot);
 }
 
 static void item_rope(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
   const int hd = c->head_dim;
+  if (c->mla) {
+    mla_query(c, L, (int)i);
+    return;
+  }
+  float cs[c->rope.n_rot];
+  st_rope_conf_table(cs, &c->rope, c->pos);
   if (i < c->n_head) {
     float *qh = c->q + (size_t)i * hd;
-    st_rmsnorm(qh, L->q_norm, qh, hd, c->eps);
-    st_rope_neox(qh, hd, c->pos, c->rope_theta);
+    if (L->q_norm) st_rmsnorm(qh, L->q_norm, qh, hd, c->eps);
+    st_rope_conf_apply(qh, &c->rope, cs);
     return;
   }
   const int g = (int)i - c->n_head;
   const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
   float *kt = c->kvnew + (size_t)g * hd;
-  uint8_t *kc = (uint8_t *)L->kv + (size_t)g * 2 * (size_t)c->n_ctx * rb, *vc = kc + (size_t)c->n_ctx * rb;
-  st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
-  st_rope_neox(kt, hd, c->pos, c->rope_theta);
-  st_kv_store(c->kv_type, kt, kc + (size_t)c->pos * rb, hd);
-  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, vc + (size_t)c->pos * rb, hd);
+  if (L->k_norm) st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
+  st_rope_conf_apply(kt, &c->rope, cs);
+  st_kv_store(c->kv_type, kt, kv_plane(c, L, g, 0) + (size_t)c->pos * rb, hd);
+  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, kv_plane(c, L, g, 1) + (size_t)c->pos * rb, hd);
 }
 
 static void item_attn(struct lane_state *s, int l, int64_t h) {
   const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
   const int hd = c->head_dim, g = (int)h / (c->n_head / c->n_head_kv);
-  const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
-  const uint8_t *kc = (const uint8_t *)c->layers[l].kv + (size_t)g * 2 * (size_t)c->n_ctx * rb, *vc = kc + (size_t)c->n_ctx * rb;
-  st_attend_head(c->q + (size_t)h * hd, c->kv_type, kc, vc, c->pos + 1, hd, s->scratch, c->attn + (size_t)h * hd);
+  struct st_attn_conf ac = c->attn_conf;
+  ac.sinks = L->sinks ? L->sinks + h : NULL;
+  ac.window = L->swa ? c->attn_conf.window : 0;
+  const uint8_t *kc = kv_plane(c, L, g, 0);
+  if (!c->mla) {
+    st_attend_tokens_conf(c->q + (size_t)h * hd, 1, 1, hd, c->pos, c->kv_type, kc, kv_plane(c, L, g, 1),
+                          c->attn + (size_t)h * hd, s->scratch, c->pos + 1, &ac);
+    return;
+  }
+  /* MLA: the latent's weighted sum (V = the first kv_lora values of each cached row), then v_b */
+  float *olat = s->scratch + c->n_ctx + 16;
+  st_attend_tokens_conf(c->qm + (size_t)h * hd, 1, 1, hd, c->pos, c->kv_type, kc, kc, olat, s->scratch, c->pos + 1, &ac);
+  const int hv = c->head_dim_v;
+  st_matmul(L->wv_b_d.type, L->wv_b, L->wv_b_d.row_bytes, (int64_t)h * hv, (int64_t)(h + 1) * hv, olat, c->kv_lora, 1,
+            c->kv_lora, c->attn + (size_t)h * hv, hv);
 }
 
 static void item_resnorm(struct lane_state *s, int l) {
@@ -121,7 +217,8 @@ static void item_resnorm(struct lane_state *s, int l) {
 static void item_topk(struct lane_state *s, int l) {
   const struct st_decode_ctx *c = s->c;
   struct st_route *r = c->route + (size_t)l * c->k;
-  st_route_topk(c->rlogits, c->n_expert, c->k, r);
+  st_route_gated(c->rlogits, c->n_expert, c->k, c->gating, c->layers[l].probs_b, c->n_group, c->n_group_used, c->w_norm,
+                 c->w_scale, r);
   for (int j = 0; j < c->k; j++)
     if (r[j].expert < 0 || r[j].expert >= c->n_expert || !(r[j].weight == r[j].weight)) {
       if (!__atomic_exchange_n(&s->sync->error, 1, __ATOMIC_RELAXED)) s->sync->error_layer = l;
@@ -147,10 +244,35 @@ static void lane_xq(struct lane_state *s, const struct st_decode_layer *L) {
   s->xq_up = qu ? (qu == qg ? c->xq : c->xq + qg) : NULL;
 }
 
+/* act = the FFN's activation of gate and up rows f0 .. f0 + n (gate in g, up in u; both get the
+ * expert's biases first when it has them). */
+static void ffn_act(const struct st_decode_ctx *c, float *g, float *u, const float *gb, const float *ub, int64_t n,
+                    float *act) {
+  add_bias(g, gb, n);
+  add_bias(u, ub, n);
+  if (c->ffn_act == ST_ACT_SWIGLU_OAI) st_swiglu_oai(g, u, act, n);
+  else
+    for (int64_t f = 0; f < n; f++) act[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+}
+
+/* The fixed FFN's item (slot k): rows f0 .. of its gate and up, float32 activations. */
+static void fixed_gateup(struct lane_state *s, const struct st_decode_layer *L, int64_t f0) {
+  const struct st_decode_ctx *c = s->c;
+  const int64_t f1 = f0 + c->rows_gateup < L->fixed_ff ? f0 + c->rows_gateup : L->fixed_ff, d = c->n_embd;
+  float *g = s->scratch, *u = g + c->rows_gateup;
+  st_matmul(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, g, f1 - f0);
+  st_matmul(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, u, f1 - f0);
+  ffn_act(c, g, u, NULL, NULL, f1 - f0, c->act + (size_t)c->k * c->n_ff_max + f0);
+}
+
 static void item_gateup(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
   const int R = c->rows_gateup, per = (int)div_up64(c->n_ff, R);
+  if (i >= (int64_t)s->n_slots * per) {
+    fixed_gateup(s, L, (i - (int64_t)s->n_slots * per) * R);
+    return;
+  }
   const int slot = s->slots[i / per];
   const int64_t f0 = (i % per) * R, f1 = f0 + R < c->n_ff ? f0 + R : c->n_ff;
   const int e = s->route[slot].expert, d = c->n_embd;
@@ -160,8 +282,9 @@ static void item_gateup(struct lane_state *s, int l, int64_t i) {
   else st_matmul(L->gate_d.type, gw, L->gate_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, g, f1 - f0);
   if (s->xq_up) st_matmul_q8(L->up_d.type, uw, L->up_d.row_bytes, f0, f1, s->xq_up, 1, d, u, f1 - f0);
   else st_matmul(L->up_d.type, uw, L->up_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, u, f1 - f0);
-  float *act = c->act + (size_t)slot * c->n_ff + f0;
-  for (int64_t f = 0; f < f1 - f0; f++) act[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+  float *act = c->act + (size_t)slot * c->n_ff_max + f0;
+  ffn_act(c, g, u, L->gate_b ? L->gate_b + (size_t)e * c->n_ff + f0 : NULL, L->up_b ? L->up_b + (size_t)e * c->n_ff + f0 : NULL,
+          f1 - f0, act);
   if (qa_in_gateup(c, L))
     st_quantize_act(L->down_d.type, act, f1 - f0, 1, f1 - f0,
                     c->aq + (size_t)slot * aq_row_bytes(c, L) + st_q8_row_bytes(L->down_d.type, f0));
@@ -171,7 +294,7 @@ static void item_qa(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
   const int slot = s->slots[i];
-  st_quantize_act(L->down_d.type, c->act + (size_t)slot * c->n_ff, c->n_ff, 1, c->n_ff,
+  st_quantize_act(L->down_d.type, c->act + (size_t)slot * c->n_ff_max, c->n_ff, 1, c->n_ff,
                   c->aq + (size_t)slot * aq_row_bytes(c, L));
 }
 
@@ -179,24 +302,35 @@ static void item_down(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
   const int R = c->rows_down, per = (int)div_up64(c->n_embd, R), ff = c->n_ff;
-  const int slot = s->slots[i / per];
+  const int fixed = i >= (int64_t)s->n_slots * per; /* the fixed FFN's rows, weight 1 */
+  const int slot = fixed ? c->k : s->slots[i / per];
   const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
-  const void *dw = expert_mat(c, l, s->route[slot].expert, 2);
   float *out = s->eout + (size_t)slot * c->n_embd + r0;
+  if (fixed) {
+    rows(&L->fdown_d, L->fdown, r0, r1, c->act + (size_t)c->k * c->n_ff_max, out);
+    return;
+  }
+  const int e = s->route[slot].expert;
+  const void *dw = expert_mat(c, l, e, 2);
   const uint64_t qa = aq_row_bytes(c, L);
   if (qa) st_matmul_q8(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->aq + (size_t)slot * qa, 1, ff, out, r1 - r0);
-  else st_matmul(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->act + (size_t)slot * ff, ff, 1, ff, out, r1 - r0);
+  else st_matmul(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->act + (size_t)slot * c->n_ff_max, ff, 1, ff, out, r1 - r0);
+  add_bias(out, L->down_b ? L->down_b + (size_t)e * c->n_embd + r0 : NULL, r1 - r0);
   const float w = s->route[slot].weight;
   for (int64_t r = 0; r < r1 - r0; r++) out[r] *= w;
 }
 
-/* x = h + the slots' rows added in slot order (as combine_cpu), then the next norm into xn. */
+/* x = h + the slots' rows added in slot order (as combine_cpu), then the fixed FFN's row (the shared
+ * expert's after the routed ones, as llama.cpp adds it), then the next norm into xn. */
 static void item_combine(struct lane_state *s, int l) {
   const struct st_decode_ctx *c = s->c;
-  const int d = c->n_embd;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int d = c->n_embd, k = L->dense ? 0 : c->k;
+  const float *fx = L->fixed_ff ? c->eout + (size_t)c->k * d : NULL;
   for (int i = 0; i < d; i++) {
     float acc = 0.0f;
-    for (int j = 0; j < c->k; j++) acc += c->eout[(size_t)j * d + i];
+    for (int j = 0; j < k; j++) acc += c->eout[(size_t)j * d + i];
+    if (fx) acc = k ? acc + fx[i] : fx[i];
     c->x[i] = acc + c->h[i];
   }
   const float *norm = l + 1 < c->n_layer ? c->layers[l + 1].attn_norm : c->output_norm;
@@ -213,6 +347,8 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
     quantize_xn(c, 0);
     break;
   case ST_LP_QKV: item_qkv(s, l, i); break;
+  case ST_LP_MLANORM: item_mla_norm(s, l); break;
+  case ST_LP_QB: item_qb(s, l, i); break;
   case ST_LP_ROPE: item_rope(s, l, i); break;
   case ST_LP_ATTN: item_attn(s, l, i); break;
   case ST_LP_QATTN: st_quantize_act(ST_TYPE_Q8_0, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq); break;
@@ -220,12 +356,14 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
     const int64_t r0 = i * c->rows_o, r1 = r0 + c->rows_o < c->n_embd ? r0 + c->rows_o : c->n_embd;
     if (dense_q8(c, &L->wo_d)) st_matmul_q8(L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attnq, 1, L->wo_d.n, c->xo + r0, r1 - r0);
     else rows(&L->wo_d, L->wo, r0, r1, c->attn, c->xo + r0);
+    add_bias(c->xo + r0, L->bo ? L->bo + r0 : NULL, r1 - r0);
     break;
   }
   case ST_LP_RESNORM: item_resnorm(s, l); break;
   case ST_LP_RLOGITS: {
     const int64_t r0 = i * c->rows_router, r1 = r0 + c->rows_router < c->n_expert ? r0 + c->rows_router : c->n_expert;
     rows(&L->router_d, L->router, r0, r1, c->ffn_in, c->rlogits + r0);
+    add_bias(c->rlogits + r0, L->router_b ? L->router_b + r0 : NULL, r1 - r0);
     break;
   }
   case ST_LP_TOPK: item_topk(s, l); break;
@@ -250,7 +388,7 @@ static void enter_layer_cpu(struct lane_state *s, int l) {
   s->route = c->route + (size_t)l * c->k;
   s->ffn_in = c->ffn_in;
   s->eout = c->eout;
-  s->n_slots = c->k;
+  s->n_slots = l < c->n_layer && c->layers[l].dense ? 0 : c->k;
   for (int j = 0; j < c->k; j++) s->slots[j] = j;
   if (l < c->n_layer) lane_xq(s, &c->layers[l]);
 }
@@ -343,7 +481,7 @@ static void decode_lane_cpu(void *buffers[], void *cl_arg) {
 }
 
 int st_lane_token_plan(struct st_decode_ctx *c) {
-  const int L = c->n_layer, per_layer = 13;
+  const int L = c->n_layer, per_layer = 15;
   const int P = 1 + per_layer * L + 1;
   c->phase_start = calloc((size_t)P + 1, sizeof *c->phase_start);
   c->phase_kind = calloc((size_t)P, sizeof *c->phase_kind);
@@ -363,20 +501,22 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
   PHASE(ST_LP_EMBNORM, 0, 1);
   for (int l = 0; l < L; l++) {
     const struct st_decode_layer *Ly = &c->layers[l];
-    const int hd = c->head_dim;
-    const int int8_x = c->int8_dot && (st_q8_row_bytes(Ly->gate_d.type, c->n_embd) || st_q8_row_bytes(Ly->up_d.type, c->n_embd));
-    PHASE(ST_LP_QKV, l, (int64_t)(c->n_head + 2 * c->n_head_kv) * hd / c->rows_qkv);
-    PHASE(ST_LP_ROPE, l, c->n_head + c->n_head_kv);
+    const int moe = !Ly->dense, k = moe ? c->k : 0;
+    const int int8_x = moe && c->int8_dot && (st_q8_row_bytes(Ly->gate_d.type, c->n_embd) || st_q8_row_bytes(Ly->up_d.type, c->n_embd));
+    PHASE(ST_LP_QKV, l, qkv_items(c, Ly));
+    PHASE(ST_LP_MLANORM, l, c->mla ? 1 : 0);
+    PHASE(ST_LP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), c->rows_qkv) : 0);
+    PHASE(ST_LP_ROPE, l, c->mla ? c->n_head : c->n_head + c->n_head_kv);
     PHASE(ST_LP_ATTN, l, c->n_head);
     PHASE(ST_LP_QATTN, l, dense_q8(c, &Ly->wo_d) ? 1 : 0);
     PHASE(ST_LP_OPROJ, l, div_up64(c->n_embd, c->rows_o));
     PHASE(ST_LP_RESNORM, l, 1);
-    PHASE(ST_LP_RLOGITS, l, div_up64(c->n_expert, c->rows_router));
-    PHASE(ST_LP_TOPK, l, 1);
+    PHASE(ST_LP_RLOGITS, l, moe ? div_up64(c->n_expert, c->rows_router) : 0);
+    PHASE(ST_LP_TOPK, l, moe);
     PHASE(ST_LP_QX, l, int8_x ? 1 : 0);
-    PHASE(ST_LP_GATEUP, l, (int64_t)c->k * div_up64(c->n_ff, c->rows_gateup));
-    PHASE(ST_LP_QA, l, aq_row_bytes(c, Ly) && !qa_in_gateup(c, Ly) ? c->k : 0);
-    PHASE(ST_LP_DOWN, l, (int64_t)c->k * div_up64(c->n_embd, c->rows_down));
+    PHASE(ST_LP_GATEUP, l, (int64_t)k * div_up64(c->n_ff, c->rows_gateup) + div_up64(Ly->fixed_ff, c->rows_gateup));
+    PHASE(ST_LP_QA, l, moe && aq_row_bytes(c, Ly) && !qa_in_gateup(c, Ly) ? c->k : 0);
+    PHASE(ST_LP_DOWN, l, (int64_t)(k + (Ly->fixed_ff > 0)) * div_up64(c->n_embd, c->rows_down));
     PHASE(ST_LP_COMBINE, l, 1);
     c->layer_end[l] = at;
   }

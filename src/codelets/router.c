@@ -13,6 +13,7 @@
 #endif
 #include "codelets/dot.h"
 #include "codelets/layer_cpu.h"
+#include "io/model.h"
 
 void st_route_topk(float *l, int E, int k, struct st_route *r) {
   float mx = -INFINITY;
@@ -36,6 +37,90 @@ void st_route_topk(float *l, int E, int k, struct st_route *r) {
     wsum += l[best];
   }
   for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
+}
+
+/* The k best of score[0..E) among allowed experts (allow NULL: all), highest first, ties to the
+ * lower id, into r[].expert. */
+static void top_k(const float *score, const uint8_t *allow, int E, int k, struct st_route *r) {
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      if (allow && !allow[e]) continue;
+      int taken = 0;
+      for (int i = 0; i < j; i++) taken |= r[i].expert == e;
+      if (!taken && (best < 0 || score[e] > score[best])) best = e;
+    }
+    r[j].expert = best;
+  }
+}
+
+void st_route_gated(float *l, int E, int k, int gating, const float *bias, int n_group, int n_group_used, int w_norm,
+                    float w_scale, struct st_route *r) {
+  if (gating == ST_GATING_SOFTMAX && w_norm && w_scale == 1.0f) {
+    st_route_topk(l, E, k, r);
+    return;
+  }
+  float sel[E];
+  uint8_t allow[E];
+  if (gating == ST_GATING_SOFTMAX_WEIGHT) {
+    top_k(l, NULL, E, k, r);
+    float mx = -INFINITY;
+    for (int j = 0; j < k; j++) mx = r[j].expert >= 0 ? fmaxf(mx, l[r[j].expert]) : NAN;
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += r[j].weight = r[j].expert >= 0 ? expf(l[r[j].expert] - mx) : NAN;
+    for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / sum);
+  } else {
+    if (gating == ST_GATING_SIGMOID) {
+      for (int e = 0; e < E; e++) l[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else { /* softmax */
+      float mx = -INFINITY;
+      for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+      double sum = 0.0;
+      for (int e = 0; e < E; e++) sum += l[e] = expf(l[e] - mx);
+      for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
+    }
+    for (int e = 0; e < E; e++) sel[e] = bias ? l[e] + bias[e] : l[e];
+    const uint8_t *mask = NULL;
+    if (n_group > 1 && n_group_used < n_group) {
+      /* a group's score: the sum of its two best selection scores; the n_group_used best groups stay */
+      const int per = E / n_group;
+      float gscore[n_group];
+      for (int g = 0; g < n_group; g++) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+          if (sel[e] > b1) b2 = b1, b1 = sel[e];
+          else if (sel[e] > b2) b2 = sel[e];
+        }
+        gscore[g] = b1 + b2;
+      }
+      memset(allow, 0, sizeof allow);
+      for (int j = 0; j < n_group_used; j++) {
+        int best = -1;
+        for (int g = 0; g < n_group; g++)
+          if (!allow[g * per] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        if (best >= 0) memset(allow + best * per, 1, (size_t)per);
+      }
+      mask = allow;
+    }
+    top_k(sel, mask, E, k, r);
+    for (int j = 0; j < k; j++) r[j].weight = r[j].expert >= 0 ? l[r[j].expert] : NAN;
+  }
+  if (w_norm) {
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += r[j].weight;
+    if (sum < 6.103515625e-5) sum = 6.103515625e-5;
+    for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / sum);
+  }
+  if (w_scale != 1.0f)
+    for (int j = 0; j < k; j++) r[j].weight *= w_scale;
+}
+
+void st_swiglu_oai(const float *g, const float *u, float *out, int64_t n) {
+  const float limit = 7.0f, alpha = 1.702f;
+  for (int64_t i = 0; i < n; i++) {
+    const float x = fminf(g[i], limit), y = fmaxf(fminf(u[i], limit), -limit);
+    out[i] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
+  }
 }
 
 static void router_cpu(void *buffers[], void *cl_arg) {

@@ -43,6 +43,7 @@ int st_decode_supported(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
   if (!e->decode_graph) *why = "STRATA_DECODE_GRAPH=0";
+  else if (hp->arch != ST_ARCH_QWEN3MOE && e->placement.cuda0_worker >= 0) *why = "this architecture's GPU kernels are not written yet";
   else if (e->placement.n_caches > 1) *why = "helper caches, the peer tier and layer splits keep the per-task decode path";
   else if (hp->n_expert_used > MAX_SLOTS) *why = "more than 64 experts per token";
   else if (hp->n_head_kv > MAX_KV_HEADS || hp->n_head % hp->n_head_kv) *why = "an unusual attention head layout";
@@ -111,7 +112,11 @@ static int make_names(struct st_decode *d, const struct st_engine *e) {
 static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t *base) {
   const struct st_hparams *hp = &e->hp;
   struct st_decode_ctx *c = &d->ctx;
-  const size_t dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
+  const size_t dm = hp->n_embd, k = hp->n_expert_used, ff = hp->n_ff_exp;
+  /* q and attn: GQA n_head x head_dim; MLA n_head x (qk_nope + n_rot) and n_head x head_dim_v */
+  const size_t qw_q = (size_t)hp->n_head * (hp->attn_kind == ST_ATTN_MLA ? hp->qk_nope + hp->n_rot : hp->head_dim);
+  const size_t qw_o = (size_t)hp->n_head * hp->head_dim_v;
+  const size_t qw = qw_q > qw_o ? qw_q : qw_o;
   size_t at = 0;
 #define TAKE(dst, type, count) CARVE(base, at, 64, dst, type, count)
   TAKE(c->x, float, dm);
@@ -119,12 +124,14 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->xn, float, dm);
   TAKE(c->q, float, qw);
   TAKE(c->attn, float, qw);
+  TAKE(c->qa, float, hp->q_lora + 1);
+  TAKE(c->qm, float, (size_t)hp->n_head * hp->head_dim);
   TAKE(c->kvnew, float, 2 * (size_t)hp->n_head_kv * hp->head_dim);
   TAKE(c->xo, float, dm);
   TAKE(c->ffn_in, float, dm);
   TAKE(c->rlogits, float, hp->n_expert);
-  TAKE(c->act, float, k * ff);
-  TAKE(c->eout, float, k * dm);
+  TAKE(c->act, float, (k + 1) * (size_t)c->n_ff_max);
+  TAKE(c->eout, float, (k + 1) * dm);
   TAKE(c->logits, float, d->gpu ? 1 : hp->n_vocab);
   TAKE(c->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(c->xq, uint8_t, q8_row_max(e, 0, dm) + q8_row_max(e, 1, dm) + 1);
@@ -210,12 +217,14 @@ int st_decode_init(struct st_engine *e) {
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};
   c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);
+  if (hp->attn_kind == ST_ATTN_MLA) c->rows_qkv = 16;
   c->rows_o = 32;
   c->rows_router = 32;
   c->rows_gateup = 32;
   c->rows_down = 32; /* 64 items per slot for a hidden size of 2048: 14 lanes stay busy on one expert */
   c->rows_head = 512;
-  c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16;
+  /* attention's scores (and MLA's latent output after them), or gate and up rows */
+  c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16 + (int64_t)hp->head_dim;
   c->graph_key0 = st_engine_graph_keys_used(e);
   c->smem_set = &d->smem_set;
 
@@ -223,7 +232,29 @@ int st_decode_init(struct st_engine *e) {
   d->expert_src = malloc(sizeof(void *) * (size_t)L * E * 3);
   d->layer_cpu = calloc((size_t)L, 1);
   if (!d->layers || !d->expert_src || !d->layer_cpu) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
-  const size_t kv_layer = (size_t)hp->n_head_kv * 2 * (size_t)e->n_ctx * st_kv_row_bytes(e->kv_type, (int)hp->head_dim);
+  const size_t kv_layer = (size_t)st_engine_kv_bytes(e) / (size_t)L;
+  c->kv_planes = st_engine_kv_planes(hp);
+  c->mla = hp->attn_kind == ST_ATTN_MLA;
+  c->q_lora = (int)hp->q_lora;
+  c->kv_lora = (int)hp->kv_lora;
+  c->qk_nope = (int)hp->qk_nope;
+  c->head_dim_v = (int)hp->head_dim_v;
+  c->gating = (int)hp->gating;
+  c->n_group = (int)hp->n_group;
+  c->n_group_used = (int)hp->n_group_used;
+  c->w_norm = hp->w_norm;
+  c->w_scale = hp->w_scale;
+  c->ffn_act = (int)hp->ffn_act;
+  st_rope_conf_init(&c->rope, (int)hp->n_rot, hp->rope_kind == ST_ROPE_NEOX, hp->rope_theta, hp->yarn_factor,
+                    (int)hp->yarn_orig_ctx, hp->yarn_beta_fast, hp->yarn_beta_slow);
+  c->attn_conf = (struct st_attn_conf){hp->kq_scale, c->mla ? (int)hp->kv_lora : (int)hp->head_dim, (int)hp->head_dim, NULL,
+                                       (int)hp->n_swa};
+  c->n_ff_max = (int)hp->n_ff_exp;
+  for (int l = 0; l < L; l++) {
+    const struct st_layer *W = &e->model->layers[l];
+    const int fixed = W->dense ? (int)hp->n_ff : (int)hp->n_ff_shexp;
+    if (fixed > c->n_ff_max) c->n_ff_max = fixed;
+  }
   for (int l = 0; l < L; l++) {
     const struct st_layer *W = &e->model->layers[l];
     d->layers[l] = (struct st_decode_layer){
@@ -233,7 +264,21 @@ int st_decode_init(struct st_engine *e) {
         .wo_d = desc_of(&W->wo), .router_d = desc_of(&W->router), .gate_d = desc_of(&W->gate_exps),
         .up_d = desc_of(&W->up_exps), .down_d = desc_of(&W->down_exps),
         .gate_bytes = st_expert_bytes(&W->gate_exps), .up_bytes = st_expert_bytes(&W->up_exps),
-        .kv = (uint8_t *)e->kv + (size_t)l * kv_layer};
+        .kv = (uint8_t *)e->kv + (size_t)l * kv_layer,
+        .bq = W->bq.data, .bk = W->bk.data, .bv = W->bv.data, .bo = W->bo.data, .sinks = W->sinks.data,
+        .router_b = W->router_b.data, .probs_b = W->probs_b.data, .gate_b = W->gate_exps_b.data,
+        .up_b = W->up_exps_b.data, .down_b = W->down_exps_b.data, .dense = W->dense, .swa = W->swa,
+        .wq_a = W->wq_a.data, .wq_b = W->wq_b.data, .wkv_a = W->wkv_a.data, .wk_b = W->wk_b.data, .wv_b = W->wv_b.data,
+        .q_a_norm = W->q_a_norm.data, .kv_a_norm = W->kv_a_norm.data, .wq_a_d = desc_of(&W->wq_a),
+        .wq_b_d = desc_of(&W->wq_b), .wkv_a_d = desc_of(&W->wkv_a), .wk_b_d = desc_of(&W->wk_b), .wv_b_d = desc_of(&W->wv_b)};
+    struct st_decode_layer *D = &d->layers[l];
+    const struct st_weight *fg = W->dense ? &W->ffn_gate : &W->gate_shexp, *fu = W->dense ? &W->ffn_up : &W->up_shexp,
+                           *fd = W->dense ? &W->ffn_down : &W->down_shexp;
+    if (fg->data) {
+      D->fgate = fg->data, D->fup = fu->data, D->fdown = fd->data;
+      D->fgate_d = desc_of(fg), D->fup_d = desc_of(fu), D->fdown_d = desc_of(fd);
+      D->fixed_ff = (int)fg->ne[1];
+    }
     for (int x = 0; x < E; x++)
       for (int i = 0; i < 3; i++)
         d->expert_src[((size_t)l * E + x) * 3 + i] = st_host_arena_src(e->placement.arena, e->model, (uint32_t)l, (uint32_t)x, i);

@@ -18,6 +18,7 @@
 #include "codelets/quant.h"
 #include "common.h"
 #include "graph/recorder.h"
+#include "io/arch.h"
 #include "io/gguf.h"
 #include "config.h"
 #ifdef ST_HAVE_CUDA
@@ -458,8 +459,11 @@ static void register_expert_handles(struct st_engine *e) {
       if (st_placement_tier(&e->placement, l, x) == ST_TIER_CPU_POOL) st_engine_expert_handles(e, l, x);
 }
 
+int st_engine_kv_planes(const struct st_hparams *hp) { return hp->attn_kind == ST_ATTN_MLA ? 1 : 2; }
+
 uint64_t st_engine_kv_bytes(const struct st_engine *e) {
-  return (uint64_t)e->hp.n_layer * e->hp.n_head_kv * 2 * (uint64_t)e->n_ctx * st_kv_row_bytes(e->kv_type, (int)e->hp.head_dim);
+  return (uint64_t)e->hp.n_layer * e->hp.n_head_kv * (uint64_t)st_engine_kv_planes(&e->hp) * (uint64_t)e->n_ctx *
+         st_kv_row_bytes(e->kv_type, (int)e->hp.head_dim);
 }
 
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
@@ -669,6 +673,13 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
+  /* the other architectures run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
+  if (!rc && hp->arch != ST_ARCH_QWEN3MOE && e->placement.cuda0_worker >= 0)
+    rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (its GPU kernels are not written "
+                      "yet): run it with STARPU_NCUDA=0", st_arch_of(hp->arch)->name);
+  if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
+    rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
+                      "qwen3moe", st_arch_of(hp->arch)->name);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
@@ -684,11 +695,13 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
+    const int planes = st_engine_kv_planes(hp); /* MLA: one plane; its handles stay NULL (no per-task path) */
     for (uint32_t g = 0; g < hp->n_head_kv; g++)
-      for (int c = 0; c < 2; c++) {
-        const size_t i = ((size_t)l * hp->n_head_kv + g) * 2 + c;
-        e->h_kv[i] = st_engine_reg((uint8_t *)e->kv + i * (size_t)e->n_ctx * kv_row, (uint64_t)e->n_ctx * hp->head_dim,
-                                   e->kv_type == ST_TYPE_F16 ? 2 : 4);
+      for (int c = 0; c < planes; c++) {
+        const size_t i = ((size_t)l * hp->n_head_kv + g) * planes + c;
+        e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =
+            st_engine_reg((uint8_t *)e->kv + i * (size_t)e->n_ctx * kv_row, (uint64_t)e->n_ctx * hp->head_dim,
+                          e->kv_type == ST_TYPE_F16 ? 2 : 4);
       }
   }
   /* The output head stays in the mapping (the arena copies experts only): its pages are mapped now,
@@ -708,6 +721,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     if (st_decode_supported(e, &why)) rc = st_decode_init(e);
     else fprintf(stderr, "strata: decode steps: one task per expert and layer (%s)\n", why);
   }
+  if (!rc && !e->dec && hp->arch != ST_ARCH_QWEN3MOE)
+    rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only, which this configuration does "
+                      "not take", st_arch_of(hp->arch)->name);
   if (!rc) rc = st_prompt_init(e);
   if (rc) {
     st_engine_destroy(e);
@@ -957,6 +973,7 @@ void st_engine_embed(const struct st_engine *e, const int32_t *ids, int T, float
 
 void st_engine_count_routes(struct st_engine *e, uint32_t l, const struct st_route *route, int T) {
   const int k = (int)e->hp.n_expert_used, E = (int)e->hp.n_expert;
+  if (e->model->layers[l].dense) return; /* a leading dense layer routes nothing */
   for (int i = 0; i < T * k; i++) {
     const int x = route[i].expert;
     e->route_counts[(size_t)l * E + x]++;
@@ -1012,7 +1029,8 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
       return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", ids[i], e->hp.n_vocab);
   const size_t V = e->hp.n_vocab;
   for (int done = 0; done < n;) {
-    const int T = n - done < e->prefill ? n - done : e->prefill;
+    /* an architecture only the decode lanes compute takes its prompt a token at a time */
+    const int T = e->hp.arch != ST_ARCH_QWEN3MOE ? 1 : n - done < e->prefill ? n - done : e->prefill;
     const int last = done + T == n;
     const double t_start = starpu_timing_now();
     /* a decode step writes its logits where they go (no copy through e->logits) */

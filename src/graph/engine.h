@@ -149,6 +149,9 @@ int st_engine_set_prefill(struct st_engine *e, int prefill);
  * its kv_type (held in main RAM and, with a CUDA worker, once more on the GPU running the layer). */
 uint64_t st_engine_kv_bytes(const struct st_engine *e);
 
+/* Planes of a KV head's cache: 2 (K and V), or 1 for MLA (the latent row is K and V). */
+int st_engine_kv_planes(const struct st_hparams *hp);
+
 /* Forgets the KV cache (next eval starts at position 0). */
 void st_engine_reset(struct st_engine *e);
 

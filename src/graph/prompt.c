@@ -123,7 +123,7 @@ static int make_names(struct st_prompt *pr, const struct st_engine *e) {
 
 int st_prompt_init(struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
-  if (!e->prompt_lanes || !e->dec || e->dec->gpu || e->ff_parts != 1) return 0;
+  if (!e->prompt_lanes || !e->dec || e->dec->gpu || e->ff_parts != 1 || hp->arch != ST_ARCH_QWEN3MOE) return 0;
   struct st_prompt *pr = calloc(1, sizeof *pr);
   if (!pr) return st_set_error(ST_ENOMEM, "out of memory for the prompt lanes");
   e->prompt = pr;

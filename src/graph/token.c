@@ -24,6 +24,7 @@ static int count_routing(struct st_engine *e, const struct st_route *route, int 
       }
     }
   for (uint32_t l = 0; l < hp->n_layer; l++) {
+    if (e->model->layers[l].dense) continue; /* no routing */
     st_engine_count_routes(e, l, route + (size_t)l * k, 1);
     int tiers_seen = 0;
     for (int j = 0; j < k; j++) {

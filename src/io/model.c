@@ -1,14 +1,16 @@
-/* Loading and checking a qwen3moe GGUF (see model.h). Key names follow llama.cpp's
- * LLM_KV_* table for the qwen3moe architecture; tensor names and shapes follow its
- * LLM_TENSOR_* table (ne[0] is the input dimension of a matrix). */
+/* Loading and checking a MoE GGUF (see model.h) by its architecture's description (arch.h). Key
+ * names follow llama.cpp's LLM_KV_* table; tensor names and shapes follow its LLM_TENSOR_* table
+ * (ne[0] is the input dimension of a matrix). */
 #include "io/model.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codelets/quant.h"
 #include "common.h"
+#include "io/arch.h"
 #include "io/gguf.h"
 #include "io/tokenizer.h"
 
@@ -45,50 +47,244 @@ static int find_weight(const struct st_gguf *g, const char *name, int nd, const 
   return 0;
 }
 
-static int load_hparams(const struct st_gguf *g, struct st_hparams *hp) {
-  int rc = 0;
-  rc = rc ? rc : get_u32(g, "qwen3moe.block_count", &hp->n_layer);
-  rc = rc ? rc : get_u32(g, "qwen3moe.embedding_length", &hp->n_embd);
-  rc = rc ? rc : get_u32(g, "qwen3moe.attention.head_count", &hp->n_head);
-  rc = rc ? rc : get_u32(g, "qwen3moe.attention.head_count_kv", &hp->n_head_kv);
-  rc = rc ? rc : get_u32(g, "qwen3moe.expert_count", &hp->n_expert);
-  rc = rc ? rc : get_u32(g, "qwen3moe.expert_used_count", &hp->n_expert_used);
-  rc = rc ? rc : get_u32(g, "qwen3moe.expert_feed_forward_length", &hp->n_ff_exp);
-  rc = rc ? rc : get_u32(g, "qwen3moe.context_length", &hp->n_ctx_train);
+/* `<arch>.<key>` into buf. */
+static const char *akey(char *buf, size_t n, const struct st_arch *A, const char *key) {
+  snprintf(buf, n, "%s.%s", A->name, key);
+  return buf;
+}
+
+/* Optional unsigned key (0 allowed): *out untouched when absent. */
+static int opt_u32(const struct st_gguf *g, const struct st_arch *A, const char *key, uint32_t *out) {
+  char k[128];
+  uint64_t v;
+  if (!st_gguf_find_kv(g, akey(k, sizeof k, A, key))) return 0;
+  int rc = st_gguf_get_u64(g, k, &v);
   if (rc) return rc;
-  if (st_gguf_find_kv(g, "qwen3moe.attention.key_length")) {
-    if ((rc = get_u32(g, "qwen3moe.attention.key_length", &hp->head_dim))) return rc;
-  } else {
-    hp->head_dim = hp->n_embd / hp->n_head;
-  }
+  if (v > (1u << 24)) return st_set_error(ST_EFORMAT, "%s = %" PRIu64 " is out of range", k, v);
+  *out = (uint32_t)v;
+  return 0;
+}
+
+static int opt_f32(const struct st_gguf *g, const struct st_arch *A, const char *key, float *out) {
+  char k[128];
+  return st_gguf_find_kv(g, akey(k, sizeof k, A, key)) ? st_gguf_get_f32(g, k, out) : 0;
+}
+
+static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct st_hparams *hp) {
+  char k[128];
+  int rc = 0;
+  hp->arch = A->id;
+  hp->attn_kind = A->attn_kind;
+  hp->rope_kind = A->rope_kind;
+  hp->gating = A->gating;
+  hp->ffn_act = A->ffn_act;
+  hp->w_norm = A->weights_norm;
+  hp->w_scale = 1.0f;
+  hp->swa_pattern = A->swa_pattern;
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "block_count"), &hp->n_layer);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "embedding_length"), &hp->n_embd);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "attention.head_count"), &hp->n_head);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "attention.head_count_kv"), &hp->n_head_kv);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "expert_count"), &hp->n_expert);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "expert_used_count"), &hp->n_expert_used);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "expert_feed_forward_length"), &hp->n_ff_exp);
+  rc = rc ? rc : get_u32(g, akey(k, sizeof k, A, "context_length"), &hp->n_ctx_train);
+  if (rc) return rc;
+  /* the NextN (multi-token prediction) blocks after the last layer are not part of the forward pass */
+  uint32_t nextn = 0;
+  if ((rc = opt_u32(g, A, "nextn_predict_layers", &nextn))) return rc;
+  if (nextn >= hp->n_layer) return st_set_error(ST_EFORMAT, "nextn_predict_layers %u leaves no layer of %u", nextn, hp->n_layer);
+  hp->n_layer -= nextn;
+  hp->head_dim = hp->n_embd / hp->n_head;
+  if ((rc = opt_u32(g, A, "attention.key_length", &hp->head_dim))) return rc;
   uint32_t vlen = hp->head_dim;
-  if (st_gguf_find_kv(g, "qwen3moe.attention.value_length") &&
-      (rc = get_u32(g, "qwen3moe.attention.value_length", &vlen)))
-    return rc;
-  if (vlen != hp->head_dim)
-    return st_set_error(ST_EUNSUP, "value_length %u differs from key_length %u", vlen, hp->head_dim);
+  if ((rc = opt_u32(g, A, "attention.value_length", &vlen))) return rc;
   hp->rope_theta = 10000.0f;
-  if (st_gguf_find_kv(g, "qwen3moe.rope.freq_base") &&
-      (rc = st_gguf_get_f32(g, "qwen3moe.rope.freq_base", &hp->rope_theta)))
-    return rc;
   hp->rms_eps = 1e-6f;
-  if (st_gguf_find_kv(g, "qwen3moe.attention.layer_norm_rms_epsilon") &&
-      (rc = st_gguf_get_f32(g, "qwen3moe.attention.layer_norm_rms_epsilon", &hp->rms_eps)))
+  if ((rc = opt_f32(g, A, "rope.freq_base", &hp->rope_theta)) ||
+      (rc = opt_f32(g, A, "attention.layer_norm_rms_epsilon", &hp->rms_eps)))
     return rc;
+  hp->n_rot = hp->head_dim;
+  if ((rc = opt_u32(g, A, "rope.dimension_count", &hp->n_rot))) return rc;
+  /* YaRN (rope.scaling.type yarn): llama.cpp's ext_factor 1, attention factor 1 */
+  if (st_gguf_find_kv(g, akey(k, sizeof k, A, "rope.scaling.type"))) {
+    char *type = NULL;
+    if ((rc = st_gguf_get_str(g, k, &type))) return rc;
+    const int yarn = !strcmp(type, "yarn"), none = !strcmp(type, "none");
+    if (!yarn && !none) rc = st_set_error(ST_EUNSUP, "rope.scaling.type %s (strata computes none and yarn)", type);
+    free(type);
+    if (rc) return rc;
+    if (yarn) {
+      hp->yarn_factor = 1.0f;
+      hp->yarn_beta_fast = 32.0f;
+      hp->yarn_beta_slow = 1.0f;
+      hp->yarn_orig_ctx = hp->n_ctx_train;
+      if ((rc = opt_f32(g, A, "rope.scaling.factor", &hp->yarn_factor)) ||
+          (rc = opt_u32(g, A, "rope.scaling.original_context_length", &hp->yarn_orig_ctx)) ||
+          (rc = opt_f32(g, A, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast)) ||
+          (rc = opt_f32(g, A, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow)))
+        return rc;
+      if (!(hp->yarn_factor >= 1.0f) || hp->yarn_orig_ctx == 0)
+        return st_set_error(ST_EFORMAT, "rope.scaling.factor %g / original_context_length %u are out of range",
+                            hp->yarn_factor, hp->yarn_orig_ctx);
+      if (hp->yarn_factor == 1.0f) hp->yarn_factor = 0.0f; /* no scaling */
+    }
+  }
+  if (hp->yarn_factor > 0 && A->attn_kind == ST_ATTN_MLA)
+    return st_set_error(ST_EUNSUP, "YaRN with multi-head latent attention (its attention-scale correction) is not computed yet");
+  if ((rc = opt_u32(g, A, "attention.sliding_window", &hp->n_swa))) return rc;
+  if (!hp->swa_pattern) hp->n_swa = 0;
+  if ((rc = opt_u32(g, A, "leading_dense_block_count", &hp->n_layer_dense)) ||
+      (rc = opt_u32(g, A, "feed_forward_length", &hp->n_ff)))
+    return rc;
+  if (hp->n_layer_dense >= hp->n_layer)
+    return st_set_error(ST_EFORMAT, "leading_dense_block_count %u leaves no MoE layer of %u", hp->n_layer_dense, hp->n_layer);
+  if (hp->n_layer_dense && !hp->n_ff) return st_set_error(ST_EFORMAT, "dense layers without feed_forward_length");
+  uint32_t n_shared = 0;
+  if (A->shared && (rc = opt_u32(g, A, "expert_shared_count", &n_shared))) return rc;
+  hp->n_ff_shexp = n_shared * hp->n_ff_exp;
+  uint32_t func = 0;
+  if ((rc = opt_u32(g, A, "expert_gating_func", &func))) return rc;
+  if (func == 1) hp->gating = ST_GATING_SOFTMAX;
+  else if (func == 2) hp->gating = ST_GATING_SIGMOID;
+  else if (func == 3) hp->gating = ST_GATING_SOFTMAX_WEIGHT;
+  else if (func) return st_set_error(ST_EUNSUP, "expert_gating_func %u (strata computes 1 softmax, 2 sigmoid, 3 softmax weight)", func);
+  if ((rc = opt_u32(g, A, "expert_group_count", &hp->n_group)) ||
+      (rc = opt_u32(g, A, "expert_group_used_count", &hp->n_group_used)) ||
+      (rc = opt_f32(g, A, "expert_weights_scale", &hp->w_scale)))
+    return rc;
+  if (st_gguf_find_kv(g, akey(k, sizeof k, A, "expert_weights_norm")) && (rc = st_gguf_get_bool(g, k, &hp->w_norm))) return rc;
+  if (hp->n_group > 1 && (hp->n_expert % hp->n_group || hp->n_group_used == 0 || hp->n_group_used > hp->n_group ||
+                          hp->n_expert / hp->n_group < 2 || hp->n_expert_used > hp->n_expert / hp->n_group * hp->n_group_used))
+    return st_set_error(ST_EFORMAT, "expert_group_count %u / expert_group_used_count %u do not fit %u experts, %u used",
+                        hp->n_group, hp->n_group_used, hp->n_expert, hp->n_expert_used);
+  if (!(hp->w_scale > 0.0f) || !(hp->w_scale < 1e6f))
+    return st_set_error(ST_EFORMAT, "expert_weights_scale %g is out of range", hp->w_scale);
+  hp->head_dim_v = vlen;
+  hp->kq_scale = 1.0f / sqrtf((float)hp->head_dim);
+  if (A->attn_kind == ST_ATTN_MLA) {
+    /* the cached row is the latent (value_length = kv_lora_rank) and the rope part */
+    uint32_t klen_mla = 0, vlen_mla = 0;
+    if ((rc = opt_u32(g, A, "attention.q_lora_rank", &hp->q_lora)) ||
+        (rc = get_u32(g, akey(k, sizeof k, A, "attention.kv_lora_rank"), &hp->kv_lora)) ||
+        (rc = get_u32(g, akey(k, sizeof k, A, "attention.key_length_mla"), &klen_mla)) ||
+        (rc = get_u32(g, akey(k, sizeof k, A, "attention.value_length_mla"), &vlen_mla)))
+      return rc;
+    if (hp->n_head_kv != 1 || hp->head_dim != hp->kv_lora + hp->n_rot || vlen != hp->kv_lora || klen_mla <= hp->n_rot)
+      return st_set_error(ST_EUNSUP, "an MLA layout strata does not compute (head_count_kv %u, key_length %u, value_length %u, "
+                          "kv_lora_rank %u, rope dims %u, key_length_mla %u): it computes llama.cpp's absorbed form",
+                          hp->n_head_kv, hp->head_dim, vlen, hp->kv_lora, hp->n_rot, klen_mla);
+    hp->qk_nope = klen_mla - hp->n_rot;
+    hp->head_dim_v = vlen_mla;
+    hp->kq_scale = 1.0f / sqrtf((float)klen_mla);
+  } else if (vlen != hp->head_dim) {
+    return st_set_error(ST_EUNSUP, "value_length %u differs from key_length %u", vlen, hp->head_dim);
+  }
   if (hp->n_head % hp->n_head_kv)
     return st_set_error(ST_EFORMAT, "head_count %u is not a multiple of head_count_kv %u", hp->n_head, hp->n_head_kv);
   if (hp->n_expert_used > hp->n_expert)
     return st_set_error(ST_EFORMAT, "expert_used_count %u exceeds expert_count %u", hp->n_expert_used, hp->n_expert);
-  if (hp->head_dim % 2)
+  if (hp->n_rot % 2 || hp->n_rot == 0 || hp->n_rot > hp->head_dim)
+    return st_set_error(ST_EFORMAT, "rope.dimension_count %u: RoPE needs an even count up to key_length %u", hp->n_rot,
+                        hp->head_dim);
+  if (A->attn_kind == ST_ATTN_GQA && hp->head_dim % 2)
     return st_set_error(ST_EFORMAT, "key_length %u is odd (RoPE needs pairs)", hp->head_dim);
   return 0;
 }
 
-static int load_tensors(struct st_model *m) {
+/* One tensor a layer may have: blk.N.<suffix>, its dims, whether it is a norm or bias (F32). */
+struct tensor_spec {
+  const char *suffix;
+  int nd;
+  uint64_t ne[3];
+  int f32;
+  struct st_weight *w;
+};
+
+static int load_layer(const struct st_gguf *g, const struct st_arch *A, const struct st_hparams *hp, uint32_t il,
+                      struct st_layer *L) {
+  const uint64_t d = hp->n_embd, nh = hp->n_head, hd = hp->head_dim, E = hp->n_expert, ff = hp->n_ff_exp;
+  const uint64_t q = nh * hd, kv = (uint64_t)hp->n_head_kv * hd, o_in = nh * hp->head_dim_v;
+  struct tensor_spec spec[40];
+  int n = 0;
+#define T(suffix_, nd_, f32_, w_, ...) (spec[n++] = (struct tensor_spec){suffix_, nd_, {__VA_ARGS__}, f32_, w_})
+  L->dense = il < hp->n_layer_dense;
+  L->swa = hp->n_swa > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
+  T("attn_norm.weight", 1, 1, &L->attn_norm, d);
+  if (A->attn_kind == ST_ATTN_MLA) {
+    const uint64_t qk = hp->qk_nope + hp->n_rot;
+    if (hp->q_lora) {
+      T("attn_q_a.weight", 2, 0, &L->wq_a, d, hp->q_lora);
+      T("attn_q_a_norm.weight", 1, 1, &L->q_a_norm, hp->q_lora);
+      T("attn_q_b.weight", 2, 0, &L->wq_b, hp->q_lora, nh * qk);
+    } else {
+      T("attn_q.weight", 2, 0, &L->wq, d, nh * qk);
+    }
+    T("attn_kv_a_mqa.weight", 2, 0, &L->wkv_a, d, hp->kv_lora + hp->n_rot);
+    T("attn_kv_a_norm.weight", 1, 1, &L->kv_a_norm, hp->kv_lora);
+    T("attn_k_b.weight", 3, 0, &L->wk_b, hp->qk_nope, hp->kv_lora, nh);
+    T("attn_v_b.weight", 3, 0, &L->wv_b, hp->kv_lora, hp->head_dim_v, nh);
+  } else {
+    T("attn_q.weight", 2, 0, &L->wq, d, q);
+    T("attn_k.weight", 2, 0, &L->wk, d, kv);
+    T("attn_v.weight", 2, 0, &L->wv, d, kv);
+    if (A->qk_norm) {
+      T("attn_q_norm.weight", 1, 1, &L->q_norm, hd);
+      T("attn_k_norm.weight", 1, 1, &L->k_norm, hd);
+    }
+    if (A->qkv_bias) {
+      T("attn_q.bias", 1, 1, &L->bq, q);
+      T("attn_k.bias", 1, 1, &L->bk, kv);
+      T("attn_v.bias", 1, 1, &L->bv, kv);
+    }
+    if (A->sinks) T("attn_sinks.weight", 1, 1, &L->sinks, nh);
+  }
+  T("attn_output.weight", 2, 0, &L->wo, o_in, d);
+  if (A->o_bias) T("attn_output.bias", 1, 1, &L->bo, d);
+  char norm[64];
+  snprintf(norm, sizeof norm, "%s.weight", A->ffn_norm);
+  T(norm, 1, 1, &L->ffn_norm, d);
+  if (L->dense) {
+    T("ffn_gate.weight", 2, 0, &L->ffn_gate, d, hp->n_ff);
+    T("ffn_up.weight", 2, 0, &L->ffn_up, d, hp->n_ff);
+    T("ffn_down.weight", 2, 0, &L->ffn_down, hp->n_ff, d);
+  } else {
+    T("ffn_gate_inp.weight", 2, 0, &L->router, d, E);
+    if (A->router_bias) T("ffn_gate_inp.bias", 1, 1, &L->router_b, E);
+    T("ffn_gate_exps.weight", 3, 0, &L->gate_exps, d, ff, E);
+    T("ffn_up_exps.weight", 3, 0, &L->up_exps, d, ff, E);
+    T("ffn_down_exps.weight", 3, 0, &L->down_exps, ff, d, E);
+    if (A->expert_bias) {
+      T("ffn_gate_exps.bias", 2, 1, &L->gate_exps_b, ff, E);
+      T("ffn_up_exps.bias", 2, 1, &L->up_exps_b, ff, E);
+      T("ffn_down_exps.bias", 2, 1, &L->down_exps_b, d, E);
+    }
+    if (hp->n_ff_shexp) {
+      T("ffn_gate_shexp.weight", 2, 0, &L->gate_shexp, d, hp->n_ff_shexp);
+      T("ffn_up_shexp.weight", 2, 0, &L->up_shexp, d, hp->n_ff_shexp);
+      T("ffn_down_shexp.weight", 2, 0, &L->down_shexp, hp->n_ff_shexp, d);
+    }
+  }
+#undef T
+  int rc;
+  for (int i = 0; i < n; i++) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.%s", il, spec[i].suffix);
+    if ((rc = find_weight(g, name, spec[i].nd, spec[i].ne, spec[i].f32, spec[i].w))) return rc;
+    if (!spec[i].f32 && spec[i].w->type == ST_TYPE_Q8_0 && spec[i].ne[0] % ST_QK8_0)
+      return st_set_error(ST_EFORMAT, "%s: row length %" PRIu64 " is not a multiple of 32", name, spec[i].ne[0]);
+  }
+  /* the selection bias: present in DeepSeek-V3 and GLM-4.5 files (e_score_correction_bias), optional */
+  char name[96];
+  snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", il);
+  if (!L->dense && st_gguf_find_tensor(g, name) && (rc = find_weight(g, name, 1, (uint64_t[]){E}, 1, &L->probs_b))) return rc;
+  return 0;
+}
+
+static int load_tensors(struct st_model *m, const struct st_arch *A) {
   const struct st_gguf *g = m->gguf;
   struct st_hparams *hp = &m->hp;
-  const uint64_t d = hp->n_embd, q = (uint64_t)hp->n_head * hp->head_dim,
-                 kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+  const uint64_t d = hp->n_embd;
   int rc;
   const struct st_gguf_tensor *emb = st_gguf_find_tensor(g, "token_embd.weight");
   if (!emb) return st_set_error(ST_EFORMAT, "missing tensor token_embd.weight");
@@ -106,37 +302,8 @@ static int load_tensors(struct st_model *m) {
   }
   m->layers = calloc(hp->n_layer, sizeof *m->layers);
   if (!m->layers) return st_set_error(ST_ENOMEM, "out of memory for %u layers", hp->n_layer);
-  const uint64_t E = hp->n_expert, ff = hp->n_ff_exp, hd = hp->head_dim;
-  for (uint32_t il = 0; il < hp->n_layer; il++) {
-    struct st_layer *L = &m->layers[il];
-    struct {
-      const char *suffix;
-      int nd;
-      uint64_t ne[3];
-      int norm;
-      struct st_weight *w;
-    } spec[] = {
-        {"attn_norm", 1, {d}, 1, &L->attn_norm},
-        {"attn_q", 2, {d, q}, 0, &L->wq},
-        {"attn_k", 2, {d, kv}, 0, &L->wk},
-        {"attn_v", 2, {d, kv}, 0, &L->wv},
-        {"attn_output", 2, {q, d}, 0, &L->wo},
-        {"attn_q_norm", 1, {hd}, 1, &L->q_norm},
-        {"attn_k_norm", 1, {hd}, 1, &L->k_norm},
-        {"ffn_norm", 1, {d}, 1, &L->ffn_norm},
-        {"ffn_gate_inp", 2, {d, E}, 0, &L->router},
-        {"ffn_gate_exps", 3, {d, ff, E}, 0, &L->gate_exps},
-        {"ffn_up_exps", 3, {d, ff, E}, 0, &L->up_exps},
-        {"ffn_down_exps", 3, {ff, d, E}, 0, &L->down_exps},
-    };
-    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
-      char name[96];
-      snprintf(name, sizeof name, "blk.%u.%s.weight", il, spec[i].suffix);
-      if ((rc = find_weight(g, name, spec[i].nd, spec[i].ne, spec[i].norm, spec[i].w))) return rc;
-      if (!spec[i].norm && spec[i].w->type == ST_TYPE_Q8_0 && spec[i].ne[0] % ST_QK8_0)
-        return st_set_error(ST_EFORMAT, "%s: row length %" PRIu64 " is not a multiple of 32", name, spec[i].ne[0]);
-    }
-  }
+  for (uint32_t il = 0; il < hp->n_layer; il++)
+    if ((rc = load_layer(g, A, hp, il, &m->layers[il]))) return rc;
   return 0;
 }
 
@@ -150,12 +317,13 @@ int st_model_load(const char *path, struct st_model **out) {
     return rc; /* the reader's message already names the file */
   }
   char *arch = NULL;
+  const struct st_arch *A = NULL;
   rc = st_gguf_get_str(m->gguf, "general.architecture", &arch);
-  if (!rc && strcmp(arch, "qwen3moe") != 0)
-    rc = st_set_error(ST_EUNSUP, "unsupported architecture %s (strata runs qwen3moe)", arch);
+  if (!rc && !(A = st_arch_find(arch)))
+    rc = st_set_error(ST_EUNSUP, "unsupported architecture %s (strata runs %s)", arch, st_arch_names());
   free(arch);
-  if (!rc) rc = load_hparams(m->gguf, &m->hp);
-  if (!rc) rc = load_tensors(m);
+  if (!rc) rc = load_hparams(m->gguf, A, &m->hp);
+  if (!rc) rc = load_tensors(m, A);
   if (!rc) rc = st_tokenizer_load(m->gguf, &m->tok);
   if (!rc && st_tokenizer_n_vocab(m->tok) > (int32_t)m->hp.n_vocab)
     rc = st_set_error(ST_EFORMAT, "tokenizer has %d ids but token_embd.weight only %u rows",
