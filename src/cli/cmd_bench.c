@@ -212,7 +212,7 @@ int st_cmd_bench(int argc, char **argv) {
       printf(
           "usage: strata bench -m FILE [--prompt 512,4096] [--decode 128] [--depth 0,1024] [-r N] [--json]\n"
           "                    [--cuda-graphs on|off|both] [engine flags]\n\n"
-          "  -m, --model FILE       qwen3moe GGUF\n"
+          "  -m, --model FILE       MoE GGUF (qwen3moe, deepseek2, gpt-oss, glm4moe)\n"
           "      --prompt LIST      prompt sizes in tokens, each timed from an empty context (default 512)\n"
           "      --decode N         decode steps timed at each depth (default 128; 0 = skip decode)\n"
           "      --depth LIST       context depths in tokens before decoding (default 0); a depth equal to\n"

@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "codelets/quant.h"
+#include "io/arch.h"
 #include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h"
 #include "common.h"
@@ -32,7 +33,8 @@ static void generate_help(FILE *f, const char *cmd) {
   const int gen = !strcmp(cmd, "generate");
   fprintf(f, "usage: strata %s -m FILE (-p TEXT | --prompt-ids IDS) [options]\n\n", cmd);
   fprintf(f,
-          "  -m, --model FILE       qwen3moe GGUF file (F32/F16/BF16, Q4_0..Q8_0, Q2_K..Q6_K, IQ1..IQ4,\n"
+          "  -m, --model FILE       qwen3moe, deepseek2, gpt-oss or glm4moe GGUF file (the last three on\n"
+          "                         CPU workers only so far; F32/F16/BF16, Q4_0..Q8_0, Q2_K..Q6_K, IQ1..IQ4,\n"
           "                         Q2_0, Q1_0, TQ2_0, TQ1_0, MXFP4 tensors)\n"
           "  -p, --prompt TEXT      prompt text; special tokens such as <|im_start|> are parsed\n"
           "      --prompt-ids IDS   prompt as token ids, e.g. 1,2,3 or [1,2,3] (instead of -p)\n");
@@ -172,9 +174,9 @@ static int session_open(const struct run_opts *o, struct session *s) {
   st_cli_learn_say(&s->learned);
   const double kv_mib = st_engine_kv_bytes(s->engine) / 1048576.0;
   fprintf(stderr,
-          "strata: loaded %s: qwen3moe, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
+          "strata: loaded %s: %s, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
           "context %d tokens (KV cache %s, %.*f MiB), prompt chunk %d tokens; %.2f s\n",
-          o->model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab, s->engine->n_ctx,
+          o->model, st_arch_of(hp->arch)->name, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab, s->engine->n_ctx,
           s->engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
           s->engine->prefill, st_now() - t0);
   return 0;

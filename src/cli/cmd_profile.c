@@ -35,7 +35,7 @@ int st_cmd_profile(int argc, char **argv) {
       printf("usage: strata profile -m FILE -f TEXT_FILE [-n TOKENS] -o FILE.profile\n\n"
              "Runs the model over the text (prompt path, in windows of the context) and writes every expert\n"
              "pair ranked by routed count (format: doc/expert-profile.md).\n\n"
-             "  -m, --model FILE      qwen3moe GGUF\n"
+             "  -m, --model FILE      MoE GGUF (qwen3moe, deepseek2, gpt-oss, glm4moe)\n"
              "  -f, --file FILE       calibration text (UTF-8)\n"
              "  -n, --n-tokens N      use at most N tokens of it (default: all)\n"
              "  -c, --ctx-size N      window in tokens (default: min(model context, 4096))\n"

@@ -28,6 +28,7 @@
 #include "common.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
+#include "io/arch.h"
 #include "io/chat_template.h"
 #include "io/config.h"
 #include "io/gguf.h"
@@ -56,7 +57,7 @@ static void serve_help(FILE *f) {
           "\"stream\": true), GET /v1/models, GET /health, GET /metrics. Requests run one at a time.\n\n"
           "      --config FILE      model config (JSON: model, gpu, args, host, port, name, max_tokens,\n"
           "                         remote_expert_opt; see doc/serve.md); flags given here override it\n"
-          "  -m, --model FILE       qwen3moe GGUF file (instead of --config)\n"
+          "  -m, --model FILE       MoE GGUF file (instead of --config; strata generate --help lists them)\n"
           "      --host ADDR        address to listen on (default 127.0.0.1)\n"
           "      --port N           TCP port (default 8080; 0 = any free port, logged at start)\n"
           "      --name ID          model id in /v1/models and responses (default: the config's or model\n"
@@ -235,9 +236,9 @@ int st_cmd_serve(int argc, char **argv) {
     s.chat_kind = st_chat_template_detect(tmpl);
     const double kv_mib = st_engine_kv_bytes(s.engine) / 1048576.0;
     fprintf(stderr,
-            "strata serve: loaded %s: qwen3moe, %u layers, %u experts (top-%u), vocab %u; context %d tokens "
+            "strata serve: loaded %s: %s, %u layers, %u experts (top-%u), vocab %u; context %d tokens "
             "(KV cache %s, %.*f MiB), prompt chunk %d tokens; %d CPU and %d CUDA workers; %.2f s\n",
-            o.model, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_vocab, s.engine->n_ctx,
+            o.model, st_arch_of(hp->arch)->name, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_vocab, s.engine->n_ctx,
             s.engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
             s.engine->prefill, st_engine_n_cpu_workers(s.engine), st_engine_n_cuda_workers(s.engine),
             st_now() - t0);

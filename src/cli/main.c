@@ -13,7 +13,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: strata <command> [options]\n"
           "\n"
-          "Runs GGUF Mixture-of-Experts models (qwen3moe) as StarPU task graphs.\n"
+          "Runs GGUF Mixture-of-Experts models (qwen3moe; deepseek2, gpt-oss, glm4moe on CPU workers) as\n"
+          "StarPU task graphs.\n"
           "\n"
           "commands:\n"
           "  generate   generate text from a prompt, streaming it, then print speed and tier statistics\n"

@@ -4,9 +4,12 @@
  * decode lanes of decode.h do for one token). A layer's phases and their items:
  *
  *   NORM      token tiles (layer 0): xn = RMSNorm(x), the chunk's RoPE table, xn quantised for wq
- *   QKV       row blocks of wq | wk | wv over all T tokens: q, and the new K and V rows
+ *   QKV       row blocks of wq | wk | wv over all T tokens (and their biases): q, and the new K
+ *             and V rows (MLA: of q_a or wq, and kv_a_mqa)
+ *   MLANORM   MLA, token tiles: the q LoRA's norm; the latent's norm, the key part's RoPE, cached
+ *   QB        MLA with a q LoRA: row blocks of q_b
  *   ROPE      per query head, then per KV head, over all T: q/k RMSNorm and RoPE; K and V stored
- *             into the cache at pos0..
+ *             into the cache at pos0.. (MLA: per head, RoPE and absorption of the query)
  *   ATTN      (KV group, token tile), the last tiles first: causal softmax attention
  *   QATTN     token tiles (int8 and Q8_0 wo only): attn quantised for wo
  *   OPROJ     row blocks of wo over all T
@@ -16,10 +19,13 @@
  *             the experts by their row count (the expert items take the largest first)
  *   QX        token tiles: each token's FFN input (quantised for gate and up, or float32) copied
  *             to its k sorted rows
- *   GATEUP    (expert, rows of gate and up): act = silu(gate x) * up x over the expert's rows
+ *   GATEUP    (expert, rows of gate and up): act = silu(gate x) * up x over the expert's rows (with
+ *             the expert's biases, or gpt-oss's clamped SwiGLU); then row blocks of the fixed FFN
+ *             (a shared expert or a leading dense layer's FFN) over all T
  *   QA        row tiles (int8 down in super-blocks of 256 only): act quantised for down
- *   DOWN      (expert, rows of down): eout = weight * down act
- *   COMBINE   token tiles: x = h + the token's k rows added in slot order; xn = the next norm
+ *   DOWN      (expert, rows of down): eout = weight * down act; then the fixed FFN's down rows
+ *   COMBINE   token tiles: x = h + the token's k rows added in slot order (then the fixed FFN's);
+ *             xn = the next norm
  *   HEAD      row blocks of the output head over the tokens whose logits are wanted
  *
  * Every output element is computed by one item with the kernels the per-task path's codelets use
@@ -41,6 +47,8 @@ extern "C" {
 enum st_prompt_kind {
   ST_PP_NORM,
   ST_PP_QKV,
+  ST_PP_MLANORM, /* MLA, token tiles: the q LoRA's norm; the latent's norm and the key part's RoPE, cached */
+  ST_PP_QB,      /* MLA with a q LoRA: row blocks of q_b over all T */
   ST_PP_ROPE,
   ST_PP_ATTN,
   ST_PP_QATTN,
@@ -72,7 +80,10 @@ struct st_prompt_ctx {
   float *kvnew;                    /* [2][n_head_kv][cap][head_dim]: the new K rows, then V rows */
   float *attn;                     /* [cap][n_head * head_dim] */
   uint8_t *attnq;                  /* [cap][q8_0 row of n_head * head_dim] */
-  float *rope;                     /* [cap][head_dim]: each token's RoPE (cos, sin) pairs */
+  float *rope;                     /* [cap][head_dim]: each token's RoPE (cos, sin) pairs (n_rot of them) */
+  float *qa;                       /* MLA: [cap][q_lora] the q LoRA's output */
+  float *qm;                       /* MLA: [cap][n_head][head_dim] the absorbed queries */
+  float *actf, *eoutf;             /* the fixed FFN (shared expert or dense FFN): [cap][its n_ff], [cap][n_embd] */
   float *rlogits;                  /* [cap][n_expert] */
   struct st_route *route;          /* [n_layer][cap][k]: the chunk's routing */
   int32_t *grp;                    /* [n_expert + 1]: expert e's sorted rows are grp[e] .. grp[e + 1] */

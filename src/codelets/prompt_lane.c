@@ -11,6 +11,7 @@
 #include "codelets/prompt.h"
 #include "codelets/quant.h"
 #include "common.h"
+#include "io/model.h"
 
 static int64_t div_up64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -52,6 +53,22 @@ static const void *expert_mat(const struct st_decode_ctx *c, int layer, int e, i
   return c->expert_src[((size_t)layer * c->n_expert + (size_t)e) * 3 + which];
 }
 
+/* Adds bias[0 .. n) to T rows of out `stride` apart (a NULL bias adds nothing). */
+static void add_bias_rows(float *out, int64_t stride, int T, const float *bias, int64_t n) {
+  if (!bias) return;
+  for (int t = 0; t < T; t++)
+    for (int64_t j = 0; j < n; j++) out[(size_t)t * stride + j] += bias[j];
+}
+
+/* Layer l's K and V planes of KV head g (MLA: one plane). */
+static uint8_t *kv_plane(const struct st_decode_ctx *c, const struct st_decode_layer *L, int g, int v) {
+  const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
+  return (uint8_t *)L->kv + ((size_t)g * c->kv_planes + (size_t)v) * (size_t)c->n_ctx * rb;
+}
+
+/* MLA: a head's query rows (qk_nope + n_rot) and the q rows of all heads. */
+static int mla_qk(const struct st_decode_ctx *c) { return c->qk_nope + c->rope.n_rot; }
+
 /* Token range of token-tile item i. */
 static void tile_of(const struct st_prompt_ctx *p, int64_t i, int *t0, int *t1) {
   *t0 = (int)(i * p->tile);
@@ -75,14 +92,37 @@ static void item_norm(const struct st_prompt_ctx *p, int64_t i) {
   tile_of(p, i, &t0, &t1);
   for (int t = t0; t < t1; t++) {
     st_rmsnorm(p->x + (size_t)t * d, c->layers[0].attn_norm, p->xn + (size_t)t * d, d, c->eps);
-    st_rope_table(p->rope + (size_t)t * hd, hd, p->pos0 + t, c->rope_theta);
+    st_rope_conf_table(p->rope + (size_t)t * hd, &c->rope, p->pos0 + t);
   }
   quantize_xn(p, 0, t0, t1);
+}
+
+/* MLA's QKV items: blocks of kv_a_mqa's rows first, then of q_a (or wq). */
+static int64_t mla_qkv_items(const struct st_prompt_ctx *p) {
+  const struct st_decode_ctx *c = p->dc;
+  const int64_t q = c->q_lora ? c->q_lora : (int64_t)c->n_head * mla_qk(c);
+  return div_up64(c->head_dim, p->rows_qkv) + div_up64(q, p->rows_qkv);
+}
+
+static void item_qkv_mla(const struct st_prompt_ctx *p, const struct st_decode_layer *L, int64_t i) {
+  const struct st_decode_ctx *c = p->dc;
+  const int d = c->n_embd, R = p->rows_qkv;
+  const int64_t nkv = div_up64(c->head_dim, R);
+  const struct st_wdesc *w = i < nkv ? &L->wkv_a_d : c->q_lora ? &L->wq_a_d : &L->wq_d;
+  const void *W = i < nkv ? L->wkv_a : c->q_lora ? L->wq_a : L->wq;
+  const int64_t n = i < nkv ? c->head_dim : c->q_lora ? c->q_lora : (int64_t)c->n_head * mla_qk(c);
+  float *out = i < nkv ? p->kvnew : c->q_lora ? p->qa : p->q;
+  const int64_t r0 = (i < nkv ? i : i - nkv) * R, r1 = min64(n, r0 + R);
+  st_matmul(w->type, W, w->row_bytes, r0, r1, p->xn, d, p->T, d, out + r0, n);
 }
 
 static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
+  if (c->mla) {
+    item_qkv_mla(p, L, i);
+    return;
+  }
   const int hd = c->head_dim, d = c->n_embd, G = c->n_head_kv, qw = c->n_head / G * hd;
   const int64_t qrows = (int64_t)c->n_head * hd, kvrows = (int64_t)G * hd, R = p->rows_qkv;
   /* K and V first: their float32 products take longer than a Q block, and the phase's last items
@@ -93,6 +133,7 @@ static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
     float *out = p->q + ((size_t)g * p->cap) * qw + (size_t)(r0 - (int64_t)g * qw);
     if (dense_q8(c, &L->wq_d)) st_matmul_q8(L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, p->xnq, p->T, d, out, qw);
     else st_matmul(L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, p->xn, d, p->T, d, out, qw);
+    add_bias_rows(out, qw, p->T, L->bq ? L->bq + r0 : NULL, R);
     return;
   }
   r0 -= qrows;
@@ -103,29 +144,67 @@ static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
   float *out = p->kvnew + ((size_t)(v * G + g) * p->cap) * hd + (size_t)(r0 - (int64_t)g * hd);
   /* K and V on float32 activations, as attention_cpu (their rounding stays in the cache) */
   st_matmul(w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xn, d, p->T, d, out, hd);
+  const float *b = v ? L->bv : L->bk;
+  add_bias_rows(out, hd, p->T, b ? b + r0 : NULL, R);
+}
+
+/* MLA, token tile: the q LoRA's norm; the latent normed and the key part roped, cached. */
+static void item_mla_norm(const struct st_prompt_ctx *p, int l, int64_t i) {
+  const struct st_decode_ctx *c = p->dc;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int hd = c->head_dim;
+  const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
+  int t0, t1;
+  tile_of(p, i, &t0, &t1);
+  for (int t = t0; t < t1; t++) {
+    if (c->q_lora) st_rmsnorm(p->qa + (size_t)t * c->q_lora, L->q_a_norm, p->qa + (size_t)t * c->q_lora, c->q_lora, c->eps);
+    float *kv = p->kvnew + (size_t)t * hd;
+    st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
+    st_rope_conf_apply(kv + c->kv_lora, &c->rope, p->rope + (size_t)t * hd);
+    st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)(p->pos0 + t) * rb, hd);
+  }
+}
+
+/* MLA: row blocks of q_b over the chunk's normed q LoRA outputs. */
+static void item_qb(const struct st_prompt_ctx *p, int l, int64_t i) {
+  const struct st_decode_ctx *c = p->dc;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int64_t n = (int64_t)c->n_head * mla_qk(c), r0 = i * p->rows_qkv, r1 = min64(n, r0 + p->rows_qkv);
+  st_matmul(L->wq_b_d.type, L->wq_b, L->wq_b_d.row_bytes, r0, r1, p->qa, c->q_lora, p->T, c->q_lora, p->q + r0, n);
 }
 
 static void item_rope(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
   const int hd = c->head_dim, G = c->n_head_kv, nq = c->n_head / G, qw = nq * hd;
+  if (c->mla) { /* head i: the rope part roped, the no-rope part absorbed by k_b (decode_lane.c's mla_query) */
+    const int qk = mla_qk(c), h = (int)i;
+    for (int t = 0; t < p->T; t++) {
+      float *qh = p->q + ((size_t)t * c->n_head + h) * qk, *qm = p->qm + ((size_t)t * c->n_head + h) * hd;
+      st_rope_conf_apply(qh + c->qk_nope, &c->rope, p->rope + (size_t)t * hd);
+      memcpy(qm + c->kv_lora, qh + c->qk_nope, sizeof(float) * (size_t)c->rope.n_rot);
+    }
+    st_matmul(L->wk_b_d.type, L->wk_b, L->wk_b_d.row_bytes, (int64_t)h * c->kv_lora, (int64_t)(h + 1) * c->kv_lora,
+              p->q + (size_t)h * qk, (int64_t)c->n_head * qk, p->T, c->qk_nope, p->qm + (size_t)h * hd, (int64_t)c->n_head * hd);
+    return;
+  }
   if (i < c->n_head) {
     const int g = (int)i / nq, hh = (int)i % nq;
     for (int t = 0; t < p->T; t++) {
       float *qh = p->q + ((size_t)g * p->cap + t) * qw + (size_t)hh * hd;
-      st_rmsnorm(qh, L->q_norm, qh, hd, c->eps);
-      st_rope_apply(qh, hd, p->rope + (size_t)t * hd);
+      if (L->q_norm) st_rmsnorm(qh, L->q_norm, qh, hd, c->eps);
+      st_rope_conf_apply(qh, &c->rope, p->rope + (size_t)t * hd);
     }
     return;
   }
   const int g = (int)i - c->n_head;
   const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
-  uint8_t *kc = (uint8_t *)L->kv + (size_t)g * 2 * (size_t)c->n_ctx * rb, *vc = kc + (size_t)c->n_ctx * rb;
+  uint8_t *kc = kv_plane(c, L, g, 0), *vc = kv_plane(c, L, g, 1);
   for (int t = 0; t < p->T; t++) {
     float *kt = p->kvnew + ((size_t)g * p->cap + t) * hd;
     const float *vt = p->kvnew + ((size_t)(G + g) * p->cap + t) * hd;
-    st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
-    st_rope_apply(kt, hd, p->rope + (size_t)t * hd);
+    if (L->k_norm) st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
+    st_rope_conf_apply(kt, &c->rope, p->rope + (size_t)t * hd);
     st_kv_store(c->kv_type, kt, kc + (size_t)(p->pos0 + t) * rb, hd);
     st_kv_store(c->kv_type, vt, vc + (size_t)(p->pos0 + t) * rb, hd);
   }
@@ -137,19 +216,33 @@ static void item_attn(const struct st_prompt_ctx *p, int l, int64_t i) {
   const int hd = c->head_dim, G = c->n_head_kv, nq = c->n_head / G, qw = nq * hd;
   const int ntiles = (int)div_up64(p->T, p->tile_attn), g = (int)(i % G), tile = ntiles - 1 - (int)(i / G);
   const int t0 = tile * p->tile_attn, tt = (int)min64(p->T - t0, p->tile_attn);
-  const uint64_t rb = st_kv_row_bytes(c->kv_type, hd);
-  const uint8_t *kc = (const uint8_t *)c->layers[l].kv + (size_t)g * 2 * (size_t)c->n_ctx * rb, *vc = kc + (size_t)c->n_ctx * rb;
+  const struct st_decode_layer *L = &c->layers[l];
+  struct st_attn_conf ac = c->attn_conf;
+  ac.sinks = L->sinks ? L->sinks + (size_t)g * nq : NULL;
+  ac.window = L->swa ? c->attn_conf.window : 0;
+  const uint8_t *kc = kv_plane(c, L, g, 0);
   float *o = lane_scratch(p), *score = o + (size_t)p->tile_attn * qw;
-  st_attend_tokens(p->q + ((size_t)g * p->cap + t0) * qw, tt, nq, hd, p->pos0 + t0, c->kv_type, kc, vc, o, score,
-                   p->scratch_floats - (int64_t)p->tile_attn * qw);
+  const int64_t n_score = p->scratch_floats - (int64_t)p->tile_attn * qw, stride = L->wo_d.n;
+  if (c->mla) { /* one KV head: the latent's weighted sums of every head, then v_b per head */
+    const int hv = c->head_dim_v;
+    st_attend_tokens_conf(p->qm + (size_t)t0 * c->n_head * hd, tt, nq, hd, p->pos0 + t0, c->kv_type, kc, kc, o, score,
+                          n_score, &ac);
+    for (int h = 0; h < c->n_head; h++)
+      st_matmul(L->wv_b_d.type, L->wv_b, L->wv_b_d.row_bytes, (int64_t)h * hv, (int64_t)(h + 1) * hv,
+                o + (size_t)h * c->kv_lora, (int64_t)c->n_head * c->kv_lora, tt, c->kv_lora,
+                p->attn + (size_t)t0 * stride + (size_t)h * hv, stride);
+    return;
+  }
+  st_attend_tokens_conf(p->q + ((size_t)g * p->cap + t0) * qw, tt, nq, hd, p->pos0 + t0, c->kv_type, kc, kv_plane(c, L, g, 1),
+                        o, score, n_score, &ac);
   for (int t = 0; t < tt; t++)
-    memcpy(p->attn + (size_t)(t0 + t) * c->n_head * hd + (size_t)g * qw, o + (size_t)t * qw, sizeof(float) * (size_t)qw);
+    memcpy(p->attn + (size_t)(t0 + t) * stride + (size_t)g * qw, o + (size_t)t * qw, sizeof(float) * (size_t)qw);
 }
 
 /* ---- output projection (linear_cpu), residual, router (router_cpu) --------------------------- */
 
-static void item_qattn(const struct st_prompt_ctx *p, int64_t i) {
-  const int n = p->dc->n_head * p->dc->head_dim;
+static void item_qattn(const struct st_prompt_ctx *p, int l, int64_t i) {
+  const int n = (int)p->dc->layers[l].wo_d.n;
   int t0, t1;
   tile_of(p, i, &t0, &t1);
   st_quantize_act(ST_TYPE_Q8_0, p->attn + (size_t)t0 * n, n, t1 - t0, n, p->attnq + (size_t)t0 * st_q8_row_bytes(ST_TYPE_Q8_0, n));
@@ -158,10 +251,11 @@ static void item_qattn(const struct st_prompt_ctx *p, int64_t i) {
 static void item_oproj(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_wdesc *w = &c->layers[l].wo_d;
-  const int n = c->n_head * c->head_dim, d = c->n_embd;
+  const int n = (int)w->n, d = c->n_embd;
   const int64_t r0 = i * p->rows_o, r1 = min64(d, r0 + p->rows_o);
   if (dense_q8(c, w)) st_matmul_q8(w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attnq, p->T, n, p->xo + r0, d);
   else st_matmul(w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attn, n, p->T, n, p->xo + r0, d);
+  add_bias_rows(p->xo + r0, d, p->T, c->layers[l].bo ? c->layers[l].bo + r0 : NULL, r1 - r0);
 }
 
 /* Token tile: h = x + xo, ffn_in = RMSNorm(h), the router's logits (every row for the tile's
@@ -179,11 +273,14 @@ static void item_route(const struct st_prompt_ctx *p, int l, int64_t i) {
     for (int j = 0; j < d; j++) h[j] = p->x[(size_t)t * d + j] + p->xo[(size_t)t * d + j];
     st_rmsnorm(h, L->ffn_norm, p->ffn_in + (size_t)t * d, d, c->eps);
   }
+  if (L->dense) return; /* no router */
   float *logits = p->rlogits + (size_t)t0 * E;
   st_matmul(L->router_d.type, L->router, L->router_d.row_bytes, 0, E, p->ffn_in + (size_t)t0 * d, d, t1 - t0, d, logits, E);
+  add_bias_rows(logits, E, t1 - t0, L->router_b, E);
   for (int t = t0; t < t1; t++) {
     struct st_route *r = p->route + ((size_t)l * p->cap + t) * c->k;
-    st_route_topk(p->rlogits + (size_t)t * E, E, c->k, r);
+    st_route_gated(p->rlogits + (size_t)t * E, E, c->k, c->gating, L->probs_b, c->n_group, c->n_group_used, c->w_norm,
+                   c->w_scale, r);
     for (int j = 0; j < c->k; j++)
       if (r[j].expert < 0 || r[j].expert >= E || !(r[j].weight == r[j].weight)) {
         if (!__atomic_exchange_n(&p->sync->error, 1, __ATOMIC_RELAXED)) p->sync->error_layer = l;
@@ -241,10 +338,39 @@ static void item_qx(const struct st_prompt_ctx *p, int l, int64_t i) {
   }
 }
 
+/* The FFN's activation of n gate and up values (gpt-oss: the expert's biases first, the clamped
+ * SwiGLU), as decode_lane.c's ffn_act. */
+static void ffn_act(const struct st_decode_ctx *c, float *g, float *u, const float *gb, const float *ub, int64_t n, float *act) {
+  if (gb)
+    for (int64_t j = 0; j < n; j++) g[j] += gb[j];
+  if (ub)
+    for (int64_t j = 0; j < n; j++) u[j] += ub[j];
+  if (c->ffn_act == ST_ACT_SWIGLU_OAI) st_swiglu_oai(g, u, act, n);
+  else
+    for (int64_t j = 0; j < n; j++) act[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
+/* The fixed FFN's gate/up item: rows f0 .. of its gate and up over all T tokens (float32). */
+static void fixed_gateup(const struct st_prompt_ctx *p, const struct st_decode_layer *L, int64_t i) {
+  const struct st_decode_ctx *c = p->dc;
+  const int R = p->rows_gateup, d = c->n_embd, ff = L->fixed_ff, T = p->T;
+  const int64_t f0 = i * R, f1 = min64(ff, f0 + R), nf = f1 - f0;
+  float *g = lane_scratch(p), *u = g + (size_t)T * R;
+  st_matmul(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, p->ffn_in, d, T, d, g, nf);
+  st_matmul(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, p->ffn_in, d, T, d, u, nf);
+  for (int t = 0; t < T; t++) ffn_act(c, g + (size_t)t * nf, u + (size_t)t * nf, NULL, NULL, nf, p->actf + (size_t)t * ff + f0);
+}
+
 static void item_gateup(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
-  const int R = p->rows_gateup, per = (int)div_up64(c->n_ff, R), e = p->eorder[i / per], d = c->n_embd, ff = c->n_ff;
+  const int R = p->rows_gateup, per = (int)div_up64(c->n_ff, R), d = c->n_embd, ff = c->n_ff;
+  const int64_t n_exp = L->dense ? 0 : (int64_t)c->n_expert * per;
+  if (i >= n_exp) {
+    fixed_gateup(p, L, i - n_exp);
+    return;
+  }
+  const int e = p->eorder[i / per];
   const int row0 = p->grp[e], n = p->grp[e + 1] - row0;
   if (n == 0) return;
   const int64_t f0 = (i % per) * R, f1 = min64(ff, f0 + R), nf = f1 - f0;
@@ -259,8 +385,8 @@ static void item_gateup(const struct st_prompt_ctx *p, int l, int64_t i) {
   const int qa_here = qa_in_gateup(p, &f, L);
   for (int r = 0; r < n; r++) {
     float *act = p->act + (size_t)(row0 + r) * ff + f0;
-    const float *gr = g + (size_t)r * nf, *ur = u + (size_t)r * nf;
-    for (int64_t j = 0; j < nf; j++) act[j] = gr[j] / (1.0f + expf(-gr[j])) * ur[j];
+    ffn_act(c, g + (size_t)r * nf, u + (size_t)r * nf, L->gate_b ? L->gate_b + (size_t)e * ff + f0 : NULL,
+            L->up_b ? L->up_b + (size_t)e * ff + f0 : NULL, nf, act);
     if (qa_here)
       st_quantize_act(L->down_d.type, act, nf, 1, nf, p->aq + (size_t)(row0 + r) * f.qa + st_q8_row_bytes(L->down_d.type, f0));
   }
@@ -277,7 +403,14 @@ static void item_qa(const struct st_prompt_ctx *p, int l, int64_t i) {
 static void item_down(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
-  const int R = p->rows_down, d = c->n_embd, ff = c->n_ff, per = (int)div_up64(d, R), e = p->eorder[i / per];
+  const int R = p->rows_down, d = c->n_embd, ff = c->n_ff, per = (int)div_up64(d, R);
+  const int64_t n_exp = L->dense ? 0 : (int64_t)c->n_expert * per;
+  if (i >= n_exp) { /* the fixed FFN's down rows over all T tokens, weight 1 */
+    const int64_t r0 = (i - n_exp) * R, r1 = min64(d, r0 + R);
+    st_matmul(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, p->actf, L->fixed_ff, p->T, L->fixed_ff, p->eoutf + r0, d);
+    return;
+  }
+  const int e = p->eorder[i / per];
   const int row0 = p->grp[e], n = p->grp[e + 1] - row0;
   if (n == 0) return;
   const int64_t r0 = (i % per) * R, r1 = min64(d, r0 + R);
@@ -286,8 +419,11 @@ static void item_down(const struct st_prompt_ctx *p, int l, int64_t i) {
   float *out = p->eout + (size_t)row0 * d + r0;
   if (f.qa) st_matmul_q8(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, p->aq + (size_t)row0 * f.qa, n, ff, out, d);
   else st_matmul(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, p->act + (size_t)row0 * ff, ff, n, ff, out, d);
+  const float *db = L->down_b ? L->down_b + (size_t)e * d + r0 : NULL;
   for (int r = 0; r < n; r++) {
     const float w = p->row_w[row0 + r];
+    if (db)
+      for (int64_t j = 0; j < r1 - r0; j++) out[(size_t)r * d + j] += db[j];
     for (int64_t j = 0; j < r1 - r0; j++) out[(size_t)r * d + j] *= w;
   }
 }
@@ -296,16 +432,18 @@ static void item_down(const struct st_prompt_ctx *p, int l, int64_t i) {
  * output norm) into xn. */
 static void item_combine(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
-  const int d = c->n_embd, k = c->k;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int d = c->n_embd, k = L->dense ? 0 : c->k;
   const float *norm = l + 1 < c->n_layer ? c->layers[l + 1].attn_norm : c->output_norm;
   int t0, t1;
   tile_of(p, i, &t0, &t1);
   for (int t = t0; t < t1; t++) {
     float *x = p->x + (size_t)t * d;
-    const float *h = p->h + (size_t)t * d;
+    const float *h = p->h + (size_t)t * d, *fx = L->fixed_ff ? p->eoutf + (size_t)t * d : NULL;
     for (int j = 0; j < d; j++) {
       float acc = 0.0f;
-      for (int s = 0; s < k; s++) acc += p->eout[(size_t)p->row_of[t * k + s] * d + j];
+      for (int s = 0; s < k; s++) acc += p->eout[(size_t)p->row_of[t * c->k + s] * d + j];
+      if (fx) acc = k ? acc + fx[j] : fx[j];
       x[j] = acc + h[j];
     }
     st_rmsnorm(x, norm, p->xn + (size_t)t * d, d, c->eps);
@@ -326,7 +464,9 @@ static void run_item(const struct st_prompt_ctx *p, int kind, int l, int64_t i) 
   case ST_PP_QKV: item_qkv(p, l, i); break;
   case ST_PP_ROPE: item_rope(p, l, i); break;
   case ST_PP_ATTN: item_attn(p, l, i); break;
-  case ST_PP_QATTN: item_qattn(p, i); break;
+  case ST_PP_QATTN: item_qattn(p, l, i); break;
+  case ST_PP_MLANORM: item_mla_norm(p, l, i); break;
+  case ST_PP_QB: item_qb(p, l, i); break;
   case ST_PP_OPROJ: item_oproj(p, l, i); break;
   case ST_PP_ROUTE: item_route(p, l, i); break;
   case ST_PP_SORT: item_sort(p, l); break;
@@ -377,17 +517,20 @@ void st_prompt_plan(struct st_prompt_ctx *p) {
   for (int l = 0; l < L; l++) {
     const struct st_decode_layer *Ly = &c->layers[l];
     const struct ffn_layout f = ffn_layout(c, Ly);
-    PHASE(ST_PP_QKV, l, (int64_t)(c->n_head + 2 * c->n_head_kv) * hd / p->rows_qkv);
-    PHASE(ST_PP_ROPE, l, c->n_head + c->n_head_kv);
+    const int moe = !Ly->dense, fixed = Ly->fixed_ff > 0;
+    PHASE(ST_PP_QKV, l, c->mla ? mla_qkv_items(p) : (int64_t)(c->n_head + 2 * c->n_head_kv) * hd / p->rows_qkv);
+    PHASE(ST_PP_MLANORM, l, c->mla ? tiles : 0);
+    PHASE(ST_PP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * mla_qk(c), p->rows_qkv) : 0);
+    PHASE(ST_PP_ROPE, l, c->mla ? c->n_head : c->n_head + c->n_head_kv);
     PHASE(ST_PP_ATTN, l, (int64_t)c->n_head_kv * div_up64(T, p->tile_attn));
     PHASE(ST_PP_QATTN, l, dense_q8(c, &Ly->wo_d) ? tiles : 0);
     PHASE(ST_PP_OPROJ, l, div_up64(c->n_embd, p->rows_o));
     PHASE(ST_PP_ROUTE, l, tiles);
-    PHASE(ST_PP_SORT, l, 1);
-    PHASE(ST_PP_QX, l, tiles);
-    PHASE(ST_PP_GATEUP, l, (int64_t)E * div_up64(c->n_ff, p->rows_gateup));
-    PHASE(ST_PP_QA, l, f.qa && !qa_in_gateup(p, &f, Ly) ? div_up64((int64_t)T * c->k, p->rows_qa) : 0);
-    PHASE(ST_PP_DOWN, l, (int64_t)E * div_up64(c->n_embd, p->rows_down));
+    PHASE(ST_PP_SORT, l, moe);
+    PHASE(ST_PP_QX, l, moe ? tiles : 0);
+    PHASE(ST_PP_GATEUP, l, (moe ? (int64_t)E * div_up64(c->n_ff, p->rows_gateup) : 0) + (fixed ? div_up64(Ly->fixed_ff, p->rows_gateup) : 0));
+    PHASE(ST_PP_QA, l, moe && f.qa && !qa_in_gateup(p, &f, Ly) ? div_up64((int64_t)T * c->k, p->rows_qa) : 0);
+    PHASE(ST_PP_DOWN, l, (moe ? (int64_t)E : 0) * div_up64(c->n_embd, p->rows_down) + (fixed ? div_up64(c->n_embd, p->rows_down) : 0));
     PHASE(ST_PP_COMBINE, l, tiles);
     p->layer_end[l] = at;
   }

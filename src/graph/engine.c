@@ -1029,8 +1029,9 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
       return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", ids[i], e->hp.n_vocab);
   const size_t V = e->hp.n_vocab;
   for (int done = 0; done < n;) {
-    /* an architecture only the decode lanes compute takes its prompt a token at a time */
-    const int T = e->hp.arch != ST_ARCH_QWEN3MOE ? 1 : n - done < e->prefill ? n - done : e->prefill;
+    /* the per-task path computes qwen3moe only: without the prompt lanes another architecture
+     * takes its prompt a token at a time (decode steps) */
+    const int T = e->hp.arch != ST_ARCH_QWEN3MOE && !e->prompt ? 1 : n - done < e->prefill ? n - done : e->prefill;
     const int last = done + T == n;
     const double t_start = starpu_timing_now();
     /* a decode step writes its logits where they go (no copy through e->logits) */

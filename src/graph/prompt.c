@@ -78,7 +78,15 @@ static int any_float_ffn(const struct st_engine *e) {
 static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t *base, unsigned n_workers) {
   const struct st_hparams *hp = &e->hp;
   const size_t cap = (size_t)p->cap, d = hp->n_embd, hd = hp->head_dim, G = hp->n_head_kv, k = hp->n_expert_used;
-  const size_t qw_all = (size_t)hp->n_head * hd, rows = cap * k;
+  const size_t mla = hp->attn_kind == ST_ATTN_MLA, rows = cap * k;
+  /* a token's query rows: GQA n_head x head_dim; MLA the larger of q_b's (qk_nope + n_rot per head)
+   * and the absorbed queries' (head_dim) */
+  const size_t qw_all = (size_t)hp->n_head * (mla && hp->qk_nope + hp->n_rot > hd ? hp->qk_nope + hp->n_rot : hd);
+  size_t fixed = 0; /* the widest fixed FFN (shared expert or dense layer) */
+  for (uint32_t l = 0; l < hp->n_layer; l++) {
+    const size_t f = e->model->layers[l].dense ? hp->n_ff : hp->n_ff_shexp;
+    fixed = f > fixed ? f : fixed;
+  }
   const uint64_t qg = q8_max(e, 0), qu = q8_max(e, 1), qa = q8_max(e, 2);
   size_t at = 0;
   CARVE(base, at, p->xn, float, cap * d);
@@ -87,6 +95,10 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   CARVE(base, at, p->kvnew, float, 2 * G * cap * hd);
   CARVE(base, at, p->attnq, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)qw_all) + 1);
   CARVE(base, at, p->rope, float, cap * hd);
+  CARVE(base, at, p->qa, float, mla ? cap * hp->q_lora + 1 : 1);
+  CARVE(base, at, p->qm, float, mla ? cap * qw_all : 1);
+  CARVE(base, at, p->actf, float, cap * fixed + 1);
+  CARVE(base, at, p->eoutf, float, fixed ? cap * d : 1);
   CARVE(base, at, p->rlogits, float, cap * hp->n_expert);
   CARVE(base, at, p->route, struct st_route, (size_t)hp->n_layer * rows);
   CARVE(base, at, p->grp, int32_t, hp->n_expert + 1);
@@ -123,7 +135,7 @@ static int make_names(struct st_prompt *pr, const struct st_engine *e) {
 
 int st_prompt_init(struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
-  if (!e->prompt_lanes || !e->dec || e->dec->gpu || e->ff_parts != 1 || hp->arch != ST_ARCH_QWEN3MOE) return 0;
+  if (!e->prompt_lanes || !e->dec || e->dec->gpu || e->ff_parts != 1) return 0;
   struct st_prompt *pr = calloc(1, sizeof *pr);
   if (!pr) return st_set_error(ST_ENOMEM, "out of memory for the prompt lanes");
   e->prompt = pr;
@@ -186,6 +198,7 @@ static int count_routing(struct st_engine *e, const struct st_prompt_ctx *p) {
         }
       }
   for (uint32_t l = 0; l < hp->n_layer; l++) {
+    if (e->model->layers[l].dense) continue; /* no routing */
     st_engine_count_routes(e, l, p->route + (size_t)l * p->cap * k, T);
     e->stats.expert_tasks[ST_TIER_CPU_POOL] += (uint64_t)e->prompt->n_lanes;
     e->stats.expert_entries[ST_TIER_CPU_POOL] += (uint64_t)T * k;
