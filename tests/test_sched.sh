@@ -79,5 +79,38 @@ if [ -s "$tmp/wide0.f32" ] && cmp -s "$tmp/wide0.f32" "$tmp/wide1.f32"; then
 else
   echo "FAIL 4096 query heads on 1 KV head, 300 tokens: a path failed or the logits differ"; fail=$((fail + 1))
 fi
+# The other architectures (the fixtures' deepseek2, gpt-oss and glm4moe in Q8_0, CPU workers only):
+# the prompt lanes under other schedulers and worker counts, one-token chunks (decode steps) and
+# the prompt a token at a time (STRATA_PROMPT_LANES=0) give bitwise-identical logits; the per-task
+# decode path (STRATA_DECODE_GRAPH=0) and a CUDA worker are refused by name.
+if have_fixtures && [ -d "$STRATA_FIXTURES/archs" ]; then
+  for arch in deepseek2 gpt-oss glm4moe; do
+    m="$STRATA_FIXTURES/archs/tiny-$arch-q8_0.gguf"
+    ref=""
+    for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=1" "STARPU_SCHED=dmda STARPU_NCPU=2" \
+               "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" "STRATA_PROMPT_LANES=0 STARPU_SCHED=eager STARPU_NCPU=2"; do
+      out="$tmp/$(echo "$arch $cfg" | tr ' =' '__').f32"
+      prefill=7
+      case "$cfg" in PREFILL=1*) prefill=1 ;; esac
+      if ! env $cfg STARPU_NCUDA=0 STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$m" -p "$prompt" --prefill $prefill \
+           --no-learn --logits-out "$out" 2>"$tmp/err"; then
+        echo "FAIL $arch [$cfg]: eval failed: $(cat "$tmp/err")"; fail=$((fail + 1)); continue
+      fi
+      sum=$(cksum < "$out" | cut -d' ' -f1)
+      if [ -z "$ref" ]; then
+        ref=$out; echo "     tiny-$arch-q8_0 [$cfg]: logits checksum $sum (baseline)"; continue
+      fi
+      if cmp -s "$ref" "$out"; then
+        echo "PASS tiny-$arch-q8_0 [$cfg]: logits checksum $sum, bitwise identical to the baseline"; pass=$((pass + 1))
+      else
+        echo "FAIL tiny-$arch-q8_0 [$cfg]: logits checksum $sum differ from the baseline"; fail=$((fail + 1))
+      fi
+    done
+  done
+  expect_error "deepseek2 with STRATA_DECODE_GRAPH=0" "STRATA_DECODE_GRAPH=0 takes qwen3moe" \
+    env STRATA_DECODE_GRAPH=0 STARPU_NCUDA=0 STARPU_SILENT=1 "$STRATA" eval -m "$STRATA_FIXTURES/archs/tiny-deepseek2-q8_0.gguf" -p hi --no-learn
+else
+  skip "the other architectures' scheduler independence: no $STRATA_FIXTURES/archs"
+fi
 echo "test_sched: $pass passed, $fail failed"
 [ "$fail" = 0 ]
