@@ -7,6 +7,7 @@
 #ifndef ST_ARCH_H
 #define ST_ARCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct st_arch {
@@ -27,6 +28,34 @@ struct st_arch {
   unsigned shared : 1;       /* ffn_*_shexp where expert_shared_count > 0 */
   unsigned weights_norm : 1; /* expert_weights_norm when the file has no such key */
 };
+
+struct st_hparams;
+
+/* What a tensor of a layer holds (how mkmodel fills it; the loader checks norms and biases are F32). */
+enum st_tensor_kind {
+  ST_TK_NORM,    /* RMSNorm weights */
+  ST_TK_BIAS,    /* a bias, or the sinks, or the selection bias (F32) */
+  ST_TK_MATRIX,  /* a projection into a layer's working space */
+  ST_TK_OUT,     /* a projection that adds into the residual stream (attn_output, the FFNs' down) */
+  ST_TK_ROUTER,  /* ffn_gate_inp (F32 in llama.cpp's files) */
+};
+
+/* One tensor a layer has: blk.N.<suffix>, its dims (ne[0] the dot product's length), where the
+ * loader puts it (an offset into struct st_layer), whether it may be absent. */
+struct st_layer_tensor {
+  char suffix[40];
+  int nd;
+  uint64_t ne[3];
+  uint8_t kind;     /* enum st_tensor_kind */
+  uint8_t optional; /* the loader takes it when present (exp_probs_b) */
+  size_t field;     /* offsetof(struct st_layer, ...) of its struct st_weight */
+};
+#define ST_LAYER_MAX_TENSORS 32
+
+/* The tensors layer il of architecture A has with hyper-parameters hp (loader and mkmodel read
+ * the same list), into out[ST_LAYER_MAX_TENSORS]; returns how many. Dense layers (il <
+ * n_layer_dense) have the dense FFN instead of the router and experts. */
+int st_arch_layer_tensors(const struct st_arch *A, const struct st_hparams *hp, uint32_t il, struct st_layer_tensor *out);
 
 /* The description of GGUF architecture `name`, or NULL when strata does not compute it. */
 const struct st_arch *st_arch_find(const char *name);

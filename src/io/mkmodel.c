@@ -1,4 +1,4 @@
-/* Random-weight qwen3moe GGUF writer (mkmodel.h). Every row of every tensor is generated from
+/* Random-weight MoE GGUF writer (mkmodel.h). Every row of every tensor is generated from
  * its own counter-based RNG stream (splitmix64 of seed, tensor number, row), so the bytes do not
  * depend on how rows are split between threads. Worker threads fill chunk buffers of about
  * 4 MiB in a ring; the calling thread writes them to the file in order.
@@ -25,7 +25,9 @@
 
 #include "codelets/quant.h"
 #include "common.h"
+#include "io/arch.h"
 #include "io/gguf.h"
+#include "io/model.h"
 
 #define CHUNK_BYTES (4u << 20)
 #define SHARED_A 0.5f /* share of the embedding along u (when skew > 0) */
@@ -38,6 +40,7 @@ int st_mkmodel_preset(const char *name, struct st_mkmodel_config *cfg) {
   cfg->skew = 1.5f;
   cfg->rms_eps = 1e-6f;
   cfg->rope_theta = 1e6f;
+  cfg->arch = ST_ARCH_QWEN3MOE;
   if (!strcmp(name, "tiny")) {
     cfg->n_layer = 4, cfg->n_expert = 16, cfg->n_expert_used = 4, cfg->n_embd = 64;
     cfg->n_ff_exp = 64, cfg->n_ff = 256, cfg->n_head = 4, cfg->n_head_kv = 2, cfg->head_dim = 16;
@@ -46,8 +49,39 @@ int st_mkmodel_preset(const char *name, struct st_mkmodel_config *cfg) {
     cfg->n_layer = 48, cfg->n_expert = 128, cfg->n_expert_used = 8, cfg->n_embd = 2048;
     cfg->n_ff_exp = 768, cfg->n_ff = 6144, cfg->n_head = 32, cfg->n_head_kv = 4;
     cfg->head_dim = 128, cfg->n_ctx = 40960;
+  } else if (!strcmp(name, "tiny-deepseek2") || !strcmp(name, "deepseek2-lite")) {
+    const int tiny = name[0] == 't';
+    cfg->arch = ST_ARCH_DEEPSEEK2;
+    cfg->n_layer = tiny ? 4 : 27, cfg->n_layer_dense = 1, cfg->n_expert = tiny ? 16 : 64;
+    cfg->n_expert_used = tiny ? 4 : 6, cfg->n_embd = tiny ? 64 : 2048, cfg->n_ff_exp = tiny ? 32 : 1408;
+    cfg->n_ff = tiny ? 128 : 10944, cfg->n_shared = tiny ? 1 : 2, cfg->n_head = tiny ? 4 : 16, cfg->n_head_kv = 1;
+    cfg->q_lora = tiny ? 32 : 0, cfg->kv_lora = tiny ? 32 : 512, cfg->qk_nope = tiny ? 32 : 128;
+    cfg->n_rot = tiny ? 16 : 64, cfg->v_head = tiny ? 32 : 128, cfg->head_dim = cfg->kv_lora + cfg->n_rot;
+    cfg->n_ctx = tiny ? 4096 : 32768, cfg->rope_theta = 10000.0f;
+    /* V3's routing on the tiny one (sigmoid, groups, scale 2.5); V2-Lite's softmax without renormalising */
+    cfg->gating = tiny ? ST_GATING_SIGMOID : ST_GATING_SOFTMAX, cfg->n_group = tiny ? 4 : 0, cfg->n_group_used = tiny ? 2 : 0;
+    cfg->w_scale = tiny ? 2.5f : 1.0f, cfg->w_norm = tiny;
+  } else if (!strcmp(name, "tiny-gpt-oss") || !strcmp(name, "gpt-oss-20b")) {
+    const int tiny = name[0] == 't';
+    cfg->arch = ST_ARCH_GPT_OSS, cfg->gating = ST_GATING_SOFTMAX_WEIGHT;
+    cfg->n_layer = tiny ? 4 : 24, cfg->n_expert = tiny ? 16 : 32, cfg->n_expert_used = 4;
+    cfg->n_embd = tiny ? 64 : 2880, cfg->n_ff_exp = tiny ? 64 : 2880, cfg->n_ff = cfg->n_ff_exp;
+    cfg->n_head = tiny ? 4 : 64, cfg->n_head_kv = tiny ? 2 : 8, cfg->head_dim = tiny ? 16 : 64;
+    cfg->n_swa = tiny ? 8 : 128, cfg->yarn_factor = 32.0f, cfg->yarn_orig_ctx = 4096, cfg->n_ctx = 131072;
+    cfg->rope_theta = 150000.0f, cfg->rms_eps = 1e-5f;
+    if (!tiny) cfg->expert_type = ST_TYPE_MXFP4;
+  } else if (!strcmp(name, "tiny-glm4moe") || !strcmp(name, "glm4.5-air")) {
+    const int tiny = name[0] == 't';
+    cfg->arch = ST_ARCH_GLM4MOE, cfg->gating = ST_GATING_SIGMOID;
+    cfg->n_layer = tiny ? 4 : 16, cfg->n_layer_dense = 1, cfg->n_expert = tiny ? 16 : 128;
+    cfg->n_expert_used = tiny ? 4 : 8, cfg->n_embd = tiny ? 64 : 4096, cfg->n_ff_exp = tiny ? 32 : 1408;
+    cfg->n_ff = tiny ? 128 : 10944, cfg->n_shared = 1, cfg->n_head = tiny ? 4 : 96, cfg->n_head_kv = tiny ? 2 : 8;
+    cfg->head_dim = tiny ? 32 : 128, cfg->n_rot = cfg->head_dim / 2, cfg->n_ctx = tiny ? 4096 : 131072;
+    cfg->n_group = tiny ? 2 : 0, cfg->n_group_used = tiny ? 1 : 0, cfg->w_scale = tiny ? 2.5f : 1.0f, cfg->w_norm = 1;
+    cfg->rms_eps = 1e-5f;
   } else {
-    return st_set_error(ST_EINVAL, "unknown preset '%s' (tiny, qwen3-30b-a3b)", name);
+    return st_set_error(ST_EINVAL, "unknown preset '%s' (tiny, qwen3-30b-a3b, tiny-deepseek2, deepseek2-lite, tiny-gpt-oss, "
+                        "gpt-oss-20b, tiny-glm4moe, glm4.5-air)", name);
   }
   snprintf(cfg->name, sizeof cfg->name, "strata-mkmodel-%s", name);
   return 0;
@@ -64,8 +98,18 @@ int st_mkmodel_check(const struct st_mkmodel_config *c) {
     if (!f[i].v) return st_set_error(ST_EINVAL, "%s must be positive", f[i].flag);
   if (c->n_expert_used > c->n_expert)
     return st_set_error(ST_EINVAL, "--top-k %u exceeds --experts %u", c->n_expert_used, c->n_expert);
+  if (c->n_layer_dense >= c->n_layer)
+    return st_set_error(ST_EINVAL, "--layers %u leaves no MoE layer after %u dense ones", c->n_layer, c->n_layer_dense);
+  if (c->n_group > 1 && (c->n_expert % c->n_group || c->n_expert_used > c->n_expert / c->n_group * c->n_group_used))
+    return st_set_error(ST_EINVAL, "%u experts, top-%u do not fit %u groups of which %u are used", c->n_expert,
+                        c->n_expert_used, c->n_group, c->n_group_used);
+  if (c->arch == ST_ARCH_DEEPSEEK2 && c->head_dim != c->kv_lora + c->n_rot)
+    return st_set_error(ST_EINVAL, "--head-dim of a deepseek2 model is its cached row, kv_lora_rank + rope dims = %u",
+                        c->kv_lora + c->n_rot);
   if (c->n_head % c->n_head_kv)
     return st_set_error(ST_EINVAL, "--heads %u is not a multiple of --kv-heads %u", c->n_head, c->n_head_kv);
+  if (c->expert_type && st_mkmodel_file_type(c->expert_type) < 0)
+    return st_set_error(ST_EINVAL, "expert type %s cannot be written", st_type_info(c->expert_type)->name);
   const struct st_type_info *ti = st_type_info(c->type);
   if (st_mkmodel_file_type(c->type) < 0)
     return st_set_error(ST_EINVAL, "weight type %s cannot be written (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
@@ -346,10 +390,10 @@ int st_mkmodel_vocab_load(const char *path, struct st_mkmodel_vocab *v) {
 
 /* ---- weights ----------------------------------------------------------------------------------- */
 
-enum tkind { K_NORM, K_MATRIX, K_EMBD, K_ROUTER };
+enum tkind { K_NORM, K_MATRIX, K_EMBD, K_ROUTER, K_BIAS };
 
 struct tdesc {
-  char name[64];
+  char name[96];
   enum tkind kind;
   uint32_t type, n_dims, layer;
   uint64_t ne[4];
@@ -401,6 +445,7 @@ static void gen_row(const struct gen *G, uint32_t ti, uint64_t r, float *out) {
     for (uint64_t i = 0; i < n; i++) out[i] = 1.0f + NORM_NOISE * gauss(&s);
     break;
   case K_MATRIX:
+  case K_BIAS:
     for (uint64_t i = 0; i < n; i++) out[i] = t->std * gauss(&s);
     break;
   case K_EMBD: {
@@ -480,30 +525,49 @@ static int add_desc(struct tdesc *t, uint32_t *n, const char *name, enum tkind k
   return 0;
 }
 
+/* The hyper-parameters of cfg as the loader would read them from the file. */
+static void config_hparams(const struct st_mkmodel_config *c, struct st_hparams *hp) {
+  memset(hp, 0, sizeof *hp);
+  const struct st_arch *A = st_arch_of(c->arch);
+  hp->arch = c->arch, hp->attn_kind = A->attn_kind, hp->gating = c->arch == ST_ARCH_QWEN3MOE ? A->gating : c->gating;
+  hp->n_layer = c->n_layer, hp->n_embd = c->n_embd, hp->n_head = c->n_head, hp->n_head_kv = c->n_head_kv;
+  hp->head_dim = c->head_dim, hp->n_expert = c->n_expert, hp->n_expert_used = c->n_expert_used;
+  hp->n_ff_exp = c->n_ff_exp, hp->n_ff = c->n_ff, hp->n_layer_dense = c->n_layer_dense;
+  hp->n_ff_shexp = A->shared ? c->n_shared * c->n_ff_exp : 0;
+  hp->n_rot = c->n_rot ? c->n_rot : c->head_dim;
+  hp->head_dim_v = A->attn_kind == ST_ATTN_MLA ? c->v_head : c->head_dim;
+  hp->q_lora = c->q_lora, hp->kv_lora = c->kv_lora, hp->qk_nope = c->qk_nope;
+}
+
 static uint32_t build_tensors(const struct st_mkmodel_config *c, uint64_t n_vocab, struct tdesc *t) {
   uint32_t n = 0, wt = c->type;
-  uint64_t H = c->n_embd, Q = (uint64_t)c->n_head * c->head_dim, KV = (uint64_t)c->n_head_kv * c->head_dim;
-  uint64_t F = c->n_ff_exp, E = c->n_expert;
-  float resid = 1.0f / sqrtf(2.0f * (float)c->n_layer);
-  char nm[64];
+  const uint64_t H = c->n_embd;
+  const float resid = 1.0f / sqrtf(2.0f * (float)c->n_layer);
+  const struct st_arch *A = st_arch_of(c->arch);
+  struct st_hparams hp;
+  config_hparams(c, &hp);
+  char nm[96];
   add_desc(t, &n, "token_embd.weight", K_EMBD, wt, 0, 2, H, n_vocab, 1, 1.0f);
   add_desc(t, &n, "output_norm.weight", K_NORM, ST_TYPE_F32, 0, 1, H, 1, 1, 0);
   add_desc(t, &n, "output.weight", K_MATRIX, wt, 0, 2, H, n_vocab, 1, 1.0f / sqrtf((float)H));
   for (uint32_t L = 0; L < c->n_layer; L++) {
-#define NM(s) (snprintf(nm, sizeof nm, "blk.%u." s, L), nm)
-    add_desc(t, &n, NM("attn_norm.weight"), K_NORM, ST_TYPE_F32, L, 1, H, 1, 1, 0);
-    add_desc(t, &n, NM("attn_q.weight"), K_MATRIX, wt, L, 2, H, Q, 1, 1.0f / sqrtf((float)H));
-    add_desc(t, &n, NM("attn_k.weight"), K_MATRIX, wt, L, 2, H, KV, 1, 1.0f / sqrtf((float)H));
-    add_desc(t, &n, NM("attn_v.weight"), K_MATRIX, wt, L, 2, H, KV, 1, 1.0f / sqrtf((float)H));
-    add_desc(t, &n, NM("attn_output.weight"), K_MATRIX, wt, L, 2, Q, H, 1, resid / sqrtf((float)Q));
-    add_desc(t, &n, NM("attn_q_norm.weight"), K_NORM, ST_TYPE_F32, L, 1, c->head_dim, 1, 1, 0);
-    add_desc(t, &n, NM("attn_k_norm.weight"), K_NORM, ST_TYPE_F32, L, 1, c->head_dim, 1, 1, 0);
-    add_desc(t, &n, NM("ffn_norm.weight"), K_NORM, ST_TYPE_F32, L, 1, H, 1, 1, 0);
-    add_desc(t, &n, NM("ffn_gate_inp.weight"), K_ROUTER, ST_TYPE_F32, L, 2, H, E, 1, 1.0f / sqrtf((float)H));
-    add_desc(t, &n, NM("ffn_gate_exps.weight"), K_MATRIX, wt, L, 3, H, F, E, 1.0f / sqrtf((float)H));
-    add_desc(t, &n, NM("ffn_up_exps.weight"), K_MATRIX, wt, L, 3, H, F, E, 1.0f / sqrtf((float)H));
-    add_desc(t, &n, NM("ffn_down_exps.weight"), K_MATRIX, wt, L, 3, F, H, E, resid / sqrtf((float)F));
-#undef NM
+    struct st_layer_tensor spec[ST_LAYER_MAX_TENSORS];
+    const int ns = st_arch_layer_tensors(A, &hp, L, spec);
+    for (int i = 0; i < ns; i++) {
+      const struct st_layer_tensor *s = &spec[i];
+      snprintf(nm, sizeof nm, "blk.%u.%.39s", L, s->suffix);
+      const float fan = 1.0f / sqrtf((float)s->ne[0]);
+      /* the routed experts may take their own type (MXFP4 experts, Q8_0 elsewhere, as gpt-oss's files) */
+      const uint32_t mt = s->nd == 3 && strstr(s->suffix, "_exps") && c->expert_type ? c->expert_type : wt;
+      const uint64_t ne1 = s->nd > 1 ? s->ne[1] : 1, ne2 = s->nd > 2 ? s->ne[2] : 1;
+      switch (s->kind) {
+      case ST_TK_NORM: add_desc(t, &n, nm, K_NORM, ST_TYPE_F32, L, (uint32_t)s->nd, s->ne[0], ne1, ne2, 0); break;
+      case ST_TK_BIAS: add_desc(t, &n, nm, K_BIAS, ST_TYPE_F32, L, (uint32_t)s->nd, s->ne[0], ne1, ne2, 0.05f); break;
+      case ST_TK_ROUTER: add_desc(t, &n, nm, K_ROUTER, ST_TYPE_F32, L, 2, s->ne[0], ne1, 1, fan); break;
+      case ST_TK_OUT: add_desc(t, &n, nm, K_MATRIX, mt, L, (uint32_t)s->nd, s->ne[0], ne1, ne2, resid * fan); break;
+      default: add_desc(t, &n, nm, K_MATRIX, mt, L, (uint32_t)s->nd, s->ne[0], ne1, ne2, fan); break;
+      }
+    }
   }
   return n;
 }
@@ -614,22 +678,50 @@ static void *worker(void *arg) {
 static int write_metadata(struct st_gguf_writer *w, const struct st_mkmodel_config *c,
                           const struct st_mkmodel_vocab *v) {
   int rc = 0;
-  uint32_t ftype = (uint32_t)st_mkmodel_file_type(c->type);
-  rc = rc ? rc : st_gguf_writer_add_str(w, "general.architecture", "qwen3moe");
+  const struct st_arch *A = st_arch_of(c->arch);
+  const int mla = A->attn_kind == ST_ATTN_MLA;
+  /* MXFP4 experts with other matrices in another type: llama.cpp's MXFP4_MOE */
+  uint32_t ftype = (uint32_t)st_mkmodel_file_type(c->expert_type == ST_TYPE_MXFP4 ? ST_TYPE_MXFP4 : c->type);
+  char k[128];
+#define KEY(s) (snprintf(k, sizeof k, "%s.%s", A->name, s), k)
+  rc = rc ? rc : st_gguf_writer_add_str(w, "general.architecture", A->name);
   rc = rc ? rc : st_gguf_writer_add_str(w, "general.name", c->name);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.context_length", c->n_ctx);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.embedding_length", c->n_embd);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.block_count", c->n_layer);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.feed_forward_length", c->n_ff ? c->n_ff : 4 * c->n_embd);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.attention.head_count", c->n_head);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.attention.head_count_kv", c->n_head_kv);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.attention.key_length", c->head_dim);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.attention.value_length", c->head_dim);
-  rc = rc ? rc : st_gguf_writer_add_f32(w, "qwen3moe.rope.freq_base", c->rope_theta);
-  rc = rc ? rc : st_gguf_writer_add_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon", c->rms_eps);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.expert_count", c->n_expert);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.expert_used_count", c->n_expert_used);
-  rc = rc ? rc : st_gguf_writer_add_u32(w, "qwen3moe.expert_feed_forward_length", c->n_ff_exp);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("context_length"), c->n_ctx);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("embedding_length"), c->n_embd);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("block_count"), c->n_layer);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("feed_forward_length"), c->n_ff ? c->n_ff : 4 * c->n_embd);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.head_count"), c->n_head);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), c->n_head_kv);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.key_length"), c->head_dim);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.value_length"), mla ? c->kv_lora : c->head_dim);
+  rc = rc ? rc : st_gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_theta);
+  rc = rc ? rc : st_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->rms_eps);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_count"), c->n_expert);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_used_count"), c->n_expert_used);
+  rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), c->n_ff_exp);
+  if (c->n_rot) rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("rope.dimension_count"), c->n_rot);
+  if (c->n_layer_dense) rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("leading_dense_block_count"), c->n_layer_dense);
+  if (A->shared && c->n_shared) rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_shared_count"), c->n_shared);
+  if (c->arch == ST_ARCH_DEEPSEEK2 || c->arch == ST_ARCH_GLM4MOE) {
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_gating_func"), c->gating == ST_GATING_SIGMOID ? 2 : 1);
+    rc = rc ? rc : st_gguf_writer_add_f32(w, KEY("expert_weights_scale"), c->w_scale > 0 ? c->w_scale : 1.0f);
+    rc = rc ? rc : st_gguf_writer_add_bool(w, KEY("expert_weights_norm"), c->w_norm);
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_group_count"), c->n_group ? c->n_group : 1);
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("expert_group_used_count"), c->n_group_used ? c->n_group_used : 1);
+  }
+  if (c->n_swa) rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.sliding_window"), c->n_swa);
+  if (c->yarn_factor > 0) {
+    rc = rc ? rc : st_gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn");
+    rc = rc ? rc : st_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), c->yarn_factor);
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), c->yarn_orig_ctx);
+  }
+  if (mla) {
+    if (c->q_lora) rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.q_lora_rank"), c->q_lora);
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.kv_lora_rank"), c->kv_lora);
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.key_length_mla"), c->qk_nope + c->n_rot);
+    rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.value_length_mla"), c->v_head);
+  }
+#undef KEY
   rc = rc ? rc : st_gguf_writer_add_str(w, "tokenizer.ggml.model", v->model);
   rc = rc ? rc : st_gguf_writer_add_str(w, "tokenizer.ggml.pre", v->pre);
   rc = rc ? rc : st_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->n_tokens);
@@ -649,7 +741,7 @@ int st_mkmodel_write(const struct st_mkmodel_config *c, const struct st_mkmodel_
                      const char *path, uint64_t *bytes_out) {
   int rc = st_mkmodel_check(c);
   if (rc) return rc;
-  uint32_t n_alloc = 3 + 12 * c->n_layer;
+  uint32_t n_alloc = 3 + ST_LAYER_MAX_TENSORS * c->n_layer;
   struct tdesc *t = calloc(n_alloc, sizeof *t);
   struct gen G = {.cfg = c, .t = t};
   struct pool P;

@@ -1,6 +1,6 @@
-/* Random-weight qwen3moe GGUF files for demos and benchmarks (`strata mkmodel`).
- * The metadata and tensor names/shapes are those llama.cpp writes for Qwen3-MoE (see the fixture
- * tiny-qwen3moe-bf16.gguf); the weights are random but scaled so activations stay O(1) over many
+/* Random-weight MoE GGUF files for demos and benchmarks (`strata mkmodel`), of any architecture
+ * io/arch.h describes. The metadata and tensor names/shapes are those llama.cpp writes for the
+ * architecture (the loader and this writer read one list, st_arch_layer_tensors); the weights are random but scaled so activations stay O(1) over many
  * layers, and routing is skewed on purpose (a few experts per layer routed far more often), as in
  * trained models. Output is identical for a given seed whatever the thread count. */
 #ifndef ST_MKMODEL_H
@@ -10,7 +10,8 @@
 #include <stdint.h>
 
 struct st_mkmodel_config {
-  uint32_t n_layer;       /* qwen3moe.block_count */
+  uint32_t arch;          /* enum st_arch_id (io/model.h): the keys' prefix and the layers' tensors */
+  uint32_t n_layer;       /* <arch>.block_count */
   uint32_t n_expert;      /* qwen3moe.expert_count */
   uint32_t n_expert_used; /* qwen3moe.expert_used_count (top-k) */
   uint32_t n_embd;        /* qwen3moe.embedding_length (hidden) */
@@ -21,6 +22,19 @@ struct st_mkmodel_config {
   float rope_theta;    /* qwen3moe.rope.freq_base */
   float rms_eps;       /* qwen3moe.attention.layer_norm_rms_epsilon */
   uint32_t type;       /* st_type of the 2-D/3-D matrices (see st_mkmodel_file_type) */
+  uint32_t expert_type; /* st_type of the routed experts' matrices (0 = type; gpt-oss-20b: mxfp4) */
+  /* what the other architectures add (their GGUF keys; 0 = none) */
+  uint32_t n_rot;         /* rope.dimension_count (0 = head_dim) */
+  uint32_t n_layer_dense; /* leading_dense_block_count (FFN feed_forward_length) */
+  uint32_t n_shared;      /* expert_shared_count */
+  uint32_t gating;        /* enum st_gating: written as expert_gating_func for deepseek2 and glm4moe */
+  uint32_t n_group, n_group_used;
+  float w_scale;          /* expert_weights_scale (0 = not written) */
+  int w_norm;             /* expert_weights_norm */
+  uint32_t n_swa;         /* attention.sliding_window */
+  float yarn_factor;      /* rope.scaling.factor with type yarn (0 = no YaRN) */
+  uint32_t yarn_orig_ctx; /* rope.scaling.original_context_length */
+  uint32_t q_lora, kv_lora, qk_nope, v_head; /* MLA: head_dim is then kv_lora + n_rot */
   uint64_t seed;       /* RNG seed */
   float skew;          /* routing skew; 0 = uniform routing */
   char name[64];       /* general.name */
@@ -28,10 +42,16 @@ struct st_mkmodel_config {
   int progress;        /* print a `\r` progress line on stderr */
 };
 
-/* Fills *cfg with a preset: "tiny" (4 layers, 16 experts, top-4, hidden 64, expert FFN 64, 4/2
- * heads of 16, context 4096) or "qwen3-30b-a3b" (48 layers, 128 experts, top-8, hidden 2048,
- * expert FFN 768, 32/4 heads of 128, context 40960; shapes from Qwen3-30B-A3B's config.json).
- * Type q8_0, seed 1, skew 1.5. Returns ST_EINVAL for an unknown name. */
+/* Fills *cfg with a preset: "tiny" (qwen3moe: 4 layers, 16 experts, top-4, hidden 64, expert FFN
+ * 64, 4/2 heads of 16, context 4096), "qwen3-30b-a3b" (48 layers, 128 experts, top-8, hidden 2048,
+ * expert FFN 768, 32/4 heads of 128, context 40960; shapes from Qwen3-30B-A3B's config.json);
+ * "tiny-deepseek2", "tiny-gpt-oss", "tiny-glm4moe" (the shapes of ../shared/fixtures/archs);
+ * "gpt-oss-20b" (24 layers, 32 experts, top-4, hidden 2880, 64/8 heads of 64, sliding window 128,
+ * YaRN 32 over 4096; MXFP4 experts), "deepseek2-lite" (DeepSeek-V2-Lite: 27 layers, 1 dense, 64
+ * experts, top-6, 2 shared, hidden 2048, MLA kv_lora 512 + rope 64, no q LoRA; without YaRN),
+ * "glm4.5-air" (GLM-4.5-Air cut to 16 of its 46 layers: 128 experts, top-8, 1 shared, hidden 4096,
+ * 96/8 heads of 128, half rotary). Shapes from the models' config.json files. Type q8_0, seed 1,
+ * skew 1.5. Returns ST_EINVAL for an unknown name. */
 int st_mkmodel_preset(const char *name, struct st_mkmodel_config *cfg);
 
 /* A tokenizer to embed: arrays as written to tokenizer.ggml.*; ids -1 when absent. */

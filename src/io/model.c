@@ -192,92 +192,23 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
   return 0;
 }
 
-/* One tensor a layer may have: blk.N.<suffix>, its dims, whether it is a norm or bias (F32). */
-struct tensor_spec {
-  const char *suffix;
-  int nd;
-  uint64_t ne[3];
-  int f32;
-  struct st_weight *w;
-};
-
 static int load_layer(const struct st_gguf *g, const struct st_arch *A, const struct st_hparams *hp, uint32_t il,
                       struct st_layer *L) {
-  const uint64_t d = hp->n_embd, nh = hp->n_head, hd = hp->head_dim, E = hp->n_expert, ff = hp->n_ff_exp;
-  const uint64_t q = nh * hd, kv = (uint64_t)hp->n_head_kv * hd, o_in = nh * hp->head_dim_v;
-  struct tensor_spec spec[40];
-  int n = 0;
-#define T(suffix_, nd_, f32_, w_, ...) (spec[n++] = (struct tensor_spec){suffix_, nd_, {__VA_ARGS__}, f32_, w_})
+  struct st_layer_tensor spec[ST_LAYER_MAX_TENSORS];
+  const int n = st_arch_layer_tensors(A, hp, il, spec);
   L->dense = il < hp->n_layer_dense;
   L->swa = hp->n_swa > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
-  T("attn_norm.weight", 1, 1, &L->attn_norm, d);
-  if (A->attn_kind == ST_ATTN_MLA) {
-    const uint64_t qk = hp->qk_nope + hp->n_rot;
-    if (hp->q_lora) {
-      T("attn_q_a.weight", 2, 0, &L->wq_a, d, hp->q_lora);
-      T("attn_q_a_norm.weight", 1, 1, &L->q_a_norm, hp->q_lora);
-      T("attn_q_b.weight", 2, 0, &L->wq_b, hp->q_lora, nh * qk);
-    } else {
-      T("attn_q.weight", 2, 0, &L->wq, d, nh * qk);
-    }
-    T("attn_kv_a_mqa.weight", 2, 0, &L->wkv_a, d, hp->kv_lora + hp->n_rot);
-    T("attn_kv_a_norm.weight", 1, 1, &L->kv_a_norm, hp->kv_lora);
-    T("attn_k_b.weight", 3, 0, &L->wk_b, hp->qk_nope, hp->kv_lora, nh);
-    T("attn_v_b.weight", 3, 0, &L->wv_b, hp->kv_lora, hp->head_dim_v, nh);
-  } else {
-    T("attn_q.weight", 2, 0, &L->wq, d, q);
-    T("attn_k.weight", 2, 0, &L->wk, d, kv);
-    T("attn_v.weight", 2, 0, &L->wv, d, kv);
-    if (A->qk_norm) {
-      T("attn_q_norm.weight", 1, 1, &L->q_norm, hd);
-      T("attn_k_norm.weight", 1, 1, &L->k_norm, hd);
-    }
-    if (A->qkv_bias) {
-      T("attn_q.bias", 1, 1, &L->bq, q);
-      T("attn_k.bias", 1, 1, &L->bk, kv);
-      T("attn_v.bias", 1, 1, &L->bv, kv);
-    }
-    if (A->sinks) T("attn_sinks.weight", 1, 1, &L->sinks, nh);
-  }
-  T("attn_output.weight", 2, 0, &L->wo, o_in, d);
-  if (A->o_bias) T("attn_output.bias", 1, 1, &L->bo, d);
-  char norm[64];
-  snprintf(norm, sizeof norm, "%s.weight", A->ffn_norm);
-  T(norm, 1, 1, &L->ffn_norm, d);
-  if (L->dense) {
-    T("ffn_gate.weight", 2, 0, &L->ffn_gate, d, hp->n_ff);
-    T("ffn_up.weight", 2, 0, &L->ffn_up, d, hp->n_ff);
-    T("ffn_down.weight", 2, 0, &L->ffn_down, hp->n_ff, d);
-  } else {
-    T("ffn_gate_inp.weight", 2, 0, &L->router, d, E);
-    if (A->router_bias) T("ffn_gate_inp.bias", 1, 1, &L->router_b, E);
-    T("ffn_gate_exps.weight", 3, 0, &L->gate_exps, d, ff, E);
-    T("ffn_up_exps.weight", 3, 0, &L->up_exps, d, ff, E);
-    T("ffn_down_exps.weight", 3, 0, &L->down_exps, ff, d, E);
-    if (A->expert_bias) {
-      T("ffn_gate_exps.bias", 2, 1, &L->gate_exps_b, ff, E);
-      T("ffn_up_exps.bias", 2, 1, &L->up_exps_b, ff, E);
-      T("ffn_down_exps.bias", 2, 1, &L->down_exps_b, d, E);
-    }
-    if (hp->n_ff_shexp) {
-      T("ffn_gate_shexp.weight", 2, 0, &L->gate_shexp, d, hp->n_ff_shexp);
-      T("ffn_up_shexp.weight", 2, 0, &L->up_shexp, d, hp->n_ff_shexp);
-      T("ffn_down_shexp.weight", 2, 0, &L->down_shexp, hp->n_ff_shexp, d);
-    }
-  }
-#undef T
-  int rc;
   for (int i = 0; i < n; i++) {
     char name[96];
     snprintf(name, sizeof name, "blk.%u.%s", il, spec[i].suffix);
-    if ((rc = find_weight(g, name, spec[i].nd, spec[i].ne, spec[i].f32, spec[i].w))) return rc;
-    if (!spec[i].f32 && spec[i].w->type == ST_TYPE_Q8_0 && spec[i].ne[0] % ST_QK8_0)
+    if (spec[i].optional && !st_gguf_find_tensor(g, name)) continue;
+    const int f32 = spec[i].kind == ST_TK_NORM || spec[i].kind == ST_TK_BIAS;
+    struct st_weight *w = (struct st_weight *)(void *)((uint8_t *)L + spec[i].field);
+    int rc = find_weight(g, name, spec[i].nd, spec[i].ne, f32, w);
+    if (rc) return rc;
+    if (!f32 && w->type == ST_TYPE_Q8_0 && spec[i].ne[0] % ST_QK8_0)
       return st_set_error(ST_EFORMAT, "%s: row length %" PRIu64 " is not a multiple of 32", name, spec[i].ne[0]);
   }
-  /* the selection bias: present in DeepSeek-V3 and GLM-4.5 files (e_score_correction_bias), optional */
-  char name[96];
-  snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", il);
-  if (!L->dense && st_gguf_find_tensor(g, name) && (rc = find_weight(g, name, 1, (uint64_t[]){E}, 1, &L->probs_b))) return rc;
   return 0;
 }
 
