@@ -13,7 +13,11 @@
 # Usage: scripts/vs-llama-formats.sh [FORMAT ...]
 #   (default: q2_0 q1_0 tq2_0 tq1_0 iq2_xxs iq1_s iq1_m)
 # Environment: W (work folder, default /tmp/vs-llama-formats), STRATA (default ./strata),
-# TOOLS (the tar, default ../shared/tools/llama-cpu-avx2.tar.xz), BOUND (mean |Δ|/σ, default 0.05).
+# TOOLS (the tar, default ../shared/tools/llama-cpu-avx2.tar.xz), BOUND (mean |Δ|/σ, default 0.05),
+# SRC (another bf16 source, e.g. a fixture of ../shared/fixtures/archs: its quantised files are named
+# after it, and the four prompts are the ids of its reference JSON, REF, default SRC with
+# -reference.json for .gguf); e.g. issue #24's MXFP4 check:
+#   SRC=../shared/fixtures/archs/tiny-gpt-oss-bf16.gguf scripts/vs-llama-formats.sh mxfp4_moe
 set -u
 cd "$(dirname "$0")/.."
 W=${W:-/tmp/vs-llama-formats}
@@ -24,22 +28,31 @@ formats=${*:-q2_0 q1_0 tq2_0 tq1_0 iq2_xxs iq1_s iq1_m}
 mkdir -p "$W"
 [ -x "$W/llama-cpu/llama-quantize" ] || tar xJf "$TOOLS" -C "$W" || { echo "cannot unpack $TOOLS" >&2; exit 1; }
 export LD_LIBRARY_PATH="$W/llama-cpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-src=$W/tiny-r256-bf16.gguf
-[ -s "$src" ] || "$STRATA" mkmodel -q --preset tiny --hidden 256 --expert-ffn 256 --head-dim 64 --type bf16 -o "$src" || exit 1
-prompts=("785,3974,293,4830,282,5131,7784,82" "13,1187,4246,5562,13,2,916,279,1187" "40,1079,264,1273,13" \
-         "151644,872,198,9707,0,151645,198,151644,77091,198")
+if [ -n "${SRC:-}" ]; then
+  src=$SRC
+  base=$(basename "$src" .gguf); base=${base%-bf16}
+  REF=${REF:-${src%.gguf}-reference.json}
+  mapfile -t prompts < <(python3 -c 'import json,sys; [print(",".join(map(str, p["ids"]))) for p in json.load(open(sys.argv[1]))["prompts"]]' "$REF") \
+    || { echo "cannot read the prompts of $REF" >&2; exit 1; }
+else
+  src=$W/tiny-r256-bf16.gguf
+  base=tiny-r256
+  [ -s "$src" ] || "$STRATA" mkmodel -q --preset tiny --hidden 256 --expert-ffn 256 --head-dim 64 --type bf16 -o "$src" || exit 1
+  prompts=("785,3974,293,4830,282,5131,7784,82" "13,1187,4246,5562,13,2,916,279,1187" "40,1079,264,1273,13" \
+           "151644,872,198,9707,0,151645,198,151644,77091,198")
+fi
 rows=()
 fail=0
 for f in $formats; do
-  q=$W/tiny-r256-$f.gguf
+  q=$W/$base-$f.gguf
   imx=()
   case $f in iq2_xxs | iq1_s | iq1_m)
-    if [ ! -s "$W/imatrix.gguf" ]; then
+    if [ ! -s "$W/imatrix-$base.gguf" ]; then
       cat README.md ../shared/docs/DESIGN.md > "$W/calib.txt" 2>/dev/null
-      "$W/llama-cpu/llama-imatrix" -m "$src" -f "$W/calib.txt" -o "$W/imatrix.gguf" -c 128 -t 2 > "$W/imatrix.log" 2>&1 \
+      "$W/llama-cpu/llama-imatrix" -m "$src" -f "$W/calib.txt" -o "$W/imatrix-$base.gguf" -c 128 -t 2 > "$W/imatrix.log" 2>&1 \
         || { echo "llama-imatrix failed: $(tail -n 2 "$W/imatrix.log")"; fail=$((fail + 1)); continue; }
     fi
-    imx=(--imatrix "$W/imatrix.gguf") ;;
+    imx=(--imatrix "$W/imatrix-$base.gguf") ;;
   esac
   if [ ! -s "$q" ]; then
     if ! "$W/llama-cpu/llama-quantize" "${imx[@]}" "$src" "$q" "$(echo "$f" | tr a-z A-Z)" > "$W/quantize-$f.log" 2>&1; then
@@ -48,12 +61,12 @@ for f in $formats; do
   fi
   for i in "${!prompts[@]}"; do
     ids=${prompts[$i]}
-    "$W/llama-cpu/llama_logits" -m "$q" -p "$ids" -o "$W/l-$f-$i.f32" -t 2 --kv f32 > "$W/llama-$f-$i.log" 2>&1 \
-      || { echo "llama_logits $f prompt $i failed: $(tail -n 2 "$W/llama-$f-$i.log")"; fail=$((fail + 1)); continue; }
+    "$W/llama-cpu/llama_logits" -m "$q" -p "$ids" -o "$W/l-$base-$f-$i.f32" -t 2 --kv f32 > "$W/llama-$base-$f-$i.log" 2>&1 \
+      || { echo "llama_logits $f prompt $i failed: $(tail -n 2 "$W/llama-$base-$f-$i.log")"; fail=$((fail + 1)); continue; }
     STARPU_NCUDA=0 STARPU_SILENT=1 "$STRATA" eval -m "$q" --prompt-ids "$ids" -ctk f32 -ctv f32 --no-learn \
-      --logits-out "$W/s-$f-$i.f32" > "$W/strata-$f-$i.log" 2>&1 \
-      || { echo "strata eval $f prompt $i failed: $(tail -n 2 "$W/strata-$f-$i.log")"; fail=$((fail + 1)); continue; }
-    r=$(python3 - "$W/l-$f-$i.f32" "$W/s-$f-$i.f32" "$BOUND" <<'EOF'
+      --logits-out "$W/s-$base-$f-$i.f32" > "$W/strata-$base-$f-$i.log" 2>&1 \
+      || { echo "strata eval $f prompt $i failed: $(tail -n 2 "$W/strata-$base-$f-$i.log")"; fail=$((fail + 1)); continue; }
+    r=$(python3 - "$W/l-$base-$f-$i.f32" "$W/s-$base-$f-$i.f32" "$BOUND" <<'EOF'
 import struct, sys, math
 a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read()
 n = len(a) // 4
