@@ -330,7 +330,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
   const int k_rows = type == ST_TYPE_Q2_K || type == ST_TYPE_Q3_K || type == ST_TYPE_Q4_K || type == ST_TYPE_Q5_K ||
                      type == ST_TYPE_Q6_K || type == ST_TYPE_IQ4_XS;
   const int b_rows = type == ST_TYPE_Q4_0 || type == ST_TYPE_Q4_1 || type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1 ||
-                     type == ST_TYPE_IQ4_NL;
+                     type == ST_TYPE_IQ4_NL || type == ST_TYPE_MXFP4;
   const int iq_rows = type == ST_TYPE_IQ2_XS || type == ST_TYPE_IQ2_S || type == ST_TYPE_IQ3_XXS || type == ST_TYPE_IQ3_S;
   if (level() == 2) tile = k_rows ? row_tile_k_avx512 : b_rows ? row_tile_b_avx512 : iq_rows ? row_tile_iq_avx512 : fn;
   if (level() == 1) tile = k_rows ? row_tile_k_avx2 : b_rows ? row_tile_b_avx2 : iq_rows ? row_tile_iq_avx2 : fn;
@@ -365,7 +365,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
 }
 
 /* ---- integer dot products on quantised activations (st_matmul_q8) -------------------------
- * Two families. Blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; st_act_q8_0): each block's
+ * Two families. Blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (its E8M0 scale as a float); st_act_q8_0): each block's
  * 32 weight quants times the activation quants give four int32 lanes (lane j: weights 4j..4j+3
  * and 16 + 4j..16 + 4j + 3, exact; a nibble byte's two weights share a lane), and lane j of block
  * b updates float accumulator A[4 (b mod 4) + j] = fmaf(dw_b * dx_b, lane, A), for Q4_1/Q5_1 then
@@ -390,7 +390,8 @@ static int q8_family(uint32_t type) {
   switch (type) {
   case ST_TYPE_Q8_0: case ST_TYPE_Q4_0: case ST_TYPE_Q4_1: case ST_TYPE_Q5_0: case ST_TYPE_Q5_1: case ST_TYPE_IQ4_NL:
   case ST_TYPE_Q2_0: case ST_TYPE_Q1_0: case ST_TYPE_TQ2_0: case ST_TYPE_TQ1_0: /* through Q4_0 */
-  case ST_TYPE_IQ2_XXS: case ST_TYPE_IQ1_S: case ST_TYPE_IQ1_M: case ST_TYPE_MXFP4: /* dot_lowiq.c */
+  case ST_TYPE_MXFP4: /* with IQ4_NL's kernels (dot_b32.c), its own levels and E8M0 scale */
+  case ST_TYPE_IQ2_XXS: case ST_TYPE_IQ1_S: case ST_TYPE_IQ1_M: /* dot_lowiq.c */
     return 1;
   case ST_TYPE_Q2_K: case ST_TYPE_Q3_K: case ST_TYPE_Q4_K: case ST_TYPE_Q5_K: case ST_TYPE_Q6_K: case ST_TYPE_IQ4_XS:
   case ST_TYPE_IQ2_XS: case ST_TYPE_IQ2_S: case ST_TYPE_IQ3_XXS: case ST_TYPE_IQ3_S:
@@ -587,7 +588,7 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     return;
   }
   const int family = q8_family(type) == 1 ? 0 : k_is_grid(type) ? 2 : 1;
-  const int lowiq = type == ST_TYPE_IQ2_XXS || type == ST_TYPE_IQ1_S || type == ST_TYPE_IQ1_M || type == ST_TYPE_MXFP4;
+  const int lowiq = type == ST_TYPE_IQ2_XXS || type == ST_TYPE_IQ1_S || type == ST_TYPE_IQ1_M;
   const q8_tile_fn tile = lowiq ? (q8_level() >= 1 ? q8_tile_lowiq_avx2 : q8_tile_lowiq_scalar)
                           : k_is_grid(type) && q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_grid_vbmi_gather
                                                                                          : fns[family][q8_level()];

@@ -1,4 +1,4 @@
-/* The CPU kernels of the 32-weight block family (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; their
+/* The CPU kernels of the 32-weight block family (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4; their
  * blocks in quant.h): for float activations (st_matmul) the AVX2 and AVX-512 row tiles that decode
  * a block's quants in registers (Q8_0 takes dot.c's row tiles of the float formats), and for int8
  * activations (st_matmul_q8, st_act_q8_0) the scalar, AVX2 and AVX-512 VNNI kernels (the last also
@@ -37,10 +37,15 @@ legacy_at(uint32_t type, const uint8_t *bb) {
   case ST_TYPE_Q4_1: memcpy(&h, bb + 2, 2), l.m = _cvtsh_ss(h), l.qs = bb + 4; break;
   case ST_TYPE_Q5_0: memcpy(&l.qh, bb + 2, 4), l.qs = bb + 6, l.off = 16; break;
   case ST_TYPE_Q5_1: memcpy(&h, bb + 2, 2), l.m = _cvtsh_ss(h), memcpy(&l.qh, bb + 4, 4), l.qs = bb + 8; break;
+  case ST_TYPE_MXFP4: l.d = st_e8m0_to_f32_half(bb[0]), l.qs = bb + 1; break;
   default: l.qs = bb + 2; break; /* IQ4_NL */
   }
   return l;
 }
+
+/* The 16 levels a 4-bit index selects: IQ4_NL's non-linear ones or MXFP4's doubled E2M1 values. */
+static inline const int8_t *levels_of(uint32_t type) { return type == ST_TYPE_MXFP4 ? st_kvalues_mxfp4 : st_kvalues_iq4nl; }
+static inline int has_levels(uint32_t type) { return type == ST_TYPE_IQ4_NL || type == ST_TYPE_MXFP4; }
 
 static inline int legacy_has_min(uint32_t type) { return type == ST_TYPE_Q4_1 || type == ST_TYPE_Q5_1; }
 static inline int legacy_has_qh(uint32_t type) { return type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1; }
@@ -56,12 +61,12 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_b_avx512_impl(
   __m512 acc[2 * ST_TILE]; /* two sets: the low and high half of each block */
   for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm512_setzero_ps();
   const uint64_t bs = st_type_info(type)->type_size;
-  const __m128i m4 = _mm_set1_epi8(0x0F), kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+  const __m128i m4 = _mm_set1_epi8(0x0F), kv = _mm_loadu_si128((const __m128i *)(const void *)levels_of(type));
   for (int64_t blk = 0; blk < n / 32; blk++) {
     const struct legacy_block l = legacy_at(type, (const uint8_t *)w + (uint64_t)blk * bs);
     const __m128i q = _mm_loadu_si128((const __m128i *)l.qs);
     __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    if (type == ST_TYPE_IQ4_NL) {
+    if (has_levels(type)) {
       lo = _mm_shuffle_epi8(kv, lo);
       hi = _mm_shuffle_epi8(kv, hi);
     } else {
@@ -109,12 +114,12 @@ static inline __attribute__((always_inline)) AVX2 void row_tile_b_avx2_impl(uint
   __m256 acc[2 * ST_TILE]; /* two sets, alternating every 8 weights */
   for (int t = 0; t < 2 * ST_TILE; t++) acc[t] = _mm256_setzero_ps();
   const uint64_t bs = st_type_info(type)->type_size;
-  const __m128i m4 = _mm_set1_epi8(0x0F), kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+  const __m128i m4 = _mm_set1_epi8(0x0F), kv = _mm_loadu_si128((const __m128i *)(const void *)levels_of(type));
   for (int64_t blk = 0; blk < n / 32; blk++) {
     const struct legacy_block l = legacy_at(type, (const uint8_t *)w + (uint64_t)blk * bs);
     const __m128i q = _mm_loadu_si128((const __m128i *)l.qs);
     __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    if (type == ST_TYPE_IQ4_NL) {
+    if (has_levels(type)) {
       lo = _mm_shuffle_epi8(kv, lo);
       hi = _mm_shuffle_epi8(kv, hi);
     } else {
@@ -146,8 +151,17 @@ static inline uint64_t b32_bytes(uint32_t type) {
   case ST_TYPE_Q4_1: return sizeof(st_block_q4_1);
   case ST_TYPE_Q5_0: return sizeof(st_block_q5_0);
   case ST_TYPE_Q5_1: return sizeof(st_block_q5_1);
+  case ST_TYPE_MXFP4: return sizeof(st_block_mxfp4);
   default: return sizeof(st_block_iq4_nl);
   }
+}
+
+/* A block's scale: fp16 at offset 0, or MXFP4's E8M0 byte (ggml's GGML_E8M0_TO_FP32_HALF). */
+static inline __attribute__((always_inline)) float b32_scale(uint32_t type, const uint8_t *bb) {
+  if (type == ST_TYPE_MXFP4) return st_e8m0_to_f32_half(bb[0]);
+  uint16_t dh;
+  memcpy(&dh, bb, 2);
+  return st_fp16_to_f32(dh);
 }
 
 /* Q4_1 and Q5_1 (w = d q + m, q unsigned): the fp16 min at offset 2; lane j of a block also
@@ -156,7 +170,7 @@ static inline int b32_has_min(uint32_t type) { return type == ST_TYPE_Q4_1 || ty
 
 /* Offset of the nibbles and (Q5_0/Q5_1) of the 32 fifth bits in a block. */
 static inline int b32_qs_at(uint32_t type) {
-  return type == ST_TYPE_Q4_1 ? 4 : type == ST_TYPE_Q5_0 ? 6 : type == ST_TYPE_Q5_1 ? 8 : 2;
+  return type == ST_TYPE_Q4_1 ? 4 : type == ST_TYPE_Q5_0 ? 6 : type == ST_TYPE_Q5_1 ? 8 : type == ST_TYPE_MXFP4 ? 1 : 2;
 }
 static inline int b32_qh_at(uint32_t type) { return type == ST_TYPE_Q5_0 ? 2 : 4; }
 
@@ -184,7 +198,7 @@ static void b32_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
     case ST_TYPE_Q4_1: q[l] = (int8_t)lo, q[l + 16] = (int8_t)hi; break;
     case ST_TYPE_Q5_0: q[l] = (int8_t)(lo5 - 16), q[l + 16] = (int8_t)(hi5 - 16); break;
     case ST_TYPE_Q5_1: q[l] = (int8_t)lo5, q[l + 16] = (int8_t)hi5; break;
-    default: q[l] = st_kvalues_iq4nl[lo], q[l + 16] = st_kvalues_iq4nl[hi];
+    default: q[l] = levels_of(type)[lo], q[l + 16] = levels_of(type)[hi];
     }
   }
 }
@@ -198,10 +212,8 @@ static void q8_row_b32_scalar(uint32_t type, const void *w, const uint8_t *xq, i
     float a[16] = {0};
     for (int64_t b = 0; b < n / 32; b++) {
       const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
-      uint16_t dh;
-      memcpy(&dh, bb, 2);
       b32_quants_scalar(type, bb, q);
-      const float s = st_fp16_to_f32(dh) * x[b].d;
+      const float s = b32_scale(type, bb) * x[b].d;
       uint16_t mh = 0;
       if (b32_has_min(type)) memcpy(&mh, bb + 2, 2);
       const float sm = st_fp16_to_f32(mh) * x[b].d;
@@ -242,8 +254,8 @@ static inline AVX2 __m256i b32_quants_avx2(uint32_t type, const uint8_t *bb) {
   if (type == ST_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(bb + 2));
   const __m128i q = _mm_loadu_si128((const __m128i *)(bb + b32_qs_at(type))), m4 = _mm_set1_epi8(0xF);
   __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-  if (type == ST_TYPE_IQ4_NL) {
-    const __m128i kv = _mm_loadu_si128((const __m128i *)st_kvalues_iq4nl);
+  if (has_levels(type)) {
+    const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)levels_of(type));
     return _mm256_set_m128i(_mm_shuffle_epi8(kv, hi), _mm_shuffle_epi8(kv, lo));
   }
   __m256i v = _mm256_set_m128i(hi, lo);
@@ -271,10 +283,9 @@ static inline __attribute__((always_inline)) AVX2 void q8_tile_b32_avx2_impl(uin
   for (int64_t b = 0; b < n / 32; b++) {
     const uint8_t *bb = (const uint8_t *)w + (uint64_t)b * bs;
     prefetch_ahead(bb, bs);
-    uint16_t dh, mh = 0;
-    memcpy(&dh, bb, 2);
+    uint16_t mh = 0;
     if (with_min) memcpy(&mh, bb + 2, 2);
-    const float dw = _cvtsh_ss(dh), mw = _cvtsh_ss(mh);
+    const float dw = b32_scale(type, bb), mw = _cvtsh_ss(mh);
     const __m256i v = b32_quants_avx2(type, bb), av = with_min ? v : _mm256_abs_epi8(v);
     for (int t = 0; t < nt; t++) {
       const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
@@ -350,7 +361,10 @@ static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(
                                                                                 const uint8_t *bb, int cnt) {
   const uint64_t bs = b32_bytes(type);
   struct b32_quad q;
-  q.d = quad_half4(bb, bs, cnt, 0);
+  q.d = type == ST_TYPE_MXFP4 ? _mm_setr_ps(st_e8m0_to_f32_half(bb[0]), cnt > 1 ? st_e8m0_to_f32_half(bb[bs]) : 0.0f,
+                                            cnt > 2 ? st_e8m0_to_f32_half(bb[2 * bs]) : 0.0f,
+                                            cnt > 3 ? st_e8m0_to_f32_half(bb[3 * bs]) : 0.0f)
+                               : quad_half4(bb, bs, cnt, 0);
   q.m = b32_has_min(type) ? quad_half4(bb, bs, cnt, 2) : _mm_setzero_ps();
   if (type == ST_TYPE_Q8_0) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -361,8 +375,8 @@ static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(
   const __m512i qs = lanes4(bb + b32_qs_at(type), bs, cnt), m4 = _mm512_set1_epi8(0xF);
   q.lo = _mm512_and_si512(qs, m4);
   q.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
-  if (type == ST_TYPE_IQ4_NL) {
-    const __m512i kv = iq4nl_levels_u8_vnni();
+  if (has_levels(type)) {
+    const __m512i kv = levels_u8_vnni(levels_of(type));
     q.lo = _mm512_shuffle_epi8(kv, q.lo);
     q.hi = _mm512_shuffle_epi8(kv, q.hi);
   }

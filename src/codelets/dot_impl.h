@@ -73,6 +73,7 @@ static inline __attribute__((always_inline)) AVX2 void fma_tokens256(__m256 w, c
   case ST_TYPE_Q4_1: cases(impl, ST_TYPE_Q4_1); break;                                                       \
   case ST_TYPE_Q5_0: cases(impl, ST_TYPE_Q5_0); break;                                                       \
   case ST_TYPE_Q5_1: cases(impl, ST_TYPE_Q5_1); break;                                                       \
+  case ST_TYPE_MXFP4: cases(impl, ST_TYPE_MXFP4); break;                                                     \
   default: cases(impl, ST_TYPE_IQ4_NL); break;                                                               \
   }
 #define ST_GRID_DISPATCH(cases, impl)                                                                        \
@@ -225,7 +226,7 @@ struct kvec {
 typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t,
                            float *, int64_t);
 
-/* IQ2_XXS, IQ1_S, IQ1_M and MXFP4 on q8_0 activations (dot_lowiq.c): the scalar kernel, and the AVX2 one
+/* IQ2_XXS, IQ1_S and IQ1_M on q8_0 activations (dot_lowiq.c): the scalar kernel, and the AVX2 one
  * for every SIMD level (the same bits). */
 void q8_tile_lowiq_scalar(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                           int nt, int64_t n, float *out, int64_t ldo);
@@ -266,12 +267,14 @@ void q8_tile_lowiq_avx2(uint32_t type, const void *W, uint64_t row_bytes, int64_
   default: cases(impl, ST_TYPE_IQ4_XS); break;                                                               \
   }
 
-/* The IQ4_NL levels plus 128 (unsigned bytes, flipping the sign bit) in every 128-bit lane, for
- * vpshufb by a nibble then vpdpbusd; the offset comes back out of the activation sums. */
-static inline VNNI __m512i iq4nl_levels_u8_vnni(void) {
-  return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl)),
+/* A 16-level table (IQ4_NL's or MXFP4's doubled E2M1 values) plus 128 (unsigned bytes, flipping
+ * the sign bit) in every 128-bit lane, for vpshufb by a nibble then vpdpbusd; the offset comes back
+ * out of the activation sums. */
+static inline VNNI __m512i levels_u8_vnni(const int8_t *levels) {
+  return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)levels)),
                           _mm512_set1_epi8((char)0x80));
 }
+static inline VNNI __m512i iq4nl_levels_u8_vnni(void) { return levels_u8_vnni(st_kvalues_iq4nl); }
 
 /* A row's float accumulators for one token: 16 lanes of d · dx · S (S: the int32 lanes of the
  * integer sums, k_accumulate's lanes), and for the formats with

@@ -1,7 +1,7 @@
-/* st_matmul_q8's kernels for IQ2_XXS, IQ1_S and IQ1_M (issue #25) and MXFP4 (#24): q8_0 activations (blocks of 32),
+/* st_matmul_q8's kernels for IQ2_XXS, IQ1_S and IQ1_M (issue #25): q8_0 activations (blocks of 32),
  * each 32-weight block of a row decoded once to 32 exact int8 weights (IQ2_XXS: grid magnitude
  * times sign, -43..43; IQ1_S and IQ1_M: 8 (value + shift), the shift of +-1/8 folded in as +-1,
- * -9..9; MXFP4: its doubled E2M1 values, -12..12, with the power-of-two scale), an exact int32 dot product with each token's quants, and a float multiply and add per
+ * -9..9), an exact int32 dot product with each token's quants, and a float multiply and add per
  * block, token and lane (eight lanes, below), the lanes added once per row and token by a fixed
  * tree. The float operations are the same at every level and the integer sums are exact, so the
  * scalar and AVX2 kernels (AVX2 also at the AVX-512 levels) give the same bits; a (row, token)
@@ -54,17 +54,6 @@ static inline __attribute__((always_inline)) void decode_block(uint32_t type, co
     for (int l = 0; l < 4; l++) { /* magnitudes <= 43: the bytewise negation never carries */
       const uint64_t m = sign_mask[(aux >> (7 * l)) & 127];
       g[l] = (st_iq2xxs_grid[q[l]] ^ m) + (m & 0x0101010101010101ull);
-    }
-  } else if (type == ST_TYPE_MXFP4) { /* weights 8 l .. 8 l + 7: low nibbles (l < 2), then high */
-    const st_block_mxfp4 *b = (const st_block_mxfp4 *)(const void *)(row + k * sizeof(st_block_mxfp4));
-    sc[0] = sc[1] = st_e8m0_to_f32_half(b->e);
-#pragma GCC unroll 4
-    for (int l = 0; l < 4; l++) {
-      uint64_t v = 0;
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; j++)
-        v |= (uint64_t)(uint8_t)st_kvalues_mxfp4[(b->qs[8 * (l % 2) + j] >> (4 * (l / 2))) & 0xF] << (8 * j);
-      g[l] = v;
     }
   } else if (type == ST_TYPE_IQ1_S) {
     const st_block_iq1_s *b = (const st_block_iq1_s *)(const void *)(row + (k / 8) * sizeof(st_block_iq1_s));
@@ -147,19 +136,9 @@ static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t 
       __m256 a[ST_TILE];
       for (int t = 0; t < nt; t++) a[t] = acc[r][t];
       for (int64_t k = k0; k < k1; k++) {
-        __m256i wv;
-        if (type == ST_TYPE_MXFP4) { /* the 32 levels by two byte shuffles of the table (decode_block's values) */
-          const st_block_mxfp4 *b = (const st_block_mxfp4 *)(const void *)(row + k * sizeof(st_block_mxfp4));
-          const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)st_kvalues_mxfp4);
-          const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)b->qs), m4 = _mm_set1_epi8(0x0F);
-          wv = _mm256_set_m128i(_mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4)),
-                                _mm_shuffle_epi8(kv, _mm_and_si128(q, m4)));
-          sc[0] = sc[1] = st_e8m0_to_f32_half(b->e);
-        } else {
-          decode_block(type, row, k, g, sc);
-          /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
-          wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
-        }
+        decode_block(type, row, k, g, sc);
+        /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
+        const __m256i wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
         const __m256i aw = _mm256_sign_epi8(wv, wv);
         for (int t = 0; t < nt; t++) {
           const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;
@@ -188,7 +167,6 @@ static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t 
     switch (type) {                                                                                         \
     case ST_TYPE_IQ2_XXS: ST_Q8_TILE_CASES(body, ST_TYPE_IQ2_XXS) break;                                     \
     case ST_TYPE_IQ1_S: ST_Q8_TILE_CASES(body, ST_TYPE_IQ1_S) break;                                         \
-    case ST_TYPE_MXFP4: ST_Q8_TILE_CASES(body, ST_TYPE_MXFP4) break;                                         \
     default: ST_Q8_TILE_CASES(body, ST_TYPE_IQ1_M) break;                                                    \
     }                                                                                                       \
   }
