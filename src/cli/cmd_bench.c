@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "codelets/quant.h"
+#include "io/arch.h"
 #include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h" /* struct st_cuda_graph_stats (C only, no CUDA headers) */
 #include "codelets/dot.h"
@@ -130,15 +131,39 @@ static double share(const struct result *r) {
 }
 
 /* FLOPs (two per multiply-add) of n tokens at positions depth..depth+n-1: per token and layer the
- * Q, K, V and output projections, the router and the k routed experts' gate, up and down, and
- * attention's scores and P V over the keys each token sees (depth + its index + 1); the output
+ * products of the layer's matrices (its architecture's tensor list, st_arch_layer_tensors: the
+ * attention projections, MLA's per-head k_b and v_b, the router, the k routed experts' gate, up
+ * and down, a shared expert or a dense layer's FFN), and attention's scores and P V over the keys
+ * each token sees (depth + its index + 1, at most the sliding window on a sliding layer; MLA: the
+ * absorbed queries of head_dim and values of kv_lora_rank against the cached rows); the output
  * head for `heads` positions (a prompt: the last one; decode: every step). Norms, RoPE, softmax
- * and SwiGLU are left out (their share is under 1 % of a qwen3moe layer). */
-static double model_flops(const struct st_hparams *hp, long n, long depth, long heads) {
-  const double d = hp->n_embd, qw = (double)hp->n_head * hp->head_dim, kvw = (double)hp->n_head_kv * hp->head_dim;
-  const double per_token = d * (qw + 2 * kvw) + qw * d + d * hp->n_expert + (double)hp->n_expert_used * 3 * d * hp->n_ff_exp;
-  const double keys = (double)n * depth + (double)n * (n + 1) / 2; /* summed over the tokens */
-  return 2.0 * hp->n_layer * (per_token * n + 2.0 * qw * keys) + 2.0 * d * hp->n_vocab * heads;
+ * and the activations are left out (their share is under 1 % of a qwen3moe layer). */
+static double model_flops(const struct st_model *m, long n, long depth, long heads) {
+  const struct st_hparams *hp = &m->hp;
+  const struct st_arch *A = st_arch_of(hp->arch);
+  const double d = hp->n_embd;
+  double total = 2.0 * d * hp->n_vocab * heads;
+  for (uint32_t l = 0; l < hp->n_layer; l++) {
+    struct st_layer_tensor t[ST_LAYER_MAX_TENSORS];
+    const int nt = st_arch_layer_tensors(A, hp, l, t);
+    double macs = 0;
+    for (int i = 0; i < nt; i++) {
+      if (t[i].kind == ST_TK_NORM || t[i].kind == ST_TK_BIAS) continue;
+      const double mat = (double)t[i].ne[0] * (double)(t[i].nd > 1 ? t[i].ne[1] : 1);
+      const int experts = t[i].nd == 3 && strstr(t[i].suffix, "_exps") != NULL;
+      macs += experts ? mat * hp->n_expert_used : mat * (double)(t[i].nd == 3 ? t[i].ne[2] : 1);
+    }
+    /* keys summed over the tokens, each seeing depth + its index + 1, up to the window */
+    double keys = (double)n * depth + (double)n * (n + 1) / 2;
+    if (m->layers[l].swa && (double)depth + n > hp->n_swa) {
+      keys = 0;
+      for (long i = 0; i < n; i++) keys += (double)(depth + i + 1 < (long)hp->n_swa ? depth + i + 1 : (long)hp->n_swa);
+    }
+    const double per_key = hp->attn_kind == ST_ATTN_MLA ? (double)hp->n_head * (hp->head_dim + hp->kv_lora)
+                                                        : 2.0 * hp->n_head * hp->head_dim;
+    total += 2.0 * (macs * n + per_key * keys);
+  }
+  return total;
 }
 
 static void fill_ids(int32_t *ids, long n, uint32_t vocab) {
@@ -401,7 +426,7 @@ int st_cmd_bench(int argc, char **argv) {
     if (st_engine_n_cuda_workers(e) > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
     for (uint32_t l = 0; l < m->hp.n_layer; l++) pair_b += (double)st_pair_bytes_layer(m, l) * m->hp.n_expert_used;
   }
-#define TFLOPS(r) (model_flops(&m->hp, (r)->tokens, (r)->depth, strcmp((r)->test, "decode") ? 1 : (r)->tokens) / (r)->seconds / 1e12)
+#define TFLOPS(r) (model_flops(m, (r)->tokens, (r)->depth, strcmp((r)->test, "decode") ? 1 : (r)->tokens) / (r)->seconds / 1e12)
 #define ROOFLINE(r)                                                                                    \
   (strcmp((r)->test, "decode") || !roofline || bw_host <= 0 ? 0.0 : 1.0 / ((1.0 - share(r)) * pair_b / bw_host + \
                                                                           (bw_gpu > 0 ? share(r) * pair_b / bw_gpu : 0.0)))

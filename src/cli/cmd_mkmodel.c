@@ -19,10 +19,12 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: strata mkmodel -o FILE [options]\n"
-          "Writes a qwen3moe GGUF with random weights (deterministic for a seed).\n"
+          "Writes a MoE GGUF with random weights (deterministic for a seed).\n"
           "\n"
           "  -o, --output FILE      output GGUF file (required)\n"
-          "      --preset NAME      tiny | qwen3-30b-a3b (default: tiny)\n"
+          "      --preset NAME      tiny | qwen3-30b-a3b | tiny-deepseek2 | deepseek2-lite | tiny-gpt-oss |\n"
+          "                         gpt-oss-20b | tiny-glm4moe | glm4.5-air (default: tiny; doc/usage.md\n"
+          "                         gives each one's shapes)\n"
           "                         tiny: 4 layers, 16 experts, top-4, hidden 64, expert FFN 64,\n"
           "                               4 heads / 2 KV heads of dim 16, context 4096\n"
           "                         qwen3-30b-a3b: 48 layers, 128 experts, top-8, hidden 2048,\n"
@@ -37,6 +39,9 @@ static void usage(FILE *f) {
           "      --kv-heads N       key/value heads (default: preset)\n"
           "      --head-dim N       elements per head (default: preset)\n"
           "      --context N        context length, tokens (default: preset)\n"
+          "      --expert-type T    the routed experts' type, one of --type's (default: the preset's,\n"
+          "                         gpt-oss-20b mxfp4, else --type)\n"
+          "      --q-lora N         deepseek2: q LoRA rank, 0 = none (default: preset)\n"
           "      --rope-theta X     RoPE base frequency (default: 1000000)\n"
           "      --type T           weight type of the matrices (default: q8_0): f32 | f16 | bf16 | q8_0 |\n"
           "                         q4_0 | q4_1 | q5_0 | q5_1 (llama.cpp's reference quantisers) |\n"
@@ -104,9 +109,33 @@ static int find_tokenizer(char *out, size_t n) {
   return -1;
 }
 
+/* A --type name to its st_type; 1 with a message on stderr when unknown. */
+static int parse_type(const char *type, const char *flag, uint32_t *out) {
+  static const struct {
+    const char *name;
+    uint32_t type;
+  } types[] = {{"f32", ST_TYPE_F32},   {"f16", ST_TYPE_F16},   {"bf16", ST_TYPE_BF16}, {"q8_0", ST_TYPE_Q8_0},
+               {"q4_0", ST_TYPE_Q4_0}, {"q4_1", ST_TYPE_Q4_1}, {"q5_0", ST_TYPE_Q5_0}, {"q5_1", ST_TYPE_Q5_1},
+               {"q2_k", ST_TYPE_Q2_K}, {"q3_k", ST_TYPE_Q3_K}, {"q4_k", ST_TYPE_Q4_K}, {"q5_k", ST_TYPE_Q5_K},
+               {"q6_k", ST_TYPE_Q6_K}, {"iq4_nl", ST_TYPE_IQ4_NL}, {"iq4_xs", ST_TYPE_IQ4_XS},
+               {"iq3_xxs", ST_TYPE_IQ3_XXS}, {"iq3_s", ST_TYPE_IQ3_S}, {"iq2_xs", ST_TYPE_IQ2_XS},
+               {"iq2_s", ST_TYPE_IQ2_S}, {"iq2_xxs", ST_TYPE_IQ2_XXS}, {"iq1_s", ST_TYPE_IQ1_S},
+               {"iq1_m", ST_TYPE_IQ1_M}, {"q2_0", ST_TYPE_Q2_0}, {"q1_0", ST_TYPE_Q1_0},
+               {"tq2_0", ST_TYPE_TQ2_0}, {"tq1_0", ST_TYPE_TQ1_0}, {"mxfp4", ST_TYPE_MXFP4}};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+    if (!strcasecmp(types[i].name, type)) {
+      *out = types[i].type;
+      return 0;
+    }
+  fprintf(stderr, "strata mkmodel: %s must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, "
+          "q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, mxfp4; got '%s'\n",
+          flag, type);
+  return 1;
+}
+
 int st_cmd_mkmodel(int argc, char **argv) {
   enum { O_PRESET = 256, O_LAYERS, O_EXPERTS, O_TOPK, O_HIDDEN, O_EFFN, O_HEADS, O_KVHEADS,
-         O_HEADDIM, O_CONTEXT, O_ROPE, O_TYPE, O_SEED, O_SKEW, O_VOCAB, O_THREADS };
+         O_HEADDIM, O_CONTEXT, O_ROPE, O_TYPE, O_SEED, O_SKEW, O_VOCAB, O_QLORA, O_ETYPE, O_THREADS };
   static const struct option opts[] = {
       {"output", required_argument, 0, 'o'},     {"preset", required_argument, 0, O_PRESET},
       {"layers", required_argument, 0, O_LAYERS}, {"experts", required_argument, 0, O_EXPERTS},
@@ -117,6 +146,7 @@ int st_cmd_mkmodel(int argc, char **argv) {
       {"type", required_argument, 0, O_TYPE},     {"seed", required_argument, 0, O_SEED},
       {"skew", required_argument, 0, O_SKEW},     {"vocab", required_argument, 0, O_VOCAB},
       {"threads", required_argument, 0, O_THREADS}, {"quiet", no_argument, 0, 'q'},
+      {"q-lora", required_argument, 0, O_QLORA},  {"expert-type", required_argument, 0, O_ETYPE},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   /* Shape flags override the preset whichever order they come in: collect first. */
   const char *output = NULL, *preset = "tiny", *vocab_path = NULL, *type = NULL;
@@ -149,7 +179,7 @@ int st_cmd_mkmodel(int argc, char **argv) {
               {O_TOPK, "--top-k", &cfg.n_expert_used},  {O_HIDDEN, "--hidden", &cfg.n_embd},
               {O_EFFN, "--expert-ffn", &cfg.n_ff_exp},  {O_HEADS, "--heads", &cfg.n_head},
               {O_KVHEADS, "--kv-heads", &cfg.n_head_kv}, {O_HEADDIM, "--head-dim", &cfg.head_dim},
-              {O_CONTEXT, "--context", &cfg.n_ctx}};
+              {O_CONTEXT, "--context", &cfg.n_ctx},     {O_QLORA, "--q-lora", &cfg.q_lora}};
   for (size_t i = 0; i < sizeof u32s / sizeof u32s[0]; i++) {
     const char *a = shape_arg[u32s[i].opt];
     if (a && parse_u32(a, u32s[i].dst)) {
@@ -179,25 +209,8 @@ int st_cmd_mkmodel(int argc, char **argv) {
       return fail("--threads expects an integer 0..1024, got '%s'", shape_arg[O_THREADS]);
     cfg.n_threads = (int)n;
   }
-  if (type) {
-    static const struct {
-      const char *name;
-      uint32_t type;
-    } types[] = {{"f32", ST_TYPE_F32},   {"f16", ST_TYPE_F16},   {"bf16", ST_TYPE_BF16}, {"q8_0", ST_TYPE_Q8_0},
-                 {"q4_0", ST_TYPE_Q4_0}, {"q4_1", ST_TYPE_Q4_1}, {"q5_0", ST_TYPE_Q5_0}, {"q5_1", ST_TYPE_Q5_1},
-                 {"q2_k", ST_TYPE_Q2_K}, {"q3_k", ST_TYPE_Q3_K}, {"q4_k", ST_TYPE_Q4_K}, {"q5_k", ST_TYPE_Q5_K},
-                 {"q6_k", ST_TYPE_Q6_K}, {"iq4_nl", ST_TYPE_IQ4_NL}, {"iq4_xs", ST_TYPE_IQ4_XS},
-                 {"iq3_xxs", ST_TYPE_IQ3_XXS}, {"iq3_s", ST_TYPE_IQ3_S}, {"iq2_xs", ST_TYPE_IQ2_XS},
-                 {"iq2_s", ST_TYPE_IQ2_S}, {"iq2_xxs", ST_TYPE_IQ2_XXS}, {"iq1_s", ST_TYPE_IQ1_S},
-                 {"iq1_m", ST_TYPE_IQ1_M}, {"q2_0", ST_TYPE_Q2_0}, {"q1_0", ST_TYPE_Q1_0},
-                 {"tq2_0", ST_TYPE_TQ2_0}, {"tq1_0", ST_TYPE_TQ1_0}, {"mxfp4", ST_TYPE_MXFP4}};
-    size_t i = 0;
-    while (i < sizeof types / sizeof types[0] && strcasecmp(types[i].name, type)) i++;
-    if (i == sizeof types / sizeof types[0])
-      return fail("--type must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                  "iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, mxfp4; got '%s'", type);
-    cfg.type = types[i].type;
-  }
+  if (type && parse_type(type, "--type", &cfg.type)) return 1;
+  if (shape_arg[O_ETYPE] && parse_type(shape_arg[O_ETYPE], "--expert-type", &cfg.expert_type)) return 1;
   cfg.progress = !quiet;
   if (st_mkmodel_check(&cfg)) return fail("%s", st_last_error());
 

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "codelets/codelets.h"
+#include "codelets/dot.h"
 #include "codelets/layer_cpu.h"
 
 #ifdef __cplusplus
@@ -60,6 +61,10 @@ struct st_decode_layer {
   const void *fgate, *fup, *fdown;
   struct st_wdesc fgate_d, fup_d, fdown_d;
   int fixed_ff;
+  /* its int8 activations (st_fixed_q8; 0: float32): bytes of a quantised row for gate and up
+   * (they share a layout or both stay float32), and for down (32-weight blocks only: each gate/up
+   * item quantises its own rows, as qa_in_gateup) */
+  uint64_t fq_x, fq_a;
   /* MLA (st_decode_ctx.mla): q_a (or wq without a q LoRA), kv_a_mqa, k_b and v_b per head */
   const void *wq_a, *wq_b, *wkv_a, *wk_b, *wv_b;
   const float *q_a_norm, *kv_a_norm;
@@ -149,6 +154,7 @@ struct st_decode_ctx {
   int n_ff_max;                    /* act's row: the largest of n_ff and every layer's fixed_ff */
   float *qa;                       /* MLA: [q_lora] the q LoRA's output */
   float *qm;                       /* MLA: [n_head][head_dim] the absorbed queries */
+  uint8_t *xfq, *afq;              /* the fixed FFN's quantised input and act rows (st_fixed_q8) */
   int kv_type;                         /* the KV cache's element: ST_TYPE_F32 or ST_TYPE_F16 */
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
@@ -188,6 +194,17 @@ struct st_decode_ctx {
                                           shared-memory attributes and filled the RoPE table (StarPU
                                           resets the devices at shutdown) */
 };
+
+/* The fixed FFN's int8 rule (both lanes, so that a token's bits do not depend on the path): gate
+ * and up take int8 activations when st_matmul_q8 takes both types in one layout of n_embd, down
+ * when its type takes 32-weight blocks of fixed_ff (items of rows_gateup, a multiple of 32, then
+ * quantise their own act rows). Sets L->fq_x and L->fq_a. */
+static inline void st_fixed_q8(struct st_decode_layer *L, int n_embd, int int8) {
+  const uint64_t qg = int8 && L->fixed_ff ? st_q8_row_bytes(L->fgate_d.type, n_embd) : 0;
+  const uint64_t qu = int8 && L->fixed_ff ? st_q8_row_bytes(L->fup_d.type, n_embd) : 0;
+  L->fq_x = qg && qg == qu ? qg : 0;
+  L->fq_a = int8 && L->fixed_ff && st_q8_row_bytes(L->fdown_d.type, 32) ? st_q8_row_bytes(L->fdown_d.type, L->fixed_ff) : 0;
+}
 
 /* Phases of lane work items, in the order a layer runs them. */
 enum st_lane_kind {

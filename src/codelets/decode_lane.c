@@ -226,10 +226,13 @@ static void item_topk(struct lane_state *s, int l) {
     }
 }
 
-/* ffn_in quantised for gate (and for up when its layout differs), as expert_rows_cpu does. */
+/* ffn_in quantised for gate (and for up when its layout differs), as expert_rows_cpu does; and
+ * for the fixed FFN (st_fixed_q8). */
 static void item_qx(struct lane_state *s, int l) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
+  if (L->fq_x) st_quantize_act(L->fgate_d.type, s->ffn_in, c->n_embd, 1, c->n_embd, c->xfq);
+  if (L->dense) return;
   const uint64_t qg = st_q8_row_bytes(L->gate_d.type, c->n_embd), qu = st_q8_row_bytes(L->up_d.type, c->n_embd);
   if (qg) st_quantize_act(L->gate_d.type, s->ffn_in, c->n_embd, 1, c->n_embd, c->xq);
   if (qu && qu != qg) st_quantize_act(L->up_d.type, s->ffn_in, c->n_embd, 1, c->n_embd, c->xq + qg);
@@ -259,10 +262,16 @@ static void ffn_act(const struct st_decode_ctx *c, float *g, float *u, const flo
 static void fixed_gateup(struct lane_state *s, const struct st_decode_layer *L, int64_t f0) {
   const struct st_decode_ctx *c = s->c;
   const int64_t f1 = f0 + c->rows_gateup < L->fixed_ff ? f0 + c->rows_gateup : L->fixed_ff, d = c->n_embd;
-  float *g = s->scratch, *u = g + c->rows_gateup;
-  st_matmul(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, g, f1 - f0);
-  st_matmul(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, u, f1 - f0);
-  ffn_act(c, g, u, NULL, NULL, f1 - f0, c->act + (size_t)c->k * c->n_ff_max + f0);
+  float *g = s->scratch, *u = g + c->rows_gateup, *act = c->act + (size_t)c->k * c->n_ff_max + f0;
+  if (L->fq_x) {
+    st_matmul_q8(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, c->xfq, 1, d, g, f1 - f0);
+    st_matmul_q8(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, c->xfq, 1, d, u, f1 - f0);
+  } else {
+    st_matmul(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, g, f1 - f0);
+    st_matmul(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, s->ffn_in, d, 1, d, u, f1 - f0);
+  }
+  ffn_act(c, g, u, NULL, NULL, f1 - f0, act);
+  if (L->fq_a) st_quantize_act(L->fdown_d.type, act, f1 - f0, 1, f1 - f0, c->afq + st_q8_row_bytes(L->fdown_d.type, f0));
 }
 
 static void item_gateup(struct lane_state *s, int l, int64_t i) {
@@ -307,7 +316,8 @@ static void item_down(struct lane_state *s, int l, int64_t i) {
   const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
   float *out = s->eout + (size_t)slot * c->n_embd + r0;
   if (fixed) {
-    rows(&L->fdown_d, L->fdown, r0, r1, c->act + (size_t)c->k * c->n_ff_max, out);
+    if (L->fq_a) st_matmul_q8(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, c->afq, 1, L->fixed_ff, out, r1 - r0);
+    else rows(&L->fdown_d, L->fdown, r0, r1, c->act + (size_t)c->k * c->n_ff_max, out);
     return;
   }
   const int e = s->route[slot].expert;
@@ -513,7 +523,7 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
     PHASE(ST_LP_RESNORM, l, 1);
     PHASE(ST_LP_RLOGITS, l, moe ? div_up64(c->n_expert, c->rows_router) : 0);
     PHASE(ST_LP_TOPK, l, moe);
-    PHASE(ST_LP_QX, l, int8_x ? 1 : 0);
+    PHASE(ST_LP_QX, l, int8_x || Ly->fq_x ? 1 : 0);
     PHASE(ST_LP_GATEUP, l, (int64_t)k * div_up64(c->n_ff, c->rows_gateup) + div_up64(Ly->fixed_ff, c->rows_gateup));
     PHASE(ST_LP_QA, l, moe && aq_row_bytes(c, Ly) && !qa_in_gateup(c, Ly) ? c->k : 0);
     PHASE(ST_LP_DOWN, l, (int64_t)(k + (Ly->fixed_ff > 0)) * div_up64(c->n_embd, c->rows_down));

@@ -84,6 +84,7 @@ struct st_prompt_ctx {
   float *qa;                       /* MLA: [cap][q_lora] the q LoRA's output */
   float *qm;                       /* MLA: [cap][n_head][head_dim] the absorbed queries */
   float *actf, *eoutf;             /* the fixed FFN (shared expert or dense FFN): [cap][its n_ff], [cap][n_embd] */
+  uint8_t *xfq, *afq;              /* its quantised input and act rows ([cap][fq_x], [cap][fq_a]: st_fixed_q8) */
   float *rlogits;                  /* [cap][n_expert] */
   struct st_route *route;          /* [n_layer][cap][k]: the chunk's routing */
   int32_t *grp;                    /* [n_expert + 1]: expert e's sorted rows are grp[e] .. grp[e + 1] */

@@ -273,6 +273,8 @@ static void item_route(const struct st_prompt_ctx *p, int l, int64_t i) {
     for (int j = 0; j < d; j++) h[j] = p->x[(size_t)t * d + j] + p->xo[(size_t)t * d + j];
     st_rmsnorm(h, L->ffn_norm, p->ffn_in + (size_t)t * d, d, c->eps);
   }
+  if (L->fq_x) /* the fixed FFN's input (decode_lane.c's item_qx, row by row) */
+    for (int t = t0; t < t1; t++) st_quantize_act(L->fgate_d.type, p->ffn_in + (size_t)t * d, d, 1, d, p->xfq + (size_t)t * L->fq_x);
   if (L->dense) return; /* no router */
   float *logits = p->rlogits + (size_t)t0 * E;
   st_matmul(L->router_d.type, L->router, L->router_d.row_bytes, 0, E, p->ffn_in + (size_t)t0 * d, d, t1 - t0, d, logits, E);
@@ -356,9 +358,19 @@ static void fixed_gateup(const struct st_prompt_ctx *p, const struct st_decode_l
   const int R = p->rows_gateup, d = c->n_embd, ff = L->fixed_ff, T = p->T;
   const int64_t f0 = i * R, f1 = min64(ff, f0 + R), nf = f1 - f0;
   float *g = lane_scratch(p), *u = g + (size_t)T * R;
-  st_matmul(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, p->ffn_in, d, T, d, g, nf);
-  st_matmul(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, p->ffn_in, d, T, d, u, nf);
-  for (int t = 0; t < T; t++) ffn_act(c, g + (size_t)t * nf, u + (size_t)t * nf, NULL, NULL, nf, p->actf + (size_t)t * ff + f0);
+  if (L->fq_x) {
+    st_matmul_q8(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, p->xfq, T, d, g, nf);
+    st_matmul_q8(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, p->xfq, T, d, u, nf);
+  } else {
+    st_matmul(L->fgate_d.type, L->fgate, L->fgate_d.row_bytes, f0, f1, p->ffn_in, d, T, d, g, nf);
+    st_matmul(L->fup_d.type, L->fup, L->fup_d.row_bytes, f0, f1, p->ffn_in, d, T, d, u, nf);
+  }
+  for (int t = 0; t < T; t++) {
+    float *act = p->actf + (size_t)t * ff + f0;
+    ffn_act(c, g + (size_t)t * nf, u + (size_t)t * nf, NULL, NULL, nf, act);
+    if (L->fq_a)
+      st_quantize_act(L->fdown_d.type, act, nf, 1, nf, p->afq + (size_t)t * L->fq_a + st_q8_row_bytes(L->fdown_d.type, f0));
+  }
 }
 
 static void item_gateup(const struct st_prompt_ctx *p, int l, int64_t i) {
@@ -407,7 +419,8 @@ static void item_down(const struct st_prompt_ctx *p, int l, int64_t i) {
   const int64_t n_exp = L->dense ? 0 : (int64_t)c->n_expert * per;
   if (i >= n_exp) { /* the fixed FFN's down rows over all T tokens, weight 1 */
     const int64_t r0 = (i - n_exp) * R, r1 = min64(d, r0 + R);
-    st_matmul(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, p->actf, L->fixed_ff, p->T, L->fixed_ff, p->eoutf + r0, d);
+    if (L->fq_a) st_matmul_q8(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, p->afq, p->T, L->fixed_ff, p->eoutf + r0, d);
+    else st_matmul(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, p->actf, L->fixed_ff, p->T, L->fixed_ff, p->eoutf + r0, d);
     return;
   }
   const int e = p->eorder[i / per];

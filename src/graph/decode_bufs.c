@@ -126,6 +126,13 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->attn, float, qw);
   TAKE(c->qa, float, hp->q_lora + 1);
   TAKE(c->qm, float, (size_t)hp->n_head * hp->head_dim);
+  uint64_t fx = 0, fa = 0; /* the fixed FFNs' widest quantised rows */
+  for (uint32_t l = 0; l < hp->n_layer && d->layers; l++) {
+    fx = d->layers[l].fq_x > fx ? d->layers[l].fq_x : fx;
+    fa = d->layers[l].fq_a > fa ? d->layers[l].fq_a : fa;
+  }
+  TAKE(c->xfq, uint8_t, fx + 1);
+  TAKE(c->afq, uint8_t, fa + 1);
   TAKE(c->kvnew, float, 2 * (size_t)hp->n_head_kv * hp->head_dim);
   TAKE(c->xo, float, dm);
   TAKE(c->ffn_in, float, dm);
@@ -278,6 +285,7 @@ int st_decode_init(struct st_engine *e) {
       D->fgate = fg->data, D->fup = fu->data, D->fdown = fd->data;
       D->fgate_d = desc_of(fg), D->fup_d = desc_of(fu), D->fdown_d = desc_of(fd);
       D->fixed_ff = (int)fg->ne[1];
+      st_fixed_q8(D, (int)hp->n_embd, e->int8_dot);
     }
     for (int x = 0; x < E; x++)
       for (int i = 0; i < 3; i++)

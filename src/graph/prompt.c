@@ -99,6 +99,14 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   CARVE(base, at, p->qm, float, mla ? cap * qw_all : 1);
   CARVE(base, at, p->actf, float, cap * fixed + 1);
   CARVE(base, at, p->eoutf, float, fixed ? cap * d : 1);
+  uint64_t fx = 0, fa = 0; /* the fixed FFNs' widest quantised rows (the decode lanes' rule) */
+  for (uint32_t l = 0; l < hp->n_layer; l++) {
+    const struct st_decode_layer *D = &e->dec->layers[l];
+    fx = D->fq_x > fx ? D->fq_x : fx;
+    fa = D->fq_a > fa ? D->fq_a : fa;
+  }
+  CARVE(base, at, p->xfq, uint8_t, cap * fx + 1);
+  CARVE(base, at, p->afq, uint8_t, cap * fa + 1);
   CARVE(base, at, p->rlogits, float, cap * hp->n_expert);
   CARVE(base, at, p->route, struct st_route, (size_t)hp->n_layer * rows);
   CARVE(base, at, p->grp, int32_t, hp->n_expert + 1);
