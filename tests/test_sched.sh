@@ -107,6 +107,20 @@ if have_fixtures && [ -d "$STRATA_FIXTURES/archs" ]; then
       fi
     done
   done
+  # gpt-oss's sliding layers keep a ring of window + prompt chunk rows: 120 tokens in a context of
+  # 128 with chunks of 128 (no ring), 16, 5 and 1 (rings of 24, 13, 9 rows, wrapping many times)
+  ref=""
+  for pf in 128 16 5 1; do
+    env STARPU_NCUDA=0 STARPU_NCPU=2 STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$STRATA_FIXTURES/archs/tiny-gpt-oss-q8_0.gguf" \
+      --prompt-ids "$(seq -s, 100 219)" -c 128 --prefill $pf --no-learn --logits-out "$tmp/ring$pf.f32" 2>"$tmp/err" \
+      || echo "     eval --prefill $pf: exit $?: $(tail -n 1 "$tmp/err")"
+    if [ -z "$ref" ]; then ref="$tmp/ring$pf.f32"; continue; fi
+    if [ -s "$ref" ] && cmp -s "$ref" "$tmp/ring$pf.f32"; then
+      ok "tiny-gpt-oss-q8_0 sliding layers' ring buffer: 120 tokens with --prefill $pf, logits bitwise identical to --prefill 128's"
+    else
+      bad "tiny-gpt-oss-q8_0 sliding layers' ring buffer: --prefill $pf differs from --prefill 128 (or failed)"
+    fi
+  done
   expect_error "deepseek2 with STRATA_DECODE_GRAPH=0" "STRATA_DECODE_GRAPH=0 takes qwen3moe" \
     env STRATA_DECODE_GRAPH=0 STARPU_NCUDA=0 STARPU_SILENT=1 "$STRATA" eval -m "$STRATA_FIXTURES/archs/tiny-deepseek2-q8_0.gguf" -p hi --no-learn
 else

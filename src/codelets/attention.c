@@ -120,8 +120,12 @@ void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int 
     const int nk = pos0 + t0 + tt, rows = tt * nq, nks = nk - j0; /* keys of the tile's last token; (token, head) rows */
     /* every row's scores over keys j0 .. nk: a row's value per key does not depend on the call's
      * shape (st_matmul), the keys past a row's own are not read below */
-    st_matmul((uint32_t)kv_type, (const uint8_t *)kc + (size_t)j0 * rb, rb, 0, nks, q + (size_t)t0 * nq * hd, hd, rows, hd,
-              score, nks);
+    /* a ring buffer's keys may wrap: its rows j0 % ring .. ring, then 0 .. (the same per-key values) */
+    const int ring = ac->ring > 0 ? ac->ring : nk, r0 = j0 % ring, first_part = r0 + nks > ring ? ring - r0 : nks;
+    st_matmul((uint32_t)kv_type, (const uint8_t *)kc + (size_t)r0 * rb, rb, 0, first_part, q + (size_t)t0 * nq * hd, hd, rows,
+              hd, score, nks);
+    if (first_part < nks)
+      st_matmul((uint32_t)kv_type, kc, rb, 0, nks - first_part, q + (size_t)t0 * nq * hd, hd, rows, hd, score + first_part, nks);
     float inv[rows];
     int first[rows]; /* each row's first visible key, from j0 */
     for (int r = 0; r < rows; r++) {
@@ -134,7 +138,7 @@ void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int 
     memset(o, 0, sizeof(float) * (size_t)rows * hv);
     /* P V in key order for each row, every V row read once for the tile */
     for (int j = j0; j < nk; j++) {
-      const void *vj = (const uint8_t *)vc + (size_t)j * vb;
+      const void *vj = (const uint8_t *)vc + (size_t)(j % ring) * vb;
       for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++) {
         if (j - j0 < first[r]) continue;
         const float p = score[(size_t)r * nks + (j - j0)] * inv[r];
@@ -148,7 +152,7 @@ void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int 
 
 void st_attend_tokens(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
                       float *out, float *score, int64_t score_floats) {
-  const struct st_attn_conf ac = {1.0f / sqrtf((float)hd), hd, hd, NULL, 0};
+  const struct st_attn_conf ac = {1.0f / sqrtf((float)hd), hd, hd, NULL, 0, 0};
   st_attend_tokens_conf(q, T, nq, hd, pos0, kv_type, kc, vc, out, score, score_floats, &ac);
 }
 

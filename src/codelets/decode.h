@@ -50,7 +50,8 @@ struct st_decode_layer {
   struct st_wdesc wq_d, wk_d, wv_d, wo_d, router_d;
   struct st_wdesc gate_d, up_d, down_d; /* the layout of one expert's matrices */
   uint64_t gate_bytes, up_bytes;        /* one expert's gate and up matrices: offsets in a cache slot */
-  void *kv; /* the layer's host KV cache [n_head_kv][kv_planes][n_ctx][head_dim] of st_decode_ctx.kv_type */
+  void *kv; /* the layer's host KV cache [n_head_kv][kv_planes][kv_rows][head_dim] of st_decode_ctx.kv_type */
+  int kv_rows; /* n_ctx, or a sliding layer's ring (position p in row p % kv_rows; st_engine_kv_rows) */
   /* what other architectures add (io/arch.h; NULL / 0 when the layer has none) */
   const float *bq, *bk, *bv, *bo, *sinks;   /* attention biases, one sink logit per head */
   const float *router_b, *probs_b;         /* router bias, selection bias [n_expert] */

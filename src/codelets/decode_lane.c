@@ -123,7 +123,7 @@ static void item_qkv(struct lane_state *s, int l, int64_t i) {
 /* Layer l's K and V planes of KV head g (V: NULL with one plane). */
 static uint8_t *kv_plane(const struct st_decode_ctx *c, const struct st_decode_layer *L, int g, int v) {
   const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
-  return (uint8_t *)L->kv + ((size_t)g * c->kv_planes + (size_t)v) * (size_t)c->n_ctx * rb;
+  return (uint8_t *)L->kv + ((size_t)g * c->kv_planes + (size_t)v) * (size_t)L->kv_rows * rb;
 }
 
 /* MLA: the q LoRA's norm; the latent normed and the key part roped, cached as the token's row. */
@@ -136,7 +136,7 @@ static void item_mla_norm(struct lane_state *s, int l) {
   st_rope_conf_table(cs, &c->rope, c->pos);
   st_rope_conf_apply(kv + c->kv_lora, &c->rope, cs);
   const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
-  st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)c->pos * rb, c->head_dim);
+  st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)(c->pos % L->kv_rows) * rb, c->head_dim);
 }
 
 /* MLA: rows of q_b over the normed q LoRA output. */
@@ -181,8 +181,9 @@ static void item_rope(struct lane_state *s, int l, int64_t i) {
   float *kt = c->kvnew + (size_t)g * hd;
   if (L->k_norm) st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
   st_rope_conf_apply(kt, &c->rope, cs);
-  st_kv_store(c->kv_type, kt, kv_plane(c, L, g, 0) + (size_t)c->pos * rb, hd);
-  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, kv_plane(c, L, g, 1) + (size_t)c->pos * rb, hd);
+  const size_t row = (size_t)(c->pos % L->kv_rows);
+  st_kv_store(c->kv_type, kt, kv_plane(c, L, g, 0) + row * rb, hd);
+  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, kv_plane(c, L, g, 1) + row * rb, hd);
 }
 
 static void item_attn(struct lane_state *s, int l, int64_t h) {
@@ -192,6 +193,7 @@ static void item_attn(struct lane_state *s, int l, int64_t h) {
   struct st_attn_conf ac = c->attn_conf;
   ac.sinks = L->sinks ? L->sinks + h : NULL;
   ac.window = L->swa ? c->attn_conf.window : 0;
+  ac.ring = L->kv_rows;
   const uint8_t *kc = kv_plane(c, L, g, 0);
   if (!c->mla) {
     st_attend_tokens_conf(c->q + (size_t)h * hd, 1, 1, hd, c->pos, c->kv_type, kc, kv_plane(c, L, g, 1),

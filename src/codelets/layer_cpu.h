@@ -50,10 +50,12 @@ struct st_attn_conf {
   int v_row;           /* elements between two V rows (hd_v or more) */
   const float *sinks;  /* [nq] or NULL */
   int window;
+  int ring;            /* rows of the K and V planes: key j at row j % ring (a sliding layer's ring
+                          buffer; 0 or at least every position: row j) */
 };
 
 /* st_attend_tokens with an st_attn_conf (out [T][nq][hd_v]); with conf {1 / sqrtf(hd), hd, hd,
- * NULL, 0} it is st_attend_tokens, bit for bit. */
+ * NULL, 0, 0} it is st_attend_tokens, bit for bit, and a ring gives the same bits as a full cache. */
 void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
                            float *out, float *score, int64_t score_floats, const struct st_attn_conf *ac);
 

@@ -63,7 +63,7 @@ static void add_bias_rows(float *out, int64_t stride, int T, const float *bias, 
 /* Layer l's K and V planes of KV head g (MLA: one plane). */
 static uint8_t *kv_plane(const struct st_decode_ctx *c, const struct st_decode_layer *L, int g, int v) {
   const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
-  return (uint8_t *)L->kv + ((size_t)g * c->kv_planes + (size_t)v) * (size_t)c->n_ctx * rb;
+  return (uint8_t *)L->kv + ((size_t)g * c->kv_planes + (size_t)v) * (size_t)L->kv_rows * rb;
 }
 
 /* MLA: a head's query rows (qk_nope + n_rot) and the q rows of all heads. */
@@ -161,7 +161,7 @@ static void item_mla_norm(const struct st_prompt_ctx *p, int l, int64_t i) {
     float *kv = p->kvnew + (size_t)t * hd;
     st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
     st_rope_conf_apply(kv + c->kv_lora, &c->rope, p->rope + (size_t)t * hd);
-    st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)(p->pos0 + t) * rb, hd);
+    st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)((p->pos0 + t) % L->kv_rows) * rb, hd);
   }
 }
 
@@ -205,8 +205,9 @@ static void item_rope(const struct st_prompt_ctx *p, int l, int64_t i) {
     const float *vt = p->kvnew + ((size_t)(G + g) * p->cap + t) * hd;
     if (L->k_norm) st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
     st_rope_conf_apply(kt, &c->rope, p->rope + (size_t)t * hd);
-    st_kv_store(c->kv_type, kt, kc + (size_t)(p->pos0 + t) * rb, hd);
-    st_kv_store(c->kv_type, vt, vc + (size_t)(p->pos0 + t) * rb, hd);
+    const size_t row = (size_t)((p->pos0 + t) % L->kv_rows);
+    st_kv_store(c->kv_type, kt, kc + row * rb, hd);
+    st_kv_store(c->kv_type, vt, vc + row * rb, hd);
   }
 }
 
@@ -220,6 +221,7 @@ static void item_attn(const struct st_prompt_ctx *p, int l, int64_t i) {
   struct st_attn_conf ac = c->attn_conf;
   ac.sinks = L->sinks ? L->sinks + (size_t)g * nq : NULL;
   ac.window = L->swa ? c->attn_conf.window : 0;
+  ac.ring = L->kv_rows;
   const uint8_t *kc = kv_plane(c, L, g, 0);
   float *o = lane_scratch(p), *score = o + (size_t)p->tile_attn * qw;
   const int64_t n_score = p->scratch_floats - (int64_t)p->tile_attn * qw, stride = L->wo_d.n;

@@ -239,7 +239,6 @@ int st_decode_init(struct st_engine *e) {
   d->expert_src = malloc(sizeof(void *) * (size_t)L * E * 3);
   d->layer_cpu = calloc((size_t)L, 1);
   if (!d->layers || !d->expert_src || !d->layer_cpu) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
-  const size_t kv_layer = (size_t)st_engine_kv_bytes(e) / (size_t)L;
   c->kv_planes = st_engine_kv_planes(hp);
   c->mla = hp->attn_kind == ST_ATTN_MLA;
   c->q_lora = (int)hp->q_lora;
@@ -255,13 +254,14 @@ int st_decode_init(struct st_engine *e) {
   st_rope_conf_init(&c->rope, (int)hp->n_rot, hp->rope_kind == ST_ROPE_NEOX, hp->rope_theta, hp->yarn_factor,
                     (int)hp->yarn_orig_ctx, hp->yarn_beta_fast, hp->yarn_beta_slow);
   c->attn_conf = (struct st_attn_conf){hp->kq_scale, c->mla ? (int)hp->kv_lora : (int)hp->head_dim, (int)hp->head_dim, NULL,
-                                       (int)hp->n_swa};
+                                       (int)hp->n_swa, 0};
   c->n_ff_max = (int)hp->n_ff_exp;
   for (int l = 0; l < L; l++) {
     const struct st_layer *W = &e->model->layers[l];
     const int fixed = W->dense ? (int)hp->n_ff : (int)hp->n_ff_shexp;
     if (fixed > c->n_ff_max) c->n_ff_max = fixed;
   }
+  size_t kv_at = 0; /* layer l's cache after the earlier layers' (st_engine_kv_layer_bytes) */
   for (int l = 0; l < L; l++) {
     const struct st_layer *W = &e->model->layers[l];
     d->layers[l] = (struct st_decode_layer){
@@ -271,13 +271,14 @@ int st_decode_init(struct st_engine *e) {
         .wo_d = desc_of(&W->wo), .router_d = desc_of(&W->router), .gate_d = desc_of(&W->gate_exps),
         .up_d = desc_of(&W->up_exps), .down_d = desc_of(&W->down_exps),
         .gate_bytes = st_expert_bytes(&W->gate_exps), .up_bytes = st_expert_bytes(&W->up_exps),
-        .kv = (uint8_t *)e->kv + (size_t)l * kv_layer,
+        .kv = (uint8_t *)e->kv + kv_at, .kv_rows = st_engine_kv_rows(e, (uint32_t)l),
         .bq = W->bq.data, .bk = W->bk.data, .bv = W->bv.data, .bo = W->bo.data, .sinks = W->sinks.data,
         .router_b = W->router_b.data, .probs_b = W->probs_b.data, .gate_b = W->gate_exps_b.data,
         .up_b = W->up_exps_b.data, .down_b = W->down_exps_b.data, .dense = W->dense, .swa = W->swa,
         .wq_a = W->wq_a.data, .wq_b = W->wq_b.data, .wkv_a = W->wkv_a.data, .wk_b = W->wk_b.data, .wv_b = W->wv_b.data,
         .q_a_norm = W->q_a_norm.data, .kv_a_norm = W->kv_a_norm.data, .wq_a_d = desc_of(&W->wq_a),
         .wq_b_d = desc_of(&W->wq_b), .wkv_a_d = desc_of(&W->wkv_a), .wk_b_d = desc_of(&W->wk_b), .wv_b_d = desc_of(&W->wv_b)};
+    kv_at += (size_t)st_engine_kv_layer_bytes(e, (uint32_t)l);
     struct st_decode_layer *D = &d->layers[l];
     const struct st_weight *fg = W->dense ? &W->ffn_gate : &W->gate_shexp, *fu = W->dense ? &W->ffn_up : &W->up_shexp,
                            *fd = W->dense ? &W->ffn_down : &W->down_shexp;

@@ -461,9 +461,20 @@ static void register_expert_handles(struct st_engine *e) {
 
 int st_engine_kv_planes(const struct st_hparams *hp) { return hp->attn_kind == ST_ATTN_MLA ? 1 : 2; }
 
-uint64_t st_engine_kv_bytes(const struct st_engine *e) {
-  return (uint64_t)e->hp.n_layer * e->hp.n_head_kv * (uint64_t)st_engine_kv_planes(&e->hp) * (uint64_t)e->n_ctx *
+int st_engine_kv_rows(const struct st_engine *e, uint32_t l) {
+  const uint32_t ring = e->hp.n_swa + (uint32_t)e->prefill_cap;
+  return e->model->layers[l].swa && ring < (uint32_t)e->n_ctx ? (int)ring : e->n_ctx;
+}
+
+uint64_t st_engine_kv_layer_bytes(const struct st_engine *e, uint32_t l) {
+  return (uint64_t)e->hp.n_head_kv * (uint64_t)st_engine_kv_planes(&e->hp) * (uint64_t)st_engine_kv_rows(e, l) *
          st_kv_row_bytes(e->kv_type, (int)e->hp.head_dim);
+}
+
+uint64_t st_engine_kv_bytes(const struct st_engine *e) {
+  uint64_t b = 0;
+  for (uint32_t l = 0; l < e->hp.n_layer; l++) b += st_engine_kv_layer_bytes(e, l);
+  return b;
 }
 
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
@@ -695,8 +706,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
-    const int planes = st_engine_kv_planes(hp); /* MLA: one plane; its handles stay NULL (no per-task path) */
-    for (uint32_t g = 0; g < hp->n_head_kv; g++)
+    /* the per-task path's and the GPU's handles: qwen3moe only (the other architectures run on the
+     * lanes, whose layers may hold one plane (MLA) or a ring (sliding layers): st_engine_kv_rows) */
+    const int planes = st_engine_kv_planes(hp);
+    for (uint32_t g = 0; g < hp->n_head_kv && hp->arch == ST_ARCH_QWEN3MOE; g++)
       for (int c = 0; c < planes; c++) {
         const size_t i = ((size_t)l * hp->n_head_kv + g) * planes + c;
         e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =

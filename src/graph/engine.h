@@ -145,12 +145,20 @@ void st_engine_destroy(struct st_engine *e);
  * Returns 0 or ST_EINVAL. */
 int st_engine_set_prefill(struct st_engine *e, int prefill);
 
-/* Bytes of the engine's KV cache: n_layer x n_head_kv x 2 x n_ctx rows of head_dim elements of
- * its kv_type (held in main RAM and, with a CUDA worker, once more on the GPU running the layer). */
+/* Bytes of the engine's KV cache: the layers' st_engine_kv_layer_bytes (qwen3moe: n_layer x
+ * n_head_kv x 2 x n_ctx rows of head_dim elements of its kv_type), held in main RAM and, with a
+ * CUDA worker, once more on the GPU running the layer. */
 uint64_t st_engine_kv_bytes(const struct st_engine *e);
 
 /* Planes of a KV head's cache: 2 (K and V), or 1 for MLA (the latent row is K and V). */
 int st_engine_kv_planes(const struct st_hparams *hp);
+
+/* Rows of layer l's KV planes: the context, or for a sliding-window layer a ring of
+ * sliding_window + prompt chunk rows when that is shorter (position p in row p % rows: a chunk's
+ * tokens see at most the window's keys before them), and its bytes (n_head_kv x planes x rows rows
+ * of head_dim elements of kv_type). Layer l's cache starts after the earlier layers'. */
+int st_engine_kv_rows(const struct st_engine *e, uint32_t l);
+uint64_t st_engine_kv_layer_bytes(const struct st_engine *e, uint32_t l);
 
 /* Forgets the KV cache (next eval starts at position 0). */
 void st_engine_reset(struct st_engine *e);
