@@ -40,8 +40,9 @@ void st_rope_neox(float *v, int hd, int pos, float theta) {
 }
 
 void st_rope_conf_init(struct st_rope_conf *rc, int n_rot, int neox, float theta, float yarn_factor, int orig_ctx,
-                       float beta_fast, float beta_slow) {
-  *rc = (struct st_rope_conf){.n_rot = n_rot, .neox = neox, .theta = theta, .mscale = 1.0f, .freq_scale = 1.0f};
+                       float beta_fast, float beta_slow, float mscale) {
+  *rc = (struct st_rope_conf){.n_rot = n_rot, .neox = neox, .theta = theta, .mscale = mscale, .freq_scale = 1.0f};
+  rc->yarn = mscale != 1.0f; /* st_rope_conf_table's general loop scales */
   if (!(yarn_factor > 0.0f)) return;
   /* ggml_rope_yarn_corr_dims: the dims whose wavelength fits beta_fast / beta_slow rotations in
    * the original context, floored and ceiled ("truncate") */
@@ -52,7 +53,6 @@ void st_rope_conf_init(struct st_rope_conf *rc, int n_rot, int neox, float theta
   rc->freq_scale = 1.0f / yarn_factor;
   rc->corr0 = (float)fmax(0.0, floor(c_fast));
   rc->corr1 = (float)fmin(nd - 1, ceil(c_slow));
-  rc->mscale = (float)(1.0 + 0.1 * log(yarn_factor));
 }
 
 void st_rope_conf_table(float *cs, const struct st_rope_conf *rc, int pos) {
@@ -64,7 +64,8 @@ void st_rope_conf_table(float *cs, const struct st_rope_conf *rc, int pos) {
     const double extrap = (double)pos * pow((double)rc->theta, -2.0 * i / rc->n_rot);
     const double interp = rc->freq_scale * extrap;
     const double y = (i - rc->corr0) / fmax(0.001, (double)rc->corr1 - rc->corr0);
-    const double mix = 1.0 - fmin(1.0, fmax(0.0, y)); /* 1: extrapolate (high frequencies) */
+    /* 1: extrapolate (high frequencies); no YaRN: freq_scale 1, both angles equal */
+    const double mix = rc->freq_scale == 1.0f ? 1.0 : 1.0 - fmin(1.0, fmax(0.0, y));
     const double ang = interp * (1.0 - mix) + extrap * mix;
     cs[2 * i] = (float)(cos(ang) * rc->mscale), cs[2 * i + 1] = (float)(sin(ang) * rc->mscale);
   }

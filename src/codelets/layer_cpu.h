@@ -30,9 +30,10 @@ struct st_rope_conf {
 };
 
 /* The configuration of n_rot dims, base theta, kind neox or normal; YaRN when yarn_factor > 0 with
- * the original context and the two betas (llama.cpp's defaults: 32 and 1). */
+ * the original context and the two betas (llama.cpp's defaults: 32 and 1); cos and sin times
+ * mscale (model.h's rope_mscale; 1: plain RoPE's bits). */
 void st_rope_conf_init(struct st_rope_conf *rc, int n_rot, int neox, float theta, float yarn_factor, int orig_ctx,
-                       float beta_fast, float beta_slow);
+                       float beta_fast, float beta_slow, float mscale);
 
 /* The n_rot / 2 (cos, sin) pairs of pos into cs [n_rot]; plain NEOX RoPE gives st_rope_table's bits. */
 void st_rope_conf_table(float *cs, const struct st_rope_conf *rc, int pos);

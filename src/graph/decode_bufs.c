@@ -252,7 +252,7 @@ int st_decode_init(struct st_engine *e) {
   c->w_scale = hp->w_scale;
   c->ffn_act = (int)hp->ffn_act;
   st_rope_conf_init(&c->rope, (int)hp->n_rot, hp->rope_kind == ST_ROPE_NEOX, hp->rope_theta, hp->yarn_factor,
-                    (int)hp->yarn_orig_ctx, hp->yarn_beta_fast, hp->yarn_beta_slow);
+                    (int)hp->yarn_orig_ctx, hp->yarn_beta_fast, hp->yarn_beta_slow, hp->rope_mscale);
   c->attn_conf = (struct st_attn_conf){hp->kq_scale, c->mla ? (int)hp->kv_lora : (int)hp->head_dim, (int)hp->head_dim, NULL,
                                        (int)hp->n_swa, 0};
   c->n_ff_max = (int)hp->n_ff_exp;

@@ -57,7 +57,9 @@ int st_mkmodel_preset(const char *name, struct st_mkmodel_config *cfg) {
     cfg->n_ff = tiny ? 128 : 10944, cfg->n_shared = tiny ? 1 : 2, cfg->n_head = tiny ? 4 : 16, cfg->n_head_kv = 1;
     cfg->q_lora = tiny ? 32 : 0, cfg->kv_lora = tiny ? 32 : 512, cfg->qk_nope = tiny ? 32 : 128;
     cfg->n_rot = tiny ? 16 : 64, cfg->v_head = tiny ? 32 : 128, cfg->head_dim = cfg->kv_lora + cfg->n_rot;
-    cfg->n_ctx = tiny ? 4096 : 32768, cfg->rope_theta = 10000.0f;
+    cfg->n_ctx = tiny ? 4096 : 163840, cfg->rope_theta = 10000.0f;
+    if (!tiny) /* V2-Lite's YaRN: factor 40 over 4096, mscale = mscale_all_dim = 0.707 */
+      cfg->yarn_factor = 40.0f, cfg->yarn_orig_ctx = 4096, cfg->yarn_log_mul = 0.0707f;
     /* V3's routing on the tiny one (sigmoid, groups, scale 2.5); V2-Lite's softmax without renormalising */
     cfg->gating = tiny ? ST_GATING_SIGMOID : ST_GATING_SOFTMAX, cfg->n_group = tiny ? 4 : 0, cfg->n_group_used = tiny ? 2 : 0;
     cfg->w_scale = tiny ? 2.5f : 1.0f, cfg->w_norm = tiny;
@@ -714,6 +716,8 @@ static int write_metadata(struct st_gguf_writer *w, const struct st_mkmodel_conf
     rc = rc ? rc : st_gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn");
     rc = rc ? rc : st_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), c->yarn_factor);
     rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), c->yarn_orig_ctx);
+    if (c->yarn_log_mul != 0.0f)
+      rc = rc ? rc : st_gguf_writer_add_f32(w, KEY("rope.scaling.yarn_log_multiplier"), c->yarn_log_mul);
   }
   if (mla) {
     if (c->q_lora) rc = rc ? rc : st_gguf_writer_add_u32(w, KEY("attention.q_lora_rank"), c->q_lora);

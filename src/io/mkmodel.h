@@ -34,6 +34,7 @@ struct st_mkmodel_config {
   uint32_t n_swa;         /* attention.sliding_window */
   float yarn_factor;      /* rope.scaling.factor with type yarn (0 = no YaRN) */
   uint32_t yarn_orig_ctx; /* rope.scaling.original_context_length */
+  float yarn_log_mul;     /* rope.scaling.yarn_log_multiplier (deepseek2: 0.1 mscale_all_dim; 0 = not written) */
   uint32_t q_lora, kv_lora, qk_nope, v_head; /* MLA: head_dim is then kv_lora + n_rot */
   uint64_t seed;       /* RNG seed */
   float skew;          /* routing skew; 0 = uniform routing */

@@ -130,8 +130,24 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
       if (hp->yarn_factor == 1.0f) hp->yarn_factor = 0.0f; /* no scaling */
     }
   }
-  if (hp->yarn_factor > 0 && A->attn_kind == ST_ATTN_MLA)
-    return st_set_error(ST_EUNSUP, "YaRN with multi-head latent attention (its attention-scale correction) is not computed yet");
+  /* llama.cpp's YaRN attention factor (llama_context's cparams.yarn_attn_factor, then rope_yarn's
+   * correction, then deepseek2's kq_scale): yarn_log_multiplier (deepseek2's converter writes 0.1
+   * mscale_all_dim), rope.scaling.attn_factor */
+  float log_mul = 0.0f, attn_factor = 1.0f;
+  if ((rc = opt_f32(g, A, "rope.scaling.yarn_log_multiplier", &log_mul)) ||
+      (rc = opt_f32(g, A, "rope.scaling.attn_factor", &attn_factor)))
+    return rc;
+  if (A->id == ST_ARCH_DEEPSEEK2) log_mul /= 0.1f; /* [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX] */
+  const double ln_f = hp->yarn_factor > 0 ? log((double)hp->yarn_factor) : 0.0;
+  double yaf = 1.0;
+  if (hp->yarn_factor > 0) {
+    const double m = A->id == ST_ARCH_DEEPSEEK2 && log_mul != 1.0f ? log_mul : 1.0;
+    yaf = log_mul != 0.0f ? (0.1 * m * ln_f + 1.0) / (0.1 * log_mul * ln_f + 1.0) : 1.0 + 0.1 * ln_f;
+    yaf /= 1.0 + 0.1 * ln_f;
+  }
+  yaf *= attn_factor;
+  const double rope_mscale = yaf * (1.0 + 0.1 * ln_f);
+  hp->rope_mscale = (float)rope_mscale; /* deepseek2 with YaRN: 1, its correction goes into kq_scale */
   if ((rc = opt_u32(g, A, "attention.sliding_window", &hp->n_swa))) return rc;
   if (!hp->swa_pattern) hp->n_swa = 0;
   if ((rc = opt_u32(g, A, "leading_dense_block_count", &hp->n_layer_dense)) ||
@@ -176,7 +192,10 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
                           hp->n_head_kv, hp->head_dim, vlen, hp->kv_lora, hp->n_rot, klen_mla);
     hp->qk_nope = klen_mla - hp->n_rot;
     hp->head_dim_v = vlen_mla;
-    hp->kq_scale = 1.0f / sqrtf((float)klen_mla);
+    /* deepseek2.cpp: mscale = attn_factor_org (1 + 0.1 log_mul ln(1 / freq_scale)), its square in
+     * kq_scale; RoPE itself unscaled (yaf cancels rope_yarn's correction) */
+    const double mscale = rope_mscale * (1.0 + 0.1 * log_mul * ln_f);
+    hp->kq_scale = (float)(mscale * mscale / sqrt((double)klen_mla));
   } else if (vlen != hp->head_dim) {
     return st_set_error(ST_EUNSUP, "value_length %u differs from key_length %u", vlen, hp->head_dim);
   }

@@ -70,7 +70,11 @@ struct st_hparams {
   float yarn_factor;         /* rope.scaling.factor with rope.scaling.type yarn, else 0 (no YaRN) */
   uint32_t yarn_orig_ctx;    /* rope.scaling.original_context_length */
   float yarn_beta_fast, yarn_beta_slow;
-  float kq_scale;            /* scale of q.k before the softmax: 1 / sqrt(the unabsorbed key length) */
+  float rope_mscale;         /* RoPE's cos and sin are scaled by it (llama.cpp's YaRN attention factor
+                                times its rope_yarn correction: 1 + 0.1 ln factor for gpt-oss, 1 without
+                                YaRN and for deepseek2, whose correction goes into kq_scale) */
+  float kq_scale;            /* scale of q.k before the softmax: 1 / sqrt(the unabsorbed key length),
+                                deepseek2 with YaRN times mscale^2 (1 + 0.1 mscale_all_dim ln factor)^2 */
   uint32_t head_dim_v;       /* a head's attention output (MLA: value_length_mla; else head_dim) */
   uint32_t n_swa;            /* sliding_window in tokens on the sliding layers (0: none) */
   uint32_t swa_pattern;      /* layer l slides when l % swa_pattern < swa_pattern - 1 (llama.cpp's) */
