@@ -633,6 +633,19 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
    * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
   if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
+  /* The other architectures compute on CPU workers only so far: unless the user asks for GPUs (a GPU
+   * tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
+  const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||
+                        o->helper_cache[2] || o->peer_device > 0 || o->layer_split || o->gpu_mem_gib > 0 ||
+                        o->cuda_graphs != ST_CUDA_GRAPHS_OFF || getenv("STARPU_NCUDA");
+  if (hp->arch != ST_ARCH_QWEN3MOE && !gpu_asked) {
+    conf.ncuda = 0;
+#ifdef ST_HAVE_CUDA
+    if (st_cuda_device_count() > 0)
+      fprintf(stderr, "strata: architecture %s computes on CPU workers only so far: the GPUs stay unused\n",
+              st_arch_of(hp->arch)->name);
+#endif
+  }
   int sret = starpu_init(&conf);
   if (sret) {
     st_engine_destroy(e);
@@ -687,7 +700,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* the other architectures run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && e->placement.cuda0_worker >= 0)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (its GPU kernels are not written "
-                      "yet): run it with STARPU_NCUDA=0", st_arch_of(hp->arch)->name);
+                      "yet): leave out the GPU flags and STARPU_NCUDA (or set STARPU_NCUDA=0)", st_arch_of(hp->arch)->name);
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
                       "qwen3moe", st_arch_of(hp->arch)->name);
