@@ -22,9 +22,10 @@ static void check_str(const char *name, const char *got, const char *want) {
   }
 }
 
-static void render(const char *name, const struct st_chat_msg *m, size_t n, int gen, int think, const char *want) {
+static void render_kind(enum st_chat_kind kind, const char *name, const struct st_chat_msg *m, size_t n, int gen,
+                        int think, const char *want) {
   char *out = NULL;
-  int rc = st_chat_render(m, n, gen, think, &out);
+  int rc = st_chat_render(kind, m, n, gen, think, &out);
   if (rc) {
     printf("FAIL %s: error %d: %s\n", name, rc, st_last_error());
     fail++;
@@ -32,6 +33,10 @@ static void render(const char *name, const struct st_chat_msg *m, size_t n, int 
   }
   check_str(name, out, want);
   free(out);
+}
+
+static void render(const char *name, const struct st_chat_msg *m, size_t n, int gen, int think, const char *want) {
+  render_kind(ST_CHAT_QWEN3, name, m, n, gen, think, want);
 }
 
 int main(void) {
@@ -65,7 +70,7 @@ int main(void) {
 
   const struct st_chat_msg badrole[] = {{"wizard", "x"}};
   char *out = NULL;
-  int rc = st_chat_render(badrole, 1, 1, 1, &out);
+  int rc = st_chat_render(ST_CHAT_QWEN3, badrole, 1, 1, 1, &out);
   if (rc == ST_EINVAL && strstr(st_last_error(), "wizard")) {
     printf("PASS unknown role refused: %s\n", st_last_error());
     pass++;
@@ -83,6 +88,32 @@ int main(void) {
     pass++;
   } else {
     printf("FAIL detection: %d %d %d\n", d1, d2, d3);
+    fail++;
+  }
+  /* the other architectures' families, as llama.cpp's llm_chat_apply_template writes them
+   * (llama-chat.cpp at de3ff815), and their detection by the same markers */
+  const struct st_chat_msg conv[] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "<think>x</think>\n\nHello"},
+                                     {"user", "Again"}};
+  render_kind(ST_CHAT_DEEPSEEK3, "DeepSeek-V3 turns, history reasoning stripped, generation prompt", conv, 4, 1, 1,
+              "Be brief.\n\n<｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜><｜User｜>Again<｜Assistant｜>");
+  render_kind(ST_CHAT_HARMONY, "gpt-oss harmony turns, generation prompt", conv + 1, 3, 1, 1,
+              "<|start|>user<|message|>Hi<|end|><|start|>assistant<|message|><think>x</think>\n\nHello<|return|>"
+              "<|start|>user<|message|>Again<|end|><|start|>assistant");
+  render_kind(ST_CHAT_GLM4, "GLM-4 turns, generation prompt", conv, 2, 1, 1,
+              "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi<|assistant|>\n");
+  const struct st_chat_msg kimi[] = {{"system", "S"}, {"user", "U"}, {"tool", "T"}};
+  render_kind(ST_CHAT_KIMI_K2, "Kimi K2 turns, tool as a system turn, generation prompt", kimi, 3, 1, 1,
+              "<|im_system|>system<|im_middle|>S<|im_end|><|im_user|>user<|im_middle|>U<|im_end|>"
+              "<|im_system|>tool<|im_middle|>T<|im_end|><|im_assistant|>assistant<|im_middle|>");
+  const int k1 = st_chat_template_detect("{{bos_token}}{% if m %}<｜User｜>{% endif %}<｜Assistant｜><｜end▁of▁sentence｜>");
+  const int k2 = st_chat_template_detect("<|start|>{{ role }}<|channel|>final<|message|>");
+  const int k3 = st_chat_template_detect("[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>");
+  const int k4 = st_chat_template_detect("{% for m in messages %}<|im_assistant|>assistant<|im_middle|>{% endfor %}");
+  if (k1 == ST_CHAT_DEEPSEEK3 && k2 == ST_CHAT_HARMONY && k3 == ST_CHAT_GLM4 && k4 == ST_CHAT_KIMI_K2) {
+    printf("PASS detection: DeepSeek-V3, harmony, [gMASK]<sop> and Kimi K2 markers -> their families\n");
+    pass++;
+  } else {
+    printf("FAIL detection of the other families: %d %d %d %d\n", k1, k2, k3, k4);
     fail++;
   }
   printf("test_chat_template: %d passed, %d failed\n", pass, fail);

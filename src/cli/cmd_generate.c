@@ -241,7 +241,6 @@ int st_cmd_generate(int argc, char **argv) {
     return 1;
   }
   const struct st_hparams *hp = &s.model->hp;
-  const int32_t eos = st_tokenizer_eos(s.model->tok), eot = st_tokenizer_eot(s.model->tok);
   float *logits = malloc(sizeof(float) * hp->n_vocab);
   int32_t *gen = malloc(sizeof(int32_t) * ((size_t)o.n_predict + 1));
   struct st_sampler smp;
@@ -269,7 +268,7 @@ int st_cmd_generate(int argc, char **argv) {
       fputs(text, stdout);
       fflush(stdout);
     }
-    if (!o.ignore_eos && (id == eos || id == eot)) break;
+    if (!o.ignore_eos && st_tokenizer_is_eog(s.model->tok, id)) break;
     if ((long)n_gen == o.n_predict) break;
     if (s.engine->n_past >= s.engine->n_ctx) {
       fprintf(stderr, "\nstrata generate: the context of %d tokens is full; stopping\n", s.engine->n_ctx);

@@ -242,11 +242,11 @@ int st_cmd_serve(int argc, char **argv) {
             s.engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
             s.engine->prefill, st_engine_n_cpu_workers(s.engine), st_engine_n_cuda_workers(s.engine),
             st_now() - t0);
-    if (s.chat_kind == ST_CHAT_QWEN3)
-      fprintf(stderr, "strata serve: chat template: Qwen (ChatML, <think> handling)\n");
+    if (s.chat_kind != ST_CHAT_FALLBACK)
+      fprintf(stderr, "strata serve: chat template: %s\n", st_chat_kind_name(s.chat_kind));
     else
       fprintf(stderr,
-              "strata serve: the model's tokenizer.chat_template is %s, not a Qwen/ChatML one: chats fall back "
+              "strata serve: the model's tokenizer.chat_template is %s, not one of the families strata renders: chats fall back "
               "to the ChatML rendering <|im_start|>{role}\\n{content}<|im_end|>\\n\n",
               tmpl ? "another family's" : "absent");
     pthread_mutex_init(&s.mu, NULL);

@@ -354,7 +354,7 @@ static enum MHD_Result handle_completion(struct server *s, struct MHD_Connection
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
     if (!et && cJSON_IsObject(kw)) et = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
     if (et && cJSON_IsBool(et)) think = cJSON_IsTrue(et);
-    if (!bad && st_chat_render(m, nm, 1, think, &prompt_owned)) {
+    if (!bad && st_chat_render(s->chat_kind, m, nm, 1, think, &prompt_owned)) {
       snprintf(err, sizeof err, "%s", st_last_error());
       bad = 1;
     }

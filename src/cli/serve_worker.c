@@ -150,7 +150,6 @@ static void run_job(struct server *s, struct job *j) {
   struct st_engine *e = s->engine;
   const struct st_tokenizer *tok = s->model->tok;
   const int32_t n_vocab = (int32_t)s->model->hp.n_vocab;
-  const int32_t eos = st_tokenizer_eos(tok), eot = st_tokenizer_eot(tok);
   const struct st_engine_stats before = e->stats;
   const size_t piece_cap = 3 * (st_tokenizer_max_token_bytes(tok) + 4) + 1;
   char *piece = malloc(piece_cap);
@@ -183,7 +182,7 @@ static void run_job(struct server *s, struct job *j) {
       rc = st_set_error(ST_ENOMEM, "out of memory sampling");
       break;
     }
-    if (!j->ignore_eos && (id == eos || id == eot)) {
+    if (!j->ignore_eos && st_tokenizer_is_eog(tok, id)) {
       j->finish = "stop";
       break;
     }

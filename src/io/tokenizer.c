@@ -60,6 +60,8 @@ struct st_tokenizer {
   int32_t *special;               /* control / user-defined / unknown ids, longest text first */
   size_t n_special;
   int32_t eos, eot;
+  int32_t eog[8]; /* the end-of-generation ids (st_tokenizer_is_eog) */
+  int n_eog;
   pcre2_code *re;
   uint16_t byte_cp[256];          /* byte -> code point */
   int16_t cp_byte[BYTE_CP_LIMIT]; /* code point -> byte, -1 if none */
@@ -399,6 +401,25 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
     t->eos = (int32_t)eos;
   }
   t->eot = lookup_token(t, "<|im_end|>");
+  /* end of generation, as llama.cpp's vocabulary gathers it: eos, the eot/eom ids a file names, and
+   * the end-of-turn tokens of the chat families strata renders (ChatML, gpt-oss's harmony, GLM's
+   * next turn, DeepSeek's end of sentence) */
+  static const char *const ends[] = {"<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|user|>", "<|observation|>",
+                                     "<｜end▁of▁sentence｜>"};
+  int32_t cand[2 + sizeof ends / sizeof ends[0] + 2];
+  int nc = 0;
+  cand[nc++] = t->eos;
+  static const char *const keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+  for (int i = 0; i < 2; i++) {
+    uint64_t v;
+    if (st_gguf_find_kv(g, keys[i]) && !st_gguf_get_u64(g, keys[i], &v) && v < (uint64_t)t->n_vocab) cand[nc++] = (int32_t)v;
+  }
+  for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) cand[nc++] = lookup_token(t, ends[i]);
+  for (int i = 0; i < nc; i++) {
+    int dup = cand[i] < 0;
+    for (int j = 0; j < t->n_eog && !dup; j++) dup = t->eog[j] == cand[i];
+    if (!dup && t->n_eog < (int)(sizeof t->eog / sizeof t->eog[0])) t->eog[t->n_eog++] = cand[i];
+  }
   *out = t;
   return 0;
 }
@@ -669,6 +690,12 @@ int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t l
 int32_t st_tokenizer_n_vocab(const struct st_tokenizer *t) { return t->n_vocab; }
 int32_t st_tokenizer_eos(const struct st_tokenizer *t) { return t->eos; }
 int32_t st_tokenizer_eot(const struct st_tokenizer *t) { return t->eot; }
+
+int st_tokenizer_is_eog(const struct st_tokenizer *t, int32_t id) {
+  for (int i = 0; i < t->n_eog; i++)
+    if (t->eog[i] == id) return 1;
+  return 0;
+}
 
 int st_tokenizer_is_special(const struct st_tokenizer *t, int32_t id) {
   if (id < 0 || id >= t->n_vocab) return 0;

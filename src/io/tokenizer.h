@@ -32,6 +32,11 @@ int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t l
 int32_t st_tokenizer_n_vocab(const struct st_tokenizer *t);
 int32_t st_tokenizer_eos(const struct st_tokenizer *t);   /* tokenizer.ggml.eos_token_id */
 int32_t st_tokenizer_eot(const struct st_tokenizer *t);   /* <|im_end|> when present */
+/* 1 when id ends a generation (llama.cpp's "end of generation" set): eos, tokenizer.ggml.eot_token_id
+ * and eom_token_id, and the end-of-turn tokens of the chat families io/chat_template.h renders
+ * (<|im_end|>; gpt-oss's <|end|>, <|return|>, <|call|>; GLM's <|user|>, <|observation|>;
+ * DeepSeek's <｜end▁of▁sentence｜>) where the vocabulary has them. */
+int st_tokenizer_is_eog(const struct st_tokenizer *t, int32_t id);
 /* 1 for a control or user-defined token (token_type 3 or 4), else 0 (also for a bad id). */
 int st_tokenizer_is_special(const struct st_tokenizer *t, int32_t id);
 /* Bytes of the longest token (sizing for st_tokenizer_token_bytes / st_detok_push). */
