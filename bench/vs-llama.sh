@@ -11,7 +11,7 @@
 #   build   start building llama-bench (CUDA for sm_90, CPU backend native) in the background
 #           (setsid; about 5 minutes with 15 jobs); its log is $W/llama-build.log. Only untimed work
 #           (model, checks) may overlap it: the strata and llama phases wait for it to finish
-#   model   strata mkmodel --preset qwen3-30b-a3b --type q8_0 and strata profile over ~440 tokens
+#   model   strata mkmodel --preset $PRESET --type $TYPE and strata profile over ~440 tokens
 #   strata  strata bench rows (JSON into $W/strata-*.json)
 #   llama   wait for the build, then llama-bench rows (JSON into $W/llama-*.json)
 #   report  the table (also written to $W/table.md)
@@ -23,6 +23,8 @@
 # against the cpu row's lanes), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
 # STRATA_ARGS extra arguments for every strata bench row (e.g. "--cache-type-k f16 --cache-type-v f16",
 # llama.cpp's default KV cache type),
+# PRESET / TYPE the model strata mkmodel writes (default qwen3-30b-a3b / q8_0; another architecture
+# runs on CPU workers only so far, so with e.g. PRESET=gpt-oss-20b (MXFP4 experts) take ROWS=cpu),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
 # depths QUICK_DEPTHS gives for the 24 GB row (default 0); with QUICK_PROMPT=1 also the prompt 4096
 # of the every-expert row and the CPU's prompt 128. RDEEP repetitions of the deep row (1).
@@ -36,8 +38,13 @@ ROWS=${ROWS:-gpu 24gb cpu deep}
 mkdir -p "$W"
 phases=${*:-build model strata llama report}
 LB=$W/llama-build/bin/llama-bench
-model=$W/q30b-q8_0.gguf
-profile=$W/q30b.profile
+PRESET=${PRESET:-qwen3-30b-a3b}
+TYPE=${TYPE:-q8_0}
+if [ "$PRESET" = qwen3-30b-a3b ] && [ "$TYPE" = q8_0 ]; then
+  model=$W/q30b-q8_0.gguf profile=$W/q30b.profile
+else
+  model=$W/$PRESET-$TYPE.gguf profile=$W/$PRESET-$TYPE.profile
+fi
 
 pack() {
   local work=${TMPDIR:-/tmp}/strata-ggml src
@@ -74,7 +81,7 @@ model_phase() {
     local t0=$SECONDS
     local tok=$C/tokenizer.json
     [ -f "$tok" ] || { xz -dc "$tok.xz" > "$W/tokenizer.json" && tok=$W/tokenizer.json; }
-    STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$model" --preset qwen3-30b-a3b --type q8_0 || return 1
+    STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$model" --preset "$PRESET" --type "$TYPE" || return 1
     echo "mkmodel: $((SECONDS - t0)) s, $(du -h "$model" | cut -f1)"
   fi
   if [ ! -f "$profile" ]; then
