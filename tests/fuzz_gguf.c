@@ -1,12 +1,15 @@
-/* libFuzzer target for the GGUF reader (`make tests/fuzz_gguf`, `make fuzz`): opens the input
- * with st_gguf_open_buffer and, when it is accepted, reads every KV through the public accessors
- * and the first and last byte of every tensor, so that any pointer the reader hands out that is
- * not inside the buffer shows up under AddressSanitizer. */
+/* libFuzzer target for the GGUF reader and the model loader (`make tests/fuzz_gguf`, `make fuzz`):
+ * opens the input with st_gguf_open_buffer and, when it is accepted, reads every KV through the
+ * public accessors and the first and last byte of every tensor, so that any pointer the reader
+ * hands out that is not inside the buffer shows up under AddressSanitizer; then loads it as a model
+ * (st_model_from_gguf: every architecture's hyper-parameters, tensor shapes and types, the
+ * tokenizer), which must accept or refuse it without a crash. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io/gguf.h"
+#include "io/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -57,5 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   (void)sink;
   st_gguf_close(g);
+  struct st_model *m = NULL;
+  if (st_gguf_open_buffer(data, size, "fuzz.gguf", &g) == 0 && st_model_from_gguf(g, &m) == 0) st_model_free(m);
   return 0;
 }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the GGUF reader's libFuzzer target (tests/fuzz_gguf.c) for FUZZ_SECONDS (default 20)
+# Runs the GGUF reader's and model loader's libFuzzer target (tests/fuzz_gguf.c) for FUZZ_SECONDS (default 20)
 # over a temporary copy of tests/fuzz-seeds/. Exit 0: no crash; 1: a crash (the input is kept
 # as ./fuzz_gguf-crash-*); 77 (skip): clang or its libFuzzer runtime is missing (Debian:
 # libclang-rt-14-dev for clang-14).
@@ -17,8 +17,9 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/fuzz_gguf.XXXXXX") || exit 77
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
 if ! "$CLANG" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$top/src" -o "$tmp/fuzz_gguf" "$top/tests/fuzz_gguf.c" "$top/src/io/gguf.c" \
-    "$top/src/common.c" "$top/src/codelets/quant.c" >"$tmp/build.log" 2>&1; then
+    -I"$top/src" -I"$top" -o "$tmp/fuzz_gguf" "$top/tests/fuzz_gguf.c" "$top/src/io/gguf.c" \
+    "$top/src/common.c" "$top/src/codelets/quant.c" "$top/src/io/model.c" "$top/src/io/arch.c" \
+    "$top/src/io/tokenizer.c" -lpcre2-8 -lm >"$tmp/build.log" 2>&1; then
   echo "test_fuzz_gguf: SKIP: $CLANG cannot build with -fsanitize=fuzzer" \
     "(install libclang-rt-14-dev for clang-14):"
   tail -n 5 "$tmp/build.log"

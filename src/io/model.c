@@ -95,6 +95,8 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
   if ((rc = opt_u32(g, A, "nextn_predict_layers", &nextn))) return rc;
   if (nextn >= hp->n_layer) return st_set_error(ST_EFORMAT, "nextn_predict_layers %u leaves no layer of %u", nextn, hp->n_layer);
   hp->n_layer -= nextn;
+  if (hp->n_layer > 4096) /* the largest models have a few hundred; guards the per-layer allocations */
+    return st_set_error(ST_EFORMAT, "block_count %u is out of range (at most 4096 layers)", hp->n_layer);
   hp->head_dim = hp->n_embd / hp->n_head;
   if ((rc = opt_u32(g, A, "attention.key_length", &hp->head_dim))) return rc;
   uint32_t vlen = hp->head_dim;
@@ -259,16 +261,25 @@ static int load_tensors(struct st_model *m, const struct st_arch *A) {
 
 int st_model_load(const char *path, struct st_model **out) {
   *out = NULL;
+  struct st_gguf *g = NULL;
+  int rc = st_gguf_open(path, &g);
+  if (rc) return rc; /* the reader's message already names the file */
+  rc = st_model_from_gguf(g, out);
+  if (rc && !strstr(st_last_error(), path)) st_error_context(rc, path); /* the message names the file once */
+  return rc;
+}
+
+int st_model_from_gguf(struct st_gguf *g, struct st_model **out) {
+  *out = NULL;
   struct st_model *m = calloc(1, sizeof *m);
-  if (!m) return st_set_error(ST_ENOMEM, "out of memory");
-  int rc = st_gguf_open(path, &m->gguf);
-  if (rc) {
-    free(m);
-    return rc; /* the reader's message already names the file */
+  if (!m) {
+    st_gguf_close(g);
+    return st_set_error(ST_ENOMEM, "out of memory");
   }
+  m->gguf = g;
   char *arch = NULL;
   const struct st_arch *A = NULL;
-  rc = st_gguf_get_str(m->gguf, "general.architecture", &arch);
+  int rc = st_gguf_get_str(m->gguf, "general.architecture", &arch);
   if (!rc && !(A = st_arch_find(arch)))
     rc = st_set_error(ST_EUNSUP, "unsupported architecture %s (strata runs %s)", arch, st_arch_names());
   free(arch);
@@ -279,7 +290,6 @@ int st_model_load(const char *path, struct st_model **out) {
     rc = st_set_error(ST_EFORMAT, "tokenizer has %d ids but token_embd.weight only %u rows",
                       st_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
   if (rc) {
-    if (!strstr(st_last_error(), path)) st_error_context(rc, path); /* the message names the file once */
     st_model_free(m);
     return rc;
   }

@@ -120,6 +120,10 @@ struct st_model {
  * "unsupported tensor type <type> (id <n>) for <tensor> in <file>", st_unsupported_type), and loads
  * the tokenizer. Messages name the file (the others start with it). *out is owned by the caller: st_model_free(). */
 int st_model_load(const char *path, struct st_model **out);
+
+/* The same checks on an opened GGUF (st_gguf_open or st_gguf_open_buffer: the fuzz target), which
+ * the model owns from then on, also on failure (closed with it). Messages do not name the file. */
+int st_model_from_gguf(struct st_gguf *g, struct st_model **out);
 void st_model_free(struct st_model *m);
 
 /* Bytes of one expert's slice of a 3-D expert tensor. */
