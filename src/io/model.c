@@ -183,6 +183,10 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
   if (A->attn_kind == ST_ATTN_MLA) {
     /* the cached row is the latent (value_length = kv_lora_rank) and the rope part */
     uint32_t klen_mla = 0, vlen_mla = 0;
+    if (!st_gguf_find_kv(g, akey(k, sizeof k, A, "attention.key_length_mla")))
+      return st_set_error(ST_EUNSUP, "a deepseek2 file from before llama.cpp split attn_kv_b into attn_k_b and attn_v_b (no "
+                          "%s): strata computes the absorbed MLA form; re-convert the model with a current "
+                          "convert_hf_to_gguf.py", k);
     if ((rc = opt_u32(g, A, "attention.q_lora_rank", &hp->q_lora)) ||
         (rc = get_u32(g, akey(k, sizeof k, A, "attention.kv_lora_rank"), &hp->kv_lora)) ||
         (rc = get_u32(g, akey(k, sizeof k, A, "attention.key_length_mla"), &klen_mla)) ||
