@@ -248,6 +248,51 @@ static void check_model_prompts(const char *fix) {
   st_tokenizer_free(t);
 }
 
+/* The other pre-tokenizers (gpt-4o, deepseek-v3, glm4) against llama.cpp's ids for one varied text
+ * (tests/data/pretok-ids.txt: llama-tokenize on the archs/ fixture's vocabulary with
+ * tokenizer.ggml.pre set to each; here the loaded GGUF's key is pointed at each name in turn). */
+static void check_pretypes(const char *fix) {
+  char path[4096], *text = NULL, *lines = NULL;
+  snprintf(path, sizeof path, "%s/archs/tiny-gpt-oss-q8_0.gguf", fix);
+  const char *src = getenv("srcdir") ? getenv("srcdir") : ".";
+  char tpath[4096], ipath[4096];
+  snprintf(tpath, sizeof tpath, "%s/tests/data/pretok-text.txt", src);
+  snprintf(ipath, sizeof ipath, "%s/tests/data/pretok-ids.txt", src);
+  struct st_gguf *g = NULL;
+  text = ref_slurp(tpath, NULL);
+  lines = ref_slurp(ipath, NULL);
+  if (!text || !lines || st_gguf_open(path, &g)) {
+    printf("SKIP pre-tokenizers: cannot read %s, %s or %s\n", tpath, ipath, path);
+    free(text), free(lines);
+    return;
+  }
+  struct st_gguf_kv *pre = (struct st_gguf_kv *)st_gguf_find_kv(g, "tokenizer.ggml.pre");
+  for (char *line = strtok(lines, "\n"); line && pre; line = strtok(NULL, "\n")) {
+    if (line[0] == '#') continue;
+    char *sp = strchr(line, ' ');
+    if (!sp) continue;
+    *sp = 0;
+    pre->v.str.ptr = line; /* the key's value, for this load */
+    pre->v.str.len = strlen(line);
+    cJSON *want = cJSON_Parse(sp + 1);
+    struct st_tokenizer *t = NULL;
+    char label[96];
+    snprintf(label, sizeof label, "pre-tokenizer %s (llama.cpp's ids)", line);
+    if (st_tokenizer_load(g, &t)) {
+      fprintf(stderr, "FAIL %s: %s\n", label, st_last_error());
+      n_cases++, n_cases_failed++;
+    } else {
+      check_case(t, label, text, want);
+      printf("test_tokenizer: %s: %d ids compared\n", label, cJSON_GetArraySize(want));
+    }
+    st_tokenizer_free(t);
+    cJSON_Delete(want);
+  }
+  st_gguf_close(g);
+  free(text);
+  free(lines);
+}
+
 /* A vocabulary-only GGUF whose tokenizer.ggml.model is not gpt2 must be refused by name. */
 static void check_refusal(void) {
   char path[] = "/tmp/test_tokenizer_llama_XXXXXX";
@@ -287,6 +332,7 @@ int main(void) {
   if (fix) {
     check_full_vocab(fix);
     check_model_prompts(fix);
+    check_pretypes(fix);
   }
   check_refusal();
   printf("test_tokenizer: other checks (round-trip, stream, load, refusal, ...): %d, %d failed\n",

@@ -155,7 +155,7 @@ static int session_open(const struct run_opts *o, struct session *s) {
       strcat(strcat(strcpy(wrapped, pre), text), post);
       text = wrapped;
     }
-    rc = st_tokenizer_encode(s->model->tok, text, strlen(text), 1, &s->ids, &s->n_ids);
+    rc = st_tokenizer_encode(s->model->tok, text, strlen(text), ST_TOK_PROMPT, &s->ids, &s->n_ids);
     free(wrapped);
     if (rc) return rc;
     if (s->n_ids == 0) return st_set_error(ST_EINVAL, "the prompt has no tokens");

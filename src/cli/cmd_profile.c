@@ -55,7 +55,7 @@ int st_cmd_profile(int argc, char **argv) {
   if (!rc) rc = st_check_output("-o", out); /* before the run, not after */
   if (!rc && !(text = st_read_file(text_path, &len))) rc = ST_EIO; /* st_read_file named the file and the reason */
   if (!rc) rc = st_model_load(model, &m);
-  if (!rc) rc = st_tokenizer_encode(m->tok, text, len, 1, &ids, &n);
+  if (!rc) rc = st_tokenizer_encode(m->tok, text, len, ST_TOK_PROMPT, &ids, &n);
   if (!rc && n == 0) rc = st_set_error(ST_EINVAL, "%s holds no tokens", text_path);
   if (!rc) rc = st_engine_create(m, &(struct st_engine_opts){.n_ctx = (int)n_ctx}, &e);
   float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);

@@ -397,7 +397,7 @@ static enum MHD_Result handle_completion(struct server *s, struct MHD_Connection
       goto done;
     }
   }
-  if (text && st_tokenizer_encode(s->model->tok, text, strlen(text), 1, &j->ids, &j->n_ids)) {
+  if (text && st_tokenizer_encode(s->model->tok, text, strlen(text), ST_TOK_PROMPT, &j->ids, &j->n_ids)) {
     ret = send_error(s, c, 500, NULL, "tokenizer: %s", st_last_error());
     goto done;
   }

@@ -1,5 +1,6 @@
-/* The Qwen2/Qwen3 tokenizer: GGUF `gpt2` byte-level BPE with the `qwen2` pre-tokenizer, written
- * to give the ids llama.cpp gives (llama-vocab.cpp: special-token partition, regex split, GPT-2
+/* The GGUF `gpt2` byte-level BPE tokenizer with the pre-tokenizers of the architectures strata
+ * computes (`qwen2`; `deepseek-v3`, `gpt-4o` (gpt-oss's o200k), `glm4`), written to give the ids
+ * llama.cpp gives (llama-vocab.cpp: special-token partition, regex split, GPT-2
  * bytes_to_unicode, BPE by merge rank with a priority queue). Token text -> id and merge pair ->
  * rank lookups use glibc's hsearch_r tables (built once at load, read-only afterwards, so encode
  * may run on several threads at once); the pre-split regex is compiled once with PCRE2 (UTF, UCP,
@@ -46,6 +47,50 @@ static const char qwen2_regex[] = "'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][l
                                   "|[" WS "]+(?![^" WS "])"
                                   "|[" WS "]+";
 
+/* The other pre-tokenizers, from llama-vocab.cpp's llm_tokenizer_bpe (de3ff815) in the same form
+ * (explicit [sS] classes for the contractions, White_Space spelt out for \s). GLM-4
+ * (LLAMA_VOCAB_PRE_TYPE_CHATGLM4): llama3's split, digits in threes. */
+static const char glm4_regex[] = "'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
+                                 "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
+                                 "|\\p{N}{1,3}"
+                                 "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
+                                 "|[" WS "]*[\\r\\n]+"
+                                 "|[" WS "]+(?![^" WS "])"
+                                 "|[" WS "]+";
+/* gpt-oss (o200k_harmony, `gpt-4o`: LLAMA_VOCAB_PRE_TYPE_GPT4O, the regex of its tokenizer.json):
+ * words split at lower-to-upper case changes, contractions kept with them, digits in threes */
+#define CONTRACTION "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+static const char gpt4o_regex[] = "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" CONTRACTION
+                                  "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" CONTRACTION
+                                  "|\\p{N}{1,3}"
+                                  "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*"
+                                  "|[" WS "]*[\\r\\n]+"
+                                  "|[" WS "]+(?![^" WS "])"
+                                  "|[" WS "]+";
+/* DeepSeek-V3 (`deepseek-v3`: LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM): three splits in turn, each
+ * over the pieces of the one before: digits in threes; runs of CJK ideographs, hiragana and
+ * katakana; then words, punctuation and spaces */
+static const char ds3_regex1[] = "\\p{N}{1,3}";
+static const char ds3_regex2[] = "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+";
+static const char ds3_regex3[] = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
+                                 "|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                                 "| ?[\\p{P}\\p{S}]+[\\r\\n]*"
+                                 "|[" WS "]*[\\r\\n]+"
+                                 "|[" WS "]+(?![^" WS "])"
+                                 "|[" WS "]+";
+
+/* tokenizer.ggml.pre values strata splits, and their regexes (applied in turn). */
+static const struct pre_type {
+  const char *name;
+  const char *regex[3];
+} pre_types[] = {
+    {"qwen2", {qwen2_regex}},           {"deepseek-r1-qwen", {qwen2_regex}},
+    {"deepseek-v3", {ds3_regex1, ds3_regex2, ds3_regex3}},
+    {"gpt-4o", {gpt4o_regex}},          {"glm4", {glm4_regex}},
+    {"chatglm-bpe", {glm4_regex}},
+};
+#define MAX_RE 3
+
 struct st_tokenizer {
   int32_t n_vocab;
   char *text;                     /* token texts back to back, each NUL-terminated (hash keys) */
@@ -62,7 +107,9 @@ struct st_tokenizer {
   int32_t eos, eot;
   int32_t eog[8]; /* the end-of-generation ids (st_tokenizer_is_eog) */
   int n_eog;
-  pcre2_code *re;
+  int32_t bos_add; /* the BOS id a prompt starts with (tokenizer.ggml.add_bos_token), or -1 */
+  pcre2_code *re[MAX_RE]; /* the pre-tokenizer's regexes, applied in turn (n_re of them) */
+  int n_re;
   uint16_t byte_cp[256];          /* byte -> code point */
   int16_t cp_byte[BYTE_CP_LIMIT]; /* code point -> byte, -1 if none */
 };
@@ -334,19 +381,38 @@ static int build_special(struct st_tokenizer *t) {
   return 0;
 }
 
-static int compile_regex(struct st_tokenizer *t) {
-  int err;
-  PCRE2_SIZE erroff;
-  t->re = pcre2_compile((PCRE2_SPTR)qwen2_regex, PCRE2_ZERO_TERMINATED,
-                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
-  if (!t->re) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    return st_set_error(ST_ERUNTIME, "tokenizer: PCRE2 cannot compile the qwen2 regex at %zu: %s",
-                        (size_t)erroff, (const char *)msg);
+static int compile_regex(struct st_tokenizer *t, const struct pre_type *p) {
+  for (t->n_re = 0; t->n_re < MAX_RE && p->regex[t->n_re]; t->n_re++) {
+    int err;
+    PCRE2_SIZE erroff;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p->regex[t->n_re], PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
+    if (!re) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      return st_set_error(ST_ERUNTIME, "tokenizer: PCRE2 cannot compile the %s regex %d at %zu: %s", p->name, t->n_re,
+                          (size_t)erroff, (const char *)msg);
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is used if JIT is unavailable */
+    t->re[t->n_re] = re;
   }
-  pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* the interpreter is used if JIT is unavailable */
   return 0;
+}
+
+/* The pre-tokenizer tokenizer.ggml.pre names (ST_EUNSUP naming the ones strata splits otherwise). */
+static int find_pre(const struct st_gguf *g, const struct pre_type **out) {
+  const struct st_gguf_kv *kv = st_gguf_find_kv(g, "tokenizer.ggml.pre");
+  if (!kv) return st_set_error(ST_EUNSUP, "tokenizer: tokenizer.ggml.pre is missing");
+  if (kv->type != ST_GGUF_STRING)
+    return st_set_error(ST_EFORMAT, "tokenizer: key tokenizer.ggml.pre is %s, expected a string", st_gguf_vtype_name(kv->type));
+  for (size_t i = 0; i < sizeof pre_types / sizeof pre_types[0]; i++)
+    if (kv->v.str.len == strlen(pre_types[i].name) && !memcmp(kv->v.str.ptr, pre_types[i].name, kv->v.str.len)) {
+      *out = &pre_types[i];
+      return 0;
+    }
+  const int n = kv->v.str.len > 64 ? 64 : (int)kv->v.str.len;
+  return st_set_error(ST_EUNSUP, "tokenizer: tokenizer.ggml.pre \"%.*s\" is not supported (strata splits qwen2, "
+                      "deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe)", n, kv->v.str.ptr);
 }
 
 static int32_t lookup_token(const struct st_tokenizer *t, const char *text) {
@@ -359,7 +425,8 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
   int rc;
   *out = NULL;
   if ((rc = check_str_key(g, "tokenizer.ggml.model", "gpt2"))) return rc;
-  if ((rc = check_str_key(g, "tokenizer.ggml.pre", "qwen2"))) return rc;
+  const struct pre_type *pre = NULL;
+  if ((rc = find_pre(g, &pre))) return rc;
   const struct st_gguf_kv *tokens = find_array(g, "tokenizer.ggml.tokens", 1, &rc);
   if (rc) return rc;
   if (!tokens) return st_set_error(ST_EFORMAT, "tokenizer: tokenizer.ggml.tokens is missing");
@@ -379,10 +446,10 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
   struct st_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return st_set_error(ST_ENOMEM, "tokenizer: out of memory");
   t->n_vocab = (int32_t)tokens->v.arr.n;
-  t->eos = t->eot = -1;
+  t->eos = t->eot = t->bos_add = -1;
   build_byte_maps(t);
   if ((rc = copy_tokens(t, tokens, types)) || (rc = build_token_map(t)) ||
-      (rc = build_merge_map(t, merges)) || (rc = build_special(t)) || (rc = compile_regex(t))) {
+      (rc = build_merge_map(t, merges)) || (rc = build_special(t)) || (rc = compile_regex(t, pre))) {
     st_tokenizer_free(t);
     return rc;
   }
@@ -415,11 +482,22 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
     if (st_gguf_find_kv(g, keys[i]) && !st_gguf_get_u64(g, keys[i], &v) && v < (uint64_t)t->n_vocab) cand[nc++] = (int32_t)v;
   }
   for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) cand[nc++] = lookup_token(t, ends[i]);
+  /* o200k_harmony (gpt-oss): <|end|> closes the reasoning channel before the answer, so it ends
+   * nothing when <|return|> and <|call|> exist (llama.cpp's workaround, llama-vocab.cpp) */
+  const int32_t harmony_end = lookup_token(t, "<|return|>") >= 0 && lookup_token(t, "<|call|>") >= 0 ? lookup_token(t, "<|end|>") : -1;
   for (int i = 0; i < nc; i++) {
-    int dup = cand[i] < 0;
+    int dup = cand[i] < 0 || cand[i] == harmony_end;
     for (int j = 0; j < t->n_eog && !dup; j++) dup = t->eog[j] == cand[i];
     if (!dup && t->n_eog < (int)(sizeof t->eog / sizeof t->eog[0])) t->eog[t->n_eog++] = cand[i];
   }
+  /* the BOS a prompt starts with, when the file asks for one (llama.cpp's add_bos) */
+  int add_bos = 0;
+  uint64_t bos;
+  if (st_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") && st_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos))
+    add_bos = 0;
+  if (add_bos && st_gguf_find_kv(g, "tokenizer.ggml.bos_token_id") && !st_gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &bos) &&
+      bos < (uint64_t)t->n_vocab)
+    t->bos_add = (int32_t)bos;
   *out = t;
   return 0;
 }
@@ -430,7 +508,7 @@ void st_tokenizer_free(struct st_tokenizer *t) {
   if (t->merge_map) hdestroy_r(t->merge_map);
   free(t->tok_map);
   free(t->merge_map);
-  pcre2_code_free(t->re);
+  for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
   free(t->text);
   free(t->text_off);
   free(t->bytes);
@@ -569,14 +647,25 @@ static int bpe_piece(const struct st_tokenizer *t, struct bpe_work *w, const uns
   return 0;
 }
 
-/* Splits raw text with the qwen2 regex and BPE-encodes each piece. Bytes the regex cannot match
- * (invalid UTF-8) form pieces of their own, so they are still encoded byte by byte. */
-static int encode_raw(const struct st_tokenizer *t, struct bpe_work *w, pcre2_match_data *md,
-                      const char *s, size_t n, struct idvec *ids) {
+/* A piece after the pre-tokenizer's regex `level`: split further by the next one, or BPE-encoded. */
+static int encode_raw_level(const struct st_tokenizer *t, struct bpe_work *w, pcre2_match_data *md, const char *s, size_t n,
+                            struct idvec *ids, int level);
+
+static int piece_out(const struct st_tokenizer *t, struct bpe_work *w, pcre2_match_data *md, const char *s, size_t n,
+                     struct idvec *ids, int level) {
+  return level + 1 < t->n_re ? encode_raw_level(t, w, md, s, n, ids, level + 1) : bpe_piece(t, w, (const unsigned char *)s, n, ids);
+}
+
+/* Splits raw text with the pre-tokenizer's regex `level` into its matches and the text between them
+ * (llama.cpp's unicode_regex_split: every piece is kept, and split again by the next regex), then
+ * BPE-encodes each piece. Bytes the regex cannot match (invalid UTF-8) form pieces of their own, so
+ * they are still encoded byte by byte. */
+static int encode_raw_level(const struct st_tokenizer *t, struct bpe_work *w, pcre2_match_data *md, const char *s, size_t n,
+                            struct idvec *ids, int level) {
   size_t pos = 0;
   int rc;
   while (pos < n) {
-    int m = pcre2_match(t->re, (PCRE2_SPTR)s, n, pos, 0, md, NULL);
+    int m = pcre2_match(t->re[level], (PCRE2_SPTR)s, n, pos, 0, md, NULL);
     if (m == PCRE2_ERROR_NOMATCH) break;
     if (m < 0) {
       PCRE2_UCHAR msg[256];
@@ -585,12 +674,18 @@ static int encode_raw(const struct st_tokenizer *t, struct bpe_work *w, pcre2_ma
     }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     if (ov[1] <= ov[0]) return st_set_error(ST_ERUNTIME, "tokenizer: empty regex match");
-    if (ov[0] > pos && (rc = bpe_piece(t, w, (const unsigned char *)s + pos, ov[0] - pos, ids)))
-      return rc;
-    if ((rc = bpe_piece(t, w, (const unsigned char *)s + ov[0], ov[1] - ov[0], ids))) return rc;
-    pos = ov[1];
+    /* the next level reuses md: the match's bounds first */
+    const size_t m0 = ov[0], m1 = ov[1];
+    if (m0 > pos && (rc = piece_out(t, w, md, s + pos, m0 - pos, ids, level))) return rc;
+    if ((rc = piece_out(t, w, md, s + m0, m1 - m0, ids, level))) return rc;
+    pos = m1;
   }
-  return pos < n ? bpe_piece(t, w, (const unsigned char *)s + pos, n - pos, ids) : 0;
+  return pos < n ? piece_out(t, w, md, s + pos, n - pos, ids, level) : 0;
+}
+
+static int encode_raw(const struct st_tokenizer *t, struct bpe_work *w, pcre2_match_data *md, const char *s, size_t n,
+                      struct idvec *ids) {
+  return encode_raw_level(t, w, md, s, n, ids, 0);
 }
 
 struct fragment {
@@ -652,7 +747,8 @@ fail:
 }
 
 int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t len,
-                        int parse_special, int32_t **ids, size_t *n) {
+                        int flags, int32_t **ids, size_t *n) {
+  const int parse_special = flags & ST_TOK_SPECIAL;
   *ids = NULL;
   *n = 0;
   if (!t || (!text && len)) return st_set_error(ST_EINVAL, "tokenizer: encode without text");
@@ -660,8 +756,9 @@ int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t l
   struct bpe_work w = {0};
   struct fragment *frag = NULL;
   size_t nfrag = 0;
-  pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
+  pcre2_match_data *md = pcre2_match_data_create(16, NULL); /* the regexes' groups: a few each */
   int rc = md ? 0 : st_set_error(ST_ENOMEM, "tokenizer: out of memory for regex match data");
+  if (!rc && (flags & ST_TOK_BOS) && t->bos_add >= 0) rc = idvec_push(&out, t->bos_add);
   if (!rc) rc = partition_special(t, text ? text : "", len, parse_special, &frag, &nfrag);
   for (size_t i = 0; !rc && i < nfrag; i++) {
     if (frag[i].id >= 0)

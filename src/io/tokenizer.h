@@ -21,12 +21,16 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out);
 void st_tokenizer_free(struct st_tokenizer *t);
 
 /* Encodes `text` (len bytes of UTF-8; invalid UTF-8 bytes are encoded byte-wise) into a
- * malloc'd array *ids of *n ids (caller frees, also when *n is 0). parse_special != 0 turns
- * special-token text (control / unknown types) into its id; user-defined tokens (<think>,
- * <tool_call>, ...) are matched either way, as llama.cpp and Hugging Face do. Several threads
+ * malloc'd array *ids of *n ids (caller frees, also when *n is 0). flags: ST_TOK_SPECIAL turns
+ * special-token text (control / unknown types) into its id (user-defined tokens (<think>,
+ * <tool_call>, ...) are matched either way, as llama.cpp and Hugging Face do); ST_TOK_BOS starts
+ * with the BOS id when the file sets tokenizer.ggml.add_bos_token (a prompt, as llama.cpp's
+ * add_special); ST_TOK_PROMPT is both. The pre-split follows tokenizer.ggml.pre (qwen2,
+ * deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe: llama.cpp's regexes). Several threads
  * may encode with one tokenizer at once. Errors: ST_ENOMEM, ST_ERUNTIME (PCRE2 failure). */
+enum { ST_TOK_SPECIAL = 1, ST_TOK_BOS = 2, ST_TOK_PROMPT = 3 };
 int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t len,
-                        int parse_special, int32_t **ids, size_t *n);
+                        int flags, int32_t **ids, size_t *n);
 
 /* Vocabulary size (number of ids) and special ids (-1 when absent). */
 int32_t st_tokenizer_n_vocab(const struct st_tokenizer *t);
