@@ -8,6 +8,8 @@
 
 #include "cli/cli.h"
 #include "codelets/quant.h"
+#include "io/gguf.h"
+#include "io/chat_template.h"
 #include "io/arch.h"
 #include "io/learned.h"
 #include "codelets/cuda/cuda_codelets.h"
@@ -42,7 +44,9 @@ static void generate_help(FILE *f, const char *cmd) {
   if (gen)
     fprintf(f,
             "  -n, --n-predict N      tokens to generate (default 128; 0 = prompt only)\n"
-            "      --chat             wrap the prompt in the Qwen chat template (user turn, assistant reply)\n"
+            "      --chat             wrap the prompt as one user turn in the model's chat template family (Qwen\n"
+            "                         ChatML, DeepSeek-V3, gpt-oss harmony, GLM-4, Kimi K2; else ChatML), then\n"
+            "                         the assistant's reply\n"
             "      --temp T           sampling temperature (default 0.8; 0 = greedy)\n"
             "      --top-k K          keep the K most likely tokens (default 40; 0 = all)\n"
             "      --top-p P          nucleus sampling mass (default 0.95; 1 = off)\n"
@@ -148,11 +152,13 @@ static int session_open(const struct run_opts *o, struct session *s) {
   } else {
     const char *text = o->prompt;
     char *wrapped = NULL;
-    if (o->chat) {
-      static const char pre[] = "<|im_start|>user\n", post[] = "<|im_end|>\n<|im_start|>assistant\n";
-      wrapped = malloc(strlen(pre) + strlen(text) + strlen(post) + 1);
-      if (!wrapped) return st_set_error(ST_ENOMEM, "out of memory");
-      strcat(strcat(strcpy(wrapped, pre), text), post);
+    if (o->chat) { /* one user turn in the model's template family (io/chat_template.h), as serve renders it */
+      char *tmpl = NULL;
+      if (st_gguf_get_str(s->model->gguf, "tokenizer.chat_template", &tmpl)) tmpl = NULL;
+      const enum st_chat_kind kind = st_chat_template_detect(tmpl);
+      free(tmpl);
+      const struct st_chat_msg turn = {"user", text};
+      if ((rc = st_chat_render(kind, &turn, 1, 1, 1, &wrapped))) return rc;
       text = wrapped;
     }
     rc = st_tokenizer_encode(s->model->tok, text, strlen(text), ST_TOK_PROMPT, &s->ids, &s->n_ids);

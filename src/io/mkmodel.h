@@ -22,7 +22,8 @@ struct st_mkmodel_config {
   float rope_theta;    /* qwen3moe.rope.freq_base */
   float rms_eps;       /* qwen3moe.attention.layer_norm_rms_epsilon */
   uint32_t type;       /* st_type of the 2-D/3-D matrices (see st_mkmodel_file_type) */
-  uint32_t expert_type; /* st_type of the routed experts' matrices (0 = type; gpt-oss-20b: mxfp4) */
+  uint32_t expert_type; /* st_type of the routed experts' matrices when has_expert_type (gpt-oss-20b: mxfp4) */
+  int has_expert_type;  /* 0: the experts take `type` */
   /* what the other architectures add (their GGUF keys; 0 = none) */
   uint32_t n_rot;         /* rope.dimension_count (0 = head_dim) */
   uint32_t n_layer_dense; /* leading_dense_block_count (FFN feed_forward_length) */
