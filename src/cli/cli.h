@@ -64,9 +64,11 @@ double st_anon_rss_mib(void);
 
 /* Learned expert profiles (learn.c, io/learned.h), for the commands that run a model. Before the
  * engine starts: unless --no-learn, opens the model's learned profile and, when it is there and no
- * --expert-profile was given, points eo->expert_profile at it (a corrupt file: one warning). */
+ * --expert-profile was given, points eo->expert_profile at it (a corrupt file: one warning).
+ * writes: whether the command saves the run's routing afterwards (st_cli_learn_save; bench does
+ * not), for the note st_cli_learn_say prints. */
 struct st_learned;
-void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct st_engine_opts *eo);
+void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct st_engine_opts *eo, int writes);
 /* Prints the line saying which expert profile the run uses (after the engine has started). */
 void st_cli_learn_say(const struct st_learned *l);
 /* After a run (and, in strata serve, now and then): adds the engine's routing counts to the learned

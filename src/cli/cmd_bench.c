@@ -327,7 +327,7 @@ int st_cmd_bench(int argc, char **argv) {
   struct st_engine *e = NULL;
   struct st_learned learned = {0};
   if (!rc) rc = st_model_load(model, &m);
-  if (!rc) st_cli_learn_begin(&learned, m, &eo); /* read only: a benchmark's tokens are not learned */
+  if (!rc) st_cli_learn_begin(&learned, m, &eo, 0); /* read only: a benchmark's tokens are not learned */
   if (!rc) rc = st_engine_create(m, &eo, &e);
   if (!rc) st_cli_learn_say(&learned);
   if (!rc) sample_gpu_mem();

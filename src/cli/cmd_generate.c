@@ -175,7 +175,7 @@ static int session_open(const struct run_opts *o, struct session *s) {
       return st_set_error(ST_EINVAL, "token id %d is out of range (vocabulary of %u)", s->ids[i], hp->n_vocab);
   struct st_engine_opts eo = o->eo;
   eo.n_ctx = n_ctx;
-  st_cli_learn_begin(&s->learned, s->model, &eo);
+  st_cli_learn_begin(&s->learned, s->model, &eo, 1);
   if ((rc = st_engine_create(s->model, &eo, &s->engine))) return rc;
   st_cli_learn_say(&s->learned);
   const double kv_mib = st_engine_kv_bytes(s->engine) / 1048576.0;

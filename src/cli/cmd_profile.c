@@ -72,7 +72,9 @@ int st_cmd_profile(int argc, char **argv) {
     fputc('\n', stderr);
     rc = st_profile_write(out, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used, n, e->route_counts);
   }
-  if (!rc) fprintf(stderr, "strata profile: wrote %s: %u pairs ranked over %zu tokens\n", out, m->hp.n_layer * m->hp.n_expert, n);
+  if (!rc) /* a leading dense layer's "pairs" are listed with count 0: they have no experts */
+    fprintf(stderr, "strata profile: wrote %s: %u pairs ranked over %zu tokens\n", out,
+            (m->hp.n_layer - m->hp.n_layer_dense) * m->hp.n_expert, n);
   else fprintf(stderr, "strata profile: %s\n", st_last_error());
   free(logits);
   free(ids);

@@ -215,7 +215,7 @@ int st_cmd_serve(int argc, char **argv) {
     const struct st_hparams *hp = &s.model->hp;
     struct st_engine_opts eo = o.eo;
     eo.n_ctx = st_engine_ctx_size(hp, eo.n_ctx);
-    st_cli_learn_begin(&s.learned, s.model, &eo);
+    st_cli_learn_begin(&s.learned, s.model, &eo, 1);
     s.learned_saved_at = st_now();
     rc = st_engine_create(s.model, &eo, &s.engine);
     if (!rc) st_cli_learn_say(&s.learned);

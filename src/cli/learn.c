@@ -10,7 +10,7 @@
 #include "io/learned.h"
 #include "io/model.h"
 
-void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct st_engine_opts *eo) {
+void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct st_engine_opts *eo, int writes) {
   memset(l, 0, sizeof *l);
   if (eo->no_learn) {
     snprintf(l->note, sizeof l->note, "strata: --no-learn: no learned expert profile is read or written");
@@ -31,8 +31,8 @@ void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct s
              "strata: expert profile: learned from %" PRIu64 " tokens of earlier runs on this model file (%s)",
              l->base_tokens, l->path);
   } else {
-    snprintf(l->note, sizeof l->note,
-             "strata: expert profile: none learned for this model file yet (%s is written after the run)", l->path);
+    snprintf(l->note, sizeof l->note, "strata: expert profile: none learned for this model file yet (%s %s)", l->path,
+             writes ? "is written after the run" : "would be written by generate or serve; a benchmark only reads it");
   }
 }
 
@@ -45,7 +45,8 @@ void st_cli_learn_save(const struct st_learned *l, const struct st_engine *e) {
   const size_t n = (size_t)l->n_layer * l->n_expert;
   uint64_t entries = 0;
   for (size_t i = 0; i < n; i++) entries += e->route_counts[i];
-  const uint64_t per_token = (uint64_t)l->n_layer * l->top_k;
+  /* routed entries per token: the MoE layers' (leading dense layers route nothing) */
+  const uint64_t per_token = (uint64_t)(l->n_layer - e->hp.n_layer_dense) * l->top_k;
   const uint64_t tokens = per_token ? entries / per_token : 0;
   if (!tokens) return;
   if (st_learned_save(l, e->route_counts, tokens))

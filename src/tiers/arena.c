@@ -135,7 +135,7 @@ static void copy_layer(struct st_host_arena *a, const uint8_t *keep, uint32_t l)
   const struct st_model *m = a->model;
   const uint32_t E = a->n_expert;
   for (uint32_t x = 0; x < E; x++)
-    if (keep[(size_t)l * E + x])
+    if (keep[(size_t)l * E + x] && a->pair_off[(size_t)l * E + x] != ST_ARENA_NONE) /* NONE: a dense layer's */
       for (int i = 0; i < 3; i++) {
         const struct st_weight *w = matrix(m, l, i);
         memcpy(a->base + a->pair_off[(size_t)l * E + x] + a->mat_off[(size_t)l * 3 + i], st_expert_ptr(w, x),
@@ -201,6 +201,10 @@ int st_host_arena_create(struct st_host_arena *a, const struct st_model *m, cons
     const uint64_t stride = pair_stride(m, l, a->mat_off + (size_t)l * 3);
     for (uint32_t x = 0; x < E; x++) {
       const size_t i = (size_t)l * E + x;
+      if (!matrix(m, l, 0)->data) { /* a leading dense layer: no expert pairs to copy or count */
+        a->pair_off[i] = ST_ARENA_NONE;
+        continue;
+      }
       a->pair_off[i] = keep[i] ? off : ST_ARENA_NONE;
       if (keep[i]) {
         off += stride;
