@@ -486,9 +486,11 @@ int st_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       const uint64_t g = st_stats_gpu_entries(&r->delta), cpu = r->delta.expert_entries[ST_TIER_CPU_POOL];
-      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10.1f %6s %10.1f %8.1f %7.1f %8.3f\n", r->test,
+      char rl[24] = "-"; /* the roofline only where --roofline measured its inputs (a decode row) */
+      if (ROOFLINE(r) > 0) snprintf(rl, sizeof rl, "%.1f", ROOFLINE(r));
+      printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10s %6s %10.1f %8.1f %7.1f %8.3f\n", r->test,
              r->tokens, r->depth, r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
-             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, ROOFLINE(r),
+             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, rl,
              graphs_word(r->graphs), r->graphs < 0 ? 0.0 : dense_us(r), (double)r->delta.tasks / (double)r->tokens,
              100.0 * r->gpu_busy, TFLOPS(r));
     }
