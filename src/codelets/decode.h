@@ -154,6 +154,7 @@ struct st_decode_ctx {
   int mla, q_lora, kv_lora, qk_nope, head_dim_v;
   int n_ff_max;                    /* act's row: the largest of n_ff and every layer's fixed_ff */
   float *qa;                       /* MLA: [q_lora] the q LoRA's output */
+  uint8_t *qaq;                    /* MLA: qa normed and quantised for q_b (st_dense_q8's rule) */
   float *qm;                       /* MLA: [n_head][head_dim] the absorbed queries */
   uint8_t *xfq, *afq;              /* the fixed FFN's quantised input and act rows (st_fixed_q8) */
   int kv_type;                         /* the KV cache's element: ST_TYPE_F32 or ST_TYPE_F16 */
@@ -195,6 +196,10 @@ struct st_decode_ctx {
                                           shared-memory attributes and filled the RoPE table (StarPU
                                           resets the devices at shutdown) */
 };
+
+/* The matrix that takes a layer's normed input for the queries: wq, or MLA's q LoRA (q_a) when
+ * the layer has one; its st_dense_q8 rule decides whether xn is quantised for it (as wq's). */
+static inline const struct st_wdesc *st_q_in(const struct st_decode_layer *L) { return L->wq_a ? &L->wq_a_d : &L->wq_d; }
 
 /* The fixed FFN's int8 rule (both lanes, so that a token's bits do not depend on the path): gate
  * and up take int8 activations when st_matmul_q8 takes both types in one layout of n_embd, down

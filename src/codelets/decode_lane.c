@@ -60,7 +60,7 @@ static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) { r
 
 /* xn quantised for layer l's wq when it takes them (after each norm into xn). */
 static void quantize_xn(const struct st_decode_ctx *c, int l) {
-  if (l < c->n_layer && dense_q8(c, &c->layers[l].wq_d))
+  if (l < c->n_layer && dense_q8(c, st_q_in(&c->layers[l])))
     st_quantize_act(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq);
 }
 
@@ -86,8 +86,8 @@ struct proj {
 static int qkv_projs(const struct st_decode_ctx *c, const struct st_decode_layer *L, struct proj *p) {
   if (c->mla) {
     int n = 0;
-    if (c->q_lora) p[n++] = (struct proj){&L->wq_a_d, L->wq_a, c->qa, NULL, c->q_lora, 0};
-    else p[n++] = (struct proj){&L->wq_d, L->wq, c->q, NULL, (int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), 0};
+    if (c->q_lora) p[n++] = (struct proj){&L->wq_a_d, L->wq_a, c->qa, NULL, c->q_lora, dense_q8(c, &L->wq_a_d)};
+    else p[n++] = (struct proj){&L->wq_d, L->wq, c->q, NULL, (int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), dense_q8(c, &L->wq_d)};
     p[n++] = (struct proj){&L->wkv_a_d, L->wkv_a, c->kvnew, NULL, c->head_dim, 0};
     return n;
   }
@@ -131,6 +131,7 @@ static void item_mla_norm(struct lane_state *s, int l) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
   if (c->q_lora) st_rmsnorm(c->qa, L->q_a_norm, c->qa, c->q_lora, c->eps);
+  if (c->q_lora && dense_q8(c, &L->wq_b_d)) st_quantize_act(ST_TYPE_Q8_0, c->qa, c->q_lora, 1, c->q_lora, c->qaq);
   float *kv = c->kvnew, cs[c->rope.n_rot];
   st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
   st_rope_conf_table(cs, &c->rope, c->pos);
@@ -145,7 +146,8 @@ static void item_qb(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_layer *L = &c->layers[l];
   const int64_t n = (int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), r0 = i * c->rows_qkv;
   const int64_t r1 = r0 + c->rows_qkv < n ? r0 + c->rows_qkv : n;
-  rows(&L->wq_b_d, L->wq_b, r0, r1, c->qa, c->q + r0);
+  if (dense_q8(c, &L->wq_b_d)) st_matmul_q8(L->wq_b_d.type, L->wq_b, L->wq_b_d.row_bytes, r0, r1, c->qaq, 1, c->q_lora, c->q + r0, r1 - r0);
+  else rows(&L->wq_b_d, L->wq_b, r0, r1, c->qa, c->q + r0);
 }
 
 /* MLA, head h: its query's rope part roped, its no-rope part absorbed by k_b into the latent's

@@ -82,6 +82,7 @@ struct st_prompt_ctx {
   uint8_t *attnq;                  /* [cap][q8_0 row of n_head * head_dim] */
   float *rope;                     /* [cap][head_dim]: each token's RoPE (cos, sin) pairs (n_rot of them) */
   float *qa;                       /* MLA: [cap][q_lora] the q LoRA's output */
+  uint8_t *qaq;                    /* MLA: [cap][q8_0 row of q_lora] qa normed, quantised for q_b */
   float *qm;                       /* MLA: [cap][n_head][head_dim] the absorbed queries */
   float *actf, *eoutf;             /* the fixed FFN (shared expert or dense FFN): [cap][its n_ff], [cap][n_embd] */
   uint8_t *xfq, *afq;              /* its quantised input and act rows ([cap][fq_x], [cap][fq_a]: st_fixed_q8) */

@@ -78,7 +78,7 @@ static void tile_of(const struct st_prompt_ctx *p, int64_t i, int *t0, int *t1) 
 /* xn quantised for layer l's wq (when it takes q8_0 activations), tokens [t0, t1). */
 static void quantize_xn(const struct st_prompt_ctx *p, int l, int t0, int t1) {
   const struct st_decode_ctx *c = p->dc;
-  if (l >= c->n_layer || !dense_q8(c, &c->layers[l].wq_d)) return;
+  if (l >= c->n_layer || !dense_q8(c, st_q_in(&c->layers[l]))) return;
   const uint64_t rb = st_q8_row_bytes(ST_TYPE_Q8_0, c->n_embd);
   st_quantize_act(ST_TYPE_Q8_0, p->xn + (size_t)t0 * c->n_embd, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb);
 }
@@ -113,7 +113,9 @@ static void item_qkv_mla(const struct st_prompt_ctx *p, const struct st_decode_l
   const int64_t n = i < nkv ? c->head_dim : c->q_lora ? c->q_lora : (int64_t)c->n_head * mla_qk(c);
   float *out = i < nkv ? p->kvnew : c->q_lora ? p->qa : p->q;
   const int64_t r0 = (i < nkv ? i : i - nkv) * R, r1 = min64(n, r0 + R);
-  st_matmul(w->type, W, w->row_bytes, r0, r1, p->xn, d, p->T, d, out + r0, n);
+  /* the queries' matrix on xnq as the decode lanes' (st_dense_q8); kv_a_mqa in float32 (the cache keeps it) */
+  if (i >= nkv && dense_q8(c, w)) st_matmul_q8(w->type, W, w->row_bytes, r0, r1, p->xnq, p->T, d, out + r0, n);
+  else st_matmul(w->type, W, w->row_bytes, r0, r1, p->xn, d, p->T, d, out + r0, n);
 }
 
 static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
@@ -158,6 +160,9 @@ static void item_mla_norm(const struct st_prompt_ctx *p, int l, int64_t i) {
   tile_of(p, i, &t0, &t1);
   for (int t = t0; t < t1; t++) {
     if (c->q_lora) st_rmsnorm(p->qa + (size_t)t * c->q_lora, L->q_a_norm, p->qa + (size_t)t * c->q_lora, c->q_lora, c->eps);
+    if (c->q_lora && dense_q8(c, &L->wq_b_d))
+      st_quantize_act(ST_TYPE_Q8_0, p->qa + (size_t)t * c->q_lora, c->q_lora, 1, c->q_lora,
+                      p->qaq + (size_t)t * st_q8_row_bytes(ST_TYPE_Q8_0, c->q_lora));
     float *kv = p->kvnew + (size_t)t * hd;
     st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
     st_rope_conf_apply(kv + c->kv_lora, &c->rope, p->rope + (size_t)t * hd);
@@ -170,7 +175,8 @@ static void item_qb(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const struct st_decode_layer *L = &c->layers[l];
   const int64_t n = (int64_t)c->n_head * mla_qk(c), r0 = i * p->rows_qkv, r1 = min64(n, r0 + p->rows_qkv);
-  st_matmul(L->wq_b_d.type, L->wq_b, L->wq_b_d.row_bytes, r0, r1, p->qa, c->q_lora, p->T, c->q_lora, p->q + r0, n);
+  if (dense_q8(c, &L->wq_b_d)) st_matmul_q8(L->wq_b_d.type, L->wq_b, L->wq_b_d.row_bytes, r0, r1, p->qaq, p->T, c->q_lora, p->q + r0, n);
+  else st_matmul(L->wq_b_d.type, L->wq_b, L->wq_b_d.row_bytes, r0, r1, p->qa, c->q_lora, p->T, c->q_lora, p->q + r0, n);
 }
 
 static void item_rope(const struct st_prompt_ctx *p, int l, int64_t i) {

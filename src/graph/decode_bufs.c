@@ -125,6 +125,7 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->q, float, qw);
   TAKE(c->attn, float, qw);
   TAKE(c->qa, float, hp->q_lora + 1);
+  TAKE(c->qaq, uint8_t, st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)hp->q_lora) + 1);
   TAKE(c->qm, float, (size_t)hp->n_head * hp->head_dim);
   uint64_t fx = 0, fa = 0; /* the fixed FFNs' widest quantised rows */
   for (uint32_t l = 0; l < hp->n_layer && d->layers; l++) {

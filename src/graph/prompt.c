@@ -96,6 +96,7 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   CARVE(base, at, p->attnq, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)qw_all) + 1);
   CARVE(base, at, p->rope, float, cap * hd);
   CARVE(base, at, p->qa, float, mla ? cap * hp->q_lora + 1 : 1);
+  CARVE(base, at, p->qaq, uint8_t, mla ? cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)hp->q_lora) + 1 : 1);
   CARVE(base, at, p->qm, float, mla ? cap * qw_all : 1);
   CARVE(base, at, p->actf, float, cap * fixed + 1);
   CARVE(base, at, p->eoutf, float, fixed ? cap * d : 1);
