@@ -1,5 +1,5 @@
 /* The GGUF `gpt2` byte-level BPE tokenizer with the pre-tokenizers of the architectures strata
- * computes (`qwen2`; `deepseek-v3`, `gpt-4o` (gpt-oss's o200k), `glm4`), written to give the ids
+ * computes (`qwen2`; `deepseek-v3`, `gpt-4o` (gpt-oss's o200k), `glm4`, `kimi-k2`), written to give the ids
  * llama.cpp gives (llama-vocab.cpp: special-token partition, regex split, GPT-2
  * bytes_to_unicode, BPE by merge rank with a priority queue). Token text -> id and merge pair ->
  * rank lookups use glibc's hsearch_r tables (built once at load, read-only afterwards, so encode
@@ -79,6 +79,20 @@ static const char ds3_regex3[] = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A
                                  "|[" WS "]+(?![^" WS "])"
                                  "|[" WS "]+";
 
+/* Kimi K2 (`kimi-k2`: the regex of its tokenization_kimi.py, whose class intersections
+ * [...&&[^\p{Han}]] are written as a negative lookahead per character): runs of Han, then gpt-4o's
+ * words without Han letters, digits in threes */
+#define NOHAN_UP "(?:(?!\\p{Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
+#define NOHAN_LO "(?:(?!\\p{Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
+static const char kimi_k2_regex[] = "\\p{Han}+"
+                                    "|[^\\r\\n\\p{L}\\p{N}]?" NOHAN_UP "*" NOHAN_LO "+" CONTRACTION
+                                    "|[^\\r\\n\\p{L}\\p{N}]?" NOHAN_UP "+" NOHAN_LO "*" CONTRACTION
+                                    "|\\p{N}{1,3}"
+                                    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
+                                    "|[" WS "]*[\\r\\n]+"
+                                    "|[" WS "]+(?![^" WS "])"
+                                    "|[" WS "]+";
+
 /* tokenizer.ggml.pre values strata splits, and their regexes (applied in turn). */
 static const struct pre_type {
   const char *name;
@@ -87,7 +101,7 @@ static const struct pre_type {
     {"qwen2", {qwen2_regex}},           {"deepseek-r1-qwen", {qwen2_regex}},
     {"deepseek-v3", {ds3_regex1, ds3_regex2, ds3_regex3}},
     {"gpt-4o", {gpt4o_regex}},          {"glm4", {glm4_regex}},
-    {"chatglm-bpe", {glm4_regex}},
+    {"chatglm-bpe", {glm4_regex}},      {"kimi-k2", {kimi_k2_regex}},
 };
 #define MAX_RE 3
 
@@ -412,7 +426,7 @@ static int find_pre(const struct st_gguf *g, const struct pre_type **out) {
     }
   const int n = kv->v.str.len > 64 ? 64 : (int)kv->v.str.len;
   return st_set_error(ST_EUNSUP, "tokenizer: tokenizer.ggml.pre \"%.*s\" is not supported (strata splits qwen2, "
-                      "deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe)", n, kv->v.str.ptr);
+                      "deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe, kimi-k2)", n, kv->v.str.ptr);
 }
 
 static int32_t lookup_token(const struct st_tokenizer *t, const char *text) {

@@ -26,7 +26,7 @@ void st_tokenizer_free(struct st_tokenizer *t);
  * <tool_call>, ...) are matched either way, as llama.cpp and Hugging Face do); ST_TOK_BOS starts
  * with the BOS id when the file sets tokenizer.ggml.add_bos_token (a prompt, as llama.cpp's
  * add_special); ST_TOK_PROMPT is both. The pre-split follows tokenizer.ggml.pre (qwen2,
- * deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe: llama.cpp's regexes). Several threads
+ * deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe, kimi-k2: llama.cpp's splits). Several threads
  * may encode with one tokenizer at once. Errors: ST_ENOMEM, ST_ERUNTIME (PCRE2 failure). */
 enum { ST_TOK_SPECIAL = 1, ST_TOK_BOS = 2, ST_TOK_PROMPT = 3 };
 int st_tokenizer_encode(const struct st_tokenizer *t, const char *text, size_t len,
