@@ -29,7 +29,7 @@ static const struct st_arch archs[ST_ARCH_COUNT] = {
      * a shared expert, sigmoid gating with the correction bias and groups */
     {.name = "glm4moe", .id = ST_ARCH_GLM4MOE, .attn_kind = ST_ATTN_GQA, .rope_kind = ST_ROPE_NEOX,
      .gating = ST_GATING_SIGMOID, .ffn_act = ST_ACT_SILU, .ffn_norm = "post_attention_norm", .qk_norm = 1,
-     .qkv_bias = 1, .shared = 1, .weights_norm = 1},
+     .qk_norm_optional = 1, .qkv_bias = 1, .shared = 1, .weights_norm = 1},
 };
 
 const struct st_arch *st_arch_find(const char *name) {
@@ -75,8 +75,8 @@ int st_arch_layer_tensors(const struct st_arch *A, const struct st_hparams *hp, 
     T("attn_k.weight", 2, ST_TK_MATRIX, 0, wk, d, kv);
     T("attn_v.weight", 2, ST_TK_MATRIX, 0, wv, d, kv);
     if (A->qk_norm) {
-      T("attn_q_norm.weight", 1, ST_TK_NORM, 0, q_norm, hd);
-      T("attn_k_norm.weight", 1, ST_TK_NORM, 0, k_norm, hd);
+      T("attn_q_norm.weight", 1, ST_TK_NORM, A->qk_norm_optional, q_norm, hd);
+      T("attn_k_norm.weight", 1, ST_TK_NORM, A->qk_norm_optional, k_norm, hd);
     }
     if (A->qkv_bias) {
       T("attn_q.bias", 1, ST_TK_BIAS, 0, bq, q);

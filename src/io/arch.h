@@ -20,6 +20,7 @@ struct st_arch {
   const char *ffn_norm;      /* the FFN norm's tensor: "ffn_norm" or "post_attention_norm" */
   uint32_t swa_pattern;      /* sliding layers every swa_pattern layers (llama.cpp's set_swa_pattern); 0: none */
   unsigned qk_norm : 1;      /* attn_q_norm / attn_k_norm, per head, before RoPE */
+  unsigned qk_norm_optional : 1; /* ... when the file has them (GLM-4.5 355B has none, GLM-4.5-Air has them) */
   unsigned qkv_bias : 1;     /* attn_q/k/v.bias */
   unsigned o_bias : 1;       /* attn_output.bias */
   unsigned sinks : 1;        /* attn_sinks.weight: one logit per head in the softmax's denominator */
