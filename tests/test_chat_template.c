@@ -96,6 +96,14 @@ int main(void) {
                                      {"user", "Again"}};
   render_kind(ST_CHAT_DEEPSEEK3, "DeepSeek-V3 turns, history reasoning stripped, generation prompt", conv, 4, 1, 1,
               "Be brief.\n\n<｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜><｜User｜>Again<｜Assistant｜>");
+  render_kind(ST_CHAT_DEEPSEEK2, "DeepSeek-V2 turns, generation prompt", conv, 2, 1, 1, "Be brief.\n\nUser: Hi\n\nAssistant:");
+  if (st_chat_template_detect("{% if %}{{ 'Assistant: ' + message['content'] + eos_token }}") == ST_CHAT_DEEPSEEK2) {
+    printf("PASS detection: DeepSeek-V2's marker -> its family\n");
+    pass++;
+  } else {
+    printf("FAIL detection of DeepSeek-V2\n");
+    fail++;
+  }
   render_kind(ST_CHAT_HARMONY, "gpt-oss harmony turns, generation prompt", conv + 1, 3, 1, 1,
               "<|start|>user<|message|>Hi<|end|><|start|>assistant<|message|><think>x</think>\n\nHello<|return|>"
               "<|start|>user<|message|>Again<|end|><|start|>assistant");

@@ -14,6 +14,7 @@ enum st_chat_kind st_chat_template_detect(const char *tmpl) {
   if (!tmpl) return ST_CHAT_FALLBACK;
   if (strstr(tmpl, "<|im_start|>")) return ST_CHAT_QWEN3;
   if (strstr(tmpl, "[gMASK]<sop>")) return ST_CHAT_GLM4;
+  if (strstr(tmpl, "'Assistant: ' + message['content'] + eos_token")) return ST_CHAT_DEEPSEEK2;
   if (strstr(tmpl, "<｜Assistant｜>") && strstr(tmpl, "<｜User｜>") && strstr(tmpl, "<｜end▁of▁sentence｜>"))
     return ST_CHAT_DEEPSEEK3;
   if (strstr(tmpl, "<|start|>") && strstr(tmpl, "<|channel|>")) return ST_CHAT_HARMONY;
@@ -25,6 +26,7 @@ const char *st_chat_kind_name(enum st_chat_kind kind) {
   switch (kind) {
   case ST_CHAT_QWEN3: return "Qwen (ChatML, <think> handling)";
   case ST_CHAT_DEEPSEEK3: return "DeepSeek-V3/R1";
+  case ST_CHAT_DEEPSEEK2: return "DeepSeek-V2";
   case ST_CHAT_HARMONY: return "gpt-oss harmony";
   case ST_CHAT_GLM4: return "GLM-4";
   case ST_CHAT_KIMI_K2: return "Kimi K2";
@@ -40,6 +42,12 @@ static void render_other(FILE *b, enum st_chat_kind kind, const char *r, const c
     else if (!strcmp(r, "user")) fprintf(b, "<｜User｜>%s", c);
     else if (!strcmp(r, "assistant")) fprintf(b, "<｜Assistant｜>%s<｜end▁of▁sentence｜>", c);
     else fprintf(b, "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>%s<｜tool▁output▁end｜><｜tool▁outputs▁end｜>", c);
+    break;
+  case ST_CHAT_DEEPSEEK2:
+    if (!strcmp(r, "system")) fprintf(b, "%s\n\n", c);
+    else if (!strcmp(r, "user")) fprintf(b, "User: %s\n\n", c);
+    else if (!strcmp(r, "assistant")) fprintf(b, "Assistant: %s<｜end▁of▁sentence｜>", c);
+    else fprintf(b, "User: %s\n\n", c); /* a tool result as the user's turn (llama.cpp's renderer drops it) */
     break;
   case ST_CHAT_HARMONY:
     fprintf(b, "<|start|>%s<|message|>%s%s", r, c, !strcmp(r, "assistant") ? "<|return|>" : "<|end|>");
@@ -85,6 +93,7 @@ int st_chat_render(enum st_chat_kind kind, const struct st_chat_msg *msgs, size_
     }
     if (add_generation_prompt)
       fputs(kind == ST_CHAT_DEEPSEEK3 ? "<｜Assistant｜>"
+            : kind == ST_CHAT_DEEPSEEK2 ? "Assistant:"
             : kind == ST_CHAT_HARMONY ? "<|start|>assistant"
             : kind == ST_CHAT_GLM4    ? "<|assistant|>\n"
                                       : "<|im_assistant|>assistant<|im_middle|>",

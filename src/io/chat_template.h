@@ -21,6 +21,8 @@ enum st_chat_kind {
   ST_CHAT_HARMONY,      /* gpt-oss (`<|start|>`, `<|channel|>`): <|start|>{role}<|message|>{content}<|end|>
                            (<|return|> after an assistant's), generation prompt <|start|>assistant */
   ST_CHAT_GLM4,         /* `[gMASK]<sop>`: [gMASK]<sop> then <|{role}|>\n{content}, prompt <|assistant|>\n */
+  ST_CHAT_DEEPSEEK2,    /* DeepSeek-V2 (`'Assistant: ' + message['content'] + eos_token`): system text then "\n\n",
+                           "User: {user}\n\n", "Assistant: {assistant}<｜end▁of▁sentence｜>", prompt "Assistant:" */
   ST_CHAT_KIMI_K2,      /* `<|im_assistant|>assistant<|im_middle|>`: <|im_{role}|>{role}<|im_middle|>{content}<|im_end|>
                            (tool: <|im_system|>tool<|im_middle|>) */
 };

@@ -93,17 +93,29 @@ static const char kimi_k2_regex[] = "\\p{Han}+"
                                     "|[" WS "]+(?![^" WS "])"
                                     "|[" WS "]+";
 
+/* DeepSeek-V2 / DeepSeek-LLM (`deepseek-llm`: LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM): six splits in turn,
+ * copied from llama-vocab.cpp (line breaks; Latin-like letters with an optional space before; ASCII
+ * and full-width punctuation likewise; trailing spaces (ECMAScript's $: the piece's end); CJK;
+ * numbers) */
+static const char dsllm_regex1[] = "[\r\n]";
+static const char dsllm_regex2[] = "[" WS "]?" "[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+static const char dsllm_regex3[] = "[" WS "]?" "[!-/:-~！-／：-～‘-‟　-。]+";
+static const char dsllm_regex4[] = "[" WS "]+\\z";
+static const char dsllm_regex5[] = "[一-龥ࠀ-一가-퟿]+";
+static const char dsllm_regex6[] = "\\p{N}+";
+
 /* tokenizer.ggml.pre values strata splits, and their regexes (applied in turn). */
 static const struct pre_type {
   const char *name;
-  const char *regex[3];
+  const char *regex[6];
 } pre_types[] = {
     {"qwen2", {qwen2_regex}},           {"deepseek-r1-qwen", {qwen2_regex}},
     {"deepseek-v3", {ds3_regex1, ds3_regex2, ds3_regex3}},
     {"gpt-4o", {gpt4o_regex}},          {"glm4", {glm4_regex}},
     {"chatglm-bpe", {glm4_regex}},      {"kimi-k2", {kimi_k2_regex}},
+    {"deepseek-llm", {dsllm_regex1, dsllm_regex2, dsllm_regex3, dsllm_regex4, dsllm_regex5, dsllm_regex6}},
 };
-#define MAX_RE 3
+#define MAX_RE 6
 
 struct st_tokenizer {
   int32_t n_vocab;
@@ -426,7 +438,7 @@ static int find_pre(const struct st_gguf *g, const struct pre_type **out) {
     }
   const int n = kv->v.str.len > 64 ? 64 : (int)kv->v.str.len;
   return st_set_error(ST_EUNSUP, "tokenizer: tokenizer.ggml.pre \"%.*s\" is not supported (strata splits qwen2, "
-                      "deepseek-r1-qwen, deepseek-v3, gpt-4o, glm4, chatglm-bpe, kimi-k2)", n, kv->v.str.ptr);
+                      "deepseek-r1-qwen, deepseek-llm, deepseek-v3, gpt-4o, glm4, chatglm-bpe, kimi-k2)", n, kv->v.str.ptr);
 }
 
 static int32_t lookup_token(const struct st_tokenizer *t, const char *text) {
@@ -474,10 +486,10 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
       return rc;
     }
     if (eos >= (uint64_t)t->n_vocab) {
+      const int32_t nv = t->n_vocab;
       st_tokenizer_free(t);
-      return st_set_error(ST_EFORMAT,
-                          "tokenizer: eos_token_id %llu outside the %d-token vocabulary",
-                          (unsigned long long)eos, t->n_vocab);
+      return st_set_error(ST_EFORMAT, "tokenizer: eos_token_id %llu outside the %d-token vocabulary",
+                          (unsigned long long)eos, nv);
     }
     t->eos = (int32_t)eos;
   }

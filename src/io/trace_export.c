@@ -293,9 +293,12 @@ int st_trace_keep_step(struct st_trace *tr, int is_decode, int index) {
   const struct st_trace_step *step = NULL;
   for (size_t i = 0; i < tr->n_steps; i++)
     if (tr->steps[i].is_decode == is_decode && tr->steps[i].index == index) step = &tr->steps[i];
-  if (!step)
-    return st_set_error(ST_EINVAL, "the trace has no %s step %d (%zu steps recorded)", is_decode ? "decode" : "prompt",
-                        index, tr->n_steps);
+  if (!step) {
+    size_t n_kind = 0; /* the steps of the asked kind: indices 0 .. n_kind - 1 */
+    for (size_t i = 0; i < tr->n_steps; i++) n_kind += tr->steps[i].is_decode == is_decode;
+    return st_set_error(ST_EINVAL, "the trace has no %s step %d (%zu %s steps recorded, %zu in all)",
+                        is_decode ? "decode" : "prompt", index, n_kind, is_decode ? "decode" : "prompt", tr->n_steps);
+  }
   const struct st_trace_step keep = *step;
   size_t n = 0;
   for (size_t i = 0; i < tr->n_tasks; i++) {
