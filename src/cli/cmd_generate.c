@@ -273,6 +273,9 @@ int st_cmd_generate(int argc, char **argv) {
       st_detok_push(&dt, id, text, text_cap);
       fputs(text, stdout);
       fflush(stdout);
+    } else if (!o.print_ids && st_tokenizer_is_shown(s.model->tok, id)) { /* <think>, harmony's markers */
+      const int b = st_tokenizer_token_bytes(s.model->tok, id, text, text_cap - 1);
+      if (b > 0) fwrite(text, 1, (size_t)b, stdout), fflush(stdout);
     }
     if (!o.ignore_eos && st_tokenizer_is_eog(s.model->tok, id)) break;
     if ((long)n_gen == o.n_predict) break;

@@ -189,10 +189,9 @@ static void run_job(struct server *s, struct job *j) {
     j->n_gen++;
     size_t l = 0;
     if (st_tokenizer_is_special(tok, id)) {
-      /* control tokens are not text; Qwen3's reasoning markers are shown as llama.cpp shows them */
-      int b = st_tokenizer_token_bytes(tok, id, piece, piece_cap - 1);
-      if (b > 0 && ((b == 7 && !memcmp(piece, "<think>", 7)) || (b == 8 && !memcmp(piece, "</think>", 8))))
-        l = (size_t)b;
+      /* control tokens are not text, but for those llama.cpp shows (reasoning and harmony markers) */
+      int b = st_tokenizer_is_shown(tok, id) ? st_tokenizer_token_bytes(tok, id, piece, piece_cap - 1) : 0;
+      if (b > 0) l = (size_t)b;
     } else {
       l = st_detok_push(&dt, id, piece, piece_cap);
     }

@@ -106,6 +106,11 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
   if ((rc = opt_f32(g, A, "rope.freq_base", &hp->rope_theta)) ||
       (rc = opt_f32(g, A, "attention.layer_norm_rms_epsilon", &hp->rms_eps)))
     return rc;
+  /* float keys a file could carry wrong: refused here, by name, rather than as overflowing activations */
+  if (!(hp->rope_theta > 0.0f) || !isfinite(hp->rope_theta))
+    return st_set_error(ST_EFORMAT, "%s.rope.freq_base = %g is not a positive number", A->name, hp->rope_theta);
+  if (!(hp->rms_eps > 0.0f) || !(hp->rms_eps < 1.0f))
+    return st_set_error(ST_EFORMAT, "%s.attention.layer_norm_rms_epsilon = %g is out of range (0, 1)", A->name, hp->rms_eps);
   hp->n_rot = hp->head_dim;
   if ((rc = opt_u32(g, A, "rope.dimension_count", &hp->n_rot))) return rc;
   /* YaRN (rope.scaling.type yarn): llama.cpp's ext_factor 1, attention factor 1 */
@@ -126,9 +131,11 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
           (rc = opt_f32(g, A, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast)) ||
           (rc = opt_f32(g, A, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow)))
         return rc;
-      if (!(hp->yarn_factor >= 1.0f) || hp->yarn_orig_ctx == 0)
-        return st_set_error(ST_EFORMAT, "rope.scaling.factor %g / original_context_length %u are out of range",
-                            hp->yarn_factor, hp->yarn_orig_ctx);
+      if (!(hp->yarn_factor >= 1.0f) || !(hp->yarn_factor < 1e6f) || hp->yarn_orig_ctx == 0 ||
+          !(hp->yarn_beta_fast > 0.0f && hp->yarn_beta_fast < 1e6f) || !(hp->yarn_beta_slow > 0.0f && hp->yarn_beta_slow < 1e6f))
+        return st_set_error(ST_EFORMAT, "rope.scaling.factor %g / original_context_length %u / yarn_beta_fast %g / "
+                            "yarn_beta_slow %g are out of range", hp->yarn_factor, hp->yarn_orig_ctx, hp->yarn_beta_fast,
+                            hp->yarn_beta_slow);
       if (hp->yarn_factor == 1.0f) hp->yarn_factor = 0.0f; /* no scaling */
     }
   }
@@ -139,6 +146,8 @@ static int load_hparams(const struct st_gguf *g, const struct st_arch *A, struct
   if ((rc = opt_f32(g, A, "rope.scaling.yarn_log_multiplier", &log_mul)) ||
       (rc = opt_f32(g, A, "rope.scaling.attn_factor", &attn_factor)))
     return rc;
+  if (!(fabsf(log_mul) < 100.0f) || !(attn_factor > 0.0f && attn_factor < 100.0f))
+    return st_set_error(ST_EFORMAT, "rope.scaling.yarn_log_multiplier %g / attn_factor %g are out of range", log_mul, attn_factor);
   if (A->id == ST_ARCH_DEEPSEEK2) log_mul /= 0.1f; /* [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX] */
   const double ln_f = hp->yarn_factor > 0 ? log((double)hp->yarn_factor) : 0.0;
   double yaf = 1.0;

@@ -134,6 +134,8 @@ struct st_tokenizer {
   int32_t eog[8]; /* the end-of-generation ids (st_tokenizer_is_eog) */
   int n_eog;
   int32_t bos_add; /* the BOS id a prompt starts with (tokenizer.ggml.add_bos_token), or -1 */
+  int32_t shown[6]; /* control tokens a generation shows as text (st_tokenizer_is_shown) */
+  int n_shown;
   pcre2_code *re[MAX_RE]; /* the pre-tokenizer's regexes, applied in turn (n_re of them) */
   int n_re;
   uint16_t byte_cp[256];          /* byte -> code point */
@@ -505,7 +507,14 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
   static const char *const keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
   for (int i = 0; i < 2; i++) {
     uint64_t v;
-    if (st_gguf_find_kv(g, keys[i]) && !st_gguf_get_u64(g, keys[i], &v) && v < (uint64_t)t->n_vocab) cand[nc++] = (int32_t)v;
+    if (!st_gguf_find_kv(g, keys[i])) continue;
+    if ((rc = st_gguf_get_u64(g, keys[i], &v)) || v >= (uint64_t)t->n_vocab) {
+      const int32_t nv = t->n_vocab;
+      st_tokenizer_free(t);
+      return rc ? rc : st_set_error(ST_EFORMAT, "tokenizer: %s %llu outside the %d-token vocabulary", keys[i],
+                                    (unsigned long long)v, nv);
+    }
+    cand[nc++] = (int32_t)v;
   }
   for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) cand[nc++] = lookup_token(t, ends[i]);
   /* o200k_harmony (gpt-oss): <|end|> closes the reasoning channel before the answer, so it ends
@@ -516,14 +525,31 @@ int st_tokenizer_load(const struct st_gguf *g, struct st_tokenizer **out) {
     for (int j = 0; j < t->n_eog && !dup; j++) dup = t->eog[j] == cand[i];
     if (!dup && t->n_eog < (int)(sizeof t->eog / sizeof t->eog[0])) t->eog[t->n_eog++] = cand[i];
   }
+  /* control tokens shown in generated text: Qwen3's reasoning markers, and gpt-oss's harmony
+   * structure tokens llama.cpp always renders (llama-vocab.cpp: <|channel|>, <|message|>, <|start|>,
+   * <|constrain|>), so that a reader can split the reasoning from the answer */
+  static const char *const shown[] = {"<think>", "</think>", "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+  for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+    const int32_t id = lookup_token(t, shown[i]);
+    if (id >= 0) t->shown[t->n_shown++] = id;
+  }
   /* the BOS a prompt starts with, when the file asks for one (llama.cpp's add_bos) */
   int add_bos = 0;
-  uint64_t bos;
-  if (st_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") && st_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos))
-    add_bos = 0;
-  if (add_bos && st_gguf_find_kv(g, "tokenizer.ggml.bos_token_id") && !st_gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &bos) &&
-      bos < (uint64_t)t->n_vocab)
+  uint64_t bos = 0;
+  if (st_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") && (rc = st_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos))) {
+    st_tokenizer_free(t);
+    return rc;
+  }
+  if (add_bos) {
+    if (!st_gguf_find_kv(g, "tokenizer.ggml.bos_token_id") || (rc = st_gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &bos)) ||
+        bos >= (uint64_t)t->n_vocab) {
+      const int32_t nv = t->n_vocab;
+      st_tokenizer_free(t);
+      return rc ? rc : st_set_error(ST_EFORMAT, "tokenizer: add_bos_token is set but bos_token_id is %s (%d-token vocabulary)",
+                                    bos ? "outside the vocabulary" : "missing", nv);
+    }
     t->bos_add = (int32_t)bos;
+  }
   *out = t;
   return 0;
 }
@@ -817,6 +843,13 @@ int32_t st_tokenizer_eot(const struct st_tokenizer *t) { return t->eot; }
 int st_tokenizer_is_eog(const struct st_tokenizer *t, int32_t id) {
   for (int i = 0; i < t->n_eog; i++)
     if (t->eog[i] == id) return 1;
+  return 0;
+}
+
+int st_tokenizer_is_shown(const struct st_tokenizer *t, int32_t id) {
+  if (!st_tokenizer_is_special(t, id)) return id >= 0 && id < t->n_vocab;
+  for (int i = 0; i < t->n_shown; i++)
+    if (t->shown[i] == id) return 1;
   return 0;
 }
 

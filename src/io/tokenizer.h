@@ -41,6 +41,10 @@ int32_t st_tokenizer_eot(const struct st_tokenizer *t);   /* <|im_end|> when pre
  * (<|im_end|>; gpt-oss's <|end|>, <|return|>, <|call|>; GLM's <|user|>, <|observation|>;
  * DeepSeek's <｜end▁of▁sentence｜>) where the vocabulary has them. */
 int st_tokenizer_is_eog(const struct st_tokenizer *t, int32_t id);
+/* 1 when a generated id is shown as text: every ordinary token, and of the special ones Qwen3's
+ * <think> / </think> and gpt-oss's <|channel|>, <|message|>, <|start|>, <|constrain|> (as llama.cpp
+ * renders them); 0 for the other special tokens and a bad id. */
+int st_tokenizer_is_shown(const struct st_tokenizer *t, int32_t id);
 /* 1 for a control or user-defined token (token_type 3 or 4), else 0 (also for a bad id). */
 int st_tokenizer_is_special(const struct st_tokenizer *t, int32_t id);
 /* Bytes of the longest token (sizing for st_tokenizer_token_bytes / st_detok_push). */
