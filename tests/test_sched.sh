@@ -15,9 +15,30 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
 models="$(test_model tiny-qwen3moe-bf16 --preset tiny --type bf16) $(test_model tiny-qwen3moe-q8_0 --preset tiny --type q8_0)"
 prompt='Mixture-of-experts models route every token through a few experts; the rest stay idle.'
+# same_as_baseline LABEL MODEL CFG [EVAL-ARGS...]: logits of `strata eval` on MODEL under the
+# environment CFG (PREFILL=1: one-token chunks, else 7) bitwise equal to the first of the series
+# ($ref, reset by the caller; the first run becomes it).
+same_as_baseline() {
+  _label=$1 _m=$2 _cfg=$3; shift 3
+  _out="$tmp/$(echo "$_label $_cfg" | tr ' =' '__').f32"
+  _prefill=7
+  case "$_cfg" in PREFILL=1*) _prefill=1 ;; esac
+  # dmda calibrates its performance models on first use; keep them out of $HOME for the test
+  if ! env $_cfg STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$_m" -p "$prompt" --prefill $_prefill \
+       "$@" --logits-out "$_out" 2>"$tmp/err"; then
+    echo "FAIL $_label [$_cfg]: eval failed: $(cat "$tmp/err")"; fail=$((fail + 1)); return
+  fi
+  _sum=$(cksum < "$_out" | cut -d' ' -f1)
+  if [ -z "$ref" ]; then
+    ref=$_out; echo "     $_label [$_cfg]: logits checksum $_sum (baseline)"
+  elif cmp -s "$ref" "$_out"; then
+    echo "PASS $_label [$_cfg]: logits checksum $_sum, bitwise identical to the baseline"; pass=$((pass + 1))
+  else
+    echo "FAIL $_label [$_cfg]: logits checksum $_sum differ from the baseline"; fail=$((fail + 1))
+  fi
+}
 for kv in f32 f16; do
 for m in $models; do
-  model="$(basename "$m" .gguf) $kv KV"
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=2" \
              "STARPU_SCHED=dmda STARPU_NCPU=2" "STARPU_SCHED=lws STARPU_NCPU=1" \
@@ -25,23 +46,7 @@ for m in $models; do
              "STRATA_PROMPT_LANES=0 STARPU_SCHED=dmda STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" \
              "PREFILL=1 STARPU_SCHED=eager STARPU_NCPU=1" "PREFILL=1 STARPU_SCHED=dmda STARPU_NCPU=2" \
              "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2 STRATA_DECODE_GRAPH=0"; do
-    out="$tmp/$(echo "$model $cfg" | tr ' =' '__').f32"
-    prefill=7
-    case "$cfg" in PREFILL=1*) prefill=1 ;; esac
-    # dmda calibrates its performance models on first use; keep them out of $HOME for the test
-    if ! env $cfg STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$m" -p "$prompt" --prefill $prefill \
-         --cache-type-k $kv --cache-type-v $kv --logits-out "$out" 2>"$tmp/err"; then
-      echo "FAIL $model [$cfg]: eval failed: $(cat "$tmp/err")"; fail=$((fail + 1)); continue
-    fi
-    sum=$(cksum < "$out" | cut -d' ' -f1)
-    if [ -z "$ref" ]; then
-      ref=$out; echo "     $model [$cfg]: logits checksum $sum (baseline)"; continue
-    fi
-    if cmp -s "$ref" "$out"; then
-      echo "PASS $model [$cfg]: logits checksum $sum, bitwise identical to the baseline"; pass=$((pass + 1))
-    else
-      echo "FAIL $model [$cfg]: logits checksum $sum differ from the baseline"; fail=$((fail + 1))
-    fi
+    same_as_baseline "$(basename "$m" .gguf) $kv KV" "$m" "$cfg" --cache-type-k $kv --cache-type-v $kv
   done
 done
 done
@@ -89,22 +94,7 @@ if have_fixtures && [ -d "$STRATA_FIXTURES/archs" ]; then
     ref=""
     for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=1" "STARPU_SCHED=dmda STARPU_NCPU=2" \
                "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" "STRATA_PROMPT_LANES=0 STARPU_SCHED=eager STARPU_NCPU=2"; do
-      out="$tmp/$(echo "$arch $cfg" | tr ' =' '__').f32"
-      prefill=7
-      case "$cfg" in PREFILL=1*) prefill=1 ;; esac
-      if ! env $cfg STARPU_NCUDA=0 STARPU_HOME="$tmp" STARPU_SILENT=1 "$STRATA" eval -m "$m" -p "$prompt" --prefill $prefill \
-           --no-learn --logits-out "$out" 2>"$tmp/err"; then
-        echo "FAIL $arch [$cfg]: eval failed: $(cat "$tmp/err")"; fail=$((fail + 1)); continue
-      fi
-      sum=$(cksum < "$out" | cut -d' ' -f1)
-      if [ -z "$ref" ]; then
-        ref=$out; echo "     tiny-$arch-q8_0 [$cfg]: logits checksum $sum (baseline)"; continue
-      fi
-      if cmp -s "$ref" "$out"; then
-        echo "PASS tiny-$arch-q8_0 [$cfg]: logits checksum $sum, bitwise identical to the baseline"; pass=$((pass + 1))
-      else
-        echo "FAIL tiny-$arch-q8_0 [$cfg]: logits checksum $sum differ from the baseline"; fail=$((fail + 1))
-      fi
+      same_as_baseline "tiny-$arch-q8_0" "$m" "STARPU_NCUDA=0 $cfg" --no-learn
     done
   done
   # gpt-oss's sliding layers keep a ring of window + prompt chunk rows: 120 tokens in a context of
