@@ -2,7 +2,8 @@
 # Run on a GPU host from the repository root, after scripts/gather-libs (carry/ travels with the
 # tree). Builds nothing. 1) the fixture comparisons (tests/test_forward_ref) with the dense work on
 # CUDA0 and the primary cache off, half and full; 2) the exactness gate: the same greedy command
-# twice, and all experts cached under eager vs dmda with --adapt-swaps 0, byte-identical; an
+# twice, and all experts cached under eager vs dmda with --adapt-swaps 0, byte-identical (also for
+# gpt-oss's fixtures, and with its experts on the CPU pool; ONLY=archs: 1), its gates, stop); an
 # adaptive run for the swap log; 3) CUDA graphs (--cuda-graphs on vs off): byte-identical greedy
 # output and bitwise-identical logits over 300 one-token steps, and strata bench --cuda-graphs
 # both on the small fixture (GRAPHS_BENCH_MODEL=FILE benches that model too, with
@@ -26,6 +27,28 @@ grep -E "^(FAIL|SKIP)" "$out/forward_ref.log" | head -n 20
 rows+=("CUDA weight decoder vs CPU dequantisation: $(tail -n 1 "$out/cuda_kernels.log")")
 grep FAIL "$out/cuda_kernels.log"
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
+# 1b) gpt-oss on CUDA0 (test_forward_ref above compared its fixtures with the cache off, half and
+# full): the exactness gate on its tiny fixtures, the same greedy command twice and eager vs dmda
+# with every expert cached, and twice with the experts on the CPU pool (the mailbox); ONLY=archs
+# stops after this part.
+A=$C/fixtures/archs
+for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16; do
+  "$S" profile -m "$A/$af.gguf" -f "$out/calib.txt" -o "$out/$af.profile" > /dev/null 2>&1
+  agen() { "$S" generate -m "$A/$af.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos --print-ids \
+           --expert-profile "$out/$af.profile" "$@"; }
+  a=$(STARPU_SCHED=eager agen --expert-cache auto 2>"$out/$af-a.err"); b=$(STARPU_SCHED=eager agen --expert-cache auto 2>/dev/null)
+  c=$(STARPU_SCHED=dmda agen --expert-cache auto --adapt-swaps 0 2>/dev/null)
+  p=$(STARPU_SCHED=eager agen --expert-cache 0 2>"$out/$af-p.err"); q=$(STARPU_SCHED=dmda agen --expert-cache 0 2>/dev/null)
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && r=PASS || r="FAIL ($a / $b / $c; $(tail -n 2 "$out/$af-a.err" | tr '\n' ' '))"
+  rows+=("$af on CUDA0, every expert cached: same command twice and eager vs dmda byte-identical: $r")
+  [ -n "$p" ] && [ "$p" = "$q" ] && r=PASS || r="FAIL ($p / $q; $(tail -n 2 "$out/$af-p.err" | tr '\n' ' '))"
+  rows+=("$af, dense on CUDA0 and experts on the CPU pool: eager vs dmda byte-identical: $r")
+done
+if [ "${ONLY:-}" = archs ]; then
+  echo "===== summary"
+  printf '%s\n' "${rows[@]}"
+  exit 0
+fi
 "$S" profile -m "$M/tiny-qwen3moe-q8_0.gguf" -f "$out/calib.txt" -o "$out/tiny.profile" 2>&1 | tail -n 1
 gen() { "$S" generate -m "$M/tiny-qwen3moe-q8_0.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos \
         --print-ids --expert-profile "$out/tiny.profile" "$@"; }

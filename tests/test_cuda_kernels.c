@@ -187,18 +187,19 @@ int main(void) {
    * a thread block nor of a warp's 2), a row of 1280 weights (a chunk of 1024 and a partial one;
    * 1312 for the 32-weight blocks, whose last chunk then ends inside a warp step), rows whose
    * bytes are not 16-byte aligned for every format but Q4_K and Q5_K (Q5_0's, IQ4_NL's, Q3_K's and
-   * the IQ2/IQ3 grid formats' not even 4-byte aligned). Against the CPU's product at
+   * the IQ2/IQ3 grid formats' not even 4-byte aligned; MXFP4's 1344 weights, 714 bytes). Against the CPU's product at
    * T = 1, 3 and 8 (error measured against sum_j |w_j x_j|, as above); then bitwise: each token
    * alone (T = 1) gives the bits it gets inside the T = 8 batch, and a second launch repeats them. */
   static const uint32_t mmv_types[] = {ST_TYPE_Q4_K, ST_TYPE_Q6_K, ST_TYPE_Q8_0, ST_TYPE_Q5_K, ST_TYPE_IQ4_XS,
                                        ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_IQ4_NL,
                                        ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S,
-                                       ST_TYPE_IQ2_XS};
+                                       ST_TYPE_IQ2_XS, ST_TYPE_MXFP4};
   for (size_t k = 0; k < sizeof mmv_types / sizeof mmv_types[0]; k++) {
     enum { R = 37, TM = 8 };
     const uint32_t t = mmv_types[k];
     const char *name = st_type_info(t)->name;
-    const int K = st_type_info(t)->blck_size == 32 ? 1312 : 1280;
+    /* MXFP4's 17-byte blocks: an even number a row (mmv_format's ALIGN), 42 */
+    const int K = t == ST_TYPE_MXFP4 ? 1344 : st_type_info(t)->blck_size == 32 ? 1312 : 1280;
     const uint64_t rb = st_row_bytes(t, K);
     uint8_t *w = malloc(rb * R);
     float *wf = malloc(sizeof(float) * R * K), *x = malloc(sizeof(float) * TM * K);

@@ -122,6 +122,14 @@ struct st_decode_dev {
   uint64_t bytes;
 };
 
+/* What another architecture's layer adds on the primary GPU (device addresses, NULL where the layer
+ * has none), uploaded once per engine (graph/decode_bufs.c): gpt-oss's q/k/v/o biases, sinks, the
+ * router's bias and the experts' biases ([n_expert][n_ff] for gate and up, [n_expert][n_embd] for
+ * down). */
+struct st_decode_dev_layer {
+  const float *bq, *bk, *bv, *bo, *sinks, *router_b, *gate_b, *up_b, *down_b;
+};
+
 /* The mailbox between the primary GPU and the CPU pool (see the top of the file), one allocation of
  * pinned host memory mapped into the GPU's address space; st_decode_ctx holds its host addresses
  * (`mail`) and the same memory's device addresses (`dmail`). Flags are 64 bytes apart. */
@@ -191,6 +199,8 @@ struct st_decode_ctx {
   const uint8_t *layer_cpu;            /* [n_layer]: the CPU pool owns a pair of the layer */
   struct st_decode_mail mail, dmail;   /* GPU mode: the mailbox's host and device addresses */
   struct st_decode_dev dev;
+  const struct st_decode_dev_layer *dlayers; /* [n_layer] (GPU mode, architectures but qwen3moe; else NULL) */
+  int rope_uploaded;                   /* the host filled dev.rope (st_rope_conf_table: YaRN, mscale) */
   int graph_key0;                      /* first CUDA graph key of the decode tasks */
   int *smem_set;                       /* per engine, 0 at start: the CUDA side has set its kernels'
                                           shared-memory attributes and filled the RoPE table (StarPU

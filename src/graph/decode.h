@@ -33,6 +33,9 @@ struct st_decode {
   int primary_worker;               /* its StarPU worker */
   unsigned primary_node;
   uintptr_t dev_block;              /* ctx.dev's allocation on that node */
+  uintptr_t extra_block;            /* ctx.dlayers' vectors on that node (another architecture's), or 0 */
+  size_t extra_bytes;
+  struct st_decode_dev_layer *dlayers; /* ctx.dlayers' home */
   void *mail_block;                 /* GPU mode: the mailbox (pinned, mapped), one allocation */
   size_t mail_bytes;
   uint8_t *layer_cpu;               /* [n_layer]: the CPU pool owns a pair of the layer */
@@ -48,6 +51,10 @@ struct st_decode {
 /* Whether the engine's configuration runs decode steps through this path, and why not (`why`:
  * a static string, for the start-up log). */
 int st_decode_supported(const struct st_engine *e, const char **why);
+
+/* Whether the decode step's GPU kernels compute the model's architecture (qwen3moe; gpt-oss with full
+ * NEOX RoPE, its routing and a sliding window the short-context attention takes), and why not. */
+int st_decode_gpu_arch(const struct st_engine *e, const char **why);
 
 /* Builds e->dec: buffers, handles, device tables, names. ST_ENOMEM / ST_ERUNTIME on failure. */
 int st_decode_init(struct st_engine *e);

@@ -39,11 +39,25 @@ static int gpu_layouts_ok(const struct st_engine *e) {
 }
 #endif
 
+int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
+  const struct st_hparams *hp = &e->hp;
+  *why = NULL;
+  if (hp->arch == ST_ARCH_QWEN3MOE) return 1;
+  if (hp->arch != ST_ARCH_GPT_OSS) *why = "this architecture's GPU kernels are not written yet (gpt-oss's are)";
+  else if (hp->n_rot != hp->head_dim || hp->rope_kind != ST_ROPE_NEOX) *why = "a partial or normal-order RoPE on the GPU";
+  else if (hp->gating != ST_GATING_SOFTMAX_WEIGHT || hp->n_expert_used > 32) *why = "a routing the GPU kernels do not take";
+#ifdef ST_HAVE_CUDA
+  else if (hp->n_swa > 0 && (int)hp->n_swa > st_cuda_attn_short_keys((int)hp->head_dim, e->kv_type == ST_TYPE_F16 ? 2 : 4))
+    *why = "a sliding window longer than the GPU's short-context attention takes";
+#endif
+  return *why == NULL;
+}
+
 int st_decode_supported(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
   if (!e->decode_graph) *why = "STRATA_DECODE_GRAPH=0";
-  else if (hp->arch != ST_ARCH_QWEN3MOE && e->placement.cuda0_worker >= 0) *why = "this architecture's GPU kernels are not written yet";
+  else if (e->placement.cuda0_worker >= 0 && !st_decode_gpu_arch(e, why)) return 0;
   else if (e->placement.n_caches > 1) *why = "helper caches, the peer tier and layer splits keep the per-task decode path";
   else if (hp->n_expert_used > MAX_SLOTS) *why = "more than 64 experts per token";
   else if (hp->n_head_kv > MAX_KV_HEADS || hp->n_head % hp->n_head_kv) *why = "an unusual attention head layout";
@@ -207,6 +221,64 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
 }
 #endif
 
+#ifdef ST_HAVE_CUDA
+/* Copies n bytes of host memory to the primary GPU's address dst. */
+static int to_primary(const struct st_decode *d, uintptr_t dst, const void *src, size_t n) {
+  const int rc = starpu_interface_copy((uintptr_t)src, 0, STARPU_MAIN_RAM, dst, 0, d->primary_node, n, NULL);
+  return rc ? st_set_error(ST_ERUNTIME, "copying %zu bytes to the primary GPU failed (%d)", n, rc) : 0;
+}
+
+/* Another architecture's per-layer vectors (st_decode_dev_layer) in one block on the primary GPU, and
+ * a RoPE table the host computes (YaRN or an mscale: st_rope_conf_table, the CPU's floats). */
+static int upload_arch(struct st_decode *d, const struct st_engine *e) {
+  const struct st_hparams *hp = &e->hp;
+  struct st_decode_ctx *c = &d->ctx;
+  const int L = (int)hp->n_layer;
+  if (c->rope.yarn || c->rope.mscale != 1.0f) { /* [n_ctx][hd / 2] (cos, sin), as st_cuda_rope_table's */
+    const size_t per = (size_t)hp->head_dim, n = (size_t)e->n_ctx * per;
+    float *t = malloc(sizeof(float) * n);
+    if (!t) return st_set_error(ST_ENOMEM, "out of memory for the RoPE table");
+    for (int p = 0; p < e->n_ctx; p++) st_rope_conf_table(t + (size_t)p * per, &c->rope, p);
+    const int rc = to_primary(d, (uintptr_t)c->dev.rope, t, sizeof(float) * n);
+    free(t);
+    if (rc) return rc;
+    c->rope_uploaded = 1;
+  }
+  if (hp->arch == ST_ARCH_QWEN3MOE) return 0;
+  d->dlayers = calloc((size_t)L, sizeof *d->dlayers);
+  if (!d->dlayers) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
+  const size_t E = hp->n_expert, ff = hp->n_ff_exp, dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim,
+               kw = (size_t)hp->n_head_kv * hp->head_dim;
+  for (int pass = 0; pass < 2; pass++) {
+    size_t at = 0;
+    for (int l = 0; l < L; l++) {
+      const struct st_decode_layer *H = &d->layers[l];
+      struct st_decode_dev_layer *X = &d->dlayers[l];
+      const float *src[9] = {H->bq, H->bk, H->bv, H->bo, H->sinks, H->router_b, H->gate_b, H->up_b, H->down_b};
+      const size_t count[9] = {qw, kw, kw, dm, hp->n_head, E, E * ff, E * ff, E * dm};
+      const float **dst[9] = {&X->bq, &X->bk, &X->bv, &X->bo, &X->sinks, &X->router_b, &X->gate_b, &X->up_b, &X->down_b};
+      for (int i = 0; i < 9; i++) {
+        if (!src[i]) continue;
+        if (pass) {
+          *dst[i] = (const float *)(d->extra_block + at);
+          const int rc = to_primary(d, d->extra_block + at, src[i], sizeof(float) * count[i]);
+          if (rc) return rc;
+        }
+        at += (sizeof(float) * count[i] + 255) & ~(size_t)255;
+      }
+    }
+    if (!pass) {
+      d->extra_bytes = at ? at : 256;
+      d->extra_block = starpu_malloc_on_node(d->primary_node, d->extra_bytes);
+      if (!d->extra_block)
+        return st_set_error(ST_ENOMEM, "the decode step's biases need %.1f MiB on the primary GPU", d->extra_bytes / 1048576.0);
+    }
+  }
+  c->dlayers = d->dlayers;
+  return 0;
+}
+#endif
+
 int st_decode_init(struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
   struct st_decode *d = calloc(1, sizeof *d);
@@ -331,6 +403,7 @@ int st_decode_init(struct st_engine *e) {
     memset(d->mail_block, 0, d->mail_bytes);
     carve_mail(e, (uintptr_t)d->mail_block, &c->mail);
     carve_mail(e, dmail, &c->dmail);
+    rc = upload_arch(d, e);
   }
 #endif
   if (!rc) rc = st_decode_tables_update(e);
@@ -341,6 +414,8 @@ void st_decode_free(struct st_engine *e) {
   struct st_decode *d = e->dec;
   if (!d) return;
   if (d->dev_block) starpu_free_on_node(d->primary_node, d->dev_block, d->ctx.dev.bytes);
+  if (d->extra_block) starpu_free_on_node(d->primary_node, d->extra_block, d->extra_bytes);
+  free(d->dlayers);
 #ifdef ST_HAVE_CUDA
   if (d->host_block && d->gpu) st_cuda_host_unregister(d->host_block);
   if (d->mail_block) st_cuda_host_free_mapped(d->mail_block);

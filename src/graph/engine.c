@@ -633,12 +633,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
    * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
   if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
-  /* The other architectures compute on CPU workers only so far: unless the user asks for GPUs (a GPU
+  /* deepseek2 and glm4moe compute on CPU workers only so far: unless the user asks for GPUs (a GPU
    * tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
   const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||
                         o->helper_cache[2] || o->peer_device > 0 || o->layer_split || o->gpu_mem_gib > 0 ||
                         o->cuda_graphs != ST_CUDA_GRAPHS_OFF || getenv("STARPU_NCUDA");
-  if (hp->arch != ST_ARCH_QWEN3MOE && !gpu_asked) {
+  if (hp->arch != ST_ARCH_QWEN3MOE && hp->arch != ST_ARCH_GPT_OSS && !gpu_asked) {
     conf.ncuda = 0;
 #ifdef ST_HAVE_CUDA
     if (st_cuda_device_count() > 0)
@@ -697,10 +697,11 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
-  /* the other architectures run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
-  if (!rc && hp->arch != ST_ARCH_QWEN3MOE && e->placement.cuda0_worker >= 0)
-    rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (its GPU kernels are not written "
-                      "yet): leave out the GPU flags and STARPU_NCUDA (or set STARPU_NCUDA=0)", st_arch_of(hp->arch)->name);
+  /* deepseek2 and glm4moe run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
+  const char *why_arch = NULL;
+  if (!rc && e->placement.cuda0_worker >= 0 && !st_decode_gpu_arch(e, &why_arch))
+    rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (%s): leave out the GPU flags and "
+                      "STARPU_NCUDA (or set STARPU_NCUDA=0)", st_arch_of(hp->arch)->name, why_arch);
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
                       "qwen3moe", st_arch_of(hp->arch)->name);
@@ -714,21 +715,23 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   }
   e->h_output_norm = reg_weight(&m->output_norm);
   e->h_output = reg_weight(&m->output);
+  size_t kv_at = 0; /* layer l's cache after the earlier layers' (st_engine_kv_layer_bytes) */
   for (uint32_t l = 0; l < hp->n_layer; l++) {
     const struct st_layer *L = &m->layers[l];
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
-    /* the per-task path's and the GPU's handles: qwen3moe only (the other architectures run on the
-     * lanes, whose layers may hold one plane (MLA) or a ring (sliding layers): st_engine_kv_rows) */
-    const int planes = st_engine_kv_planes(hp);
-    for (uint32_t g = 0; g < hp->n_head_kv && hp->arch == ST_ARCH_QWEN3MOE; g++)
+    /* the per-task path's and the GPU's handles: qwen3moe and gpt-oss (deepseek2 and glm4moe run on
+     * the lanes only); a sliding layer's planes hold its ring (st_engine_kv_rows) */
+    const int planes = st_engine_kv_planes(hp), rows = st_engine_kv_rows(e, l);
+    for (uint32_t g = 0; g < hp->n_head_kv && (hp->arch == ST_ARCH_QWEN3MOE || hp->arch == ST_ARCH_GPT_OSS); g++)
       for (int c = 0; c < planes; c++) {
-        const size_t i = ((size_t)l * hp->n_head_kv + g) * planes + c;
+        const size_t i = (size_t)g * planes + c;
         e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =
-            st_engine_reg((uint8_t *)e->kv + i * (size_t)e->n_ctx * kv_row, (uint64_t)e->n_ctx * hp->head_dim,
+            st_engine_reg((uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row, (uint64_t)rows * hp->head_dim,
                           e->kv_type == ST_TYPE_F16 ? 2 : 4);
       }
+    kv_at += (size_t)st_engine_kv_layer_bytes(e, l);
   }
   /* The output head stays in the mapping (the arena copies experts only): its pages are mapped now,
    * at load, instead of faulting in one by one during the first prompt (on the development

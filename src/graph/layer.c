@@ -59,7 +59,13 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 1];
   int nb = 0;
   if (l < L) {
-    for (int i = 0; i < W_COUNT; i++) bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + i];
+    /* a layer without q/k norms (gpt-oss) passes its attention norm in their places; the kernels
+     * read none of them (decode.cu) */
+    const struct st_layer *W = &e->model->layers[l];
+    for (int i = 0; i < W_COUNT; i++) {
+      const int absent = (i == W_Q_NORM && !W->q_norm.data) || (i == W_K_NORM && !W->k_norm.data);
+      bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + (absent ? W_ATTN_NORM : i)];
+    }
     for (int g = 0; g < G; g++) {
       bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2];
       bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2 + 1];

@@ -44,18 +44,24 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
 template <bool TAB = false, typename OT, typename Sync>
 __device__ __forceinline__ static void norm_rope_threads(const float *in, OT *out, int hd, const float *w, float eps,
                                                          int pos, float theta, float *red, const float2 *cs, int t,
-                                                         int nt, Sync sync) {
-  float ss = 0.0f;
-  for (int i = t; i < hd; i += nt)
-    ss += in[i] * in[i];
-  ss = st_warp_sum(ss);
-  sync();
-  if ((t & 31) == 0) red[t >> 5] = ss;
-  sync();
-  float tot = 0.0f;
-  for (int wi = 0; wi < nt >> 5; wi++) tot += red[wi];
-  const float scale = rsqrtf(tot / (float)hd + eps);
-  sync();
+                                                         int nt, Sync sync, const float *b = NULL) {
+  // b (may be NULL): a bias added to the input first; w NULL: no norm (the input rotated as it is)
+  float scale = 1.0f;
+  if (w) {
+    float ss = 0.0f;
+    for (int i = t; i < hd; i += nt) {
+      const float v = b ? in[i] + b[i] : in[i];
+      ss += v * v;
+    }
+    ss = st_warp_sum(ss);
+    sync();
+    if ((t & 31) == 0) red[t >> 5] = ss;
+    sync();
+    float tot = 0.0f;
+    for (int wi = 0; wi < nt >> 5; wi++) tot += red[wi];
+    scale = rsqrtf(tot / (float)hd + eps);
+    sync();
+  }
   const int half = hd / 2;
   for (int i = t; i < half; i += nt) {
     float c, s;
@@ -65,7 +71,8 @@ __device__ __forceinline__ static void norm_rope_threads(const float *in, OT *ou
       const double ang = (double)pos * pow((double)theta, -2.0 * i / hd);
       c = (float)cos(ang), s = (float)sin(ang);
     }
-    const float x0 = in[i] * scale * w[i], x1 = in[i + half] * scale * w[i + half];
+    const float v0 = b ? in[i] + b[i] : in[i], v1 = b ? in[i + half] + b[i + half] : in[i + half];
+    const float x0 = w ? v0 * scale * w[i] : v0, x1 = w ? v1 * scale * w[i + half] : v1;
     kv_st(out + i, x0 * c - x1 * s);
     kv_st(out + i + half, x0 * s + x1 * c);
   }
@@ -540,7 +547,7 @@ static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const vo
 // partials, so every caller (any block size, any heads per block) gets the same bits. Loads bypass
 // L1 (another block of the same kernel may have written p).
 __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
-                                                          float *o, int64_t ostride) {
+                                                          float *o, int64_t ostride, const float *sinks = NULL) {
   __shared__ float fs[8][ATT_SPLIT], ls[8][ATT_SPLIT], Ls[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int h = warp; h < nh; h += nw) {
@@ -550,13 +557,14 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
     const float m1 = c1 < used ? __ldcg(ph + (int64_t)c1 * (hd + 2)) : -INFINITY;
     float M = fmaxf(m0, m1);
     for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    if (sinks) M = fmaxf(M, sinks[h]); // head h's sink: one more logit in the denominator
     if (c0 < used) fs[h][c0] = expf(m0 - M), ls[h][c0] = __ldcg(ph + (int64_t)c0 * (hd + 2) + 1);
     if (c1 < used) fs[h][c1] = expf(m1 - M), ls[h][c1] = __ldcg(ph + (int64_t)c1 * (hd + 2) + 1);
     __syncwarp();
     if (lane == 0) {
       float L = 0.0f;
       for (int c = 0; c < used; c++) L = fmaf(ls[h][c], fs[h][c], L);
-      Ls[h] = L;
+      Ls[h] = sinks ? L + expf(sinks[h] - M) : L;
     }
   }
   __syncthreads();
@@ -623,14 +631,29 @@ static size_t att_short_smem(int hd, int nd, int nqb, size_t es) {
 // divided by the head's sum. Fixed order throughout: the same bits every run.
 template <int ND, int NQ, typename KT>
 __device__ __forceinline__ static void attend_short_block(const float *qs, int nh, const KT *kc, const KT *vc, int hd,
-                                                          int n, float scale, float *out, uint8_t *smem) {
+                                                          int n, float scale, float *out, uint8_t *smem, int lo = 0,
+                                                          int ring = 0, const float *sinks = NULL) {
   __shared__ float ps[NQ][ATT_SHORT_MAX], lsum[NQ];
   constexpr int B = att_log2(NQ), PER = 16 / sizeof(KT);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t rows = (size_t)att_short_max(hd, sizeof(KT)) * hd;
   KT *ks = (KT *)smem, *vs = ks + rows;
   float *wacc = (float *)(smem + 2 * rows * sizeof(KT));
-  if (hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0) {
+  if (lo || ring) { // key j at row lo + j (modulo ring)
+    const int per = hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0 ? hd / PER : 0;
+    for (int e = threadIdx.x; per && e < n * per; e += blockDim.x) {
+      const int j = e / per, r = ring ? (lo + j) % ring : lo + j;
+      const int64_t src = (int64_t)r * hd + PER * (e - j * per);
+      st_dev_cp16(ks + PER * e, kc + src);
+      st_dev_cp16(vs + PER * e, vc + src);
+    }
+    for (int e = threadIdx.x; !per && e < n * hd; e += blockDim.x) {
+      const int j = e / hd, r = ring ? (lo + j) % ring : lo + j;
+      ks[e] = kc[(int64_t)r * hd + e - j * hd], vs[e] = vc[(int64_t)r * hd + e - j * hd];
+    }
+    st_dev_cp_commit();
+    st_dev_cp_wait_all();
+  } else if (hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0) {
     for (int e = threadIdx.x; e < n * hd / PER; e += blockDim.x) {
       st_dev_cp16(ks + PER * e, kc + PER * e);
       st_dev_cp16(vs + PER * e, vc + PER * e);
@@ -661,6 +684,7 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
     float mx = -INFINITY;
     for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ps[warp][j]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (sinks) mx = fmaxf(mx, sinks[warp]);
     float sum = 0.0f;
     for (int j = lane; j < n; j += 32) {
       const float p = expf(ps[warp][j] - mx);
@@ -668,7 +692,7 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
       sum += p;
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) lsum[warp] = sum;
+    if (lane == 0) lsum[warp] = sinks ? sum + expf(sinks[warp] - mx) : sum; // the sink: in the denominator only
   }
   __syncthreads();
   float acc[NQ][ND];
@@ -717,33 +741,37 @@ static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < 2 ? att_nq(nq,
 template <int ND, int NQ, typename KT>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     rope_short(float *q, int nq, const float *kvnew, int G, int hd, const float *qw, const float *kw, float eps,
-               const int *pos_dev, const __grid_constant__ kv_ptrs kv, const float2 *tab, float scale, float *out) {
+               const int *pos_dev, const __grid_constant__ kv_ptrs kv, const float2 *tab, float scale, float *out,
+               const __grid_constant__ st_cuda_attn_ext x) {
   __shared__ __align__(16) float qs[32 * 32]; // NQ hd <= 1024 (att_nq)
   __shared__ float red[ATT_WARPS / 2][2];
   extern __shared__ float4 att_dyn[];
   st_dev_griddep_launch();
   st_dev_griddep_wait();
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.x / n_hb, h0 = g * nq + (int)(blockIdx.x % n_hb) * NQ;
-  const int nh = min(NQ, (g + 1) * nq - h0), pos = *pos_dev, n = pos + 1;
-  const bool attend_here = out && n <= att_short_max(hd, sizeof(KT));
+  const int nh = min(NQ, (g + 1) * nq - h0), pos = *pos_dev, n = pos + 1, row = x.ring ? pos % x.ring : pos;
+  const int lo = x.window && n > x.window ? n - x.window : 0; // the window's first key
+  const bool attend_here = out && n - lo <= att_short_max(hd, sizeof(KT));
   const float2 *cs = tab + (int64_t)pos * (hd / 2);
   const int grp = threadIdx.x >> 6, t = threadIdx.x & 63;
   for (int it = grp; it <= nh; it += ATT_WARPS / 2) { // the heads, then the K row; a group's 64 threads alike
     const auto sync = [grp] { asm volatile("bar.sync %0, 64;" ::"r"(1 + grp) : "memory"); };
     if (it < nh) {
       float *qh = q + (int64_t)(h0 + it) * hd;
-      norm_rope_threads<true>(qh, attend_here ? qs + it * hd : qh, hd, qw, eps, pos, 0.0f, red[grp], cs, t, 64, sync);
+      norm_rope_threads<true>(qh, attend_here ? qs + it * hd : qh, hd, qw, eps, pos, 0.0f, red[grp], cs, t, 64, sync,
+                              x.bq ? x.bq + (int64_t)(h0 + it) * hd : NULL);
     } else {
-      norm_rope_threads<true>(kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)pos * hd, hd, kw, eps, pos, 0.0f,
-                              red[grp], cs, t, 64, sync);
+      norm_rope_threads<true>(kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)row * hd, hd, kw, eps, pos, 0.0f,
+                              red[grp], cs, t, 64, sync, x.bk ? x.bk + (int64_t)g * hd : NULL);
     }
   }
-  KT *vr = (KT *)kv.v[g] + (int64_t)pos * hd;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, kvnew[(int64_t)(G + g) * hd + i]);
+  KT *vr = (KT *)kv.v[g] + (int64_t)row * hd;
+  const float *vn = kvnew + (int64_t)(G + g) * hd, *vb = x.bv ? x.bv + (int64_t)g * hd : NULL;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, vb ? vn[i] + vb[i] : vn[i]);
   if (!attend_here) return; // block-uniform
   __syncthreads(); // (attend_short_block's copies start after another barrier: qs and the new rows are written)
-  attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n, scale, out + (int64_t)h0 * hd,
-                                 (uint8_t *)att_dyn);
+  attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n - lo, scale,
+                                 out + (int64_t)h0 * hd, (uint8_t *)att_dyn, lo, x.ring, x.sinks ? x.sinks + h0 : NULL);
 }
 
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
@@ -785,7 +813,8 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out, int nst, int paired, int after_short) {
+                      float scale, float *part, int *counters, float *out, int nst, int paired, int after_short,
+                      const __grid_constant__ st_cuda_attn_ext x) {
   __shared__ int last;
   st_dev_griddep_launch();
 #ifdef ATT_MMA_WARM /* bench variant: the tensor cores' first instructions before the wait for the previous kernel */
@@ -797,7 +826,10 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
 #endif
   st_dev_griddep_wait();
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.y / n_hb, h0 = g * nq + (blockIdx.y % n_hb) * NQ;
-  const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = *pos_dev + 1, chunk = att_chunk_keys(n_keys);
+  // a sliding window's keys start at lo (a window is never longer than the short contexts' keys, so
+  // a ring's layers are rope_short's: rows lo.. are contiguous here)
+  const int n_all = *pos_dev + 1, lo = x.window && n_all > x.window ? n_all - x.window : 0;
+  const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = n_all - lo, chunk = att_chunk_keys(n_keys);
   const int used = (n_keys + chunk - 1) / chunk;
   if (after_short && n_keys <= att_short_max(hd, sizeof(KT))) return; // rope_short's
   if (c >= used) return; // past the keys: the chunks that count are the first `used`
@@ -805,23 +837,24 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
-  const KT *kc = (const KT *)kv.k[g], *vc = (const KT *)kv.v[g];
+  const KT *kc = (const KT *)kv.k[g] + (int64_t)lo * hd, *vc = (const KT *)kv.v[g] + (int64_t)lo * hd;
   const int start = c * chunk, end = min(c * chunk + chunk, n_keys);
-  float *direct = used == 1 ? out + (int64_t)h0 * hd : NULL;
+  const float *sinks = x.sinks ? x.sinks + h0 : NULL;
+  float *direct = used == 1 && !sinks ? out + (int64_t)h0 * hd : NULL; // with sinks one chunk is merged too
   if constexpr (MMA)
     attend_chunk_mma<NQ>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
                          (float *)att_dyn, direct);
   else
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
-  if (used == 1) return;
+  if (direct) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.y], 1) == used - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd);
+  attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
 }
 
@@ -1273,6 +1306,8 @@ extern "C" void st_attention_cuda(void *buffers[], void *cl_arg) {
 
 void st_cuda_attention_allow_smem() { att_allow_smem(); }
 
+extern "C" int st_cuda_attn_short_keys(int hd, int es) { return att_short_max(hd, (size_t)es); }
+
 extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
   (void)n_ctx; // the grid has ATT_SPLIT chunks at every position
   return (size_t)n_heads * ATT_SPLIT * (size_t)(hd + 2);
@@ -1280,7 +1315,8 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, int kv_type, void *const *k, void *const *v, const float *tab,
-                         float *out, int pdl, cudaStream_t st) {
+                         float *out, int pdl, cudaStream_t st, const st_cuda_attn_ext *x) {
+  const st_cuda_attn_ext xe = x ? *x : st_cuda_attn_ext{};
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
   const int nq = Hq / G;
@@ -1290,14 +1326,16 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
       using KT = typename decltype(tag)::type;
       st_cuda_launch(rope_short<ND, NQ, KT>, dim3((unsigned)(G * ((nq + NQ - 1) / NQ))), dim3(32 * ATT_WARPS),
                      att_short_smem(hd, ND, NQ, sizeof(KT)), st, pdl, q, nq, kvnew, G, hd, qw, kw, eps, pos_dev, p,
-                     (const float2 *)tab, 1.0f / sqrtf((float)hd), out);
+                     (const float2 *)tab, xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd), out, xe);
     });
   });
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
-                               cudaStream_t st) {
+                               cudaStream_t st, const st_cuda_attn_ext *x) {
+  const st_cuda_attn_ext xe = x ? *x : st_cuda_attn_ext{};
+  const float scale = xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd);
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
   const int nq = Hq / G;
@@ -1315,12 +1353,12 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
         paired = att_mma_ok(kv_type, hd, q, hd, kv, 2 * G);
       }
       st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl,
-                     q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part, counters, out, nst, (int)paired, after_short);
+                     q, nq, hd, p, pos_dev, scale, part, counters, out, nst, (int)paired, after_short, xe);
       if constexpr (std::is_same<KT, __half>::value && ND == 4)
         if (paired)
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
-                         att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, 1.0f / sqrtf((float)hd), part,
-                         counters, out, 0, 1, after_short);
+                         att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
+                         1, after_short, xe);
     });
   });
 }

@@ -43,6 +43,7 @@ __host__ __device__ __forceinline__ void st_dev_k45_scale_min(const uint8_t *sca
 // The i-quants' lookup tables in device memory (one copy per translation unit, as ggml's CUDA
 // backend keeps them), from the same initialiser lists as quant.c's.
 static __device__ const int8_t st_dev_kvalues_iq4nl[16] = ST_KVALUES_IQ4NL_VALUES;
+static __device__ const int8_t st_dev_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 static __device__ const uint64_t st_dev_iq2xs_grid[512] = ST_IQ2XS_GRID_VALUES;
 static __device__ const uint64_t st_dev_iq2s_grid[1024] = ST_IQ2S_GRID_VALUES;
 static __device__ const uint32_t st_dev_iq3xxs_grid[256] = ST_IQ3XXS_GRID_VALUES;
@@ -207,9 +208,8 @@ __device__ __forceinline__ float st_dev_weight(uint32_t type, const uint8_t *row
     const int j = (int)(i % 32);
     const uint8_t *b = row + (i / 32) * 17;
     const int q = j < 16 ? b[1 + j] & 0xF : b[1 + j - 16] >> 4;
-    const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
     const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
-    return (float)kv[q] * __uint_as_float(bits);
+    return (float)st_dev_kvalues_mxfp4[q] * __uint_as_float(bits);
   }
   case ST_TYPE_Q1_0: { // quant.h st_block_q1_0
     const int j = (int)(i % 128);
@@ -527,10 +527,21 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 
 // ---- the decode step's pieces (attention.cu, router.cu), for decode.cu ----------------------
 #define ST_CUDA_MAX_KV_HEADS 32 /* KV heads the decode step's KV append takes (engine.c refuses more) */
+// What an architecture adds to a decode step's attention (io/arch.h; zero and NULL everywhere: qwen3moe's,
+// the bits of the launch without it). Device pointers.
+struct st_cuda_attn_ext {
+  const float *bq, *bk, *bv; // biases of the queries [Hq][hd], the new K and V rows [G][hd] (added first)
+  const float *sinks;        // [Hq] one sink logit per query head: one more term of the softmax's denominator
+  float scale;               // the q.k scale (0: 1 / sqrt(hd))
+  int window;                // sliding window: position p sees keys p - window + 1 .. p (0: none; at most
+                             // the short contexts' keys, st_cuda_attn_short_keys)
+  int ring;                  // rows of the caches: position p at row p % ring (0: row p)
+};
 // The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
-// position *pos_dev of the caches k[g], v[g] ([n_ctx][hd] each of kv_type: ST_TYPE_F32, or
+// position *pos_dev (x: its ring row) of the caches k[g], v[g]; qw, kw NULL: no norm; x (may be NULL):
+// biases, sinks, the scale, a sliding window ([n_ctx][hd] each of kv_type: ST_TYPE_F32, or
 // ST_TYPE_F16 rounded to nearest even). The per-task kernels' arithmetic, with the cosines and
 // sines read from tab (st_cuda_rope_table's, the same floats). out (may be NULL): at positions whose
 // keys are few (up to 128; 64 for head_dim 256 in float32) the launch also writes the token's
@@ -538,7 +549,7 @@ void st_cuda_rmsnorm(const float *x, const float *w, float *y, int T, int n, flo
 // st_cuda_attend_decode_all with after_short leaves those positions alone.
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, int kv_type, void *const *k, void *const *v, const float *tab,
-                         float *out, int pdl, cudaStream_t st);
+                         float *out, int pdl, cudaStream_t st, const st_cuda_attn_ext *x = NULL);
 // RoPE's cosine and sine for every position < n_ctx and pair i < hd / 2 into t ([n_ctx][hd / 2]
 // (cos, sin) pairs: n_ctx hd floats), as the attention kernels compute them (double precision,
 // rounded to float), queued on st.
@@ -556,7 +567,7 @@ void st_cuda_attention_allow_smem();
 // pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
-                               cudaStream_t st);
+                               cudaStream_t st, const st_cuda_attn_ext *x = NULL);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

@@ -20,6 +20,10 @@ void st_router_cuda(void *buffers[], void *cl_arg);
 void st_expert_rows_cuda(void *buffers[], void *cl_arg);
 void st_combine_cuda(void *buffers[], void *cl_arg);
 
+/* Keys the decode step's short-context attention block takes for head_dim hd and es-byte KV-cache
+ * elements (attention.cu rope_short): a sliding window at most this long is computed there. */
+int st_cuda_attn_short_keys(int hd, int es);
+
 /* Dequantises one row (`bytes` bytes, n elements of `type`) on the current CUDA device with the
  * kernels' own element decoder, into host memory `out` (for tests). 0, or -1 on a CUDA error. */
 int st_cuda_dequantize_row(uint32_t type, const void *row, uint64_t bytes, float *out, int64_t n);

@@ -20,6 +20,7 @@
 #include "codelets/cuda/mmv.cuh"
 #include "codelets/decode.h"
 #include "common.h"
+#include "io/model.h" // the gating and activation kinds
 
 namespace {
 
@@ -73,7 +74,7 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
 void device_init(const st_decode_ctx *c, cudaStream_t st) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
-  st_cuda_rope_table(c->dev.rope, c->n_ctx, c->head_dim, c->rope_theta, st);
+  if (!c->rope_uploaded) st_cuda_rope_table(c->dev.rope, c->n_ctx, c->head_dim, c->rope_theta, st);
   const int n_embd = c->n_embd, n_expert = c->n_expert;
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
@@ -117,7 +118,11 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   st_route *route = D.route + (size_t)l * k;
   const uint8_t *const *slots = D.slot_ptr + (size_t)l * c->n_expert;
   const st_decode_mail &M = c->dmail;
-  const route_src rs = {D.rlogits, c->n_expert, k, d, route, D.ffn_in, M.xroute + (size_t)l * k, M.xffn + (size_t)l * d,
+  const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[l] : NULL;
+  const float *gb = X ? X->gate_b : NULL, *ub = X ? X->up_b : NULL, *db = X ? X->down_b : NULL;
+  const int oai = c->ffn_act == ST_ACT_SWIGLU_OAI;
+  const route_src rs = {D.rlogits, c->n_expert, k, d, c->gating == ST_GATING_SOFTMAX_WEIGHT, route, D.ffn_in,
+                        M.xroute + (size_t)l * k, M.xffn + (size_t)l * d,
                         has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D)};
   const size_t sl = sizeof(float) * (size_t)c->n_expert; // dk_route_select's logits
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
@@ -127,11 +132,11 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
     if constexpr (TY == ST_TYPE_Q8_0)
       if (q8_on(c, TY, d)) {
         const gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
-                                     D.act};
+                                     D.act, gb, ub, oai};
         return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
       }
     const gateup_job<false> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in,
-                                  D.act};
+                                  D.act, gb, ub, oai};
     stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
   });
   mmv_dispatch(L->down_d.type, [&](auto ty) {
@@ -142,12 +147,12 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
     if constexpr (TY == ST_TYPE_Q8_0)
       if (q8_on(c, TY, ff)) {
         const down_job<true> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
-                                   D.gpu_out, NULL};
+                                   D.gpu_out, NULL, db};
         return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff), st, pdl, k, dj, groups,
                              (int64_t)ff);
       }
     const down_job<false> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
-                                D.gpu_out, NULL};
+                                D.gpu_out, NULL, db};
     stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, dj, groups, (int64_t)ff);
   });
 }
@@ -184,9 +189,18 @@ void layer_body(const void *args, cudaStream_t st) {
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
   mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
-  st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, (const float *)g->w[5], (const float *)g->w[6], c->eps, D.pos,
-                      c->kv_type, g->k, g->v, D.rope, D.attn, pdl, st);
-  st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st);
+  // another architecture's biases, sinks, q.k scale and sliding window (qwen3moe: none, its bits)
+  const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[a->layer] : NULL;
+  st_cuda_attn_ext ax = {};
+  if (X) {
+    ax = st_cuda_attn_ext{X->bq, X->bk, X->bv, X->sinks, c->attn_conf.scale, L->swa ? c->attn_conf.window : 0,
+                          L->swa && L->kv_rows < c->n_ctx ? L->kv_rows : 0};
+  }
+  st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, L->q_norm ? (const float *)g->w[5] : NULL,
+                      L->k_norm ? (const float *)g->w[6] : NULL, c->eps, D.pos, c->kv_type, g->k, g->v, D.rope, D.attn,
+                      pdl, st, X ? &ax : NULL);
+  st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st,
+                            X ? &ax : NULL);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
   mmv_dispatch(L->router_d.type, [&](auto ty) {
@@ -196,7 +210,8 @@ void layer_body(const void *args, cudaStream_t st) {
     const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * (size_t)d;
     st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
                    (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, D.h, D.ffn_in,
-                   D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL);
+                   D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL, X ? X->bo : (const float *)NULL,
+                   X ? X->router_b : (const float *)NULL);
   });
   experts_body(c, a->layer, a->has_xin, pdl, st);
   pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)

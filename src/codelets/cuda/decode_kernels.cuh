@@ -165,17 +165,20 @@ struct router_job {
   int E, R;
   const float *xs;
   float *logits;
+  const float *bias; // the router's bias [E] (gpt-oss), or NULL
   __device__ int count(int g) const { return min(R, E - g * R); }
   __device__ const uint8_t *row(int g, int r) const { return W + (uint64_t)(g * R + r) * row_bytes; }
   __device__ const void *x(int) const { return xs; }
   template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
-    if ((int)threadIdx.x < nr) logits[g * R + threadIdx.x] = sum(threadIdx.x);
+    const int r = g * R + threadIdx.x;
+    if ((int)threadIdx.x < nr) logits[r] = bias ? sum(threadIdx.x) + bias[r] : sum(threadIdx.x);
   }
 };
 
 template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
-                                        uint64_t row_bytes, int E, float *h, float *ffn_in, float *logits, int8_t *ffn_q) {
+                                        uint64_t row_bytes, int E, float *h, float *ffn_in, float *logits, int8_t *ffn_q,
+                                        const float *bo, const float *rb) {
   extern __shared__ uint4 dyn_smem[];
   float *xs = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   __shared__ mmv_pipe<TYPE> sm;
@@ -183,7 +186,7 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
   const int R = mmv_stream_rows<TYPE>(d);
-  const router_job job = {W, row_bytes, E, R, xs, logits};
+  const router_job job = {W, row_bytes, E, R, xs, logits, rb};
   mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
     st_dev_griddep_wait();
     // every load of the thread first (d <= 4096, gpu_layouts_ok), then the sums in element order
@@ -192,7 +195,7 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
 #pragma unroll
     for (int u = 0; u < PER; u++) {
       const int i = threadIdx.x + u * MMV_THREADS;
-      xv[u] = i < d ? x[i] + xo[i] : 0.0f;
+      xv[u] = i < d ? x[i] + (bo ? xo[i] + bo[i] : xo[i]) : 0.0f; // the output projection's bias first
       wv[u] = i < d ? w[i] : 0.0f;
     }
     float ss = 0.0f;
@@ -231,6 +234,7 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
 struct route_src {
   const float *logits;
   int E, k, d;
+  int softmax_weight; // ST_GATING_SOFTMAX_WEIGHT (gpt-oss): the weights a softmax over the chosen logits
   st_route *route;
   const float *ffn_in;
   st_route *pub_route;
@@ -238,6 +242,20 @@ struct route_src {
   uint32_t *pub_flag;
   const uint32_t *seq;
 };
+// The weights of a selection r[0..k) (k <= 32) as a softmax over the chosen logits l[r[j].expert]
+// (router.c st_route_gated, ST_GATING_SOFTMAX_WEIGHT): their max, each e^(l - max) as a float, the
+// double sum in rank order, each weight its share; by one warp (its 32 lanes call it).
+__device__ __forceinline__ void dk_chosen_softmax_warp(const float *l, int k, st_route *r) {
+  const int lane = threadIdx.x & 31;
+  float mx = lane < k ? l[r[lane].expert] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float p = lane < k ? expf(l[r[lane].expert] - mx) : 0.0f;
+  double sum = 0.0;
+  for (int j = 0; j < k; j++) sum += (double)__shfl_sync(0xffffffffu, p, j);
+  if (lane < k) r[lane].weight = (float)((double)p / sum);
+  __syncwarp();
+}
+
 __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, st_route *sr) {
   for (int e = threadIdx.x; e < rs.E; e += blockDim.x) sl[e] = __ldcg(rs.logits + e);
   __syncthreads();
@@ -246,7 +264,10 @@ __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, 
 }
 __device__ __forceinline__ void dk_route_finish(const route_src &rs, const float *sl, st_route *sr) {
   if (blockIdx.x != 0) return; // block-uniform: the barriers below see every thread of block 0
-  if (rs.k <= 32 && threadIdx.x < 32) st_dev_topk_weights_warp(sl, rs.E, rs.k, sr);
+  if (rs.k <= 32 && threadIdx.x < 32) {
+    if (rs.softmax_weight) dk_chosen_softmax_warp(sl, rs.k, sr);
+    else st_dev_topk_weights_warp(sl, rs.E, rs.k, sr);
+  }
   __syncthreads();
   if ((int)threadIdx.x < rs.k) rs.route[threadIdx.x] = sr[threadIdx.x];
   if (!rs.pub_flag) return;
@@ -273,6 +294,8 @@ template <bool Q8> struct gateup_job {
   uint64_t up_off, row_bytes;
   const void *xv;
   float *act;
+  const float *gate_b, *up_b; // the experts' biases [n_expert][ff] (gpt-oss), or NULL
+  int oai;                    // ST_ACT_SWIGLU_OAI: the clamped SwiGLU (router.c st_swiglu_oai)
   __device__ int count(int g) const { return dk_slot(route, slot_ptr, n_expert, g / per) ? 2 * H : 0; }
   __device__ const uint8_t *row(int g, int r) const {
     const uint8_t *p = dk_slot(route, slot_ptr, n_expert, g / per);
@@ -283,8 +306,16 @@ template <bool Q8> struct gateup_job {
   template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
     const int j = g / per, r0 = (g - j * per) * H;
     if (nr && (int)threadIdx.x < H && r0 + threadIdx.x < ff) {
-      const float gv = sum(threadIdx.x), uv = sum(H + threadIdx.x);
-      act[j * ff + r0 + threadIdx.x] = gv / (1.0f + expf(-gv)) * uv;
+      float gv = sum(threadIdx.x), uv = sum(H + threadIdx.x);
+      const int64_t eb = (int64_t)min(max(route[j].expert, 0), n_expert - 1) * ff + r0 + threadIdx.x;
+      if (gate_b) gv += gate_b[eb];
+      if (up_b) uv += up_b[eb];
+      if (oai) { // x sigma(1.702 x) (y + 1), x clamped above at 7, y to [-7, 7]
+        const float xg = fminf(gv, 7.0f), yu = fmaxf(fminf(uv, 7.0f), -7.0f);
+        act[j * ff + r0 + threadIdx.x] = xg / (1.0f + expf(-1.702f * xg)) * (yu + 1.0f);
+      } else {
+        act[j * ff + r0 + threadIdx.x] = gv / (1.0f + expf(-gv)) * uv;
+      }
     }
   }
 };
@@ -322,6 +353,7 @@ template <bool Q8> struct down_job {
   const float *act;
   float *out;
   int8_t *xq; // Q8: the block's quantised act row (shared memory)
+  const float *down_b; // the experts' down biases [n_expert][d] (gpt-oss), or NULL: added before the weight
   __device__ int slot(int g) const { return Q8 ? g % k : g / per; }
   __device__ int part(int g) const { return Q8 ? g / k : g % per; }
   __device__ int count(int g) const {
@@ -333,7 +365,11 @@ template <bool Q8> struct down_job {
   __device__ const void *x(int g) const { return Q8 ? (const void *)xq : (const void *)(act + (int64_t)slot(g) * ff); }
   template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
     const int j = slot(g);
-    if ((int)threadIdx.x < nr) out[(int64_t)j * d + part(g) * R + threadIdx.x] = sum(threadIdx.x) * route[j].weight;
+    const int r = part(g) * R + threadIdx.x;
+    if ((int)threadIdx.x < nr)
+      out[(int64_t)j * d + r] =
+          (down_b ? sum(threadIdx.x) + down_b[(int64_t)min(max(route[j].expert, 0), n_expert - 1) * d + r] : sum(threadIdx.x)) *
+          route[j].weight;
   }
 };
 

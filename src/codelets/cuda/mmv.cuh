@@ -1,5 +1,5 @@
 // Mat-vec kernels specialised on the block format (issues #5, #20): F32, F16, BF16, Q4_K, Q6_K,
-// Q8_0, Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S and IQ2_XS
+// Q8_0, Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS and MXFP4
 // weight rows times up to 8 float32 token rows, for matmul.cu's plain and grouped products and the
 // decode step's fused kernels (decode.cu).
 // A row is walked in chunks of 1024 weights. A thread block (8 warps) takes 8 (row, slot) items:
@@ -87,6 +87,12 @@ template <> struct mmv_format<ST_TYPE_IQ2_S> {
 };
 template <> struct mmv_format<ST_TYPE_IQ2_XS> {
   enum { QK = 256, BS = 74, ALIGN = 2, MIN = 1 };
+};
+// MXFP4's 17-byte blocks: ALIGN 2 asks rows of an even byte count (an even number of blocks), as the
+// staging copies take; the decoder reads its quants a byte at a time (a block's bytes sit at any
+// offset).
+template <> struct mmv_format<ST_TYPE_MXFP4> {
+  enum { QK = 32, BS = 17, ALIGN = 2, MIN = 0 };
 };
 
 // Chunk slots of a row of n weights (see the top of the file): a power of two, at most MMV_ITEMS,
@@ -242,7 +248,9 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
   } else if constexpr (TYPE == ST_TYPE_IQ3_S) { // 4-bit s, two per byte: d * (1 + 2 s)
     const uint8_t *b = ch + (l >> 3) * BS;
     const int ib = l & 7;
-    s0 = mmv_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));
+    s0 = mmv_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));  } else if constexpr (TYPE == ST_TYPE_MXFP4) { // 2^(e - 128) (quant.h st_e8m0_to_f32_half)
+    const uint32_t e = ch[l * BS];
+    s0 = mmv_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
   }
 }
 
@@ -330,6 +338,15 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     qf[1] = kv[(q >> 8) & 15];
     qf[2] = kv[(q >> 16) & 15];
     qf[3] = kv[q >> 24];
+    qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_MXFP4) { // 16 bytes of codes after e, laid out as Q4_0's
+    const int j = o & 31;
+    const uint8_t *qs = ch + (o >> 5) * BS + 1 + (j & 15);
+    const int sh = (j & 16) >> 2;
+    qf[0] = kv[(qs[0] >> sh) & 15];
+    qf[1] = kv[(qs[1] >> sh) & 15];
+    qf[2] = kv[(qs[2] >> sh) & 15];
+    qf[3] = kv[(qs[3] >> sh) & 15];
     qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_Q4_1) { // qs after d and m, laid out as Q4_0's
     const int j = o & 31;
@@ -523,13 +540,16 @@ template <uint32_t TYPE, int TT> struct mmv_smem {
   const uint8_t *src[MMV_ITEMS];         // where each row's bytes of the current round start
   float red[MMV_ITEMS * TT];             // each item's warp sums
   float res[MMV_ITEMS * TT];             // the results: row r, token t at r * TT + t
-  float kv[16];                          // IQ4_XS's and IQ4_NL's values as floats
+  float kv[16];                          // IQ4_XS's, IQ4_NL's and MXFP4's values as floats
 };
 
-// IQ4_XS's and IQ4_NL's value table as floats in shared memory (every thread of the block calls it).
+// IQ4_XS's, IQ4_NL's and MXFP4's value tables as floats in shared memory (every thread of the block calls it).
 template <uint32_t TYPE> __device__ __forceinline__ void mmv_table(float *kv) {
   if constexpr (TYPE == ST_TYPE_IQ4_XS || TYPE == ST_TYPE_IQ4_NL) {
     if (threadIdx.x < 16) kv[threadIdx.x] = (float)st_dev_kvalues_iq4nl[threadIdx.x];
+    __syncthreads();
+  } else if constexpr (TYPE == ST_TYPE_MXFP4) {
+    if (threadIdx.x < 16) kv[threadIdx.x] = (float)st_dev_kvalues_mxfp4[threadIdx.x];
     __syncthreads();
   }
 }
@@ -860,7 +880,7 @@ static inline bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, i
   X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
   X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)           \
   X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS) X(ST_TYPE_F32) X(ST_TYPE_F16)        \
-  X(ST_TYPE_BF16)
+  X(ST_TYPE_BF16) X(ST_TYPE_MXFP4)
 
 // Calls f(std::integral_constant<uint32_t, TYPE>()) for a type of MMV_TYPES known at run time;
 // false (f not called) for another type.
