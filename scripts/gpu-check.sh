@@ -44,6 +44,31 @@ for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16; do
   [ -n "$p" ] && [ "$p" = "$q" ] && r=PASS || r="FAIL ($p / $q; $(tail -n 2 "$out/$af-p.err" | tr '\n' ' '))"
   rows+=("$af, dense on CUDA0 and experts on the CPU pool: eager vs dmda byte-identical: $r")
 done
+# MXFP4 experts (no fixture file): a gpt-oss model from strata mkmodel (hidden and expert FFN 1344:
+# a chunk and a partial one per row), the last logits of a 300-token prompt on CUDA0 (every expert
+# cached: the int8 MXFP4 kernels; none cached: the CPU pool through the mailbox) against the CPU
+# alone; both sides quantise activations to int8, so the bound is the int8 path's (mean |Δ|/σ 0.05,
+# the same argmax)
+mx=/tmp/strata-gpu-check; mkdir -p "$mx"
+"$S" mkmodel -q -o "$mx/gpt-oss-mxfp4.gguf" --preset tiny-gpt-oss --expert-type mxfp4 --hidden 1344 --expert-ffn 1344 2>/dev/null
+ids300=$(seq -s, 100 399)
+mxeval() { "$S" eval -m "$mx/gpt-oss-mxfp4.gguf" -c 512 --prompt-ids "$ids300" --logits-out "$@"; }
+STARPU_NCUDA=0 mxeval "$mx/cpu.f32" 2>/dev/null
+mxeval "$mx/gpu.f32" --expert-cache auto 2>"$out/mxfp4-gpu.err"
+mxeval "$mx/pool.f32" --expert-cache 0 2>/dev/null
+for v in gpu pool; do
+  rows+=("MXFP4 gpt-oss (mkmodel, hidden 1344), CUDA0 $([ $v = gpu ] && echo 'every expert cached' || echo 'experts on the CPU pool') vs CPU alone: $(python3 - "$mx/cpu.f32" "$mx/$v.f32" <<'PY'
+import sys, struct, math
+a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read()
+if not a or len(a) != len(b): print("FAIL (missing logits)"); sys.exit()
+n = len(a) // 4; x = struct.unpack("%df" % n, a); y = struct.unpack("%df" % n, b)
+m = sum(x) / n; sd = math.sqrt(sum((v - m) ** 2 for v in x) / n)
+d = sum(abs(p - q) for p, q in zip(x, y)) / n / sd
+ax = max(range(n), key=lambda i: x[i]); ay = max(range(n), key=lambda i: y[i])
+print("%s mean |Δ|/σ %.4f (≤ 0.05), argmax %d / %d" % ("PASS" if d <= 0.05 and ax == ay else "FAIL", d, ax, ay))
+PY
+)")
+done
 if [ "${ONLY:-}" = archs ]; then
   echo "===== summary"
   printf '%s\n' "${rows[@]}"

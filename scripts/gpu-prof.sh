@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # On a GPU host after scripts/gather-libs (builds nothing): where a decode step's time goes with
 # every expert cached. Nsight Compute's per-kernel durations and DRAM throughput over a few decode
-# steps of an 8-layer model of the qwen3-30b-a3b shape (Q8_0; caches left warm: --cache-control
+# steps of an 8-layer model of the qwen3-30b-a3b shape (PRESET: another preset's) (Q8_0; caches left warm: --cache-control
 # none, clocks as found), then a recorded trace's summary of one decode step of the 48-layer model
 # (W/q30b.gguf when scripts/gpu-step.sh made it, else made here). Builds nothing.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
-m8=$(gpu_model m8 --preset qwen3-30b-a3b --layers 8 --type q8_0)
+# PRESET: the model's preset (default qwen3-30b-a3b; e.g. gpt-oss-20b, MXFP4 experts), cut to 8 layers
+P=${PRESET:-qwen3-30b-a3b}
+mname=$([ "$P" = qwen3-30b-a3b ] && echo m8 || echo "$P-8")
+m8=$(gpu_model "$mname" --preset "$P" --layers 8 --type q8_0)
 if command -v ncu > /dev/null && [ "${NCU:-1}" = 1 ]; then
   # a prompt of 2 tokens, then decode steps; skip the prompt and the first steps' captures
   timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --launch-skip "${SKIP:-400}" \
     --launch-count "${COUNT:-140}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    --csv --page raw --print-units base "$S" generate -m "$m8" -p "Hi" -n 40 --temp 0 --ignore-eos --expert-profile "$W/m8.profile" \
+    --csv --page raw --print-units base "$S" generate -m "$m8" -p "Hi" -n 40 --temp 0 --ignore-eos --expert-profile "$W/$mname.profile" \
     --expert-cache auto > "$out/ncu.csv" 2> "$out/ncu.err"
   echo "ncu exit $?"
   python3 - "$out/ncu.csv" <<'EOF'

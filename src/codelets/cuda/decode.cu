@@ -34,8 +34,10 @@ struct mv_part {
   float *out;
 };
 
-// Whether the int8 kernels take a product of Q8_0 weights with n-float rows (STRATA_INT8_DOT).
-bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) { return c->int8_dot && type == ST_TYPE_Q8_0 && n % 32 == 0; }
+// Whether the int8 kernels take a product of Q8_0 or MXFP4 weights with n-float rows (STRATA_INT8_DOT).
+bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
+  return c->int8_dot && (type == ST_TYPE_Q8_0 || type == ST_TYPE_MXFP4) && n % 32 == 0;
+}
 
 // Launches a streaming kernel on at most as many blocks as the device holds at once, a multiple of
 // `mult` of them (groups is one).
@@ -84,7 +86,7 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
-      if constexpr (TY == ST_TYPE_Q8_0) {
+      if constexpr (TY == ST_TYPE_Q8_0 || TY == ST_TYPE_MXFP4) {
         // down's quantised input after the buffers: the longest row a stream takes
         const int q = p + (int)st_q8_stride(MMV_ITEMS * MMV_CH);
         ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
@@ -109,7 +111,7 @@ const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.po
 
 // The cached experts of layer l; pdl: the first kernel may overlap the previous one of the graph;
 // has_xin: the CPU pool takes the layer's routing and FFN input from the mailbox (dk_gateup's
-// block 0 publishes them). With STRATA_INT8_DOT, Q8_0 gate and up take ffn_in quantised
+// block 0 publishes them). With STRATA_INT8_DOT, Q8_0 or MXFP4 gate and up take ffn_in quantised
 // (dk_router's ffn_q) and a Q8_0 down its act rows quantised in each block (down_job).
 void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
@@ -129,7 +131,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
     const int per_g = (ff + H - 1) / H, groups = per_g * k;
-    if constexpr (TY == ST_TYPE_Q8_0)
+    if constexpr (TY == ST_TYPE_Q8_0 || TY == ST_TYPE_MXFP4)
       if (q8_on(c, TY, d)) {
         const gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
                                      D.act, gb, ub, oai};
@@ -144,7 +146,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
     const int Rd = mmv_stream_rows<TY>(ff);
     const int per_d = (d + Rd - 1) / Rd, groups = per_d * k;
     const uint64_t off = L->gate_bytes + L->up_bytes;
-    if constexpr (TY == ST_TYPE_Q8_0)
+    if constexpr (TY == ST_TYPE_Q8_0 || TY == ST_TYPE_MXFP4)
       if (q8_on(c, TY, ff)) {
         const down_job<true> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
                                    D.gpu_out, NULL, db};

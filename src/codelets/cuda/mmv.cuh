@@ -513,6 +513,63 @@ __device__ __forceinline__ void mmv_chunk_rows_q8(const uint8_t *const (&ch)[NR]
   }
 }
 
+// MXFP4's doubled E2M1 levels as int8 bytes (quant.c st_kvalues_mxfp4): codes 0..7, and 8..15 (their
+// negations), four to a word.
+#define MMV_MXFP4_POS0 0x03020100u /* 0 1 2 3 */
+#define MMV_MXFP4_POS1 0x0C080604u /* 4 6 8 12 */
+#define MMV_MXFP4_NEG0 0xFDFEFF00u /* 0 -1 -2 -3 */
+#define MMV_MXFP4_NEG1 0xF4F8FAFCu /* -4 -6 -8 -12 */
+
+// The int8 levels of the four 4-bit codes in the low 16 bits of h, code i (nibble i) into byte i:
+// a byte permute picks each code's magnitude from the table (its low 3 bits), another its negation,
+// a third takes the negation where the code's bit 3 is set.
+__device__ __forceinline__ uint32_t mmv_mxfp4_i8(uint32_t h) {
+  const uint32_t m = h & 0x7777u;
+  const uint32_t pos = __byte_perm(MMV_MXFP4_POS0, MMV_MXFP4_POS1, m), neg = __byte_perm(MMV_MXFP4_NEG0, MMV_MXFP4_NEG1, m);
+  return __byte_perm(pos, neg, 0x3210u | ((h & 0x8888u) >> 1));
+}
+
+// mmv_chunk_rows_q8 for MXFP4 weights: lane l takes block l of the chunk (17 bytes: the E8M0 scale e,
+// then 16 bytes of codes, code j's low nibble weight j and high nibble weight j + 16, at any
+// alignment in shared memory: read as 4-byte words and funnel-shifted). A 16-bit half of the codes
+// holds the nibbles of weights (a, a + 16, a + 1, a + 17), which become four int8 levels
+// (mmv_mxfp4_i8) and meet the activation quants permuted into the same order (once per lane for
+// all NR rows); the exact integer sum s of the block's 32 products, then acc = fmaf(2^(e - 128) d_x,
+// s, acc), as the CPU's int8 MXFP4 kernel scales each block's sum (dot_b32.c).
+template <int NR, bool XS>
+__device__ __forceinline__ void mmv_chunk_rows_q8_mxfp4(const uint8_t *const (&ch)[NR], int nw, const int8_t *xq,
+                                                        const float *xd, float (&acc)[NR]) {
+  const int lane = threadIdx.x & 31;
+  if (32 * lane >= nw) return;
+  const int4 *xv = (const int4 *)(xq + 32 * lane);
+  const int4 xa = XS ? xv[0] : __ldg(xv), xb = XS ? xv[1] : __ldg(xv + 1);
+  const float dx = XS ? xd[lane] : __ldg(xd + lane);
+  const uint32_t lo[4] = {(uint32_t)xa.x, (uint32_t)xa.y, (uint32_t)xa.z, (uint32_t)xa.w};
+  const uint32_t hi[4] = {(uint32_t)xb.x, (uint32_t)xb.y, (uint32_t)xb.z, (uint32_t)xb.w};
+  uint32_t xp[8]; // word i's halves: the quants of weights (4i, 4i + 16, 4i + 1, 4i + 17), (4i + 2, ..)
+#pragma unroll
+  for (int i = 0; i < 4; i++) xp[2 * i] = __byte_perm(lo[i], hi[i], 0x5140u), xp[2 * i + 1] = __byte_perm(lo[i], hi[i], 0x7362u);
+#pragma unroll
+  for (int q = 0; q < NR; q++) {
+    const uint8_t *blk = ch[q] + 17 * lane;
+    const uintptr_t p = (uintptr_t)(blk + 1);
+    const uint32_t *wp = (const uint32_t *)(p & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(p & 3) * 8;
+    uint32_t w[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) w[i] = wp[i]; // the staging buffer holds the bytes past a chunk's last block
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t c = __funnelshift_r(w[i], w[i + 1], sh);
+      sum = __dp4a((int)mmv_mxfp4_i8(c), (int)xp[2 * i], sum);
+      sum = __dp4a((int)mmv_mxfp4_i8(c >> 16), (int)xp[2 * i + 1], sum);
+    }
+    const uint32_t e = blk[0];
+    acc[q] = fmaf(mmv_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23) * dx, (float)sum, acc[q]);
+  }
+}
+
 // The same for one staged row and nt <= TT quantised token rows in global memory, ldq bytes apart
 // (xq, xd: token 0's quants and scales of the chunk): the chain of mmv_chunk_rows_q8 per token.
 template <int TT>
@@ -699,8 +756,8 @@ template <uint32_t TYPE> struct mmv_pipe {
 //   static constexpr bool static_rows   rows never written by an earlier kernel (may be fetched
 //                                       before st_dev_griddep_wait)
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
-//   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 weights only:
-//                                       mmv_chunk_rows_q8)
+//   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 or MXFP4 weights
+//                                       only: mmv_chunk_rows_q8, mmv_chunk_rows_q8_mxfp4)
 
 // Group g's rows and input into buffer b (threads r < R).
 template <uint32_t TYPE, typename Job>
@@ -829,10 +886,14 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
       }
       const int nw = (int)min((int64_t)MMV_CH, n - (int64_t)my_s * MMV_CH);
       if constexpr (Job::x_q8) {
-        static_assert(TYPE == ST_TYPE_Q8_0, "int8 activations pair with Q8_0 weights");
+        static_assert(TYPE == ST_TYPE_Q8_0 || TYPE == ST_TYPE_MXFP4, "int8 activations pair with Q8_0 or MXFP4 weights");
         const int8_t *xq = (const int8_t *)sm.x[b];
-        mmv_chunk_rows_q8<NR, Job::x_shared>(ch, nw, xq + my_s * MMV_CH, (const float *)(xq + n) + my_s * (MMV_CH / 32),
-                                             acc);
+        if constexpr (TYPE == ST_TYPE_MXFP4)
+          mmv_chunk_rows_q8_mxfp4<NR, Job::x_shared>(ch, nw, xq + my_s * MMV_CH,
+                                                     (const float *)(xq + n) + my_s * (MMV_CH / 32), acc);
+        else
+          mmv_chunk_rows_q8<NR, Job::x_shared>(ch, nw, xq + my_s * MMV_CH, (const float *)(xq + n) + my_s * (MMV_CH / 32),
+                                               acc);
       } else {
         mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, nw, (const float *)sm.x[b] + my_s * MMV_CH, sm.kv, acc);
       }
