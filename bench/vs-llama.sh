@@ -23,8 +23,10 @@
 # against the cpu row's lanes), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
 # STRATA_ARGS extra arguments for every strata bench row (e.g. "--cache-type-k f16 --cache-type-v f16",
 # llama.cpp's default KV cache type),
-# PRESET / TYPE the model strata mkmodel writes (default qwen3-30b-a3b / q8_0; another architecture
-# runs on CPU workers only so far, so with e.g. PRESET=gpt-oss-20b (MXFP4 experts) take ROWS=cpu),
+# PRESET / TYPE the model strata mkmodel writes (default qwen3-30b-a3b / q8_0; PRESET=gpt-oss-20b,
+# MXFP4 experts, takes the gpu, 24gb and cpu rows (with NCMOE=4 the 24gb row is a 12 GB class:
+# CLASS labels it); deepseek2 and glm4moe presets run on CPU workers only so far: ROWS=cpu),
+# CLASS the label of the 24gb rows in the table (default "24 GB class"),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
 # depths QUICK_DEPTHS gives for the 24 GB row (default 0); with QUICK_PROMPT=1 also the prompt 4096
 # of the every-expert row and the CPU's prompt 128. RDEEP repetitions of the deep row (1).
@@ -202,9 +204,10 @@ def row(label, sname, stest, stok, sdepth, lname, lp, lg, ldepth):
     rows.append((label, lt, st, (st / lt) if st and lt else None, peak("llama-" + lname), peak("strata-" + sname), extra))
 row("every expert on the GPU: decode", "gpu", "decode", None, 0, "gpu", 0, 128, 0)
 row("every expert on the GPU: prompt 4096", "gpu", "prompt", 4096, 0, "gpu", 4096, 0, 0)
-row("24 GB class: decode", "24gb", "decode", None, 0, "24gb", 0, 64, 0)
-row("24 GB class: decode at depth 4096", "24gb", "decode", None, 4096, "24gb", 0, 64, 4096)
-row("24 GB class: prompt 4096", "24gb", "prompt", 4096, 0, "24gb", 4096, 0, 0)
+CLASS = os.environ.get("CLASS", "24 GB class")
+row(CLASS + ": decode", "24gb", "decode", None, 0, "24gb", 0, 64, 0)
+row(CLASS + ": decode at depth 4096", "24gb", "decode", None, 4096, "24gb", 0, 64, 4096)
+row(CLASS + ": prompt 4096", "24gb", "prompt", 4096, 0, "24gb", 4096, 0, 0)
 row("CPU only: decode", "cpu", "decode", None, 0, "cpu", 0, 32, 0)
 row("CPU only: prompt 128", "cpu", "prompt", 128, 0, "cpu", 128, 0, 0)
 row("CPU only: prompt 128, per-task path (STRATA_PROMPT_LANES=0)", "cpu-tasks", "prompt", 128, 0, "cpu", 128, 0, 0)

@@ -13,7 +13,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: strata <command> [options]\n"
           "\n"
-          "Runs GGUF Mixture-of-Experts models (qwen3moe; deepseek2, gpt-oss, glm4moe on CPU workers) as\n"
+          "Runs GGUF Mixture-of-Experts models (qwen3moe, gpt-oss; deepseek2, glm4moe on CPU workers) as\n"
           "StarPU task graphs.\n"
           "\n"
           "commands:\n"
