@@ -193,7 +193,8 @@ int main(void) {
   static const uint32_t mmv_types[] = {ST_TYPE_Q4_K, ST_TYPE_Q6_K, ST_TYPE_Q8_0, ST_TYPE_Q5_K, ST_TYPE_IQ4_XS,
                                        ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1, ST_TYPE_IQ4_NL,
                                        ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_IQ3_S, ST_TYPE_IQ3_XXS, ST_TYPE_IQ2_S,
-                                       ST_TYPE_IQ2_XS, ST_TYPE_MXFP4};
+                                       ST_TYPE_IQ2_XS, ST_TYPE_MXFP4, ST_TYPE_Q1_0, ST_TYPE_Q2_0, ST_TYPE_TQ1_0,
+                                       ST_TYPE_TQ2_0, ST_TYPE_IQ2_XXS, ST_TYPE_IQ1_S, ST_TYPE_IQ1_M};
   for (size_t k = 0; k < sizeof mmv_types / sizeof mmv_types[0]; k++) {
     enum { R = 37, TM = 8 };
     const uint32_t t = mmv_types[k];

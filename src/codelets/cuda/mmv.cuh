@@ -1,5 +1,6 @@
 // Mat-vec kernels specialised on the block format (issues #5, #20): F32, F16, BF16, Q4_K, Q6_K,
-// Q8_0, Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS and MXFP4
+// Q8_0, Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, MXFP4,
+// Q1_0, Q2_0, TQ1_0, TQ2_0, IQ2_XXS, IQ1_S and IQ1_M
 // weight rows times up to 8 float32 token rows, for matmul.cu's plain and grouped products and the
 // decode step's fused kernels (decode.cu).
 // A row is walked in chunks of 1024 weights. A thread block (8 warps) takes 8 (row, slot) items:
@@ -93,6 +94,28 @@ template <> struct mmv_format<ST_TYPE_IQ2_XS> {
 // offset).
 template <> struct mmv_format<ST_TYPE_MXFP4> {
   enum { QK = 32, BS = 17, ALIGN = 2, MIN = 0 };
+};
+// Issue #25's formats (quant.h's layouts): the low-bit ones and the last i-quants.
+template <> struct mmv_format<ST_TYPE_Q1_0> {
+  enum { QK = 128, BS = 18, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_Q2_0> {
+  enum { QK = 64, BS = 18, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_TQ1_0> {
+  enum { QK = 256, BS = 54, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_TQ2_0> {
+  enum { QK = 256, BS = 66, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_IQ2_XXS> {
+  enum { QK = 256, BS = 66, ALIGN = 2, MIN = 0 };
+};
+template <> struct mmv_format<ST_TYPE_IQ1_S> {
+  enum { QK = 256, BS = 50, ALIGN = 2, MIN = 1 };
+};
+template <> struct mmv_format<ST_TYPE_IQ1_M> {
+  enum { QK = 256, BS = 56, ALIGN = 2, MIN = 1 };
 };
 
 // Chunk slots of a row of n weights (see the top of the file): a power of two, at most MMV_ITEMS,
@@ -251,6 +274,27 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
     s0 = mmv_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));  } else if constexpr (TYPE == ST_TYPE_MXFP4) { // 2^(e - 128) (quant.h st_e8m0_to_f32_half)
     const uint32_t e = ch[l * BS];
     s0 = mmv_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+  } else if constexpr (TYPE == ST_TYPE_Q1_0 || TYPE == ST_TYPE_Q2_0) { // d of the block (128 or 64 weights)
+    s0 = mmv_f16(ch + (l / (mmv_format<TYPE>::QK / 32)) * BS);
+  } else if constexpr (TYPE == ST_TYPE_TQ1_0 || TYPE == ST_TYPE_TQ2_0) { // d after the quants
+    s0 = mmv_f16(ch + (l >> 3) * BS + BS - 2);
+  } else if constexpr (TYPE == ST_TYPE_IQ2_XXS) { // s in the top 4 bits of the sub-block's second word: d (0.5 + s) / 4
+    const uint8_t *b = ch + (l >> 3) * BS;
+    s0 = mmv_f16(b) * (0.5f + (float)(mmv_u32_a2(b + 2 + 8 * (l & 7) + 4) >> 28)) * 0.25f;
+  } else if constexpr (TYPE == ST_TYPE_IQ1_S) { // d (2 s + 1) from qh's bits 12..14; s1: that times the delta (bit 15)
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const uint32_t qh = *(const uint16_t *)(b + 34 + 2 * (l & 7));
+    s0 = mmv_f16(b) * (float)(2 * ((qh >> 12) & 7) + 1);
+    s1 = s0 * (qh & 0x8000 ? -0.125f : 0.125f);
+  } else if constexpr (TYPE == ST_TYPE_IQ1_M) { // d from the scale words' top nibbles; 3-bit s per 16 weights
+    const uint8_t *b = ch + (l >> 3) * BS;
+    const uint16_t *sw = (const uint16_t *)(b + 48);
+    const uint32_t dh = (sw[0] >> 12) | ((sw[1] >> 8) & 0x00F0u) | ((sw[2] >> 4) & 0x0F00u) | (sw[3] & 0xF000u);
+    const float d = __half2float(__ushort_as_half((uint16_t)dh));
+    const int ib = l & 7;
+    const uint32_t sc = sw[ib / 2] >> (6 * (ib % 2));
+    s0 = d * (float)(2 * (sc & 7) + 1);
+    s1 = d * (float)(2 * ((sc >> 3) & 7) + 1);
   }
 }
 
@@ -268,7 +312,7 @@ enum { MMV_DIRECT, MMV_SCALED, MMV_OFFSET };
 template <uint32_t TYPE> __host__ __device__ constexpr int mmv_form() {
   return TYPE == ST_TYPE_F32 || TYPE == ST_TYPE_F16 || TYPE == ST_TYPE_BF16 ? MMV_DIRECT
          : TYPE == ST_TYPE_Q4_1 || TYPE == ST_TYPE_Q5_1 || TYPE == ST_TYPE_Q5_0 || TYPE == ST_TYPE_Q4_K ||
-                 TYPE == ST_TYPE_Q5_K || TYPE == ST_TYPE_Q2_K
+                 TYPE == ST_TYPE_Q5_K || TYPE == ST_TYPE_Q2_K || TYPE == ST_TYPE_IQ1_S || TYPE == ST_TYPE_IQ1_M
              ? MMV_OFFSET
              : MMV_SCALED;
 }
@@ -348,6 +392,65 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     qf[2] = kv[(qs[2] >> sh) & 15];
     qf[3] = kv[(qs[3] >> sh) & 15];
     qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_Q1_0) { // bit j of the block: +1 or -1
+    const int j = o & 127;
+    const uint32_t bits = (ch[(o >> 7) * BS + 2 + (j >> 3)] >> (j & 4)) & 0xFu;
+    mmv_bytes4(((bits * 0x00204081u) & 0x01010101u) << 1, 1.0f, qf); // 2 bit - 1
+    qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_Q2_0) { // 2 bits a weight, 4 to a byte: q - 1
+    const uint32_t q = ch[(o >> 6) * BS + 2 + ((o & 63) >> 2)];
+    mmv_bytes4((q | q << 6 | q << 12 | q << 18) & 0x03030303u, 1.0f, qf);
+    qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_TQ2_0) { // weight 128 g + 32 l + m: bits 2 l of byte 32 g + m, q - 1
+    const int r = o & 255;
+    const uint32_t w = mmv_u32_a2(ch + (o >> 8) * BS + 32 * (r >> 7) + (r & 31));
+    mmv_bytes4((w >> (2 * ((r >> 5) & 3))) & 0x03030303u, 1.0f, qf);
+    qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_TQ1_0) { // trit n of a byte (5 per byte in qs, 4 in qh): q - 1
+    const int r = o & 255;
+    int byte, n;
+    if (r < 160) byte = r & 31, n = r >> 5;
+    else if (r < 240) byte = 32 + ((r - 160) & 15), n = (r - 160) >> 4;
+    else byte = 48 + ((r - 240) & 3), n = (r - 240) >> 2;
+    const uint32_t p3 = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
+    const uint8_t *b = ch + (o >> 8) * BS + byte;
+    uint32_t q = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) q |= (((b[i] * p3) & 0xFFu) * 3u >> 8) << (8 * i);
+    mmv_bytes4(q, 1.0f, qf);
+    qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_IQ2_XXS) {
+    // group l = (r / 8) % 4 of sub-block r / 32: grid entry qs byte 8 ib + l (8 magnitudes), signs
+    // the 7-bit field l of the sub-block's second word; these 4 weights are its half (r / 4) % 2
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, ib = r >> 5, l = (r >> 3) & 3, hf = (r >> 2) & 1;
+    const uint64_t grid = MMV_GRID(iq2xxs_grid)[b[2 + 8 * ib + l]];
+    const uint32_t m = (uint32_t)(grid >> (32 * hf));
+    const uint32_t sg = mmv_iq_signs((mmv_u32_a2(b + 2 + 8 * ib + 4) >> (7 * l)) & 127) >> (4 * hf);
+    qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
+    qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
+    qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
+    qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+    qscale = s0;
+  } else if constexpr (TYPE == ST_TYPE_IQ1_S || TYPE == ST_TYPE_IQ1_M) {
+    // group l of sub-block ib: grid entry (8 values of -1, 0, +1) from an index byte and 3 high
+    // bits; weight = dl (q + delta), dl per 32 (IQ1_S) or 16 (IQ1_M) weights, delta +-1/8 per
+    // sub-block (IQ1_S, in s1 = dl delta) or per group (IQ1_M: bit 3 of the group's qh nibble)
+    const uint8_t *b = ch + (o >> 8) * BS;
+    const int r = o & 255, ib = r >> 5, l = (r >> 3) & 3, hf = (r >> 2) & 1;
+    uint64_t grid;
+    if constexpr (TYPE == ST_TYPE_IQ1_S) {
+      const uint32_t qh = *(const uint16_t *)(b + 34 + 2 * ib);
+      grid = MMV_GRID(iq1s_grid)[b[2 + 4 * ib + l] | ((qh >> (3 * l)) & 7) << 8];
+      qscale = s0;
+      qoff = s1;
+    } else {
+      const uint32_t h = b[32 + 2 * ib + l / 2] >> (4 * (l % 2));
+      grid = MMV_GRID(iq1s_grid)[b[4 * ib + l] | (h & 7) << 8];
+      qscale = l < 2 ? s0 : s1;
+      qoff = qscale * (h & 8 ? -0.125f : 0.125f);
+    }
+    mmv_bytes4((uint32_t)(grid >> (32 * hf)) ^ 0x80808080u, 128.0f, qf); // int8 -1, 0, +1
   } else if constexpr (TYPE == ST_TYPE_Q4_1) { // qs after d and m, laid out as Q4_0's
     const int j = o & 31;
     const uint32_t q = (mmv_u32(ch + (o >> 5) * BS + 4 + (j & 15)) >> ((j & 16) >> 2)) & 0x0F0F0F0Fu;
@@ -941,7 +1044,8 @@ static inline bool mmv_fits(uint64_t row_bytes, const void *W, const float *x, i
   X(ST_TYPE_Q4_K) X(ST_TYPE_Q6_K) X(ST_TYPE_Q8_0) X(ST_TYPE_Q5_K) X(ST_TYPE_IQ4_XS) X(ST_TYPE_Q4_0)           \
   X(ST_TYPE_Q4_1) X(ST_TYPE_Q5_0) X(ST_TYPE_Q5_1) X(ST_TYPE_IQ4_NL) X(ST_TYPE_Q2_K) X(ST_TYPE_Q3_K)           \
   X(ST_TYPE_IQ3_S) X(ST_TYPE_IQ3_XXS) X(ST_TYPE_IQ2_S) X(ST_TYPE_IQ2_XS) X(ST_TYPE_F32) X(ST_TYPE_F16)        \
-  X(ST_TYPE_BF16) X(ST_TYPE_MXFP4)
+  X(ST_TYPE_BF16) X(ST_TYPE_MXFP4) X(ST_TYPE_Q1_0) X(ST_TYPE_Q2_0) X(ST_TYPE_TQ1_0) X(ST_TYPE_TQ2_0)              \
+  X(ST_TYPE_IQ2_XXS) X(ST_TYPE_IQ1_S) X(ST_TYPE_IQ1_M)
 
 // Calls f(std::integral_constant<uint32_t, TYPE>()) for a type of MMV_TYPES known at run time;
 // false (f not called) for another type.
