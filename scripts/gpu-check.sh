@@ -27,12 +27,12 @@ grep -E "^(FAIL|SKIP)" "$out/forward_ref.log" | head -n 20
 rows+=("CUDA weight decoder vs CPU dequantisation: $(tail -n 1 "$out/cuda_kernels.log")")
 grep FAIL "$out/cuda_kernels.log"
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
-# 1b) gpt-oss on CUDA0 (test_forward_ref above compared its fixtures with the cache off, half and
-# full): the exactness gate on its tiny fixtures, the same greedy command twice and eager vs dmda
+# 1b) gpt-oss and glm4moe on CUDA0 (test_forward_ref above compared their fixtures with the cache
+# off, half and full): the exactness gate on their tiny fixtures, the same greedy command twice and eager vs dmda
 # with every expert cached, and twice with the experts on the CPU pool (the mailbox); ONLY=archs
 # stops after this part.
 A=$C/fixtures/archs
-for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16; do
+for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16 tiny-glm4moe-q8_0 tiny-glm4moe-bf16; do
   "$S" profile -m "$A/$af.gguf" -f "$out/calib.txt" -o "$out/$af.profile" > /dev/null 2>&1
   agen() { "$S" generate -m "$A/$af.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos --print-ids \
            --expert-profile "$out/$af.profile" "$@"; }

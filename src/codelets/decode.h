@@ -111,7 +111,8 @@ static inline size_t st_decode_q8_bytes(size_t n) { return (n + n / 8 + 15) / 16
  * (graph/decode_bufs.c); NULL without a GPU. Rows are float32 unless said. */
 struct st_decode_dev {
   float *x, *h, *xn, *q, *kvnew, *attn, *xo, *ffn_in, *rlogits; /* [d], [d], [d], [Hq hd], [2 G hd], [Hq hd], [d], [d], [E] */
-  float *act, *gpu_out;                                         /* [k][ff] silu(gate) * up, [k][d] */
+  float *act, *gpu_out;                                         /* [k][ff] silu(gate) * up, [k + 1][d] (slot k: the fixed FFN's) */
+  float *fgu, *fact;                                            /* the fixed FFN's gate and up [2][n_ff_max], act [n_ff_max] */
   float *part;                                                  /* attention partials */
   struct st_route *route;                                       /* [n_layer][k] */
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
@@ -128,6 +129,7 @@ struct st_decode_dev {
  * down). */
 struct st_decode_dev_layer {
   const float *bq, *bk, *bv, *bo, *sinks, *router_b, *gate_b, *up_b, *down_b;
+  const float *probs_b; /* glm4moe, deepseek2: the selection bias [n_expert] */
 };
 
 /* The mailbox between the primary GPU and the CPU pool (see the top of the file), one allocation of

@@ -43,9 +43,12 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
   if (hp->arch == ST_ARCH_QWEN3MOE) return 1;
-  if (hp->arch != ST_ARCH_GPT_OSS) *why = "this architecture's GPU kernels are not written yet (gpt-oss's are)";
-  else if (hp->n_rot != hp->head_dim || hp->rope_kind != ST_ROPE_NEOX) *why = "a partial or normal-order RoPE on the GPU";
-  else if (hp->gating != ST_GATING_SOFTMAX_WEIGHT || hp->n_expert_used > 32) *why = "a routing the GPU kernels do not take";
+  if (hp->arch != ST_ARCH_GPT_OSS && hp->arch != ST_ARCH_GLM4MOE)
+    *why = "this architecture's GPU kernels are not written yet (gpt-oss's and glm4moe's are)";
+  else if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->rope_kind != ST_ROPE_NEOX) *why = "a normal-order RoPE on the GPU";
+  else if ((hp->gating != ST_GATING_SOFTMAX_WEIGHT && hp->gating != ST_GATING_SIGMOID) || hp->n_expert_used > 32 ||
+           (hp->n_group > 1 && hp->n_group_used < hp->n_group))
+    *why = "a routing the GPU kernels do not take (group-limited routing among them)";
 #ifdef ST_HAVE_CUDA
   else if (hp->n_swa > 0 && (int)hp->n_swa > st_cuda_attn_short_keys((int)hp->head_dim, e->kv_type == ST_TYPE_F16 ? 2 : 4))
     *why = "a sliding window longer than the GPU's short-context attention takes";
@@ -208,7 +211,9 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->ffn_in, float, dm);
   TAKE(D->rlogits, float, hp->n_expert);
   TAKE(D->act, float, k * ff);
-  TAKE(D->gpu_out, float, k * dm);
+  TAKE(D->gpu_out, float, (k + 1) * dm);
+  TAKE(D->fgu, float, 2 * (size_t)d->ctx.n_ff_max);
+  TAKE(D->fact, float, (size_t)d->ctx.n_ff_max);
   TAKE(D->part, float, part);
   TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(D->pos, int32_t, 2);
@@ -234,7 +239,16 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
   struct st_decode_ctx *c = &d->ctx;
   const int L = (int)hp->n_layer;
-  if (c->rope.yarn || c->rope.mscale != 1.0f) { /* [n_ctx][hd / 2] (cos, sin), as st_cuda_rope_table's */
+  /* the route table starts at zero: a dense layer's entries stay (expert 0, weight 0) */
+  {
+    const size_t n = sizeof(struct st_route) * hp->n_layer * hp->n_expert_used;
+    void *z = calloc(1, n);
+    const int rc = z ? to_primary(d, (uintptr_t)c->dev.route, z, n) : st_set_error(ST_ENOMEM, "out of memory");
+    free(z);
+    if (rc) return rc;
+  }
+  /* [n_ctx][hd / 2] (cos, sin), as st_cuda_rope_table's; a partial RoPE fills n_rot / 2 pairs a row */
+  if (c->rope.yarn || c->rope.mscale != 1.0f || c->rope.n_rot != (int)hp->head_dim) {
     const size_t per = (size_t)hp->head_dim, n = (size_t)e->n_ctx * per;
     float *t = malloc(sizeof(float) * n);
     if (!t) return st_set_error(ST_ENOMEM, "out of memory for the RoPE table");
@@ -254,10 +268,11 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
     for (int l = 0; l < L; l++) {
       const struct st_decode_layer *H = &d->layers[l];
       struct st_decode_dev_layer *X = &d->dlayers[l];
-      const float *src[9] = {H->bq, H->bk, H->bv, H->bo, H->sinks, H->router_b, H->gate_b, H->up_b, H->down_b};
-      const size_t count[9] = {qw, kw, kw, dm, hp->n_head, E, E * ff, E * ff, E * dm};
-      const float **dst[9] = {&X->bq, &X->bk, &X->bv, &X->bo, &X->sinks, &X->router_b, &X->gate_b, &X->up_b, &X->down_b};
-      for (int i = 0; i < 9; i++) {
+      const float *src[10] = {H->bq, H->bk, H->bv, H->bo, H->sinks, H->router_b, H->gate_b, H->up_b, H->down_b, H->probs_b};
+      const size_t count[10] = {qw, kw, kw, dm, hp->n_head, E, E * ff, E * ff, E * dm, E};
+      const float **dst[10] = {&X->bq, &X->bk, &X->bv, &X->bo, &X->sinks, &X->router_b, &X->gate_b, &X->up_b, &X->down_b,
+                               &X->probs_b};
+      for (int i = 0; i < 10; i++) {
         if (!src[i]) continue;
         if (pass) {
           *dst[i] = (const float *)(d->extra_block + at);

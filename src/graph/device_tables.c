@@ -15,7 +15,8 @@ int st_decode_tables_update(struct st_engine *e) {
   const uint32_t L = e->hp.n_layer, E = e->hp.n_expert;
   for (uint32_t l = 0; l < L; l++) {
     d->layer_cpu[l] = 0;
-    for (uint32_t x = 0; x < E; x++) d->layer_cpu[l] |= st_placement_tier(pl, l, x) == ST_TIER_CPU_POOL;
+    for (uint32_t x = 0; x < E && !e->model->layers[l].dense; x++) /* a dense layer has no experts */
+      d->layer_cpu[l] |= st_placement_tier(pl, l, x) == ST_TIER_CPU_POOL;
   }
   if (!d->gpu) return 0;
   const size_t n = (size_t)L * E;

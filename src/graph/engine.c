@@ -189,6 +189,9 @@ static uint64_t dense_bytes(const struct st_engine *e, uint32_t l0, uint32_t l1,
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) dense += weight_bytes(ws[i]);
+    /* the fixed FFN (a dense layer's, a shared expert), on the GPU with the dense work */
+    const struct st_weight *fw[6] = {&L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->gate_shexp, &L->up_shexp, &L->down_shexp};
+    for (int i = 0; i < 6; i++) dense += fw[i]->data ? weight_bytes(fw[i]) : 0;
   }
   return dense;
 }
@@ -360,6 +363,9 @@ static int setup_tiers_with(struct st_engine *e, const struct st_engine_opts *o,
       rc = st_plan_tiers_budget(prof, hp->n_layer, E, primary, slots, budget, layer_bytes, cards,
                                 o->gpu_placement == ST_PLACE_LAYER ? ST_PLACE_LAYER : ST_PLACE_STRIPE, owner);
   }
+  /* a leading dense layer (deepseek2, glm4moe) has no expert pairs to cache */
+  for (uint32_t i = 0; i < n_pairs && !rc; i++)
+    if (e->model->layers[i / E].dense) owner[i] = 0;
   /* fill each cache with its pairs in candidate order */
   for (int c = 0; c < pl->n_caches && !rc; c++) {
     int n = 0;
@@ -524,12 +530,13 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->logits = malloc(sizeof(float) * T * hp->n_vocab);
     e->routing = malloc(sizeof(struct st_route) * T * k);
     e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
+    e->h_fixed = calloc((size_t)hp->n_layer * 3, sizeof(starpu_data_handle_t));
     e->h_expert = calloc((size_t)hp->n_layer * hp->n_expert * 3, sizeof(starpu_data_handle_t));
     e->h_kv = calloc((size_t)hp->n_layer * hp->n_head_kv * 2, sizeof(starpu_data_handle_t));
     e->route_counts = calloc((size_t)hp->n_layer * hp->n_expert, sizeof(uint64_t));
     e->live_counts = calloc((size_t)hp->n_layer * hp->n_expert, sizeof(uint64_t));
     if (!e->kv || !e->x || !e->h || !e->ffn_in || !e->xo || !e->attn || !e->expert_out ||
-        !e->logits || !e->routing || !e->h_layer || !e->h_expert || !e->h_kv || !e->route_counts ||
+        !e->logits || !e->routing || !e->h_layer || !e->h_fixed || !e->h_expert || !e->h_kv || !e->route_counts ||
         !e->live_counts)
       rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens, %s) and batch buffers",
                         kv_bytes / 1048576.0, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32");
@@ -633,12 +640,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
    * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
   if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
-  /* deepseek2 and glm4moe compute on CPU workers only so far: unless the user asks for GPUs (a GPU
-   * tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
+  /* deepseek2 computes on CPU workers only so far: unless the user asks for GPUs (a GPU tier flag,
+   * or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
   const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||
                         o->helper_cache[2] || o->peer_device > 0 || o->layer_split || o->gpu_mem_gib > 0 ||
                         o->cuda_graphs != ST_CUDA_GRAPHS_OFF || getenv("STARPU_NCUDA");
-  if (hp->arch != ST_ARCH_QWEN3MOE && hp->arch != ST_ARCH_GPT_OSS && !gpu_asked) {
+  if (hp->arch == ST_ARCH_DEEPSEEK2 && !gpu_asked) {
     conf.ncuda = 0;
 #ifdef ST_HAVE_CUDA
     if (st_cuda_device_count() > 0)
@@ -697,7 +704,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
-  /* deepseek2 and glm4moe run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
+  /* deepseek2 runs on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
   const char *why_arch = NULL;
   if (!rc && e->placement.cuda0_worker >= 0 && !st_decode_gpu_arch(e, &why_arch))
     rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (%s): leave out the GPU flags and "
@@ -721,10 +728,14 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
-    /* the per-task path's and the GPU's handles: qwen3moe and gpt-oss (deepseek2 and glm4moe run on
+    /* the per-task path's and the GPU's handles (deepseek2, whose MLA cache holds one plane, runs on
      * the lanes only); a sliding layer's planes hold its ring (st_engine_kv_rows) */
     const int planes = st_engine_kv_planes(hp), rows = st_engine_kv_rows(e, l);
-    for (uint32_t g = 0; g < hp->n_head_kv && (hp->arch == ST_ARCH_QWEN3MOE || hp->arch == ST_ARCH_GPT_OSS); g++)
+    /* the decode step's GPU task reads a fixed FFN (a dense layer's, a shared expert) as weights too */
+    const struct st_weight *fw[3] = {L->dense ? &L->ffn_gate : &L->gate_shexp, L->dense ? &L->ffn_up : &L->up_shexp,
+                                     L->dense ? &L->ffn_down : &L->down_shexp};
+    for (int i = 0; i < 3 && fw[0]->data; i++) e->h_fixed[l * 3 + i] = reg_weight(fw[i]);
+    for (uint32_t g = 0; g < hp->n_head_kv && hp->attn_kind != ST_ATTN_MLA; g++)
       for (int c = 0; c < planes; c++) {
         const size_t i = (size_t)g * planes + c;
         e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =
@@ -783,6 +794,8 @@ void st_engine_destroy(struct st_engine *e) {
     if (e->h_output) starpu_data_unregister(e->h_output);
     for (size_t i = 0; i < (size_t)hp->n_layer * W_COUNT; i++)
       if (e->h_layer[i]) starpu_data_unregister(e->h_layer[i]);
+    for (size_t i = 0; i < (size_t)hp->n_layer * 3; i++)
+      if (e->h_fixed[i]) starpu_data_unregister(e->h_fixed[i]);
     for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert * 3; i++)
       if (e->h_expert[i]) starpu_data_unregister(e->h_expert[i]);
     for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_head_kv * 2; i++)
@@ -801,6 +814,7 @@ void st_engine_destroy(struct st_engine *e) {
   free(e->logits);
   free(e->routing);
   free(e->h_layer);
+  free(e->h_fixed);
   free(e->h_expert);
   free(e->h_kv);
   free(e->names);

@@ -56,14 +56,15 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past,
                                        .combine = l > 0, .has_cpu_in = l > 0 && d->layer_cpu[l - 1],
                                        .has_xin = l < L && d->layer_cpu[l]};
-  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 1];
+  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 4];
   int nb = 0;
   if (l < L) {
-    /* a layer without q/k norms (gpt-oss) passes its attention norm in their places; the kernels
-     * read none of them (decode.cu) */
+    /* a layer without q/k norms (gpt-oss) or a router (a dense layer) passes its attention norm in
+     * their places; the kernels read none of them (decode.cu) */
     const struct st_layer *W = &e->model->layers[l];
     for (int i = 0; i < W_COUNT; i++) {
-      const int absent = (i == W_Q_NORM && !W->q_norm.data) || (i == W_K_NORM && !W->k_norm.data);
+      const int absent = (i == W_Q_NORM && !W->q_norm.data) || (i == W_K_NORM && !W->k_norm.data) ||
+                         (i == W_ROUTER && !W->router.data);
       bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + (absent ? W_ATTN_NORM : i)];
     }
     for (int g = 0; g < G; g++) {
@@ -72,6 +73,7 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
     }
     /* the graph ends with the next layer's input and norm (or the head's) */
     bufs[nb++] = l + 1 < L ? e->h_layer[(size_t)(l + 1) * W_COUNT + W_ATTN_NORM] : e->h_output_norm;
+    for (int i = 0; i < 3 && e->h_fixed[(size_t)l * 3]; i++) bufs[nb++] = e->h_fixed[(size_t)l * 3 + i]; /* a fixed FFN */
   } else {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;

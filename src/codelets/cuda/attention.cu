@@ -44,8 +44,10 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
 template <bool TAB = false, typename OT, typename Sync>
 __device__ __forceinline__ static void norm_rope_threads(const float *in, OT *out, int hd, const float *w, float eps,
                                                          int pos, float theta, float *red, const float2 *cs, int t,
-                                                         int nt, Sync sync, const float *b = NULL) {
-  // b (may be NULL): a bias added to the input first; w NULL: no norm (the input rotated as it is)
+                                                         int nt, Sync sync, const float *b = NULL, int n_rot = 0) {
+  // b (may be NULL): a bias added to the input first; w NULL: no norm (the input rotated as it is);
+  // n_rot (0: hd): the pairs (i, i + n_rot / 2) of the first n_rot dims rotate, the rest pass normed
+  // (a partial NEOX RoPE, as llama.cpp's); cs then holds n_rot / 2 pairs
   float scale = 1.0f;
   if (w) {
     float ss = 0.0f;
@@ -62,7 +64,11 @@ __device__ __forceinline__ static void norm_rope_threads(const float *in, OT *ou
     scale = rsqrtf(tot / (float)hd + eps);
     sync();
   }
-  const int half = hd / 2;
+  const int half = (n_rot ? n_rot : hd) / 2;
+  for (int i = 2 * half + t; i < hd; i += nt) {
+    const float v = b ? in[i] + b[i] : in[i];
+    kv_st(out + i, w ? v * scale * w[i] : v);
+  }
   for (int i = t; i < half; i += nt) {
     float c, s;
     if (TAB || cs) {
@@ -759,10 +765,10 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
     if (it < nh) {
       float *qh = q + (int64_t)(h0 + it) * hd;
       norm_rope_threads<true>(qh, attend_here ? qs + it * hd : qh, hd, qw, eps, pos, 0.0f, red[grp], cs, t, 64, sync,
-                              x.bq ? x.bq + (int64_t)(h0 + it) * hd : NULL);
+                              x.bq ? x.bq + (int64_t)(h0 + it) * hd : NULL, x.n_rot);
     } else {
       norm_rope_threads<true>(kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)row * hd, hd, kw, eps, pos, 0.0f,
-                              red[grp], cs, t, 64, sync, x.bk ? x.bk + (int64_t)g * hd : NULL);
+                              red[grp], cs, t, 64, sync, x.bk ? x.bk + (int64_t)g * hd : NULL, x.n_rot);
     }
   }
   KT *vr = (KT *)kv.v[g] + (int64_t)row * hd;

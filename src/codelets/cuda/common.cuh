@@ -536,6 +536,8 @@ struct st_cuda_attn_ext {
   int window;                // sliding window: position p sees keys p - window + 1 .. p (0: none; at most
                              // the short contexts' keys, st_cuda_attn_short_keys)
   int ring;                  // rows of the caches: position p at row p % ring (0: row p)
+  int n_rot;                 // dims RoPE rotates (0: hd; fewer: a partial NEOX RoPE, the table's rows
+                             // still hd / 2 pairs apart)
 };
 // The q/k norms, RoPE and KV append of a decode step in one launch: the Hq query heads at q ([Hq][hd])
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS

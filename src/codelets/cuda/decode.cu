@@ -81,7 +81,8 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
-      const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * n_embd, pe = p + (int)sizeof(float) * n_expert;
+      // dk_gateup: the router's logits (sigmoid routing: scores, then selection values)
+      const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * n_embd, pe = p + 2 * (int)sizeof(float) * n_expert;
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
@@ -104,7 +105,23 @@ struct layer_graph {
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
   void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS]; // of c->kv_type
   const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
+  const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
 };
+
+// The fixed FFN of layer l (a dense layer's FFN or a MoE layer's shared expert) on ffn_in into
+// gpu_out's slot k: gate and up (st_cuda_matmul, the rows of any length), silu(gate) up, down;
+// float32 activations.
+void fixed_body(const st_decode_ctx *c, const layer_graph *g, int l, int pdl, cudaStream_t st) {
+  const st_decode_dev &D = c->dev;
+  const st_decode_layer *L = &c->layers[l];
+  const int d = c->n_embd, ff = L->fixed_ff;
+  (void)pdl;
+  st_cuda_matmul(L->fgate_d.type, g->f[0], L->fgate_d.row_bytes, 0, ff, D.ffn_in, d, 1, d, D.fgu, ff, st, 0);
+  st_cuda_matmul(L->fup_d.type, g->f[1], L->fup_d.row_bytes, 0, ff, D.ffn_in, d, 1, d, D.fgu + ff, ff, st, 0);
+  dk_fixed_act<<<(ff + 255) / 256, 256, 0, st>>>(D.fgu, ff, D.fact);
+  st_cuda_matmul(L->fdown_d.type, g->f[2], L->fdown_d.row_bytes, 0, d, D.fact, ff, 1, ff, D.gpu_out + (size_t)c->k * d,
+                 d, st, 0);
+}
 
 // The step number in device memory (after the position).
 const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.pos + 1); }
@@ -123,10 +140,12 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[l] : NULL;
   const float *gb = X ? X->gate_b : NULL, *ub = X ? X->up_b : NULL, *db = X ? X->down_b : NULL;
   const int oai = c->ffn_act == ST_ACT_SWIGLU_OAI;
-  const route_src rs = {D.rlogits, c->n_expert, k, d, c->gating == ST_GATING_SOFTMAX_WEIGHT, route, D.ffn_in,
-                        M.xroute + (size_t)l * k, M.xffn + (size_t)l * d,
-                        has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL, dev_seq(D)};
-  const size_t sl = sizeof(float) * (size_t)c->n_expert; // dk_route_select's logits
+  const int sig = c->gating == ST_GATING_SIGMOID;
+  const route_src rs = {D.rlogits, c->n_expert, k, d, c->gating == ST_GATING_SOFTMAX_WEIGHT, sig, c->w_norm, c->w_scale,
+                        X ? X->probs_b : (const float *)NULL, route, D.ffn_in, M.xroute + (size_t)l * k,
+                        M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
+                        dev_seq(D)};
+  const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
@@ -167,13 +186,17 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
 void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const int lp = l > 0 ? l - 1 : 0;
+  const st_decode_layer *P = &c->layers[lp];
   const float *rows = c->dmail.cpu_out + (size_t)lp * c->k * c->n_embd;
+  // a dense layer has no routed rows; a fixed FFN's row (slot k of gpu_out) comes after them
+  const int n_routed = P->dense ? 0 : c->k;
+  const float *fixed = P->fixed_ff ? D.gpu_out + (size_t)c->k * c->n_embd : NULL;
   const uint32_t *flag = wait_cpu ? c->dmail.cpu_seq + (size_t)lp * ST_MAIL_FLAG_STRIDE : NULL;
   st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * (size_t)c->n_embd, st, pdl,
                  (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
-                 c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, c->k, c->n_embd, combine,
-                 (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x, w,
-                 c->eps, D.xn);
+                 c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, n_routed, c->n_embd,
+                 combine, (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x,
+                 w, c->eps, D.xn, fixed);
 }
 
 void layer_body(const void *args, cudaStream_t st) {
@@ -196,7 +219,7 @@ void layer_body(const void *args, cudaStream_t st) {
   st_cuda_attn_ext ax = {};
   if (X) {
     ax = st_cuda_attn_ext{X->bq, X->bk, X->bv, X->sinks, c->attn_conf.scale, L->swa ? c->attn_conf.window : 0,
-                          L->swa && L->kv_rows < c->n_ctx ? L->kv_rows : 0};
+                          L->swa && L->kv_rows < c->n_ctx ? L->kv_rows : 0, c->rope.n_rot < hd ? c->rope.n_rot : 0};
   }
   st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, L->q_norm ? (const float *)g->w[5] : NULL,
                       L->k_norm ? (const float *)g->w[6] : NULL, c->eps, D.pos, c->kv_type, g->k, g->v, D.rope, D.attn,
@@ -205,17 +228,20 @@ void layer_body(const void *args, cudaStream_t st) {
                             X ? &ax : NULL);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
-  mmv_dispatch(L->router_d.type, [&](auto ty) {
+  // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
+  const int Er = L->dense ? 0 : E;
+  mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rr = mmv_stream_rows<TY>(d);
     auto kernel = dk_router<TY>;
     const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * (size_t)d;
-    st_cuda_launch(kernel, dim3((unsigned)((E + Rr - 1) / Rr)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
-                   (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, E, D.h, D.ffn_in,
+    st_cuda_launch(kernel, dim3((unsigned)(Er ? (Er + Rr - 1) / Rr : 1)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,
+                   (const float *)g->w[7], c->eps, d, (const uint8_t *)g->w[8], L->router_d.row_bytes, Er, D.h, D.ffn_in,
                    D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL, X ? X->bo : (const float *)NULL,
                    X ? X->router_b : (const float *)NULL);
   });
-  experts_body(c, a->layer, a->has_xin, pdl, st);
+  if (!L->dense) experts_body(c, a->layer, a->has_xin, pdl, st);
+  if (L->fixed_ff) fixed_body(c, g, a->layer, pdl, st);
   pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
 
@@ -291,6 +317,10 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   }
   g.next_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[9 + 2 * G]);
   sig.add(g.next_norm);
+  for (int i = 0; i < 3; i++) {
+    g.f[i] = c->layers[a->layer].fixed_ff ? (const void *)STARPU_VECTOR_GET_PTR(buffers[10 + 2 * G + i]) : NULL;
+    sig.add(g.f[i]);
+  }
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());

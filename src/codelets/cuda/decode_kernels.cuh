@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
            int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
-           float *x, const float *w, float eps, float *xn) {
+           float *x, const float *w, float eps, float *xn, const float *fixed) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
   __shared__ int any_cpu;
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
     for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
       const int i1 = i0 + blockDim.x, two = i1 < d;
       float acc0 = 0.0f, acc1 = 0.0f;
-      for (int j0 = 0; j0 < k; j0 += 8) {
+      for (int j0 = 0; j0 < k; j0 += 8) { // (k 0: a dense layer, its fixed FFN's row only)
         float v0[8], v1[8];
 #pragma unroll
         for (int u = 0; u < 8; u++)
@@ -77,6 +77,10 @@ __global__ void __launch_bounds__(PRE_THREADS)
 #pragma unroll
         for (int u = 0; u < 8; u++)
           if (j0 + u < k) acc0 = __fadd_rn(acc0, v0[u]), acc1 = __fadd_rn(acc1, v1[u]);
+      }
+      if (fixed) { // the fixed FFN's row (shared expert, dense FFN) after the routed ones, as item_combine
+        acc0 = k ? __fadd_rn(acc0, fixed[i0]) : fixed[i0];
+        if (two) acc1 = k ? __fadd_rn(acc1, fixed[i1]) : fixed[i1];
       }
       x[i0] = xs[i0] = __fadd_rn(acc0, h[i0]);
       if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h[i1]);
@@ -235,6 +239,11 @@ struct route_src {
   const float *logits;
   int E, k, d;
   int softmax_weight; // ST_GATING_SOFTMAX_WEIGHT (gpt-oss): the weights a softmax over the chosen logits
+  // ST_GATING_SIGMOID (glm4moe): scores sigmoid(logit), chosen by score + sel_bias (may be NULL),
+  // weights the chosen scores, renormalised when w_norm, times w_scale (router.c st_route_gated)
+  int sigmoid, w_norm;
+  float w_scale;
+  const float *sel_bias;
   st_route *route;
   const float *ffn_in;
   st_route *pub_route;
@@ -257,15 +266,42 @@ __device__ __forceinline__ void dk_chosen_softmax_warp(const float *l, int k, st
 }
 
 __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, st_route *sr) {
+  if (rs.sigmoid) { // sl: the scores, then (sl + E) the selection values
+    for (int e = threadIdx.x; e < rs.E; e += blockDim.x) {
+      const float z = __ldcg(rs.logits + e), p = 1.0f / (1.0f + expf(-z));
+      sl[e] = p;
+      sl[rs.E + e] = rs.sel_bias ? p + rs.sel_bias[e] : p;
+    }
+    __syncthreads();
+    st_dev_topk_select_block(sl + rs.E, rs.E, rs.k, sr);
+    return;
+  }
   for (int e = threadIdx.x; e < rs.E; e += blockDim.x) sl[e] = __ldcg(rs.logits + e);
   __syncthreads();
   if (rs.k > 32) st_dev_softmax_topk_block(sl, rs.E, rs.k, sr);
   else st_dev_topk_select_block(sl, rs.E, rs.k, sr);
 }
+
+// The weights of a sigmoid selection (k <= 32): each chosen score, their double sum in rank order
+// (at least 2^-14) dividing them when w_norm, times w_scale; by one warp.
+__device__ __forceinline__ void dk_sigmoid_weights_warp(const float *sl, int k, int w_norm, float w_scale, st_route *r) {
+  const int lane = threadIdx.x & 31;
+  float p = lane < k ? sl[r[lane].expert] : 0.0f;
+  if (w_norm) {
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += (double)__shfl_sync(0xffffffffu, p, j);
+    if (sum < 6.103515625e-5) sum = 6.103515625e-5;
+    p = (float)((double)p / sum);
+  }
+  if (w_scale != 1.0f) p *= w_scale;
+  if (lane < k) r[lane].weight = p;
+  __syncwarp();
+}
 __device__ __forceinline__ void dk_route_finish(const route_src &rs, const float *sl, st_route *sr) {
   if (blockIdx.x != 0) return; // block-uniform: the barriers below see every thread of block 0
   if (rs.k <= 32 && threadIdx.x < 32) {
-    if (rs.softmax_weight) dk_chosen_softmax_warp(sl, rs.k, sr);
+    if (rs.sigmoid) dk_sigmoid_weights_warp(sl, rs.k, rs.w_norm, rs.w_scale, sr);
+    else if (rs.softmax_weight) dk_chosen_softmax_warp(sl, rs.k, sr);
     else st_dev_topk_weights_warp(sl, rs.E, rs.k, sr);
   }
   __syncthreads();
@@ -386,6 +422,17 @@ __global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_i
     if (Q8 && (int)blockIdx.x < n_groups)
       st_dev_q8_row(job.act + (int64_t)j * ff, ff / 32, job.xq, (float *)(job.xq + ff), threadIdx.x >> 5, MMV_THREADS / 32);
   });
+}
+
+// The fixed FFN's activation (shared expert, dense FFN): act[i] = silu(g[i]) u[i] for i < n, g and u
+// n floats apart in gu (swiglu's float operations).
+__global__ void dk_fixed_act(const float *gu, int n, float *act) {
+  st_dev_griddep_launch();
+  st_dev_griddep_wait();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const float g = gu[i], u = gu[n + i];
+    act[i] = g / (1.0f + expf(-g)) * u;
+  }
 }
 
 } // namespace
