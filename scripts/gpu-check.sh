@@ -27,12 +27,12 @@ grep -E "^(FAIL|SKIP)" "$out/forward_ref.log" | head -n 20
 rows+=("CUDA weight decoder vs CPU dequantisation: $(tail -n 1 "$out/cuda_kernels.log")")
 grep FAIL "$out/cuda_kernels.log"
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > "$out/calib.txt"
-# 1b) gpt-oss and glm4moe on CUDA0 (test_forward_ref above compared their fixtures with the cache
-# off, half and full): the exactness gate on their tiny fixtures, the same greedy command twice and eager vs dmda
+# 1b) gpt-oss on CUDA0 (test_forward_ref above compared its fixtures with the cache off, half and
+# full): the exactness gate on its tiny fixtures, the same greedy command twice and eager vs dmda
 # with every expert cached, and twice with the experts on the CPU pool (the mailbox); ONLY=archs
 # stops after this part.
 A=$C/fixtures/archs
-for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16 tiny-glm4moe-q8_0 tiny-glm4moe-bf16; do
+for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16; do
   "$S" profile -m "$A/$af.gguf" -f "$out/calib.txt" -o "$out/$af.profile" > /dev/null 2>&1
   agen() { "$S" generate -m "$A/$af.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos --print-ids \
            --expert-profile "$out/$af.profile" "$@"; }
@@ -46,18 +46,21 @@ for af in tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16 tiny-glm4moe-q8_0 tiny-glm4moe-bf1
 done
 # MXFP4 experts (no fixture file): a gpt-oss model from strata mkmodel (hidden and expert FFN 1344:
 # a chunk and a partial one per row), the last logits of a 300-token prompt on CUDA0 (every expert
-# cached: the int8 MXFP4 kernels; none cached: the CPU pool through the mailbox) against the CPU
-# alone; both sides quantise activations to int8, so the bound is the int8 path's (mean |Δ|/σ 0.05,
-# the same argmax)
+# cached: the float32 MXFP4 kernels, and with STRATA_MXFP4_INT8=1 the int8 ones; none cached: the
+# CPU pool through the mailbox) against the CPU alone (int8 activations), so the bound is the int8
+# path's (mean |Δ|/σ 0.05, the same argmax)
 mx=/tmp/strata-gpu-check; mkdir -p "$mx"
-"$S" mkmodel -q -o "$mx/gpt-oss-mxfp4.gguf" --preset tiny-gpt-oss --expert-type mxfp4 --hidden 1344 --expert-ffn 1344 2>/dev/null
+tok=$PWD/$C/tokenizer.json; [ -f "$tok" ] || { xz -dc "$tok.xz" > "$mx/tokenizer.json"; tok=$mx/tokenizer.json; }
+STRATA_TOKENIZER_JSON=$tok "$S" mkmodel -q -o "$mx/gpt-oss-mxfp4.gguf" --preset tiny-gpt-oss --expert-type mxfp4 --hidden 1344 --expert-ffn 1344 2>/dev/null
 ids300=$(seq -s, 100 399)
 mxeval() { "$S" eval -m "$mx/gpt-oss-mxfp4.gguf" -c 512 --prompt-ids "$ids300" --logits-out "$@"; }
 STARPU_NCUDA=0 mxeval "$mx/cpu.f32" 2>/dev/null
 mxeval "$mx/gpu.f32" --expert-cache auto 2>"$out/mxfp4-gpu.err"
+STRATA_MXFP4_INT8=1 mxeval "$mx/gpu8.f32" --expert-cache auto 2>"$out/mxfp4-gpu8.err"
 mxeval "$mx/pool.f32" --expert-cache 0 2>/dev/null
-for v in gpu pool; do
-  rows+=("MXFP4 gpt-oss (mkmodel, hidden 1344), CUDA0 $([ $v = gpu ] && echo 'every expert cached' || echo 'experts on the CPU pool') vs CPU alone: $(python3 - "$mx/cpu.f32" "$mx/$v.f32" <<'PY'
+for v in gpu gpu8 pool; do
+  case $v in gpu) what="every expert cached" ;; gpu8) what="every expert cached, STRATA_MXFP4_INT8=1" ;; *) what="experts on the CPU pool" ;; esac
+  rows+=("MXFP4 gpt-oss (mkmodel, hidden 1344), CUDA0 $what vs CPU alone: $(python3 - "$mx/cpu.f32" "$mx/$v.f32" <<'PY'
 import sys, struct, math
 a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read()
 if not a or len(a) != len(b): print("FAIL (missing logits)"); sys.exit()

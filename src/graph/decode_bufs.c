@@ -43,8 +43,11 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
   if (hp->arch == ST_ARCH_QWEN3MOE) return 1;
-  if (hp->arch != ST_ARCH_GPT_OSS && hp->arch != ST_ARCH_GLM4MOE)
-    *why = "this architecture's GPU kernels are not written yet (gpt-oss's and glm4moe's are)";
+  /* glm4moe: the kernels below take it (partial RoPE, sigmoid routing without a group limit, the
+   * dense layers' FFN and the shared expert on CUDA0), but they have not been checked against its
+   * fixtures on a GPU host yet (the fixtures' routing limits groups): off until they are */
+  if (hp->arch != ST_ARCH_GPT_OSS)
+    *why = "this architecture's GPU kernels are not written or not checked yet (gpt-oss's are)";
   else if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->rope_kind != ST_ROPE_NEOX) *why = "a normal-order RoPE on the GPU";
   else if ((hp->gating != ST_GATING_SOFTMAX_WEIGHT && hp->gating != ST_GATING_SIGMOID) || hp->n_expert_used > 32 ||
            (hp->n_group > 1 && hp->n_group_used < hp->n_group))
@@ -308,7 +311,8 @@ int st_decode_init(struct st_engine *e) {
                               .n_head_kv = (int)hp->n_head_kv, .head_dim = (int)hp->head_dim, .n_expert = E,
                               .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
                               .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
-                              .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .tier = e->placement.tier,
+                              .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .mxfp4_int8 = e->mxfp4_int8,
+                              .tier = e->placement.tier,
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};
   c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);

@@ -43,6 +43,7 @@ struct env_conf {
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   long prompt_lanes;   /* STRATA_PROMPT_LANES: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
+  long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -76,6 +77,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
   if (!rc) rc = env_long("STRATA_PROMPT_LANES", 0, 1, 1, &c->prompt_lanes);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
+  if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 0, &c->mxfp4_int8);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
 }
@@ -575,6 +577,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->decode_graph = (int)env.decode_graph;
   e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
+  e->mxfp4_int8 = (int)env.mxfp4_int8;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
@@ -640,12 +643,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
    * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
   if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
-  /* deepseek2 computes on CPU workers only so far: unless the user asks for GPUs (a GPU tier flag,
-   * or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
+  /* deepseek2 and glm4moe compute on CPU workers only so far: unless the user asks for GPUs (a GPU
+   * tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
   const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||
                         o->helper_cache[2] || o->peer_device > 0 || o->layer_split || o->gpu_mem_gib > 0 ||
                         o->cuda_graphs != ST_CUDA_GRAPHS_OFF || getenv("STARPU_NCUDA");
-  if (hp->arch == ST_ARCH_DEEPSEEK2 && !gpu_asked) {
+  if (hp->arch != ST_ARCH_QWEN3MOE && hp->arch != ST_ARCH_GPT_OSS && !gpu_asked) {
     conf.ncuda = 0;
 #ifdef ST_HAVE_CUDA
     if (st_cuda_device_count() > 0)
@@ -704,7 +707,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
-  /* deepseek2 runs on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
+  /* deepseek2 and glm4moe run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
   const char *why_arch = NULL;
   if (!rc && e->placement.cuda0_worker >= 0 && !st_decode_gpu_arch(e, &why_arch))
     rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (%s): leave out the GPU flags and "

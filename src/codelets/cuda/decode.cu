@@ -34,9 +34,10 @@ struct mv_part {
   float *out;
 };
 
-// Whether the int8 kernels take a product of Q8_0 or MXFP4 weights with n-float rows (STRATA_INT8_DOT).
+// Whether the int8 kernels take a product of Q8_0 weights (STRATA_INT8_DOT), or of MXFP4 ones (also
+// STRATA_MXFP4_INT8: mmv_chunk_rows_q8_mxfp4, checked in emulation, not yet on a GPU), with n-float rows.
 bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
-  return c->int8_dot && (type == ST_TYPE_Q8_0 || type == ST_TYPE_MXFP4) && n % 32 == 0;
+  return c->int8_dot && (type == ST_TYPE_Q8_0 || (type == ST_TYPE_MXFP4 && c->mxfp4_int8)) && n % 32 == 0;
 }
 
 // Launches a streaming kernel on at most as many blocks as the device holds at once, a multiple of
