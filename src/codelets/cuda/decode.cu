@@ -14,6 +14,10 @@
 // st_cuda_matmul and st_cuda_grouped_matmul, and every other step repeats the float operations of
 // the per-task kernels (rmsnorm_kernel, combine_token, residual_piece, swiglu, softmax_topk), so a
 // decode step gives the same bits as the per-task path (STRATA_DECODE_GRAPH=0).
+// Another architecture's layer (st_decode_ctx.dlayers: gpt-oss) adds its biases, sinks, sliding
+// window, router bias and gating, expert biases and activation to the same kernels; a layer with a
+// fixed FFN (a dense layer's, a shared expert) runs it after the experts (fixed_body), and dk_pre adds
+// its row after the routed ones.
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 #include "codelets/cuda/decode_kernels.cuh"
@@ -116,7 +120,7 @@ void fixed_body(const st_decode_ctx *c, const layer_graph *g, int l, int pdl, cu
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[l];
   const int d = c->n_embd, ff = L->fixed_ff;
-  (void)pdl;
+  (void)pdl; // plain launches: each waits for the kernel before it
   st_cuda_matmul(L->fgate_d.type, g->f[0], L->fgate_d.row_bytes, 0, ff, D.ffn_in, d, 1, d, D.fgu, ff, st, 0);
   st_cuda_matmul(L->fup_d.type, g->f[1], L->fup_d.row_bytes, 0, ff, D.ffn_in, d, 1, d, D.fgu + ff, ff, st, 0);
   dk_fixed_act<<<(ff + 255) / 256, 256, 0, st>>>(D.fgu, ff, D.fact);
