@@ -737,7 +737,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     /* the decode step's GPU task reads a fixed FFN (a dense layer's, a shared expert) as weights too */
     const struct st_weight *fw[3] = {L->dense ? &L->ffn_gate : &L->gate_shexp, L->dense ? &L->ffn_up : &L->up_shexp,
                                      L->dense ? &L->ffn_down : &L->down_shexp};
-    for (int i = 0; i < 3 && fw[0]->data; i++) e->h_fixed[l * 3 + i] = reg_weight(fw[i]);
+    for (int i = 0; i < 3 && fw[0]->data && e->placement.cuda0_worker >= 0; i++)
+      e->h_fixed[l * 3 + i] = reg_weight(fw[i]);
     for (uint32_t g = 0; g < hp->n_head_kv && hp->attn_kind != ST_ATTN_MLA; g++)
       for (int c = 0; c < planes; c++) {
         const size_t i = (size_t)g * planes + c;

@@ -115,12 +115,11 @@ struct layer_graph {
 
 // The fixed FFN of layer l (a dense layer's FFN or a MoE layer's shared expert) on ffn_in into
 // gpu_out's slot k: gate and up (st_cuda_matmul, the rows of any length), silu(gate) up, down;
-// float32 activations.
-void fixed_body(const st_decode_ctx *c, const layer_graph *g, int l, int pdl, cudaStream_t st) {
+// float32 activations; plain launches, each waiting for the kernel before it.
+void fixed_body(const st_decode_ctx *c, const layer_graph *g, int l, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[l];
   const int d = c->n_embd, ff = L->fixed_ff;
-  (void)pdl; // plain launches: each waits for the kernel before it
   st_cuda_matmul(L->fgate_d.type, g->f[0], L->fgate_d.row_bytes, 0, ff, D.ffn_in, d, 1, d, D.fgu, ff, st, 0);
   st_cuda_matmul(L->fup_d.type, g->f[1], L->fup_d.row_bytes, 0, ff, D.ffn_in, d, 1, d, D.fgu + ff, ff, st, 0);
   dk_fixed_act<<<(ff + 255) / 256, 256, 0, st>>>(D.fgu, ff, D.fact);
@@ -246,7 +245,7 @@ void layer_body(const void *args, cudaStream_t st) {
                    X ? X->router_b : (const float *)NULL);
   });
   if (!L->dense) experts_body(c, a->layer, a->has_xin, pdl, st);
-  if (L->fixed_ff) fixed_body(c, g, a->layer, pdl, st);
+  if (L->fixed_ff) fixed_body(c, g, a->layer, st);
   pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
 

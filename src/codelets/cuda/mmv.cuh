@@ -298,6 +298,15 @@ __host__ __device__ __forceinline__ void mmv_scales(const uint8_t *ch, int l, fl
   }
 }
 
+// The four magnitude bytes of m as floats, byte i negated where bit i of sg is set (the grid
+// i-quants' weights before their scale), into qf.
+__host__ __device__ __forceinline__ void mmv_signed4(uint32_t m, uint32_t sg, float qf[4]) {
+  qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
+  qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
+  qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
+  qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+}
+
 // The four bytes of q as floats minus bias (mmv_byte), into qf.
 __host__ __device__ __forceinline__ void mmv_bytes4(uint32_t q, float bias, float qf[4]) {
   qf[0] = mmv_byte<0>(q, bias);
@@ -427,10 +436,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     const uint64_t grid = MMV_GRID(iq2xxs_grid)[b[2 + 8 * ib + l]];
     const uint32_t m = (uint32_t)(grid >> (32 * hf));
     const uint32_t sg = mmv_iq_signs((mmv_u32_a2(b + 2 + 8 * ib + 4) >> (7 * l)) & 127) >> (4 * hf);
-    qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
-    qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
-    qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
-    qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+    mmv_signed4(m, sg, qf);
     qscale = s0;
   } else if constexpr (TYPE == ST_TYPE_IQ1_S || TYPE == ST_TYPE_IQ1_M) {
     // group l of sub-block ib: grid entry (8 values of -1, 0, +1) from an index byte and 3 high
@@ -508,10 +514,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
     }
     const uint32_t m = (uint32_t)(grid >> (32 * hf)), sg = signs >> (4 * hf);
     const float dl = r & 16 ? s1 : s0;
-    qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
-    qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
-    qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
-    qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+    mmv_signed4(m, sg, qf);
     qscale = dl;
   } else if constexpr (TYPE == ST_TYPE_IQ3_XXS || TYPE == ST_TYPE_IQ3_S) {
     // one grid entry of 4 magnitudes per 4 weights, index byte qs[r / 4] (IQ3_S: ninth bit
@@ -527,10 +530,7 @@ __host__ __device__ __forceinline__ void mmv_quants4(const uint8_t *ch, int o, f
       m = MMV_GRID(iq3s_grid)[b[2 + (r >> 2)] | ((b[66 + (r >> 5)] >> k) & 1) << 8];
       sg = b[74 + (r >> 3)] >> (4 * (k & 1));
     }
-    qf[0] = mmv_signed(mmv_byte<0>(m, 0.0f), sg);
-    qf[1] = mmv_signed(mmv_byte<1>(m, 0.0f), sg >> 1);
-    qf[2] = mmv_signed(mmv_byte<2>(m, 0.0f), sg >> 2);
-    qf[3] = mmv_signed(mmv_byte<3>(m, 0.0f), sg >> 3);
+    mmv_signed4(m, sg, qf);
     qscale = s0;
   }
   (void)s1;
