@@ -22,6 +22,7 @@
 #include "common.h"
 #include "graph/engine.h"
 #include "graph/sampler.h"
+#include "io/arch.h"
 #include "io/model.h"
 #include "io/profile.h"
 #include "refcheck.h"
@@ -178,9 +179,9 @@ int main(int argc, char **argv) {
   const char *fx = ref_fixtures("the forward pass against the float32 references");
   if (!fx) return 77; /* automake's SKIP */
   char dir[4096];
-  /* models/: qwen3moe; archs/: deepseek2, gpt-oss, glm4moe (on a GPU host gpt-oss runs on CUDA0 like
-   * qwen3moe; the other two's GPU kernels are not written or not checked yet: the CPU pool computes
-   * them, STARPU_NCUDA=0 below) */
+  /* models/: qwen3moe; archs/: deepseek2, gpt-oss, glm4moe (on a GPU host gpt-oss and glm4moe run on
+   * CUDA0 like qwen3moe; deepseek2's GPU kernels are not written yet: the CPU pool computes it,
+   * STARPU_NCUDA=0 below) */
   static const char *refs[] = {"models/tiny-bf16-reference.json",           "models/tiny-q8_0-reference.json",
                                "models/small-q4_k_m-reference.json",        "archs/tiny-deepseek2-bf16-reference.json",
                                "archs/tiny-deepseek2-q8_0-reference.json",  "archs/tiny-gpt-oss-bf16-reference.json",
@@ -215,11 +216,11 @@ int main(int argc, char **argv) {
       ref_free(&r);
       continue;
     }
-    /* deepseek2 and glm4moe compute on CPU workers only so far (the engine refuses a CUDA worker);
-     * gpt-oss takes the GPU decode step (its prompts one token at a time) */
+    /* deepseek2 computes on CPU workers only so far (the engine refuses a CUDA worker); gpt-oss and
+     * glm4moe take the GPU decode step (their prompts one token at a time) */
     const char *ncuda_arch = getenv("STARPU_NCUDA");
     char *ncuda_arch_was = ncuda_arch ? strdup(ncuda_arch) : NULL;
-    if (m->hp.arch != ST_ARCH_QWEN3MOE && m->hp.arch != ST_ARCH_GPT_OSS) setenv("STARPU_NCUDA", "0", 1);
+    if (!st_arch_of(m->hp.arch)->gpu) setenv("STARPU_NCUDA", "0", 1);
     /* Pass 1: the default placement (dense work on CUDA0 when StarPU has a CUDA worker, every
      * expert on the CPU pool). On a GPU machine, passes 2 and 3 cache half and then all of the
      * expert pairs on CUDA0, ranked by the routing pass 1 measured. Pass 4: the half KV cache

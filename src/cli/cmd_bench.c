@@ -93,6 +93,11 @@ static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const
   d.wait_end_s -= a->wait_end_s;
   d.submit_s -= a->submit_s;
   d.step_s -= a->step_s;
+  d.gpu_steps -= a->gpu_steps;
+  d.gpu_span_s -= a->gpu_span_s;
+  d.gpu_gap_s -= a->gpu_gap_s;
+  d.host_tail_s -= a->host_tail_s;
+  d.host_between_s -= a->host_between_s;
   return d;
 }
 
@@ -426,6 +431,8 @@ int st_cmd_bench(int argc, char **argv) {
     if (st_engine_n_cuda_workers(e) > 0) bw_gpu = st_cuda_copy_bandwidth((size_t)1 << 30);
     for (uint32_t l = 0; l < m->hp.n_layer; l++) pair_b += (double)st_pair_bytes_layer(m, l) * m->hp.n_expert_used;
   }
+/* a decode row's per-step mean of a GPU decode step's timer (engine stats), us */
+#define STEP_US(r, f) ((r)->delta.gpu_steps ? (r)->delta.f / (double)(r)->delta.gpu_steps * 1e6 : 0.0)
 #define TFLOPS(r) (model_flops(m, (r)->tokens, (r)->depth, strcmp((r)->test, "decode") ? 1 : (r)->tokens) / (r)->seconds / 1e12)
 #define ROOFLINE(r)                                                                                    \
   (strcmp((r)->test, "decode") || !roofline || bw_host <= 0 ? 0.0 : 1.0 / ((1.0 - share(r)) * pair_b / bw_host + \
@@ -443,7 +450,8 @@ int st_cmd_bench(int argc, char **argv) {
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
              "\"dense_calls\": %llu, \"dense_host_us_per_token\": %.2f, \"tasks_per_token\": %.1f, "
-             "\"gpu_busy_share\": %.4f, \"tflop_s\": %.6g, \"tok_s_runs\": [",
+             "\"gpu_busy_share\": %.4f, \"tflop_s\": %.6g, \"gpu_span_us_per_step\": %.2f, \"gpu_gap_us_per_step\": %.2f, "
+             "\"host_tail_us_per_step\": %.2f, \"host_between_us_per_step\": %.2f, \"tok_s_runs\": [",
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
@@ -453,7 +461,8 @@ int st_cmd_bench(int argc, char **argv) {
              (unsigned long long)r->gd.instantiations, (unsigned long long)r->gd.reinstantiations,
              (unsigned long long)r->gd.launches, (unsigned long long)r->gd.fallbacks,
              (unsigned long long)r->gd.dense_calls, dense_us(r), (double)r->delta.tasks / (double)r->tokens,
-             r->gpu_busy, TFLOPS(r));
+             r->gpu_busy, TFLOPS(r), STEP_US(r, gpu_span_s), STEP_US(r, gpu_gap_s), STEP_US(r, host_tail_s),
+             STEP_US(r, host_between_s));
       for (int q = 0; q < reps; q++) printf("%s%.3f", q ? ", " : "", reps > 1 ? runs[i][q] : r->tokens / r->seconds);
       printf("]}");
     }
@@ -496,6 +505,10 @@ int st_cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
+      if (r->test[0] == 'd' && r->delta.gpu_steps)
+        printf("decode at depth %ld, per step: GPU span %.1f us (the first kernel's start to the head's end), GPU idle "
+               "between steps %.1f us, host after the head's flag %.1f us, host between steps %.1f us\n",
+               r->depth, STEP_US(r, gpu_span_s), STEP_US(r, gpu_gap_s), STEP_US(r, host_tail_s), STEP_US(r, host_between_s));
       if (r->graphs == 1)
         printf("cuda graphs, decode at depth %ld: %llu captures, %llu updates, %llu instantiations, %llu re-instantiations, "
                "%llu launches, %llu fallbacks\n", r->depth, (unsigned long long)r->gd.captures,

@@ -148,6 +148,8 @@ struct st_decode_mail {
   uint32_t *head_seq;      /* [1]: the head's logits and the step's routing are written */
   float *logits;           /* [n_vocab] the head's logits */
   struct st_route *route;  /* [n_layer][k] the step's routing */
+  uint64_t *stamps;        /* [2]: the GPU's clock (%globaltimer, ns) as the step's first kernel starts and as
+                              the head ends (st_decode_step's GPU span and the idle time between steps) */
 };
 
 /* Everything the decode codelets read, built once per engine and owned by it (graph/decode_bufs.c). */

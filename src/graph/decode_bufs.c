@@ -13,6 +13,7 @@
 #include "config.h"
 #include "graph/decode.h"
 #include "graph/engine.h"
+#include "io/arch.h"
 #include "tiers/arena.h"
 #ifdef ST_HAVE_CUDA
 #include "codelets/cuda/cuda_codelets.h"
@@ -43,15 +44,14 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
   if (hp->arch == ST_ARCH_QWEN3MOE) return 1;
-  /* glm4moe: the kernels below take it (partial RoPE, sigmoid routing without a group limit, the
-   * dense layers' FFN and the shared expert on CUDA0), but they have not been checked against its
-   * fixtures on a GPU host yet (the fixtures' routing limits groups): off until they are */
-  if (hp->arch != ST_ARCH_GPT_OSS)
-    *why = "this architecture's GPU kernels are not written or not checked yet (gpt-oss's are)";
+  if (!st_arch_of(hp->arch)->gpu)
+    *why = "this architecture's GPU kernels are not written or not checked yet (deepseek2: its latent attention)";
   else if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->rope_kind != ST_ROPE_NEOX) *why = "a normal-order RoPE on the GPU";
-  else if ((hp->gating != ST_GATING_SOFTMAX_WEIGHT && hp->gating != ST_GATING_SIGMOID) || hp->n_expert_used > 32 ||
-           (hp->n_group > 1 && hp->n_group_used < hp->n_group))
-    *why = "a routing the GPU kernels do not take (group-limited routing among them)";
+  else if ((hp->gating != ST_GATING_SOFTMAX_WEIGHT && hp->gating != ST_GATING_SIGMOID) || hp->n_expert_used > 32)
+    *why = "a routing the GPU kernels do not take";
+  else if (hp->n_group > 1 && hp->n_group_used < hp->n_group &&
+           (hp->gating != ST_GATING_SIGMOID || hp->n_group > 32 || hp->n_expert % hp->n_group))
+    *why = "a group limit the GPU kernels do not take (sigmoid routing, at most 32 equal groups)";
 #ifdef ST_HAVE_CUDA
   else if (hp->n_swa > 0 && (int)hp->n_swa > st_cuda_attn_short_keys((int)hp->head_dim, e->kv_type == ST_TYPE_F16 ? 2 : 4))
     *why = "a sliding window longer than the GPU's short-context attention takes";
@@ -191,6 +191,7 @@ static size_t carve_mail(const struct st_engine *e, uintptr_t base, struct st_de
   TAKE(m->head_seq, uint32_t, ST_MAIL_FLAG_STRIDE);
   TAKE(m->logits, float, hp->n_vocab);
   TAKE(m->route, struct st_route, L * k);
+  TAKE(m->stamps, uint64_t, 8);
 #undef TAKE
   return at;
 }

@@ -643,12 +643,13 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
    * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
   if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
-  /* deepseek2 and glm4moe compute on CPU workers only so far: unless the user asks for GPUs (a GPU
-   * tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note says so. */
+  /* an architecture the GPU kernels do not compute (deepseek2) runs on CPU workers: unless the user
+   * asks for GPUs (a GPU tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note
+   * says so. */
   const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||
                         o->helper_cache[2] || o->peer_device > 0 || o->layer_split || o->gpu_mem_gib > 0 ||
                         o->cuda_graphs != ST_CUDA_GRAPHS_OFF || getenv("STARPU_NCUDA");
-  if (hp->arch != ST_ARCH_QWEN3MOE && hp->arch != ST_ARCH_GPT_OSS && !gpu_asked) {
+  if (!st_arch_of(hp->arch)->gpu && !gpu_asked) {
     conf.ncuda = 0;
 #ifdef ST_HAVE_CUDA
     if (st_cuda_device_count() > 0)
@@ -707,7 +708,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
                        (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
   }
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
-  /* deepseek2 and glm4moe run on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
+  /* deepseek2 runs on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
   const char *why_arch = NULL;
   if (!rc && e->placement.cuda0_worker >= 0 && !st_decode_gpu_arch(e, &why_arch))
     rc = st_set_error(ST_EUNSUP, "architecture %s computes on CPU workers only so far (%s): leave out the GPU flags and "

@@ -71,6 +71,12 @@ struct st_engine_stats {
   double wait_end_s;                      /* host time waiting for a batch's last tasks, s */
   double submit_s;                        /* host time submitting decode steps' tasks, s */
   double step_s;                          /* host time inside decode steps (submission to logits), s */
+  /* GPU decode steps, from the GPU's clock (st_decode_mail::stamps) and the host's: */
+  uint64_t gpu_steps;                     /* steps measured */
+  double gpu_span_s;                      /* the step's first kernel's start to the head's end, s */
+  double gpu_gap_s;                       /* the head's end to the next step's first kernel (steps back to back), s */
+  double host_tail_s;                     /* host time from the head's flag to the step's return, s */
+  double host_between_s;                  /* host time from a step's return to the next step's start, s */
 };
 
 struct st_engine {

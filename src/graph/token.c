@@ -42,6 +42,8 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   struct st_decode *d = e->dec;
   struct st_decode_ctx *c = &d->ctx;
   const struct st_hparams *hp = &e->hp;
+  const double t_in = st_now();
+  const int back_to_back = d->last_return_s > 0 && t_in - d->last_return_s < 0.01; /* a decode loop */
   st_engine_embed(e, &id, 1, d->gpu ? c->mail.emb : c->x);
   const double t_step = st_now();
   c->pos = e->n_past;
@@ -62,16 +64,28 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   const double t_wait = st_now();
   e->stats.submit_s += t_wait - t_step;
   const struct st_route *route = c->route;
+  double t_head = t_wait;
   if (d->gpu && !rc) { /* the head raises head_seq once the logits and the routing are in the mailbox */
     st_mail_wait(c->mail.head_seq, c->seq, c->mail.abort_seq);
+    t_head = st_now();
     memcpy(logits, c->mail.logits, sizeof(float) * hp->n_vocab);
     memcpy(c->route, c->mail.route, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
   }
   starpu_task_wait_for_all(); /* every lane has left its loop: the counters may be reset */
   e->stats.wait_end_s += st_now() - t_wait;
+  if (d->gpu && !rc) {
+    const uint64_t t0 = __atomic_load_n(&c->mail.stamps[0], __ATOMIC_ACQUIRE), t1 = __atomic_load_n(&c->mail.stamps[1], __ATOMIC_ACQUIRE);
+    e->stats.gpu_steps++;
+    e->stats.gpu_span_s += t1 > t0 ? (double)(t1 - t0) * 1e-9 : 0.0;
+    if (back_to_back && d->last_end_ns && t0 > d->last_end_ns) e->stats.gpu_gap_s += (double)(t0 - d->last_end_ns) * 1e-9;
+    if (back_to_back) e->stats.host_between_s += t_step - d->last_return_s; /* with the embedding row */
+    d->last_end_ns = t1;
+  }
   if (rc) return rc;
   if (!d->gpu) memcpy(logits, c->logits, sizeof(float) * hp->n_vocab);
   e->stats.step_s += st_now() - t_step;
+  if (d->gpu) e->stats.host_tail_s += st_now() - t_head;
+  d->last_return_s = st_now();
   const int bad = c->sync[0].error ? c->sync[0].error_layer : -1;
   return count_routing(e, route, d->gpu ? -1 : bad);
 }

@@ -28,6 +28,8 @@ struct st_arch {
   unsigned expert_bias : 1;  /* ffn_{gate,up,down}_exps.bias */
   unsigned shared : 1;       /* ffn_*_shexp where expert_shared_count > 0 */
   unsigned weights_norm : 1; /* expert_weights_norm when the file has no such key */
+  unsigned gpu : 1;          /* the GPU decode step's kernels compute it (graph/decode_bufs.c st_decode_gpu_arch,
+                                codelets/cuda/decode.cu); without, StarPU starts no CUDA worker unless asked */
 };
 
 struct st_hparams;

@@ -308,6 +308,13 @@ __device__ __forceinline__ void st_dev_griddep_launch() {
 #endif
 }
 
+// The GPU's global clock in ns (%globaltimer: its ticks are coarse, about a microsecond).
+__device__ __forceinline__ uint64_t st_dev_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // ---- int8 activations (STRATA_INT8_DOT on a GPU) ------------------------------------------------
 // An activation row of n floats (n a multiple of 32) quantised as the CPU's st_quantize_act does
 // (dot.h: per block of 32, d = max|x| / 127 and q = round(x / d) by the same float operations, so

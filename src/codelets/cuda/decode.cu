@@ -145,8 +145,9 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   const float *gb = X ? X->gate_b : NULL, *ub = X ? X->up_b : NULL, *db = X ? X->down_b : NULL;
   const int oai = c->ffn_act == ST_ACT_SWIGLU_OAI;
   const int sig = c->gating == ST_GATING_SIGMOID;
+  const int grouped = sig && c->n_group > 1 && c->n_group_used < c->n_group; // st_decode_gpu_arch: n_group <= 32
   const route_src rs = {D.rlogits, c->n_expert, k, d, c->gating == ST_GATING_SOFTMAX_WEIGHT, sig, c->w_norm, c->w_scale,
-                        X ? X->probs_b : (const float *)NULL, route, D.ffn_in, M.xroute + (size_t)l * k,
+                        X ? X->probs_b : (const float *)NULL, grouped ? c->n_group : 0, grouped ? c->n_group_used : 0, route, D.ffn_in, M.xroute + (size_t)l * k,
                         M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
                         dev_seq(D)};
   const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
@@ -200,7 +201,7 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
                  (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
                  c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, n_routed, c->n_embd,
                  combine, (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x,
-                 w, c->eps, D.xn, fixed);
+                 w, c->eps, D.xn, fixed, combine ? (uint64_t *)NULL : c->dmail.stamps);
 }
 
 void layer_body(const void *args, cudaStream_t st) {
@@ -256,9 +257,12 @@ struct head_graph {
 };
 
 // The step's routing to the mailbox (n entries), then, once every write of the step to the
-// mailbox is out (the head's logits came from the previous kernel), *flag = *seq. One block.
-__global__ void dk_head_done(const st_route *route, int n, st_route *to, uint32_t *flag, const uint32_t *seq) {
+// mailbox is out (the head's logits came from the previous kernel), *flag = *seq; *stamp: the GPU's
+// clock. One block.
+__global__ void dk_head_done(const st_route *route, int n, st_route *to, uint32_t *flag, const uint32_t *seq,
+                             uint64_t *stamp) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) to[i] = route[i];
+  if (threadIdx.x == 0) *(volatile uint64_t *)stamp = st_dev_globaltimer();
   dk_raise(flag, seq);
 }
 
@@ -268,7 +272,8 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
   mv_launch(&head, 1, D.xn, c->n_embd, 0, st); // xn: the last layer's graph ended with the output norm
-  dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D));
+  dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D),
+                                     c->dmail.stamps + 1);
 }
 
 // Graph keys: graph_key0 + 3 l the task of layer l, graph_key0 + 3 n_layer the head.

@@ -34,13 +34,13 @@ __device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
 // pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
 // set; plain adds, as combine_token), else (layer 0) x = the mailbox's embedding row `emb`, with
 // the step's position and number copied from the mailbox to pos[0..1] and the n_counters fused
-// kernels' counters zeroed; then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
+// kernels' counters zeroed and the GPU's clock written to *stamp (when set); then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
 // dynamic shared memory: d floats.
 __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
            int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
-           float *x, const float *w, float eps, float *xn, const float *fixed) {
+           float *x, const float *w, float eps, float *xn, const float *fixed, uint64_t *stamp) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
   __shared__ int any_cpu;
@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
     }
   } else {
     if (threadIdx.x < 2) pos[threadIdx.x] = __ldcv(pos_seq + threadIdx.x);
+    if (threadIdx.x == 0 && stamp) *(volatile uint64_t *)stamp = st_dev_globaltimer();
     for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       const float v = __ldcv(emb + i);
@@ -244,6 +245,9 @@ struct route_src {
   int sigmoid, w_norm;
   float w_scale;
   const float *sel_bias;
+  // a group limit (sigmoid routing; n_group > 1 and n_group_used < n_group, else 0, 0): the experts
+  // in n_group equal groups, only the n_group_used groups with the best scores chosen from
+  int n_group, n_group_used;
   st_route *route;
   const float *ffn_in;
   st_route *pub_route;
@@ -265,6 +269,41 @@ __device__ __forceinline__ void dk_chosen_softmax_warp(const float *l, int k, st
   __syncwarp();
 }
 
+// The group limit of router.c's st_route_gated on the selection values v[0..E) (shared memory):
+// a group's score the sum of its two best values, found in expert order (one lane a group); the
+// n_group_used best groups, ties to the lower group, chosen in order by thread 0 as the CPU does;
+// every expert outside them set to -infinity, which st_dev_topk_select_block ranks last. Every
+// thread of the block calls it (n_group <= 32).
+__device__ __forceinline__ void dk_group_limit(float *v, int E, int n_group, int n_group_used) {
+  __shared__ float gscore[32];
+  __shared__ uint32_t allow;
+  const int per = E / n_group;
+  if ((int)threadIdx.x < n_group) {
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (int e = threadIdx.x * per; e < ((int)threadIdx.x + 1) * per; e++) {
+      const float x = v[e];
+      if (x > b1) b2 = b1, b1 = x;
+      else if (x > b2) b2 = x;
+    }
+    gscore[threadIdx.x] = b1 + b2;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t a = 0;
+    for (int j = 0; j < n_group_used; j++) {
+      int best = -1;
+      for (int g = 0; g < n_group; g++)
+        if (!(a >> g & 1) && (best < 0 || gscore[g] > gscore[best])) best = g;
+      if (best >= 0) a |= 1u << best;
+    }
+    allow = a;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (!(allow >> (e / per) & 1)) v[e] = -INFINITY;
+  __syncthreads();
+}
+
 __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, st_route *sr) {
   if (rs.sigmoid) { // sl: the scores, then (sl + E) the selection values
     for (int e = threadIdx.x; e < rs.E; e += blockDim.x) {
@@ -273,6 +312,7 @@ __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, 
       sl[rs.E + e] = rs.sel_bias ? p + rs.sel_bias[e] : p;
     }
     __syncthreads();
+    if (rs.n_group > 1) dk_group_limit(sl + rs.E, rs.E, rs.n_group, rs.n_group_used);
     st_dev_topk_select_block(sl + rs.E, rs.E, rs.k, sr);
     return;
   }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On a GPU host after scripts/gather-libs (builds nothing): a decode step's GPU span against the
+# GPU's idle time between steps and the host's share of it (strata bench's per-step timers), with
+# every expert cached, for each model of MODELS and each environment of ENVS, one table last.
+#   MODELS  "NAME:MKMODEL-ARGS;..." (default: the qwen3-30b-a3b shape cut to 8 layers, Q8_0)
+#   ENVS    "LABEL:VAR=VALUE,...;..." environments to compare on every model (default: "default:")
+#   DECODE  decode tokens a run (default 128); R repetitions (default 3, the median's row)
+set -u
+. "$(dirname "$0")/../scripts/gpu-lib.sh"
+MODELS=${MODELS:-"m8:--preset qwen3-30b-a3b --layers 8 --type q8_0"}
+ENVS=${ENVS:-"default:"}
+rows=()
+IFS=';' read -ra models <<< "$MODELS"
+IFS=';' read -ra envs <<< "$ENVS"
+for me in "${models[@]}"; do
+  name=${me%%:*}
+  # shellcheck disable=SC2086
+  model=$(gpu_model "$name" ${me#*:})
+  for ev in "${envs[@]}"; do
+    label=${ev%%:*}
+    vars=${ev#*:}
+    t0=$SECONDS
+    env ${vars//,/ } timeout 300 "$S" bench -m "$model" --json -r "${R:-3}" --prompt 0 --decode "${DECODE:-128}" \
+      --expert-profile "$W/$name.profile" --expert-cache auto > "$out/gap-$name-$label.json" 2> "$out/gap-$name-$label.err"
+    st=$?
+    rows+=("$(python3 - "$out/gap-$name-$label.json" "$name" "$label" "$st" "$((SECONDS - t0))" <<'EOF'
+import json, sys
+f, name, label, st, secs = sys.argv[1:]
+try:
+    r = [x for x in json.load(open(f))["results"] if x["test"] == "decode"][0]
+except Exception as ex:
+    print("%-10s %-10s exit %s: no result (%s)" % (name, label, st, ex)); sys.exit()
+us = 1e6 / r["tok_s"]
+print("%-10s %-10s %9.2f %9.1f %9.1f %9.1f %9.1f %9.1f %7.1f   %ss" % (name, label, r["tok_s"], us, r["gpu_span_us_per_step"],
+      r["gpu_gap_us_per_step"], r["host_tail_us_per_step"], r["host_between_us_per_step"], r["tasks_per_token"], secs))
+EOF
+)")
+  done
+done
+echo "===== decode, every expert cached (us a step)"
+printf '%-10s %-10s %9s %9s %9s %9s %9s %9s %7s\n' model env "tok/s" "us/tok" "GPU span" "GPU idle" "host tail" "host betw" tasks
+printf '%s\n' "${rows[@]}"
