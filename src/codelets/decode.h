@@ -44,6 +44,11 @@ extern "C" {
 #endif
 
 /* One layer's weights for the decode lanes (host pointers into the mapping; norms are F32). */
+/* MLA's matrices and norms in the decode step's GPU task, after its other buffers (graph/layer.c;
+ * engine.h's h_mla), in this order; an absent one (wq_a, wq_b and q_a_norm without a q LoRA) is
+ * passed as the attention norm and not read. */
+enum { MLA_Q_A, MLA_Q_B, MLA_KV_A, MLA_K_B, MLA_V_B, MLA_Q_A_NORM, MLA_KV_A_NORM, ST_MLA_W };
+
 struct st_decode_layer {
   const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
   const void *wq, *wk, *wv, *wo, *router;
@@ -120,6 +125,9 @@ struct st_decode_dev {
   int8_t *ffn_q;     /* STRATA_INT8_DOT, Q8_0 gate and up: ffn_in quantised (st_decode_q8_bytes(d)) */
   float *rope;       /* [n_ctx][hd / 2] RoPE's (cos, sin), filled once (cuda/attention.cu st_cuda_rope_table) */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
+  /* MLA (cuda/mla.cuh; one float elsewhere): the q LoRA's output [q_lora], the absorbed queries
+   * [n_head][hd], the attention's latent outputs [n_head][kv_lora] */
+  float *qa, *qm, *olat;
   uint64_t bytes;
 };
 

@@ -29,14 +29,17 @@ static int gpu_layouts_ok(const struct st_engine *e) {
   if (!st_cuda_mmv_takes(head->type, head->row_bytes, (int64_t)head->ne[0])) return 0;
   for (uint32_t l = 0; l < e->hp.n_layer; l++) {
     const struct st_layer *L = &e->model->layers[l];
-    const struct st_weight *w[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
-    for (int i = 0; i < 8; i++)
+    /* (an absent matrix passes: MLA's wk and wv, a dense layer's router and experts) */
+    const struct st_weight *w[11] = {&L->wq,        &L->wk,        &L->wv,        &L->wo,   &L->router, &L->gate_exps,
+                                     &L->up_exps,   &L->down_exps, &L->wq_a,      &L->wq_b, &L->wkv_a};
+    for (int i = 0; i < 11; i++)
       if (!st_cuda_mmv_takes(w[i]->type, w[i]->row_bytes, (int64_t)w[i]->ne[0])) return 0;
   }
   /* the streaming mat-vec takes rows of up to 8 chunks (8192 weights); gate and up share a group
    * of rows while a row is at most 4 chunks (the hidden size at most 4096) */
   const struct st_hparams *hp = &e->hp;
-  return hp->n_embd <= 4096 && (uint64_t)hp->n_head * hp->head_dim <= 8192 && hp->n_ff_exp <= 8192;
+  const uint64_t o_in = (uint64_t)hp->n_head * (hp->attn_kind == ST_ATTN_MLA ? hp->head_dim_v : hp->head_dim);
+  return hp->n_embd <= 4096 && o_in <= 8192 && hp->n_ff_exp <= 8192 && hp->q_lora <= 8192;
 }
 #endif
 
@@ -46,7 +49,10 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
   if (hp->arch == ST_ARCH_QWEN3MOE) return 1;
   if (!st_arch_of(hp->arch)->gpu)
     *why = "this architecture's GPU kernels are not written or not checked yet (deepseek2: its latent attention)";
-  else if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->rope_kind != ST_ROPE_NEOX) *why = "a normal-order RoPE on the GPU";
+  else if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || (hp->rope_kind != ST_ROPE_NEOX && hp->attn_kind != ST_ATTN_MLA))
+    *why = "a normal-order RoPE on the GPU outside MLA";
+  else if (hp->attn_kind == ST_ATTN_MLA && (hp->n_head_kv != 1 || hp->n_swa > 0 || hp->head_dim != hp->kv_lora + hp->n_rot))
+    *why = "an MLA layout the GPU kernels do not take (one cached latent row of kv_lora + rope values a token)";
   else if ((hp->gating != ST_GATING_SOFTMAX_WEIGHT && hp->gating != ST_GATING_SIGMOID) || hp->n_expert_used > 32)
     *why = "a routing the GPU kernels do not take";
   else if (hp->n_group > 1 && hp->n_group_used < hp->n_group &&
@@ -202,7 +208,12 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   struct st_decode_dev *D = &d->ctx.dev;
   const size_t dm = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
   const size_t G = hp->n_head_kv, hd = hp->head_dim;
-  const size_t part = st_cuda_decode_part_floats(e->n_ctx, (int)hp->n_head, (int)hd);
+  const int mla = hp->attn_kind == ST_ATTN_MLA;
+  size_t part = st_cuda_decode_part_floats(e->n_ctx, (int)hp->n_head, (int)hd);
+  if (mla) {
+    const size_t mp = st_cuda_mla_part_floats(e->n_ctx, (int)hp->n_head, (int)hp->kv_lora);
+    part = mp > part ? mp : part;
+  }
   size_t at = 0;
 #define TAKE(dst, type, count) CARVE(base, at, 256, dst, type, count)
   TAKE(D->x, float, dm);
@@ -225,6 +236,9 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->ffn_q, int8_t, st_decode_q8_bytes(dm));
   TAKE(D->rope, float, (size_t)e->n_ctx * hd);
   TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);
+  TAKE(D->qa, float, mla ? hp->q_lora + 1 : 1);
+  TAKE(D->qm, float, mla ? (size_t)hp->n_head * hd : 1);
+  TAKE(D->olat, float, mla ? (size_t)hp->n_head * hp->kv_lora : 1);
 #undef TAKE
   return at;
 }

@@ -194,6 +194,9 @@ static uint64_t dense_bytes(const struct st_engine *e, uint32_t l0, uint32_t l1,
     /* the fixed FFN (a dense layer's, a shared expert), on the GPU with the dense work */
     const struct st_weight *fw[6] = {&L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->gate_shexp, &L->up_shexp, &L->down_shexp};
     for (int i = 0; i < 6; i++) dense += fw[i]->data ? weight_bytes(fw[i]) : 0;
+    /* MLA's matrices and norms */
+    const struct st_weight *mw[7] = {&L->wq_a, &L->wq_b, &L->wkv_a, &L->wk_b, &L->wv_b, &L->q_a_norm, &L->kv_a_norm};
+    for (int i = 0; i < 7; i++) dense += mw[i]->data ? weight_bytes(mw[i]) : 0;
   }
   return dense;
 }
@@ -533,12 +536,13 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->routing = malloc(sizeof(struct st_route) * T * k);
     e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
     e->h_fixed = calloc((size_t)hp->n_layer * 3, sizeof(starpu_data_handle_t));
+    e->h_mla = calloc((size_t)hp->n_layer * ST_MLA_W, sizeof(starpu_data_handle_t));
     e->h_expert = calloc((size_t)hp->n_layer * hp->n_expert * 3, sizeof(starpu_data_handle_t));
     e->h_kv = calloc((size_t)hp->n_layer * hp->n_head_kv * 2, sizeof(starpu_data_handle_t));
     e->route_counts = calloc((size_t)hp->n_layer * hp->n_expert, sizeof(uint64_t));
     e->live_counts = calloc((size_t)hp->n_layer * hp->n_expert, sizeof(uint64_t));
     if (!e->kv || !e->x || !e->h || !e->ffn_in || !e->xo || !e->attn || !e->expert_out ||
-        !e->logits || !e->routing || !e->h_layer || !e->h_fixed || !e->h_expert || !e->h_kv || !e->route_counts ||
+        !e->logits || !e->routing || !e->h_layer || !e->h_fixed || !e->h_mla || !e->h_expert || !e->h_kv || !e->route_counts ||
         !e->live_counts)
       rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens, %s) and batch buffers",
                         kv_bytes / 1048576.0, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32");
@@ -716,7 +720,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
                       "qwen3moe", st_arch_of(hp->arch)->name);
-  if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256)
+  if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256 && hp->attn_kind != ST_ATTN_MLA)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
     rc = st_set_error(ST_EUNSUP, "%u experts: the CUDA router handles at most 1024", hp->n_expert);
@@ -732,15 +736,19 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
-    /* the per-task path's and the GPU's handles (deepseek2, whose MLA cache holds one plane, runs on
-     * the lanes only); a sliding layer's planes hold its ring (st_engine_kv_rows) */
+    /* the per-task path's and the GPU's handles (MLA's cache holds one plane); a sliding layer's
+     * planes hold its ring (st_engine_kv_rows) */
     const int planes = st_engine_kv_planes(hp), rows = st_engine_kv_rows(e, l);
     /* the decode step's GPU task reads a fixed FFN (a dense layer's, a shared expert) as weights too */
     const struct st_weight *fw[3] = {L->dense ? &L->ffn_gate : &L->gate_shexp, L->dense ? &L->ffn_up : &L->up_shexp,
                                      L->dense ? &L->ffn_down : &L->down_shexp};
     for (int i = 0; i < 3 && fw[0]->data && e->placement.cuda0_worker >= 0; i++)
       e->h_fixed[l * 3 + i] = reg_weight(fw[i]);
-    for (uint32_t g = 0; g < hp->n_head_kv && hp->attn_kind != ST_ATTN_MLA; g++)
+    /* MLA's latent rows (one plane, n_head_kv 1) and matrices for the GPU's decode step */
+    const struct st_weight *mw[ST_MLA_W] = {&L->wq_a, &L->wq_b, &L->wkv_a, &L->wk_b, &L->wv_b, &L->q_a_norm, &L->kv_a_norm};
+    for (int i = 0; i < ST_MLA_W && hp->attn_kind == ST_ATTN_MLA && e->placement.cuda0_worker >= 0; i++)
+      if (mw[i]->data) e->h_mla[l * ST_MLA_W + i] = reg_weight(mw[i]);
+    for (uint32_t g = 0; g < hp->n_head_kv; g++)
       for (int c = 0; c < planes; c++) {
         const size_t i = (size_t)g * planes + c;
         e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =
@@ -801,6 +809,8 @@ void st_engine_destroy(struct st_engine *e) {
       if (e->h_layer[i]) starpu_data_unregister(e->h_layer[i]);
     for (size_t i = 0; i < (size_t)hp->n_layer * 3; i++)
       if (e->h_fixed[i]) starpu_data_unregister(e->h_fixed[i]);
+    for (size_t i = 0; i < (size_t)hp->n_layer * ST_MLA_W; i++)
+      if (e->h_mla[i]) starpu_data_unregister(e->h_mla[i]);
     for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert * 3; i++)
       if (e->h_expert[i]) starpu_data_unregister(e->h_expert[i]);
     for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_head_kv * 2; i++)
@@ -820,6 +830,7 @@ void st_engine_destroy(struct st_engine *e) {
   free(e->routing);
   free(e->h_layer);
   free(e->h_fixed);
+  free(e->h_mla);
   free(e->h_expert);
   free(e->h_kv);
   free(e->names);

@@ -98,6 +98,8 @@ struct st_engine {
   starpu_data_handle_t *h_layer;   /* [n_layer][9]: attn_norm wq wk wv wo q_norm k_norm ffn_norm router */
   starpu_data_handle_t *h_fixed;   /* [n_layer][3]: the fixed FFN's gate, up, down (a dense layer's FFN or the
                                       shared expert; NULL where the layer has none) */
+  starpu_data_handle_t *h_mla;     /* MLA with a GPU: [n_layer][ST_MLA_W] (codelets/decode.h): wq_a, wq_b, wkv_a, wk_b, wv_b,
+                                      q_a_norm, kv_a_norm (NULL where the layer has none); else NULL */
   starpu_data_handle_t *h_expert;  /* [n_layer][n_expert][3]: gate up down, over the host expert
                                       arena's copy of the pair, or over the mapping when it has none;
                                       NULL until the CPU pool first needs the pair (engine.c) */

@@ -56,24 +56,28 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past,
                                        .combine = l > 0, .has_cpu_in = l > 0 && d->layer_cpu[l - 1],
                                        .has_xin = l < L && d->layer_cpu[l]};
-  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 4];
+  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 4 + ST_MLA_W];
   int nb = 0;
   if (l < L) {
-    /* a layer without q/k norms (gpt-oss) or a router (a dense layer) passes its attention norm in
-     * their places; the kernels read none of them (decode.cu) */
+    /* a layer without q/k norms (gpt-oss), a router (a dense layer) or wk, wv (MLA; wq too with a
+     * q LoRA) passes its attention norm in their places; the kernels read none of them (decode.cu) */
     const struct st_layer *W = &e->model->layers[l];
-    for (int i = 0; i < W_COUNT; i++) {
-      const int absent = (i == W_Q_NORM && !W->q_norm.data) || (i == W_K_NORM && !W->k_norm.data) ||
-                         (i == W_ROUTER && !W->router.data);
-      bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + (absent ? W_ATTN_NORM : i)];
-    }
+    const struct st_weight *ws[W_COUNT] = {&W->attn_norm, &W->wq,     &W->wk,       &W->wv,    &W->wo,
+                                           &W->q_norm,    &W->k_norm, &W->ffn_norm, &W->router};
+    for (int i = 0; i < W_COUNT; i++) bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + (ws[i]->data ? i : W_ATTN_NORM)];
+    /* K and V of each KV head; MLA: the one plane of latent rows */
+    const int mla = e->hp.attn_kind == ST_ATTN_MLA;
     for (int g = 0; g < G; g++) {
       bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2];
-      bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2 + 1];
+      if (!mla) bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2 + 1];
     }
     /* the graph ends with the next layer's input and norm (or the head's) */
     bufs[nb++] = l + 1 < L ? e->h_layer[(size_t)(l + 1) * W_COUNT + W_ATTN_NORM] : e->h_output_norm;
     for (int i = 0; i < 3 && e->h_fixed[(size_t)l * 3]; i++) bufs[nb++] = e->h_fixed[(size_t)l * 3 + i]; /* a fixed FFN */
+    for (int i = 0; i < ST_MLA_W && mla; i++) { /* MLA's matrices and norms (an absent one: the attention norm) */
+      const starpu_data_handle_t h = e->h_mla[(size_t)l * ST_MLA_W + i];
+      bufs[nb++] = h ? h : e->h_layer[(size_t)l * W_COUNT + W_ATTN_NORM];
+    }
   } else {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;

@@ -163,6 +163,10 @@ void st_cuda_graph_stats(struct st_cuda_graph_stats *out);
  * heads of hd dimensions (the decode step's device buffers, graph/decode_bufs.c). */
 size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd);
 
+/* Floats of the MLA decode attention's partials (cuda/mla.cuh) for n_ctx keys, n_heads heads and a
+ * latent of kv_lora values. */
+size_t st_cuda_mla_part_floats(int n_ctx, int n_heads, int kv_lora);
+
 /* Whether the mat-vec kernels of mmv.cuh (and so the decode step's GPU kernels) take rows of n
  * weights of `type`, row_bytes apart: a type they specialise on, whole blocks, aligned rows, and
  * staging buffers that fit the current device's shared memory. */

@@ -17,10 +17,12 @@
 // Another architecture's layer (st_decode_ctx.dlayers: gpt-oss) adds its biases, sinks, sliding
 // window, router bias and gating, expert biases and activation to the same kernels; a layer with a
 // fixed FFN (a dense layer's, a shared expert) runs it after the experts (fixed_body), and dk_pre adds
-// its row after the routed ones.
+// its row after the routed ones. An MLA layer (deepseek2) replaces Q/K/V, rope_append and the
+// attention by mla_body's kernels (mla.cuh), the rest of the layer as above.
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 #include "codelets/cuda/decode_kernels.cuh"
+#include "codelets/cuda/mla.cuh"
 #include "codelets/cuda/mmv.cuh"
 #include "codelets/decode.h"
 #include "common.h"
@@ -111,6 +113,7 @@ struct layer_graph {
   void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS]; // of c->kv_type
   const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
   const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
+  const void *m[ST_MLA_W]; // MLA's matrices and norms (codelets/decode.h), else NULL
 };
 
 // The fixed FFN of layer l (a dense layer's FFN or a MoE layer's shared expert) on ffn_in into
@@ -204,6 +207,40 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
                  w, c->eps, D.xn, fixed, combine ? (uint64_t *)NULL : c->dmail.stamps);
 }
 
+// MLA's attention of a layer (mla.cuh) from xn to D.attn ([n_head][head_dim_v]): q (wq, or q_a,
+// its norm and q_b) and kv_a_mqa; the cache row and the absorbed queries; the split attention and
+// its merge; v_b. Plain launches after the first (pdl: whether that one may overlap the kernel
+// before it).
+void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_t st) {
+  const st_decode_dev &D = c->dev;
+  const st_decode_layer *L = &c->layers[g->a->layer];
+  const int d = c->n_embd, Hq = c->n_head, hd = c->head_dim, nr = c->rope.n_rot, qk = c->qk_nope + nr;
+  const mv_part in[2] = {c->q_lora ? mv_part{L->wq_a_d.type, g->m[MLA_Q_A], L->wq_a_d.row_bytes, c->q_lora, D.qa}
+                                   : mv_part{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * qk, D.q},
+                         {L->wkv_a_d.type, g->m[MLA_KV_A], L->wkv_a_d.row_bytes, hd, D.kvnew}};
+  mv_launch(in, 2, D.xn, d, pdl, st);
+  if (c->q_lora) {
+    dk_mla_qnorm<<<1, MLA_THREADS, 0, st>>>(D.qa, (const float *)g->m[MLA_Q_A_NORM], c->q_lora, c->eps);
+    const mv_part qb = {L->wq_b_d.type, g->m[MLA_Q_B], L->wq_b_d.row_bytes, (int64_t)Hq * qk, D.q};
+    mv_launch(&qb, 1, D.qa, c->q_lora, 0, st);
+  }
+  const int n_chunks = (L->kv_rows + MLA_CHUNK - 1) / MLA_CHUNK;
+  const size_t smem = sizeof(float) * (size_t)(hd + MLA_CHUNK);
+  auto run = [&](auto kt) {
+    using KT = decltype(kt);
+    dk_mla_prep<KT><<<Hq + 1, MLA_THREADS, 0, st>>>(D.q, Hq, c->qk_nope, nr, c->kv_lora, hd, D.rope, D.pos, L->wk_b_d.type,
+                                                    (const uint8_t *)g->m[MLA_K_B], L->wk_b_d.row_bytes, D.qm, D.kvnew,
+                                                    (const float *)g->m[MLA_KV_A_NORM], c->eps, (KT *)g->k[0], L->kv_rows);
+    dk_mla_attend<KT><<<dim3(Hq, n_chunks), MLA_THREADS, smem, st>>>(D.qm, hd, c->kv_lora, (const KT *)g->k[0], D.pos,
+                                                                      c->attn_conf.scale, D.part, n_chunks);
+  };
+  if (c->kv_type == ST_TYPE_F16) run(__half());
+  else run(0.0f);
+  dk_mla_merge<<<Hq, MLA_THREADS, 0, st>>>(D.part, n_chunks, c->kv_lora, D.pos, D.olat);
+  dk_mla_vb<<<Hq, MLA_THREADS, 0, st>>>(D.olat, c->kv_lora, L->wv_b_d.type, (const uint8_t *)g->m[MLA_V_B],
+                                        L->wv_b_d.row_bytes, c->head_dim_v, D.attn);
+}
+
 void layer_body(const void *args, cudaStream_t st) {
   const layer_graph *g = (const layer_graph *)args;
   const st_decode_gpu_args *a = g->a;
@@ -214,13 +251,18 @@ void layer_body(const void *args, cudaStream_t st) {
   const int pdl = c->pdl && pdl_ok();
   const bool first = a->layer == 0; // later layers' input comes from the previous graph's last kernel
   if (first) pre_launch(c, 0, 0, 0, (const float *)g->w[0], 0, st);
+  int64_t o_in = (int64_t)Hq * hd; // the output projection's input
+  const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[a->layer] : NULL;
+  if (c->mla) {
+    mla_body(c, g, first ? pdl : 0, st);
+    o_in = (int64_t)Hq * c->head_dim_v;
+  } else {
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
   mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
   // another architecture's biases, sinks, q.k scale and sliding window (qwen3moe: none, its bits)
-  const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[a->layer] : NULL;
   st_cuda_attn_ext ax = {};
   if (X) {
     ax = st_cuda_attn_ext{X->bq, X->bk, X->bv, X->sinks, c->attn_conf.scale, L->swa ? c->attn_conf.window : 0,
@@ -231,8 +273,9 @@ void layer_body(const void *args, cudaStream_t st) {
                       pdl, st, X ? &ax : NULL);
   st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st,
                             X ? &ax : NULL);
+  }
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
-  mv_launch(&o, 1, D.attn, (int64_t)Hq * hd, pdl, st);
+  mv_launch(&o, 1, D.attn, o_in, c->mla ? 0 : pdl, st);
   // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
   const int Er = L->dense ? 0 : E;
   mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
@@ -311,24 +354,29 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     ST_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const int G = c->n_head_kv;
-  layer_graph g;
+  const int G = c->n_head_kv, planes = c->mla ? 1 : 2; // graph/layer.c's order
+  layer_graph g = {};
   g.a = a;
+  int b = 0;
   for (int i = 0; i < 9; i++) {
-    g.w[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[i]);
+    g.w[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
     sig.add(g.w[i]);
   }
   for (int gi = 0; gi < G; gi++) {
-    g.k[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[9 + 2 * gi]);
-    g.v[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[10 + 2 * gi]);
+    g.k[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
+    g.v[gi] = planes == 2 ? (void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
     sig.add(g.k[gi]);
     sig.add(g.v[gi]);
   }
-  g.next_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[9 + 2 * G]);
+  g.next_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[b++]);
   sig.add(g.next_norm);
   for (int i = 0; i < 3; i++) {
-    g.f[i] = c->layers[a->layer].fixed_ff ? (const void *)STARPU_VECTOR_GET_PTR(buffers[10 + 2 * G + i]) : NULL;
+    g.f[i] = c->layers[a->layer].fixed_ff ? (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
     sig.add(g.f[i]);
+  }
+  for (int i = 0; i < ST_MLA_W && c->mla; i++) {
+    g.m[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
+    sig.add(g.m[i]);
   }
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
@@ -346,6 +394,10 @@ starpu_codelet decode_gpu_cl = [] {
 
 } // namespace
 
+extern "C" size_t st_cuda_mla_part_floats(int n_ctx, int n_heads, int kv_lora) {
+  return mla_part_floats(n_ctx, n_heads, kv_lora);
+}
+
 extern "C" int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n) {
   bool ok = false;
   mmv_dispatch(type, [&](auto ty) {
@@ -362,12 +414,12 @@ extern "C" int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n) {
 
 extern "C" int st_submit_decode_gpu(const st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
                                     st_target tgt, const char *name) {
-  enum starpu_data_access_mode modes[16 + 2 * ST_CUDA_MAX_KV_HEADS];
+  enum starpu_data_access_mode modes[16 + ST_MLA_W + 2 * ST_CUDA_MAX_KV_HEADS];
   if (nbufs > (int)(sizeof modes / sizeof modes[0])) return st_set_error(ST_EINVAL, "%s: too many buffers", name);
   const st_decode_ctx *c = a->ctx;
   for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
-  if (a->layer < c->n_layer)
-    for (int i = 0; i < 2 * c->n_head_kv; i++) modes[9 + i] = STARPU_RW;
+  if (a->layer < c->n_layer) // the KV planes after the 9 weights (MLA: one a layer)
+    for (int i = 0; i < (c->mla ? 1 : 2) * c->n_head_kv; i++) modes[9 + i] = STARPU_RW;
   return st_submit_task(&decode_gpu_cl, bufs, modes, nbufs, a, args_size, tgt, name);
 }
 
