@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
      * glm4moe take the GPU decode step (their prompts one token at a time) */
     const char *ncuda_arch = getenv("STARPU_NCUDA");
     char *ncuda_arch_was = ncuda_arch ? strdup(ncuda_arch) : NULL;
-    if (!st_arch_of(m->hp.arch)->gpu) setenv("STARPU_NCUDA", "0", 1);
+    if (!st_arch_on_gpu(m->hp.arch)) setenv("STARPU_NCUDA", "0", 1);
     /* Pass 1: the default placement (dense work on CUDA0 when StarPU has a CUDA worker, every
      * expert on the CPU pool). On a GPU machine, passes 2 and 3 cache half and then all of the
      * expert pairs on CUDA0, ranked by the routing pass 1 measured. Pass 4: the half KV cache

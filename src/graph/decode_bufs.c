@@ -47,8 +47,8 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
   const struct st_hparams *hp = &e->hp;
   *why = NULL;
   if (hp->arch == ST_ARCH_QWEN3MOE) return 1;
-  if (!st_arch_of(hp->arch)->gpu)
-    *why = "this architecture's GPU kernels are not written or not checked yet (deepseek2: its latent attention)";
+  if (!st_arch_on_gpu(hp->arch))
+    *why = "its GPU kernels are not yet checked against its fixtures on a GPU; STRATA_GPU_ARCHS=NAME runs them";
   else if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || (hp->rope_kind != ST_ROPE_NEOX && hp->attn_kind != ST_ATTN_MLA))
     *why = "a normal-order RoPE on the GPU outside MLA";
   else if (hp->attn_kind == ST_ATTN_MLA && (hp->n_head_kv != 1 || hp->n_swa > 0 || hp->head_dim != hp->kv_lora + hp->n_rot))

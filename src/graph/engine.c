@@ -653,12 +653,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||
                         o->helper_cache[2] || o->peer_device > 0 || o->layer_split || o->gpu_mem_gib > 0 ||
                         o->cuda_graphs != ST_CUDA_GRAPHS_OFF || getenv("STARPU_NCUDA");
-  if (!st_arch_of(hp->arch)->gpu && !gpu_asked) {
+  if (!st_arch_on_gpu(hp->arch) && !gpu_asked) {
     conf.ncuda = 0;
 #ifdef ST_HAVE_CUDA
     if (st_cuda_device_count() > 0)
-      fprintf(stderr, "strata: architecture %s computes on CPU workers only so far: the GPUs stay unused\n",
-              st_arch_of(hp->arch)->name);
+      fprintf(stderr, "strata: architecture %s computes on CPU workers only so far: the GPUs stay unused "
+              "(STRATA_GPU_ARCHS=%s tries its unchecked GPU kernels)\n", st_arch_of(hp->arch)->name, st_arch_of(hp->arch)->name);
 #endif
   }
   int sret = starpu_init(&conf);

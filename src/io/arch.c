@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -19,7 +20,8 @@ static const struct st_arch archs[ST_ARCH_COUNT] = {
     /* DeepSeek-V2/V3, Kimi K2: MLA, normal (adjacent-pair) RoPE on the key's rope part, leading
      * dense layers, shared experts; softmax gating unless expert_gating_func says sigmoid (V3) */
     {.name = "deepseek2", .id = ST_ARCH_DEEPSEEK2, .attn_kind = ST_ATTN_MLA, .rope_kind = ST_ROPE_NORM,
-     .gating = ST_GATING_SOFTMAX, .ffn_act = ST_ACT_SILU, .ffn_norm = "ffn_norm", .shared = 1},
+     .gating = ST_GATING_SOFTMAX, .ffn_act = ST_ACT_SILU, .ffn_norm = "ffn_norm", .shared = 1,
+     .gpu = 0 /* its kernels (mla.cuh) are written, not yet checked against the fixtures on a GPU */},
     /* gpt-oss: GQA with biases and sinks, sliding window on every other layer (the even ones),
      * NEOX RoPE with YaRN, router bias, top-k of the logits then a softmax over them, expert
      * biases and the clamped SwiGLU */
@@ -44,6 +46,20 @@ const struct st_arch *st_arch_find(const char *name) {
 const struct st_arch *st_arch_of(uint32_t id) {
   ST_ASSERT(id < ST_ARCH_COUNT);
   return &archs[id];
+}
+
+int st_arch_on_gpu(uint32_t id) {
+  const struct st_arch *A = st_arch_of(id);
+  if (A->gpu) return 1;
+  const char *list = getenv("STRATA_GPU_ARCHS");
+  const size_t n = strlen(A->name);
+  for (const char *p = list; p && *p;) {
+    const char *end = strchr(p, ',');
+    const size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && !strncmp(p, A->name, n)) return 1;
+    p = end ? end + 1 : NULL;
+  }
+  return 0;
 }
 
 const char *st_arch_names(void) { return "qwen3moe, deepseek2, gpt-oss, glm4moe"; }

@@ -66,6 +66,11 @@ const struct st_arch *st_arch_find(const char *name);
 /* The description of `id` (enum st_arch_id; ST_ASSERT on an unknown one). */
 const struct st_arch *st_arch_of(uint32_t id);
 
+/* Whether the GPU decode step computes architecture `id`: its st_arch::gpu, or its name in the
+ * comma-separated list of STRATA_GPU_ARCHS (doc/tuning.md: kernels written but not yet checked
+ * against the architecture's fixtures on a GPU, for trying them). */
+int st_arch_on_gpu(uint32_t id);
+
 /* The names strata computes, comma-separated, for messages ("qwen3moe, deepseek2, ..."). */
 const char *st_arch_names(void);
 
