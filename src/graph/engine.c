@@ -44,6 +44,7 @@ struct env_conf {
   long prompt_lanes;   /* STRATA_PROMPT_LANES: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
   long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
+  long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -78,6 +79,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PROMPT_LANES", 0, 1, 1, &c->prompt_lanes);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 0, &c->mxfp4_int8);
+  if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
   return rc;
 }
@@ -582,6 +584,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
   e->mxfp4_int8 = (int)env.mxfp4_int8;
+  e->step_wait = (int)env.step_wait;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
     return st_set_error(ST_EINVAL, "--layer-split cannot be used with STRATA_PRIMARY_DEVICE set (stage 0 is the primary, "
