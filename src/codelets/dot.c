@@ -402,6 +402,7 @@ static int q8_family(uint32_t type) {
 
 uint64_t st_q8_row_bytes(uint32_t type, int64_t n) {
   const int f = q8_family(type);
+  if (f == 1 && lowiq_type(type)) return n > 0 && n % 256 == 0 ? lowiq_d_at(n) + (uint64_t)(n / 32) * sizeof(float) : 0;
   if (f == 1 && n > 0 && n % 32 == 0) return (uint64_t)(n / 32) * sizeof(st_act_q8_0);
   if (f == 2 && n > 0 && n % 256 == 0)
     return (uint64_t)(n / 256) * (sizeof(st_act_q8_K) + (k_is_grid(type) ? 256 : 0));
@@ -489,6 +490,11 @@ void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int6
     if (q8_family(type) == 1) {
       st_act_q8_0 *b = (st_act_q8_0 *)(void *)row;
       for (int64_t i = 0; i < n / 32; i++) b[i].d = quant(xt + 32 * i, 32, b[i].qs);
+      if (lowiq_type(type)) /* the quants and the scales again, contiguous */
+        for (int64_t i = 0; i < n / 32; i++) {
+          memcpy(row + lowiq_qs_at(n) + 32 * i, b[i].qs, 32);
+          memcpy(row + lowiq_d_at(n) + sizeof(float) * i, &b[i].d, sizeof(float));
+        }
     } else {
       st_act_q8_K *b = (st_act_q8_K *)(void *)row;
       for (int64_t i = 0; i < n / 256; i++) {
@@ -588,8 +594,8 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     return;
   }
   const int family = q8_family(type) == 1 ? 0 : k_is_grid(type) ? 2 : 1;
-  const int lowiq = type == ST_TYPE_IQ2_XXS || type == ST_TYPE_IQ1_S || type == ST_TYPE_IQ1_M;
-  const q8_tile_fn tile = lowiq ? (q8_level() >= 1 ? q8_tile_lowiq_avx2 : q8_tile_lowiq_scalar)
+  static const q8_tile_fn lowiq[4] = {q8_tile_lowiq_scalar, q8_tile_lowiq_avx2, q8_tile_lowiq_avx2, q8_tile_lowiq_vbmi};
+  const q8_tile_fn tile = lowiq_type(type) ? lowiq[q8_level()]
                           : k_is_grid(type) && q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_grid_vbmi_gather
                                                                                          : fns[family][q8_level()];
   /* as st_matmul: blocks of 64 weight rows stay in L2 while every token tile passes over them */

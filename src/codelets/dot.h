@@ -57,7 +57,8 @@ typedef struct {
  * sizeof(st_act_q8_0) or n / 256 * sizeof(st_act_q8_K), for the grid formats (IQ2_XS, IQ2_S,
  * IQ3_XXS, IQ3_S) plus 256 bytes per super-block (the same quants in the plane order the AVX2
  * and AVX-512 kernels read: after the blocks, byte 64 q + k of super-block b's 256 is its quant
- * 4 k + q); 0 when `type` has no integer kernel or n is not a multiple of its block size
+ * 4 k + q), for IQ2_XXS, IQ1_S and IQ1_M plus n bytes and n / 32 floats (the quants and the block
+ * scales again, contiguous, for the AVX-512 kernel); 0 when `type` has no integer kernel or n is not a multiple of its block size
  * (callers then use st_matmul). */
 uint64_t st_q8_row_bytes(uint32_t type, int64_t n);
 

@@ -103,6 +103,15 @@ static inline uint64_t grid_planes_at(int64_t n, int64_t b) {
   return (uint64_t)(n / 256) * sizeof(st_act_q8_K) + 256 * (uint64_t)b;
 }
 
+/* IQ2_XXS, IQ1_S and IQ1_M (dot_lowiq.c): blocks of 32 (st_act_q8_0) whose activation rows also
+ * carry the n quants contiguous (at lowiq_qs_at) and then the n / 32 block scales as floats (at
+ * lowiq_d_at), so that the AVX-512 kernel loads 64 quants and 8 scales at a time. */
+static inline int lowiq_type(uint32_t type) {
+  return type == ST_TYPE_IQ2_XXS || type == ST_TYPE_IQ1_S || type == ST_TYPE_IQ1_M;
+}
+static inline uint64_t lowiq_qs_at(int64_t n) { return (uint64_t)(n / 32) * sizeof(st_act_q8_0); }
+static inline uint64_t lowiq_d_at(int64_t n) { return lowiq_qs_at(n) + (uint64_t)n; }
+
 /* The per-16 integer scales and mins of a K super-block and its float scales (scalar path). */
 struct kscales {
   float d, dmin;  /* dmin 0 when the format has no min */
@@ -226,11 +235,13 @@ struct kvec {
 typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t,
                            float *, int64_t);
 
-/* IQ2_XXS, IQ1_S and IQ1_M on q8_0 activations (dot_lowiq.c): the scalar kernel, and the AVX2 one
- * for every SIMD level (the same bits). */
+/* IQ2_XXS, IQ1_S and IQ1_M on q8_0 activations (dot_lowiq.c): the scalar kernel, the AVX2 one
+ * (levels 1 and 2) and the AVX-512 VNNI + VBMI one (level 3), all with the same bits. */
 void q8_tile_lowiq_scalar(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                           int nt, int64_t n, float *out, int64_t ldo);
 void q8_tile_lowiq_avx2(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                        int nt, int64_t n, float *out, int64_t ldo);
+void q8_tile_lowiq_vbmi(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                         int nt, int64_t n, float *out, int64_t ldo);
 
 #define ST_Q8_TILE_CASES(impl, ty)                                                                           \

@@ -1,11 +1,22 @@
-/* st_matmul_q8's kernels for IQ2_XXS, IQ1_S and IQ1_M (issue #25): q8_0 activations (blocks of 32),
- * each 32-weight block of a row decoded once to 32 exact int8 weights (IQ2_XXS: grid magnitude
- * times sign, -43..43; IQ1_S and IQ1_M: 8 (value + shift), the shift of +-1/8 folded in as +-1,
- * -9..9), an exact int32 dot product with each token's quants, and a float multiply and add per
- * block, token and lane (eight lanes, below), the lanes added once per row and token by a fixed
- * tree. The float operations are the same at every level and the integer sums are exact, so the
- * scalar and AVX2 kernels (AVX2 also at the AVX-512 levels) give the same bits; a (row, token)
- * result does not depend on the call's rows or tokens. */
+/* st_matmul_q8's kernels for IQ2_XXS, IQ1_S and IQ1_M (issue #25): int8 activations in blocks of 32
+ * (st_act_q8_0, with the row's quants and scales again contiguous after the blocks: lowiq_qs_at,
+ * lowiq_d_at), each weight row decoded once per tile of up to ST_TILE tokens to exact int8 weights
+ * (IQ2_XXS: grid magnitude times sign, -43..43; IQ1_S and IQ1_M: 8 (value + shift), the shift of
+ * +-1/8 folded in as +-1, -9..9). Arithmetic, the same at every level: for 32-weight block k and
+ * j = 0..7, P_kj is the exact int32 sum of weights 32 k + 4 j .. + 3 times the token's quants, and
+ * float lane L = 8 (k mod 8) + j of 64 takes A_L = fmaf(f, (float)P_kj, A_L) block by block, f the
+ * product of the block's scale (IQ1_M: the scale of its half j / 4) and the activation block's d;
+ * at the end u_i = (A_i + A_16+i) + (A_32+i + A_48+i) (i < 16), v_j = u_j + u_8+j and the sum
+ * ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) (hsum8_avx2); eight blocks' lanes, so that
+ * the AVX-512 kernel's four accumulators a super-block are independent chains. So the scalar,
+ * AVX2 and AVX-512 kernels give the same bits, and a (row, token) result does not depend on the
+ * call's rows or tokens. The kernels differ in how they decode:
+ * scalar and AVX2 a block at a time from tables (sign masks, the IQ1 grid as 8 (value + shift)
+ * bytes); the AVX-512 VBMI kernel (levels 2 without VBMI take AVX2's) a super-block at a time,
+ * 64 weights a vector: the grid entries by scalar loads (the IQ1 indices built in a vector
+ * first), IQ2_XXS's sign bytes by one two-table byte permute of the seven-bit fields, the IQ1
+ * values by a byte permute of the grid bytes with the shift's sign as a mask; then per token
+ * vpdpbusd of |w| with the activations negated where w < 0 (P_kj for two blocks in one vector). */
 #include <immintrin.h>
 #include <pthread.h>
 #include <string.h>
@@ -15,8 +26,10 @@
 #include "common.h"
 
 /* Sign masks of the 128 seven-bit sign fields (bit 7 the parity, st_iq_signs): byte j 0xFF where
- * weight j is negative; and IQ1's grid entries as 8 (value + shift) bytes for either shift. */
+ * weight j is negative; the sign bytes themselves, for the VBMI kernel's permute; and IQ1's grid
+ * entries as 8 (value + shift) bytes for either shift. */
 static uint64_t sign_mask[128];
+static uint8_t sign_bytes[128] __attribute__((aligned(64)));
 static uint64_t iq1_w[2][2048];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
@@ -27,6 +40,7 @@ static void tables_init(void) {
     for (int j = 0; j < 8; j++)
       if (s >> j & 1) m |= (uint64_t)0xFF << (8 * j);
     sign_mask[f] = m;
+    sign_bytes[f] = (uint8_t)s;
   }
   for (int neg = 0; neg < 2; neg++)
     for (int e = 0; e < 2048; e++) {
@@ -37,6 +51,13 @@ static void tables_init(void) {
       }
       iq1_w[neg][e] = w;
     }
+}
+
+/* Bytes per super-block (256 weights). */
+static inline uint64_t lowiq_bytes(uint32_t type) {
+  return type == ST_TYPE_IQ2_XXS ? sizeof(st_block_iq2_xxs)
+         : type == ST_TYPE_IQ1_S ? sizeof(st_block_iq1_s)
+                                 : sizeof(st_block_iq1_m);
 }
 
 /* Block k (32 weights) of a row: its int8 weights, 8 to a word, into g[4] and one or two float
@@ -77,90 +98,247 @@ static inline __attribute__((always_inline)) void decode_block(uint32_t type, co
   }
 }
 
-/* The arithmetic every level shares, for one (row, token): eight float lanes A[j], lane j taking
- * block by block f * (float)P_j, where P_j is the exact integer sum of weights 4j .. 4j + 3 times
- * the token's quants and f = scale * dx (the first half's scale for lanes 0..3, the second's for
- * 4..7); at the end ((A0 + A1) + (A2 + A3)) + ((A4 + A5) + (A6 + A7)). The AVX2 kernel keeps the
- * lanes in one register (vpmaddubsw + vpmaddwd give P_j in lane j). */
-#define LOWIQ_CHUNK 16 /* blocks of a chunk: the tokens' activations stay in L1 while every row passes */
+/* A token's contiguous quants and block scales in its activation row. */
+static inline const int8_t *act_qs(const uint8_t *xq, int64_t ldq, int t, int64_t n) {
+  return (const int8_t *)(const void *)(xq + t * ldq + lowiq_qs_at(n));
+}
+static inline const float *act_d(const uint8_t *xq, int64_t ldq, int t, int64_t n) {
+  return (const float *)(const void *)(xq + t * ldq + lowiq_d_at(n));
+}
 
-static inline __attribute__((always_inline)) void lowiq_body_scalar(uint32_t type, const void *W, uint64_t row_bytes,
-                                                                    int64_t nr, const uint8_t *xq, int64_t ldq,
-                                                                    const int nt, int64_t n, float *out, int64_t ldo) {
-  float acc[64][ST_TILE][8];
-  ST_ASSERT(nr <= 64);
+/* scalar */
+static inline __attribute__((always_inline)) void lowiq_row_scalar(uint32_t type, const uint8_t *row,
+                                                                   const uint8_t *xq, int64_t ldq, const int nt,
+                                                                   int64_t n, float *out, int64_t ldo) {
+  float acc[ST_TILE][64];
   memset(acc, 0, sizeof acc);
   uint64_t g[4];
   float sc[2];
-  for (int64_t k0 = 0; k0 < n / 32; k0 += LOWIQ_CHUNK) {
-    const int64_t k1 = k0 + LOWIQ_CHUNK < n / 32 ? k0 + LOWIQ_CHUNK : n / 32;
-    for (int64_t r = 0; r < nr; r++) {
-      const uint8_t *row = (const uint8_t *)W + (uint64_t)r * row_bytes;
-      for (int64_t k = k0; k < k1; k++) {
-        decode_block(type, row, k, g, sc);
-        int8_t w[32];
-        memcpy(w, g, 32);
-        for (int t = 0; t < nt; t++) {
-          const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;
-          const float f0 = sc[0] * x->d, f1 = sc[1] * x->d;
-          for (int j = 0; j < 8; j++) {
-            int32_t p = 0;
-            for (int i = 4 * j; i < 4 * j + 4; i++) p += w[i] * x->qs[i];
-            acc[r][t][j] = acc[r][t][j] + (j < 4 ? f0 : f1) * (float)p;
-          }
-        }
+  for (int64_t k = 0; k < n / 32; k++) {
+    decode_block(type, row, k, g, sc);
+    int8_t w[32];
+    memcpy(w, g, 32);
+    for (int t = 0; t < nt; t++) {
+      const int8_t *x = act_qs(xq, ldq, t, n) + 32 * k;
+      const float dx = act_d(xq, ldq, t, n)[k], f0 = sc[0] * dx, f1 = sc[1] * dx;
+      float *A = acc[t] + 8 * (k % 8);
+      for (int j = 0; j < 8; j++) {
+        int32_t p = 0;
+        for (int i = 4 * j; i < 4 * j + 4; i++) p += w[i] * x[i];
+        A[j] = fmaf(j < 4 ? f0 : f1, (float)p, A[j]);
       }
     }
   }
-  for (int64_t r = 0; r < nr; r++)
-    for (int t = 0; t < nt; t++) {
-      const float *A = acc[r][t];
-      out[t * ldo + r] = ((A[0] + A[1]) + (A[2] + A[3])) + ((A[4] + A[5]) + (A[6] + A[7]));
-    }
+  for (int t = 0; t < nt; t++) {
+    const float *A = acc[t];
+    float u[16], v[8];
+    for (int i = 0; i < 16; i++) u[i] = (A[i] + A[16 + i]) + (A[32 + i] + A[48 + i]);
+    for (int j = 0; j < 8; j++) v[j] = u[j] + u[8 + j];
+    out[t * ldo] = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+  }
 }
 
-static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t type, const void *W, uint64_t row_bytes,
-                                                                       int64_t nr, const uint8_t *xq, int64_t ldq,
-                                                                       const int nt, int64_t n, float *out, int64_t ldo) {
-  __m256 acc[64][ST_TILE];
-  ST_ASSERT(nr <= 64);
-  for (int64_t r = 0; r < nr; r++)
-    for (int t = 0; t < nt; t++) acc[r][t] = _mm256_setzero_ps();
+/* AVX2: a block a time, P_kj in int32 lane j (vpmaddubsw + vpmaddwd), eight accumulators (k mod 8). */
+static inline __attribute__((always_inline)) AVX2 void lowiq_row_avx2(uint32_t type, const uint8_t *row,
+                                                                      const uint8_t *xq, int64_t ldq, const int nt,
+                                                                      int64_t n, float *out, int64_t ldo) {
+  __m256 acc[ST_TILE][8];
+  for (int t = 0; t < nt; t++)
+    for (int e = 0; e < 8; e++) acc[t][e] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
+  const uint64_t bs = lowiq_bytes(type);
   uint64_t g[4];
   float sc[2];
-  for (int64_t k0 = 0; k0 < n / 32; k0 += LOWIQ_CHUNK) {
-    const int64_t k1 = k0 + LOWIQ_CHUNK < n / 32 ? k0 + LOWIQ_CHUNK : n / 32;
-    for (int64_t r = 0; r < nr; r++) {
-      const uint8_t *row = (const uint8_t *)W + (uint64_t)r * row_bytes;
-      __m256 a[ST_TILE];
-      for (int t = 0; t < nt; t++) a[t] = acc[r][t];
-      for (int64_t k = k0; k < k1; k++) {
-        decode_block(type, row, k, g, sc);
-        /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
-        const __m256i wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
-        const __m256i aw = _mm256_sign_epi8(wv, wv);
-        for (int t = 0; t < nt; t++) {
-          const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + k;
-          const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x->qs);
-          /* |w| times x with w's sign: products of at most 43 * 127, pairs well inside int16 */
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
-          const __m256 f = _mm256_set_m128(_mm_set1_ps(sc[1] * x->d), _mm_set1_ps(sc[0] * x->d));
-          a[t] = _mm256_add_ps(a[t], _mm256_mul_ps(f, _mm256_cvtepi32_ps(p)));
-        }
+  for (int64_t k0 = 0; k0 < n / 32; k0 += 8) {
+    prefetch_ahead(row + k0 / 8 * bs, bs);
+#pragma GCC unroll 8
+    for (int e = 0; e < 8; e++) {
+      const int64_t k = k0 + e;
+      decode_block(type, row, k, g, sc);
+      /* built from the words in registers: a 32-byte load of four 8-byte stores would stall */
+      const __m256i wv = _mm256_set_epi64x((long long)g[3], (long long)g[2], (long long)g[1], (long long)g[0]);
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      for (int t = 0; t < nt; t++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(act_qs(xq, ldq, t, n) + 32 * k));
+        const float dx = act_d(xq, ldq, t, n)[k];
+        /* |w| times x with w's sign: products of at most 43 * 127, pairs well inside int16 */
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+        const __m256 f = _mm256_set_m128(_mm_set1_ps(sc[1] * dx), _mm_set1_ps(sc[0] * dx));
+        acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc[t][e]);
       }
-      for (int t = 0; t < nt; t++) acc[r][t] = a[t];
     }
   }
-  for (int64_t r = 0; r < nr; r++)
-    for (int t = 0; t < nt; t++) {
-      const __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
-      const __m128 q = _mm_hadd_ps(h, h); /* (A0 + A1) + (A2 + A3), (A4 + A5) + (A6 + A7) */
-      out[t * ldo + r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-    }
+  for (int t = 0; t < nt; t++) {
+    const __m256 *a = acc[t];
+    out[t * ldo] = hsum8_avx2(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[4], a[6])),
+                                            _mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[5], a[7]))));
+  }
 }
 
-/* The per-type, per-tile-width instances of a body (ST_Q8_TILE_CASES: nt constant in each). */
+/* AVX-512 VBMI: super-block b of a row as four vectors of |w| (64 weights, blocks 2c and 2c + 1
+ * in vector c), the masks of the negative weights, and the 16 float scales (lane 2 k + h: block
+ * k's half h). */
+struct lowiq_sb {
+  __m512i m[4];
+  __mmask64 neg[4];
+  __m512 s16;
+};
+
+/* 64 weights from eight 8-byte grid entries by scalar loads (faster than vpgatherqq on Zen 4), the
+ * entries idx[0..3] and idx[o..o + 3] in weight order. */
+#define ST_GRID8(grid, idx, o)                                                                               \
+  _mm512_set_epi64((long long)grid[(idx)[o + 3]], (long long)grid[(idx)[o + 2]], (long long)grid[(idx)[o + 1]], \
+                   (long long)grid[(idx)[o]], (long long)grid[(idx)[3]], (long long)grid[(idx)[2]],          \
+                   (long long)grid[(idx)[1]], (long long)grid[(idx)[0]])
+
+/* Word tables of the VBMI decode: the index word of group i takes qh word i / 4 (IQ1_S) or qh byte
+ * i / 2 (IQ1_M); the bytes of vector c test weight byte j against qh byte 4 c + sel[j] (IQ1_S:
+ * the high byte of block 2 c's or 2 c + 1's word; IQ1_M: group 8 c + j / 8's byte). */
+static const uint16_t by4[32] __attribute__((aligned(64))) = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                              4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+static const uint16_t by2[32] __attribute__((aligned(64))) = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7,
+                                                              8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15};
+
+static inline __attribute__((always_inline)) VBMI void lowiq_decode_vbmi(uint32_t type, const uint8_t *bb,
+                                                                         struct lowiq_sb *s) {
+  /* out byte 4 k + l: in byte 8 k + l (k < 8, l < 4) */
+  const __m512i compact = _mm512_setr_epi32(0x03020100, 0x0B0A0908, 0x13121110, 0x1B1A1918, 0x23222120, 0x2B2A2928,
+                                            0x33323130, 0x3B3A3938, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m512i sci; /* int32 lane 2 k + h: the integer scale of block k's half h */
+  float d;
+  if (type == ST_TYPE_IQ2_XXS) {
+    const uint8_t *q = bb + 2; /* qword k: block k's four index bytes, then its sign and scale word */
+    uint16_t dh;
+    memcpy(&dh, bb, 2);
+    d = _cvtsh_ss(dh);
+    const __m512i qv = _mm512_loadu_si512((const void *)q);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->m[c] = ST_GRID8(st_iq2xxs_grid, q + 16 * c, 8);
+    /* byte l of qword k: field l (bits 32 + 7 l ..), moved to byte 4 k + l, then its sign byte (the
+     * permute reads 7 index bits) */
+    const __m512i f = _mm512_permutexvar_epi8(compact, _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x352E2720), qv));
+    const __m512i sg = _mm512_permutex2var_epi8(_mm512_load_si512((const void *)sign_bytes), f,
+                                                _mm512_load_si512((const void *)(sign_bytes + 64)));
+    uint64_t sw[4];
+    _mm256_storeu_si256((__m256i *)(void *)sw, _mm512_castsi512_si256(sg));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->neg[c] = (__mmask64)sw[c];
+    sci = _mm512_shuffle_epi32(_mm512_srli_epi64(qv, 60), _MM_PERM_CCAA);
+    s->s16 = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d), _mm512_add_ps(_mm512_set1_ps(0.5f), _mm512_cvtepi32_ps(sci))),
+                           _mm512_set1_ps(0.25f));
+    return;
+  }
+  /* IQ1: word i of idx the 11-bit index of group i (qs[i] and three high bits) */
+  const uint8_t *qs, *qh;
+  __m512i hi, sel, sbit;
+  if (type == ST_TYPE_IQ1_S) {
+    const st_block_iq1_s *b = (const st_block_iq1_s *)(const void *)bb;
+    qs = b->qs, qh = (const uint8_t *)b->qh;
+    d = _cvtsh_ss(b->d);
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)qh);
+    hi = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_load_si512((const void *)by4), _mm512_castsi128_si512(h)),
+                           _mm512_set1_epi64(0x0009000600030000ll)); /* qh[i / 4] >> 3 (i % 4) */
+    sel = _mm512_set_epi64(0x0303030303030303ll, 0x0303030303030303ll, 0x0303030303030303ll, 0x0303030303030303ll,
+                           0x0101010101010101ll, 0x0101010101010101ll, 0x0101010101010101ll, 0x0101010101010101ll);
+    sbit = _mm512_set1_epi8((char)0x80);
+    /* block k's scale s: bits 12..14 of qh[k] */
+    const __m256i s8 = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(h), 12), _mm256_set1_epi32(7));
+    sci = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                   _mm512_castsi256_si512(s8));
+  } else {
+    const st_block_iq1_m *b = (const st_block_iq1_m *)(const void *)bb;
+    qs = b->qs, qh = b->qh;
+    uint16_t s4[4];
+    memcpy(s4, b->scales, 8);
+    d = _cvtsh_ss((uint16_t)((s4[0] >> 12) | ((s4[1] >> 8) & 0x00F0) | ((s4[2] >> 4) & 0x0F00) | (s4[3] & 0xF000)));
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)qh);
+    hi = _mm512_srlv_epi16(
+        _mm512_permutexvar_epi16(_mm512_load_si512((const void *)by2), _mm512_castsi256_si512(_mm256_cvtepu8_epi16(h))),
+        _mm512_set1_epi32(0x00040000)); /* qh[i / 2] >> 4 (i % 2) */
+    sel = _mm512_set_epi64(0x0303030303030303ll, 0x0303030303030303ll, 0x0202020202020202ll, 0x0202020202020202ll,
+                           0x0101010101010101ll, 0x0101010101010101ll, 0, 0);
+    sbit = _mm512_set4_epi64((long long)0x8080808080808080ull, 0x0808080808080808ll, (long long)0x8080808080808080ull,
+                             0x0808080808080808ll);
+    /* lane L = 2 k + h: (word k / 2 of scales >> 6 (k % 2) + 3 h) & 7, i.e. word L / 4 >> 3 (L % 4) */
+    const __m512i w4 = _mm512_castsi128_si512(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(const void *)b->scales)));
+    sci = _mm512_and_si512(
+        _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), w4),
+                          _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9)),
+        _mm512_set1_epi32(7));
+  }
+  const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)qs)),
+                                      _mm512_slli_epi16(_mm512_and_si512(hi, _mm512_set1_epi16(7)), 8));
+  uint16_t ix[32];
+  _mm512_storeu_si512((void *)ix, idx);
+  __asm__("" : "+m"(ix)); /* read back by scalar loads, not word extracts (two uops each) */
+  /* 8 (value + shift) of the grid values 0, 1, -1 (vpermb indices 0, 1, 63), shift +1 or -1 */
+  const __m512i vp = _mm512_set_epi64((long long)(0xF9ull << 56), 0, 0, 0, 0, 0, 0, 0x0901ll),
+                vm = _mm512_set_epi64((long long)(0xF7ull << 56), 0, 0, 0, 0, 0, 0, 0x07FFll);
+  const __m512i h8 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)qh));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; c++) {
+    const __m512i g = ST_GRID8(st_iq1s_grid, ix + 8 * c, 4);
+    const __mmask64 kn = _mm512_test_epi8_mask(
+        _mm512_permutexvar_epi8(_mm512_add_epi8(sel, _mm512_set1_epi8((char)(4 * c))), h8), sbit);
+    const __m512i w = _mm512_mask_permutexvar_epi8(_mm512_permutexvar_epi8(g, vp), kn, g, vm);
+    s->m[c] = _mm512_abs_epi8(w);
+    s->neg[c] = _mm512_movepi8_mask(w);
+  }
+  s->s16 = _mm512_mul_ps(
+      _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(sci, 1), _mm512_set1_epi32(1)))),
+      _mm512_set1_ps(0.125f));
+}
+#undef ST_GRID8
+
+static inline __attribute__((always_inline)) VBMI void lowiq_row_vbmi(uint32_t type, const uint8_t *row,
+                                                                      const uint8_t *xq, int64_t ldq, const int nt,
+                                                                      int64_t n, float *out, int64_t ldo) {
+  __m512 acc[ST_TILE][4]; /* vector c: lanes 16 c .. 16 c + 15 */
+  for (int t = 0; t < nt; t++)
+    for (int c = 0; c < 4; c++) acc[t][c] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  /* d of block k to lanes 2 k, 2 k + 1; f of lane 2 k + h to the lanes of vector c's P_kj */
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const uint64_t bs = lowiq_bytes(type);
+  for (int64_t b = 0; b < n / 256; b++) {
+    const uint8_t *bb = row + b * bs;
+    prefetch_ahead(bb, bs);
+    struct lowiq_sb s;
+    lowiq_decode_vbmi(type, bb, &s);
+    for (int t = 0; t < nt; t++) {
+      const int8_t *x = act_qs(xq, ldq, t, n) + 256 * b;
+      const __m512 f = _mm512_mul_ps(
+          s.s16, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(act_d(xq, ldq, t, n) + 8 * b))));
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++) {
+        const __m512i xv = _mm512_loadu_si512((const void *)(x + 64 * c));
+        const __m512i p = _mm512_dpbusd_epi32(zero, s.m[c], _mm512_mask_sub_epi8(xv, s.neg[c], zero, xv));
+        acc[t][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                    _mm512_permutexvar_ps(_mm512_add_epi32(spread, _mm512_set1_epi32(4 * c)), f), acc[t][c]);
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) {
+    const __m512 u = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]));
+    out[t * ldo] = hsum8_avx2(
+        _mm256_add_ps(_mm512_castps512_ps256(u), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1))));
+  }
+}
+
+/* The rows of a group, one at a time, and the per-type, per-tile-width instances
+ * (ST_Q8_TILE_CASES: nt constant in each). */
+#define LOWIQ_ROWS(name, attr, row_fn)                                                                      \
+  static inline __attribute__((always_inline)) attr void name(uint32_t type, const void *w, uint64_t row_bytes, \
+                                                             int64_t nr, const uint8_t *xq, int64_t ldq,     \
+                                                             const int nt, int64_t n, float *out, int64_t ldo) { \
+    for (int64_t r = 0; r < nr; r++)                                                                        \
+      row_fn(type, (const uint8_t *)w + (uint64_t)r * row_bytes, xq, ldq, nt, n, out + r, ldo);             \
+  }
+LOWIQ_ROWS(lowiq_rows_scalar, , lowiq_row_scalar)
+LOWIQ_ROWS(lowiq_rows_avx2, AVX2, lowiq_row_avx2)
+LOWIQ_ROWS(lowiq_rows_vbmi, VBMI, lowiq_row_vbmi)
+
 #define LOWIQ_TILE(name, attr, body)                                                                         \
   static attr void name(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,     \
                         int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {                          \
@@ -170,8 +348,9 @@ static inline __attribute__((always_inline)) AVX2 void lowiq_body_avx2(uint32_t 
     default: ST_Q8_TILE_CASES(body, ST_TYPE_IQ1_M) break;                                                    \
     }                                                                                                       \
   }
-LOWIQ_TILE(lowiq_tile_scalar, , lowiq_body_scalar)
-LOWIQ_TILE(lowiq_tile_avx2, AVX2, lowiq_body_avx2)
+LOWIQ_TILE(lowiq_tile_scalar, , lowiq_rows_scalar)
+LOWIQ_TILE(lowiq_tile_avx2, AVX2, lowiq_rows_avx2)
+LOWIQ_TILE(lowiq_tile_vbmi, VBMI, lowiq_rows_vbmi)
 
 void q8_tile_lowiq_scalar(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                           int nt, int64_t n, float *out, int64_t ldo) {
@@ -183,4 +362,10 @@ void q8_tile_lowiq_avx2(uint32_t type, const void *W, uint64_t row_bytes, int64_
                         int nt, int64_t n, float *out, int64_t ldo) {
   pthread_once(&tables_once, tables_init);
   lowiq_tile_avx2(type, W, row_bytes, nr, xq, ldq, nt, n, out, ldo);
+}
+
+void q8_tile_lowiq_vbmi(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                        int nt, int64_t n, float *out, int64_t ldo) {
+  pthread_once(&tables_once, tables_init);
+  lowiq_tile_vbmi(type, W, row_bytes, nr, xq, ldq, nt, n, out, ldo);
 }
