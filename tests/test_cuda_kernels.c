@@ -474,6 +474,101 @@ int main(void) {
           ok ? pass++ : fail++;
         }
   }
+  /* MLA's decode attention (deepseek2 on the GPU's decode step, cuda/mla.cuh) against float64: the
+   * token's cache row (latent normed, rope part roped) and every head's output through the absorbed
+   * query, the split attention over chunks of 128 keys and v_b, on the fixture's shape and
+   * DeepSeek-V2-Lite's, before, at and past a chunk's edge. Bounds: 1e-4 of the output's largest
+   * magnitude with a float32 cache, 4e-3 with a half one (the reference rounds the rows as the
+   * cache stores them). */
+  {
+    static const int shapes[2][5] = {{4, 32, 16, 32, 32}, {16, 128, 64, 512, 128}}; /* heads, qk_nope, n_rot, kv_lora, hv */
+    static const int positions[] = {0, 5, 127, 128, 300};
+    for (int si = 0; si < 2; si++)
+      for (int kt = 0; kt < 2; kt++)
+        for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++) {
+          const int H = shapes[si][0], nope = shapes[si][1], nr = shapes[si][2], kl = shapes[si][3], hv = shapes[si][4];
+          const int hd = kl + nr, qk = nope + nr, pos = positions[pi];
+          const float eps = 1e-6f, scale = 1.0f / sqrtf((float)qk);
+          uint64_t rng = 77 + (uint64_t)pi * 13 + (uint64_t)si * 1001 + (uint64_t)kt;
+          float *q = malloc(sizeof(float) * H * qk), *kv = malloc(sizeof(float) * hd), *nw = malloc(sizeof(float) * kl);
+          float *rows = malloc(sizeof(float) * ((size_t)pos + 1) * hd), *cs = malloc(sizeof(float) * nr);
+          float *kb = malloc(sizeof(float) * H * kl * nope), *vb = malloc(sizeof(float) * H * hv * kl);
+          float *attn = malloc(sizeof(float) * H * hv), *row = malloc(sizeof(float) * hd);
+          double *ref = malloc(sizeof(double) * H * hv), *crow = malloc(sizeof(double) * hd);
+          double *qm = malloc(sizeof(double) * hd), *sc = malloc(sizeof(double) * (pos + 1)), *olat = malloc(sizeof(double) * kl);
+          for (int i = 0; i < H * qk; i++) q[i] = (float)uniform(&rng);
+          for (int i = 0; i < hd; i++) kv[i] = (float)uniform(&rng);
+          for (int i = 0; i < kl; i++) nw[i] = (float)(1.0 + 0.5 * uniform(&rng));
+          for (size_t i = 0; i < (size_t)pos * hd; i++) rows[i] = (float)uniform(&rng);
+          for (int i = 0; i < nr / 2; i++) {
+            const double a = (pos + 1) * pow(10000.0, -2.0 * i / nr);
+            cs[2 * i] = (float)cos(a), cs[2 * i + 1] = (float)sin(a);
+          }
+          for (int i = 0; i < H * kl * nope; i++) kb[i] = (float)(uniform(&rng) / sqrt((double)nope));
+          for (int i = 0; i < H * hv * kl; i++) vb[i] = (float)(uniform(&rng) / sqrt((double)kl));
+          const int rc = st_cuda_mla_check(H, nope, nr, kl, hv, pos, kt ? ST_TYPE_F16 : ST_TYPE_F32, q, kv, nw, eps, rows, cs, kb,
+                                           vb, scale, attn, row);
+          /* the reference: the new row, then each head; the cache's values as it stores them */
+          double ss = 0.0;
+          for (int i = 0; i < kl; i++) ss += (double)kv[i] * kv[i];
+          const double rs = 1.0 / sqrt(ss / kl + eps);
+          for (int i = 0; i < kl; i++) crow[i] = kv[i] * rs * nw[i];
+          for (int i = 0; i < nr / 2; i++) {
+            const double x0 = kv[kl + 2 * i], x1 = kv[kl + 2 * i + 1];
+            crow[kl + 2 * i] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+            crow[kl + 2 * i + 1] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+          }
+          double row_err = 0.0, row_mag = 0.0;
+          for (int i = 0; i < hd; i++) {
+            row_err = fmax(row_err, fabs(row[i] - crow[i]));
+            row_mag = fmax(row_mag, fabs(crow[i]));
+          }
+          #define KVAL(v) (kt ? (double)st_fp16_to_f32(st_f32_to_fp16((float)(v))) : (double)(float)(v))
+          for (int h = 0; h < H; h++) {
+            for (int r = 0; r < kl; r++) {
+              double a = 0.0;
+              for (int j = 0; j < nope; j++) a += (double)kb[((size_t)h * kl + r) * nope + j] * q[(size_t)h * qk + j];
+              qm[r] = a;
+            }
+            for (int i = 0; i < nr / 2; i++) {
+              const double x0 = q[(size_t)h * qk + nope + 2 * i], x1 = q[(size_t)h * qk + nope + 2 * i + 1];
+              qm[kl + 2 * i] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+              qm[kl + 2 * i + 1] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+            }
+            double mx = -INFINITY;
+            for (int j = 0; j <= pos; j++) {
+              double a = 0.0;
+              for (int i = 0; i < hd; i++) a += qm[i] * (j < pos ? KVAL(rows[(size_t)j * hd + i]) : KVAL(crow[i]));
+              sc[j] = a * scale;
+              mx = fmax(mx, sc[j]);
+            }
+            double sum = 0.0;
+            for (int j = 0; j <= pos; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int i = 0; i < kl; i++) {
+              double a = 0.0;
+              for (int j = 0; j <= pos; j++) a += sc[j] * (j < pos ? KVAL(rows[(size_t)j * hd + i]) : KVAL(crow[i]));
+              olat[i] = a / sum;
+            }
+            for (int r = 0; r < hv; r++) {
+              double a = 0.0;
+              for (int i = 0; i < kl; i++) a += (double)vb[((size_t)h * hv + r) * kl + i] * olat[i];
+              ref[(size_t)h * hv + r] = a;
+            }
+          }
+          #undef KVAL
+          double mag = 0.0;
+          const double err = max_diff(attn, ref, (size_t)H * hv, &mag);
+          const double bound = (kt ? 4e-3 : 1e-4) * (mag > 0 ? mag : 1.0), rbound = (kt ? 1e-3 : 1e-5) * (row_mag > 0 ? row_mag : 1.0);
+          const int ok = rc == 0 && err <= bound && row_err <= rbound;
+          printf("%s MLA decode attention, %d heads, qk_nope %d, rope %d, kv_lora %d, v %d, %s cache, position %d: max |Δ| "
+                 "%.3g (bound %.3g, largest %.3g); cache row max |Δ| %.3g (bound %.3g)%s\n",
+                 ok ? "PASS" : "FAIL", H, nope, nr, kl, hv, kt ? "f16" : "f32", pos, err, bound, mag, row_err, rbound,
+                 rc ? " (CUDA error)" : "");
+          ok ? pass++ : fail++;
+          free(q), free(kv), free(nw), free(rows), free(cs), free(kb), free(vb), free(attn), free(row), free(ref), free(crow);
+          free(qm), free(sc), free(olat);
+        }
+  }
   /* The speed-up on a prompt chunk at long context (Qwen3-30B-A3B's group: 8 query heads of 128),
    * printed, not checked; the two kernels must still agree. */
   {

@@ -167,6 +167,17 @@ size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd);
  * latent of kv_lora values. */
 size_t st_cuda_mla_part_floats(int n_ctx, int n_heads, int kv_lora);
 
+/* For tests: MLA's decode attention (cuda/mla.cuh) on the current device for one token at position
+ * pos, float32 in and out: q [n_head][qk_nope + n_rot] (q_b's output), kvnew [kv_lora + n_rot]
+ * (kv_a_mqa's), kv_norm [kv_lora], eps, rows [pos][kv_lora + n_rot] (the earlier cache rows, stored as
+ * kv_type, ST_TYPE_F32 or ST_TYPE_F16), cs [n_rot] (the position's RoPE (cos, sin) pairs), k_b
+ * [n_head kv_lora][qk_nope], v_b [n_head hv][kv_lora] (as F32 weights), the scores' scale. Out: attn
+ * [n_head][hv] and row [kv_lora + n_rot] (the token's cache row as stored, read back as floats).
+ * Returns 0, or -1 on a CUDA error. */
+int st_cuda_mla_check(int n_head, int qk_nope, int n_rot, int kv_lora, int hv, int pos, int kv_type, const float *q,
+                      const float *kvnew, const float *kv_norm, float eps, const float *rows, const float *cs,
+                      const float *k_b, const float *v_b, float scale, float *attn, float *row);
+
 /* Whether the mat-vec kernels of mmv.cuh (and so the decode step's GPU kernels) take rows of n
  * weights of `type`, row_bytes apart: a type they specialise on, whole blocks, aligned rows, and
  * staging buffers that fit the current device's shared memory. */

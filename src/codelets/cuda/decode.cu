@@ -398,6 +398,60 @@ extern "C" size_t st_cuda_mla_part_floats(int n_ctx, int n_heads, int kv_lora) {
   return mla_part_floats(n_ctx, n_heads, kv_lora);
 }
 
+extern "C" int st_cuda_mla_check(int n_head, int qk_nope, int n_rot, int kv_lora, int hv, int pos, int kv_type,
+                                 const float *q, const float *kvnew, const float *kv_norm, float eps, const float *rows,
+                                 const float *cs, const float *k_b, const float *v_b, float scale, float *attn, float *row) {
+  const int hd = kv_lora + n_rot, qk = qk_nope + n_rot, n_chunks = (pos + MLA_CHUNK) / MLA_CHUNK;
+  const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, nrow = (size_t)pos + 1;
+  float *dq = NULL, *dkv = NULL, *dnorm = NULL, *dtab = NULL, *dkb = NULL, *dvb = NULL, *dqm = NULL, *dpart = NULL,
+        *dolat = NULL, *dattn = NULL, *drows = NULL;
+  void *dcache = NULL;
+  int32_t *dpos = NULL;
+  bool ok = cudaMalloc(&dq, sizeof(float) * n_head * qk) == cudaSuccess && cudaMalloc(&dkv, sizeof(float) * hd) == cudaSuccess &&
+            cudaMalloc(&dnorm, sizeof(float) * kv_lora) == cudaSuccess &&
+            cudaMalloc(&dtab, sizeof(float) * nrow * hd) == cudaSuccess &&
+            cudaMalloc(&dkb, sizeof(float) * n_head * kv_lora * qk_nope) == cudaSuccess &&
+            cudaMalloc(&dvb, sizeof(float) * n_head * hv * kv_lora) == cudaSuccess &&
+            cudaMalloc(&dqm, sizeof(float) * n_head * hd) == cudaSuccess &&
+            cudaMalloc(&dpart, sizeof(float) * mla_part_floats((int)nrow, n_head, kv_lora)) == cudaSuccess &&
+            cudaMalloc(&dolat, sizeof(float) * n_head * kv_lora) == cudaSuccess &&
+            cudaMalloc(&dattn, sizeof(float) * n_head * hv) == cudaSuccess &&
+            cudaMalloc(&drows, sizeof(float) * nrow * hd) == cudaSuccess && cudaMalloc(&dcache, es * nrow * hd) == cudaSuccess &&
+            cudaMalloc(&dpos, sizeof(int32_t)) == cudaSuccess;
+  ok = ok && cudaMemcpy(dq, q, sizeof(float) * n_head * qk, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dkv, kvnew, sizeof(float) * hd, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dnorm, kv_norm, sizeof(float) * kv_lora, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dtab + (size_t)pos * hd, cs, sizeof(float) * n_rot, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dkb, k_b, sizeof(float) * n_head * kv_lora * qk_nope, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dvb, v_b, sizeof(float) * n_head * hv * kv_lora, cudaMemcpyHostToDevice) == cudaSuccess &&
+       (pos == 0 || cudaMemcpy(drows, rows, sizeof(float) * pos * hd, cudaMemcpyHostToDevice) == cudaSuccess) &&
+       cudaMemcpy(dpos, &pos, sizeof pos, cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) {
+    auto run = [&](auto kt) {
+      using KT = decltype(kt);
+      // the earlier rows into the cache as KT, then the decode step's kernels
+      dk_mla_store<KT><<<64, MLA_THREADS>>>(drows, (int64_t)pos * hd, (KT *)dcache);
+      dk_mla_prep<KT><<<n_head + 1, MLA_THREADS>>>(dq, n_head, qk_nope, n_rot, kv_lora, hd, dtab, dpos, ST_TYPE_F32,
+                                                   (const uint8_t *)dkb, sizeof(float) * qk_nope, dqm, dkv, dnorm, eps,
+                                                   (KT *)dcache, (int)nrow);
+      dk_mla_attend<KT><<<dim3(n_head, n_chunks), MLA_THREADS, sizeof(float) * (hd + MLA_CHUNK)>>>(
+          dqm, hd, kv_lora, (const KT *)dcache, dpos, scale, dpart, n_chunks);
+      dk_mla_load<KT><<<64, MLA_THREADS>>>((const KT *)dcache + (size_t)pos * hd, hd, drows);
+    };
+    if (kv_type == ST_TYPE_F16) run(__half());
+    else run(0.0f);
+    dk_mla_merge<<<n_head, MLA_THREADS>>>(dpart, n_chunks, kv_lora, dpos, dolat);
+    dk_mla_vb<<<n_head, MLA_THREADS>>>(dolat, kv_lora, ST_TYPE_F32, (const uint8_t *)dvb, sizeof(float) * kv_lora, hv, dattn);
+    ok = cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+         cudaMemcpy(attn, dattn, sizeof(float) * n_head * hv, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(row, drows, sizeof(float) * hd, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  void *all[] = {dq, dkv, dnorm, dtab, dkb, dvb, dqm, dpart, dolat, dattn, drows, dcache, dpos};
+  for (void *p : all) cudaFree(p);
+  cudaGetLastError();
+  return ok ? 0 : -1;
+}
+
 extern "C" int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n) {
   bool ok = false;
   mmv_dispatch(type, [&](auto ty) {

@@ -49,7 +49,7 @@ __device__ __forceinline__ void mla_rmsnorm_block(float *x, const float *w, int 
 }
 
 // The q LoRA's output qa[0..n) RMS-normed by w in place. One block.
-__global__ void __launch_bounds__(MLA_THREADS) dk_mla_qnorm(float *qa, const float *w, int n, float eps) {
+static __global__ void __launch_bounds__(MLA_THREADS) dk_mla_qnorm(float *qa, const float *w, int n, float eps) {
   __shared__ float red[32];
   mla_rmsnorm_block(qa, w, n, eps, red);
 }
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(MLA_THREADS)
 
 // Block h: head h's chunks merged in chunk order: M = max m_c, L = sum l_c e^(m_c - M), olat[h][i] =
 // sum O_c[i] e^(m_c - M) / L.
-__global__ void __launch_bounds__(MLA_THREADS)
+static __global__ void __launch_bounds__(MLA_THREADS)
     dk_mla_merge(const float *part, int n_chunks, int kv_lora, const int32_t *pos_p, float *olat) {
   const int h = blockIdx.x, used = (*pos_p + MLA_CHUNK) / MLA_CHUNK; // chunks holding a key
   const float *base = part + (size_t)h * n_chunks * (size_t)(kv_lora + 2);
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(MLA_THREADS)
 }
 
 // Block h: attn[h][r] = v_b[h] row r . olat[h] for r < hv (one warp a row).
-__global__ void __launch_bounds__(MLA_THREADS)
+static __global__ void __launch_bounds__(MLA_THREADS)
     dk_mla_vb(const float *olat, int kv_lora, uint32_t vb_type, const uint8_t *vb, uint64_t vb_row_bytes, int hv,
               float *attn) {
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -174,4 +174,14 @@ __global__ void __launch_bounds__(MLA_THREADS)
     acc = st_warp_sum(acc);
     if (lane == 0) attn[(size_t)h * hv + r] = acc;
   }
+}
+
+// For tests (st_cuda_mla_check): n floats into a cache of KT, and back.
+template <typename KT> __global__ void dk_mla_store(const float *x, int64_t n, KT *out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = mla_store<KT>(x[i]);
+}
+template <typename KT> __global__ void dk_mla_load(const KT *x, int64_t n, float *out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = mla_load<KT>(x + i);
 }
