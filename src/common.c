@@ -196,3 +196,25 @@ int st_all_finite(const float *v, size_t n) {
   for (int j = 0; j < L; j++) m |= acc[j];
   return !(m & 0x80000000u);
 }
+
+int st_mkdir_p(const char *path, unsigned mode) {
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  for (char *p = dir + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      const int r = mkdir(dir, 0755);
+      *p = '/';
+      if (r && errno != EEXIST) return -1;
+    }
+  if (mkdir(dir, (mode_t)mode) && errno != EEXIST) return -1;
+  struct stat sb;
+  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) {
+    errno = ENOTDIR;
+    return -1;
+  }
+  return 0;
+}

@@ -79,6 +79,10 @@ double st_now(void);
  * over sixteen interleaved accumulators: a SIMD loop, about 4x a scalar isfinite scan). */
 int st_all_finite(const float *v, size_t n);
 
+/* mkdir -p: creates `path` and the folders above it (0755, the last one `mode`, e.g. 0700). 0, or -1
+ * with errno set (ENOTDIR where a component, or path itself, is not a folder). */
+int st_mkdir_p(const char *path, unsigned mode);
+
 #ifdef __cplusplus
 }
 #endif

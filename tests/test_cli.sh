@@ -3,7 +3,8 @@
 # reference continuation (with the external references of $STRATA_FIXTURES; skipped, and said so,
 # without them), tokenize, eval's logits file, and bad input
 # (unknown flags, missing or malformed files, an unsupported architecture or tensor type, a
-# prompt longer than the context, negative -n, a host expert arena larger than the RAM) giving one
+# prompt longer than the context, negative -n, a host expert arena larger than the RAM, a StarPU
+# folder that cannot be made) giving one
 # clear line and exit status 1, and
 # models in the i-quant formats written by mkmodel running through generate. The models are the tiny
 # preset of `strata mkmodel` (tests/lib.sh test_model).
@@ -91,6 +92,10 @@ expect_error "eval --logits-out in a missing directory" "directory $tmp/none: No
 expect_error "profile -o a directory" "\-o $tmp: is a directory, not a file" \
   "$STRATA" profile -m "$q8" -f "$tmp/calib.txt" -o "$tmp"
 expect_error "negative -n" "\-n must be between 0" "$STRATA" generate -m "$tiny" -p hi -n -1
+# StarPU aborts where it cannot make its sampling folder: the engine checks it first
+: > "$tmp/afile"
+expect_error "STARPU_HOME a file" "StarPU's folder $tmp/afile/.starpu/sampling (from STARPU_HOME) cannot be created or written: Not a directory" \
+  env -u XDG_CACHE_HOME -u STARPU_PERF_MODEL_DIR STARPU_HOME="$tmp/afile" "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "no prompt" "give exactly one of" "$STRATA" generate -m "$tiny"
 expect_error "prompt longer than the context" "more than the context of 4 tokens" "$STRATA" generate -m "$tiny" -p "one two three four five six" -c 4
 expect_error "bad --prompt-ids" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "1,x"

@@ -66,6 +66,26 @@ static int env_long(const char *name, long lo, long hi, long def, long *out) {
   return 0;
 }
 
+/* StarPU aborts the process when it cannot create its sampling folder (performance models, bus
+ * calibration; StarPU 1.3's common/utils.c: $STARPU_PERF_MODEL_DIR, else .starpu/sampling under
+ * $XDG_CACHE_HOME, $STARPU_HOME, $HOME or /tmp, the first set): the engine makes it first, and
+ * refuses with the reason where it cannot. */
+static int starpu_folder_ok(void) {
+  static const char *vars[] = {"XDG_CACHE_HOME", "STARPU_HOME", "HOME"};
+  const char *var = "STARPU_PERF_MODEL_DIR", *base = getenv(var);
+  char path[4096];
+  if (base) snprintf(path, sizeof path, "%s", base);
+  else {
+    for (int i = 0; i < 3 && !base; i++) base = getenv(var = vars[i]);
+    if (!base) base = "/tmp", var = "no STARPU_HOME or HOME";
+    snprintf(path, sizeof path, "%s/.starpu/sampling", base);
+  }
+  if (!st_mkdir_p(path, 0755) && access(path, W_OK) == 0) return 0;
+  const int err = errno ? errno : EACCES;
+  return st_set_error(ST_EINVAL, "StarPU's folder %s (from %s) cannot be created or written: %s; set %s to a writable "
+                      "folder (doc/tuning.md)", path, var, strerror(err), base == getenv(var) ? var : "STARPU_HOME");
+}
+
 static int read_env(struct env_conf *c) {
   int rc = env_long("STRATA_FF_SLICE", 0, 1 << 20, FF_SLICE, &c->ff_slice);
   if (!rc && c->ff_slice % 32)
@@ -663,6 +683,11 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       fprintf(stderr, "strata: architecture %s computes on CPU workers only so far: the GPUs stay unused "
               "(STRATA_GPU_ARCHS=%s tries its unchecked GPU kernels)\n", st_arch_of(hp->arch)->name, st_arch_of(hp->arch)->name);
 #endif
+  }
+  const int folder_rc = starpu_folder_ok();
+  if (folder_rc) {
+    st_engine_destroy(e);
+    return folder_rc;
   }
   int sret = starpu_init(&conf);
   if (sret) {

@@ -36,22 +36,10 @@ struct st_recorder {
   size_t n_steps, cap_steps;
 };
 
-static int mkdir_p(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0755) && errno != EEXIST) return -1;
-      *p = '/';
-    }
-  return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 int st_recorder_check_dir(const char *dir) {
-  if (mkdir_p(dir)) return st_set_error(ST_EIO, "--trace %s: cannot create the directory: %s", dir, strerror(errno));
-  struct stat sb;
-  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) return st_set_error(ST_EIO, "--trace %s: not a directory", dir);
+  if (st_mkdir_p(dir, 0755))
+    return errno == ENOTDIR ? st_set_error(ST_EIO, "--trace %s: not a directory", dir)
+                            : st_set_error(ST_EIO, "--trace %s: cannot create the directory: %s", dir, strerror(errno));
   if (access(dir, W_OK)) return st_set_error(ST_EIO, "--trace %s: cannot write there: %s", dir, strerror(errno));
   return 0;
 }

@@ -31,24 +31,6 @@ void st_learned_identity(const struct st_model *m, char out[17]) {
   snprintf(out, 17, "%016llx", (unsigned long long)h);
 }
 
-/* mkdir -p of `dir` (a writable copy), the last component with `mode`. 0 or -1 (errno set). */
-static int make_dirs(char *dir, mode_t mode) {
-  for (char *p = dir + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      const int r = mkdir(dir, 0755);
-      *p = '/';
-      if (r && errno != EEXIST) return -1;
-    }
-  if (mkdir(dir, mode) && errno != EEXIST) return -1;
-  struct stat sb;
-  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) {
-    errno = ENOTDIR;
-    return -1;
-  }
-  return 0;
-}
-
 /* The cache folder into dir[cap]: $XDG_CACHE_HOME/strata or $HOME/.cache/strata. 0, or -1 when
  * neither variable gives an absolute path. */
 static int cache_dir(char *dir, size_t cap) {
@@ -72,7 +54,7 @@ int st_learned_open(struct st_learned *l, const struct st_model *m) {
     fprintf(stderr, "strata: warning: neither XDG_CACHE_HOME nor HOME is an absolute path: no learned expert profile\n");
     return 0;
   }
-  if (make_dirs(dir, 0700)) {
+  if (st_mkdir_p(dir, 0700)) {
     fprintf(stderr, "strata: warning: cannot make %s (%s): no learned expert profile\n", dir, strerror(errno));
     return 0;
   }
