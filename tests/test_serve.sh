@@ -82,6 +82,9 @@ expect "wrong type" 400 -d '{"messages":[{"role":"user","content":"hi"}],"max_to
 expect "unknown model" 404 -d '{"model":"gpt-4","messages":[{"role":"user","content":"hi"}]}' "$u/v1/chat/completions"
 expect "unknown path" 404 -d '{}' "$u/v1/engines"
 expect "GET on a POST route" 405 "$u/v1/chat/completions"
+expect "a NUL in the prompt (cJSON would end the string there)" 400 -d '{"prompt":"Hello\u0000 world","max_tokens":1}' "$u/v1/completions"
+post /v1/completions '{"prompt":"Hello\\u0000 world","max_tokens":1}'
+[ "$code" = 200 ] && ok "an escaped backslash before u0000 is text: $code" || bad "escaped backslash before u0000: $code $(cat "$tmp/r")"
 expect "prompt + max_tokens over the context" 400 -d '{"prompt":"hi","max_tokens":5000}' "$u/v1/completions"
 words=$(i=0; while [ $i -lt 2100 ]; do printf 'word '; i=$((i + 1)); done)
 expect "prompt over the context" 400 -d "{\"prompt\":\"$words\"}" "$u/v1/completions"

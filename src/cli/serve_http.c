@@ -143,6 +143,17 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 
 /* Text of a message's "content": a string, null, or an array of {"type": "text", "text"} parts
  * (concatenated into *owned). NULL with a message in err when the shape is wrong. */
+/* Whether the JSON text b[0..n) has a \u0000 escape (an odd run of backslashes before the u). */
+static int has_nul_escape(const char *b, size_t n) {
+  for (size_t i = 0; i + 6 <= n; i++) {
+    if (b[i] != '\\' || b[i + 1] != 'u' || memcmp(b + i + 2, "0000", 4)) continue;
+    size_t k = 0; /* backslashes ending at i */
+    while (k <= i && b[i - k] == '\\') k++;
+    if (k % 2) return 1;
+  }
+  return 0;
+}
+
 static const char *content_text(const cJSON *v, char **owned, char *err, size_t errcap, size_t i) {
   *owned = NULL;
   if (!v || cJSON_IsNull(v)) return "";
@@ -253,6 +264,10 @@ static enum MHD_Result handle_completion(struct server *s, struct MHD_Connection
   struct job *j = NULL;
   cJSON *req = cn->body.s ? cJSON_ParseWithLength(cn->body.s, cn->body.n) : NULL;
   if (!req) return send_error(s, c, 400, "invalid_json", "the request body is not valid JSON");
+  if (has_nul_escape(cn->body.s, cn->body.n)) { /* cJSON's strings end at it: the text after would be lost */
+    cJSON_Delete(req);
+    return send_error(s, c, 400, NULL, "a string holds a NUL character (\\u0000), which strata does not take");
+  }
   if (!cJSON_IsObject(req)) {
     ret = send_error(s, c, 400, "invalid_json", "the request body must be a JSON object");
     goto done;

@@ -639,6 +639,16 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       st_engine_destroy(e);
       return i == 0 && !strcmp(v, "0") ? st_set_error(ST_EINVAL, "STARPU_NCPU=0: strata needs at least one CPU worker") : rc;
     }
+    /* a CPU worker spins on its core while it waits: more workers than cores wait on each other */
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (v && i == 0 && cores > 0 && x > 4 * cores) {
+      st_engine_destroy(e);
+      return st_set_error(ST_EINVAL, "STARPU_NCPU=%ld: more than 4 CPU workers a core on this machine's %ld cores (the "
+                          "workers would wait on each other for minutes; doc/tuning.md)", x, cores);
+    }
+    if (v && i == 0 && cores > 0 && x > cores)
+      fprintf(stderr, "strata: STARPU_NCPU=%ld is more than this machine's %ld cores: the CPU workers share cores and "
+              "every step waits for the slowest (doc/tuning.md)\n", x, cores);
   }
   /* --gpu-mem: StarPU's allocations on each card stay within the cap less the CUDA context and the
    * kernels' scratch (--cache-reserve); a user's own STARPU_LIMIT_CUDA_MEM wins */
