@@ -92,6 +92,11 @@ expect_error "eval --logits-out in a missing directory" "directory $tmp/none: No
 expect_error "profile -o a directory" "\-o $tmp: is a directory, not a file" \
   "$STRATA" profile -m "$q8" -f "$tmp/calib.txt" -o "$tmp"
 expect_error "negative -n" "\-n must be between 0" "$STRATA" generate -m "$tiny" -p hi -n -1
+# a block_count below the blocks the tensors hold (llama.cpp refuses it by its tensor count)
+off=$(grep -obUa "qwen3moe.block_count" "$q8" | head -n 1 | cut -d: -f1)
+cp "$q8" "$tmp/bc.gguf" && printf '\001\000\000\000' | dd of="$tmp/bc.gguf" bs=1 seek=$((off + 24)) conv=notrunc 2>/dev/null
+expect_error "block_count 1 over 4 blocks of tensors" "tensor blk.1.* belongs to block 1, but qwen3moe.block_count is 1" \
+  "$STRATA" generate -m "$tmp/bc.gguf" -p hi -n 1
 # StarPU aborts where it cannot make its sampling folder: the engine checks it first
 : > "$tmp/afile"
 expect_error "STARPU_HOME a file" "StarPU's folder $tmp/afile/.starpu/sampling (from STARPU_HOME) cannot be created or written: Not a directory" \

@@ -282,6 +282,27 @@ int st_model_load(const char *path, struct st_model **out) {
   return rc;
 }
 
+/* Every tensor of a block ("blk.N.") within the file's block_count (the layers and the NextN blocks
+ * after them), as llama.cpp checks by its tensor count: a file whose metadata lists fewer layers
+ * than its tensors hold is refused, not run as the smaller model. */
+static int check_blocks(const struct st_model *m, const struct st_arch *A) {
+  uint32_t nextn = 0;
+  int rc = opt_u32(m->gguf, A, "nextn_predict_layers", &nextn);
+  const uint64_t blocks = (uint64_t)m->hp.n_layer + nextn;
+  for (uint64_t i = 0; i < m->gguf->n_tensors && !rc; i++) {
+    const struct st_gguf_str *n = &m->gguf->tensor[i].name;
+    unsigned long b = 0;
+    size_t k = 4;
+    if (n->len < 6 || memcmp(n->ptr, "blk.", 4)) continue;
+    while (k < n->len && k < 14 && n->ptr[k] >= '0' && n->ptr[k] <= '9') b = b * 10 + (unsigned long)(n->ptr[k++] - '0');
+    if (k > 4 && b >= blocks)
+      rc = st_set_error(ST_EFORMAT, "tensor %.*s belongs to block %lu, but %s.block_count is %llu: the metadata and the "
+                        "tensors disagree", (int)(n->len < 200 ? n->len : 200), n->ptr, b, A->name,
+                        (unsigned long long)blocks);
+  }
+  return rc;
+}
+
 int st_model_from_gguf(struct st_gguf *g, struct st_model **out) {
   *out = NULL;
   struct st_model *m = calloc(1, sizeof *m);
@@ -298,6 +319,7 @@ int st_model_from_gguf(struct st_gguf *g, struct st_model **out) {
   free(arch);
   if (!rc) rc = load_hparams(m->gguf, A, &m->hp);
   if (!rc) rc = load_tensors(m, A);
+  if (!rc) rc = check_blocks(m, A);
   if (!rc) rc = st_tokenizer_load(m->gguf, &m->tok);
   if (!rc && st_tokenizer_n_vocab(m->tok) > (int32_t)m->hp.n_vocab)
     rc = st_set_error(ST_EFORMAT, "tokenizer has %d ids but token_embd.weight only %u rows",
