@@ -69,6 +69,9 @@ sz=$(wc -c < "$tmp/l.f32" 2>/dev/null || echo 0)
 
 # 5. bad input
 expect_error "unknown flag" "unknown option '--bogus'" "$STRATA" generate -m "$tiny" -p hi --bogus
+expect_error "llama.cpp's -ngl (getopt would read -n gl)" "\-ngl is llama.cpp's flag, not strata's: the dense work goes to the primary GPU whole" \
+  "$STRATA" generate -m "$tiny" -p hi -n 4 -ngl 99
+expect_error "llama.cpp's --flash-attn" "\-\-flash-attn is llama.cpp's flag" "$STRATA" bench -m "$tiny" --flash-attn on
 expect_error "unknown command" "unknown command" "$STRATA" frobnicate
 # profile takes no KV cache flags: llama.cpp's -ctk is named as such, not read as -c tk
 expect_error "profile -ctk" "unknown option '--cache-type-k'" "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/p.profile" -ctk f16

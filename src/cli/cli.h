@@ -35,8 +35,14 @@ struct option;
 struct option *st_engine_longopts_with(const struct option *own);
 /* Rewrites llama.cpp's multi-letter short forms of the engine flags in argv[1..argc) (up to a
  * `--`) to their long names, in place, before getopt_long: -ctk (--cache-type-k), -ctv
- * (--cache-type-v). The replaced entries point to static strings. */
-void st_engine_argv_aliases(int argc, char **argv);
+ * (--cache-type-v). The replaced entries point to static strings. A llama.cpp flag strata has no
+ * counterpart of (-ngl, -fa, -ncmoe, -ot, -b, -ub, -t, ... and their long forms; getopt would read
+ * -ngl as -n gl) is refused, naming what strata has instead: 0, or ST_EINVAL. cmd: the subcommand,
+ * for the message (bench keeps its own --threads). */
+int st_engine_argv_aliases(int argc, char **argv, const char *cmd);
+/* The option getopt_long just refused: "-X" for a short one (optopt, also inside a cluster such as
+ * -xyz), else the argument it stopped at (argv[optind - 1]); a static buffer, valid until the next call. */
+const char *st_cli_bad_option(char **argv);
 /* 1 when `c` is an engine flag (stored in eo), 0 when it is not, a negative ST_E* on a bad value. */
 int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo);
 /* Refuses impossible combinations (a cache without a profile, swaps without a cache,

@@ -212,9 +212,9 @@ int st_cmd_bench(int argc, char **argv) {
   long threads = 0, reps = 1, row_length = 0;
   struct st_engine_opts eo;
   st_engine_opts_init(&eo);
-  st_engine_argv_aliases(argc, argv);
-  struct option *longopts = st_engine_longopts_with(own);
-  if (!longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
+  rc = st_engine_argv_aliases(argc, argv, "bench");
+  struct option *longopts = rc ? NULL : st_engine_longopts_with(own);
+  if (!rc && !longopts) rc = st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;
   optind = 1;
   while (!rc && (c = getopt_long(argc, argv, ":m:c:r:h", longopts, NULL)) != -1) {
@@ -278,7 +278,7 @@ int st_cmd_bench(int argc, char **argv) {
       free(longopts);
       return 0;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
-    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata bench --help)", argv[optind - 1]);
+    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata bench --help)", st_cli_bad_option(argv));
     }
   }
   free(longopts);

@@ -79,7 +79,8 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
       {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   const int gen = !strcmp(argv[0], "generate");
-  st_engine_argv_aliases(argc, argv);
+  int arc = st_engine_argv_aliases(argc, argv, argv[0]);
+  if (arc) return arc;
   struct option *longopts = st_engine_longopts_with(own);
   if (!longopts) return st_set_error(ST_ENOMEM, "out of memory");
   opterr = 0;
@@ -111,7 +112,7 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
       return 1;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
     default:
-      rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata %s --help)", argv[optind - 1], argv[0]);
+      rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata %s --help)", st_cli_bad_option(argv), argv[0]);
     }
   }
   free(longopts);

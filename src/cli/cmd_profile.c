@@ -23,7 +23,7 @@ int st_cmd_profile(int argc, char **argv) {
   int c, rc = 0;
   opterr = 0;
   optind = 1;
-  st_engine_argv_aliases(argc, argv); /* -ctk is llama.cpp's --cache-type-k (refused below), not -c tk */
+  rc = st_engine_argv_aliases(argc, argv, "profile"); /* -ctk is llama.cpp's --cache-type-k (refused below), not -c tk */
   while (!rc && (c = getopt_long(argc, argv, ":m:f:n:o:c:h", longopts, NULL)) != -1) {
     switch (c) {
     case 'm': model = optarg; break;
@@ -42,7 +42,7 @@ int st_cmd_profile(int argc, char **argv) {
              "  -o, --output FILE     profile to write\n");
       return 0;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
-    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata profile --help)", argv[optind - 1]);
+    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata profile --help)", st_cli_bad_option(argv));
     }
   }
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);

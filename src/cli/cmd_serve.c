@@ -89,7 +89,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o, int own_ok, c
       {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
       {0, 0, 0, 0}};
   static const struct option none[] = {{0, 0, 0, 0}};
-  st_engine_argv_aliases(argc, argv);
+  const int arc = st_engine_argv_aliases(argc, argv, "serve");
+  if (arc) return arc;
   struct option *longopts = st_engine_longopts_with(own_ok ? own : none);
   if (!longopts) return st_set_error(ST_ENOMEM, "out of memory");
   const char *sep = *where ? ": " : "";

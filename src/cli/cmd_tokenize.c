@@ -33,7 +33,7 @@ int st_cmd_tokenize(int argc, char **argv) {
              "Prints the ids as a JSON array on stdout. No BOS is added.\n");
       return 0;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
-    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata tokenize --help)", argv[optind - 1]);
+    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata tokenize --help)", st_cli_bad_option(argv));
     }
   }
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);

@@ -63,7 +63,7 @@ int st_cmd_trace(int argc, char **argv) {
       snprintf(msg, sizeof msg, "option '%s' needs a value", argv[optind - 1]);
       return fail(msg);
     default:
-      snprintf(msg, sizeof msg, "unknown option '%s' (see strata trace --help)", argv[optind - 1]);
+      snprintf(msg, sizeof msg, "unknown option '%s' (see strata trace --help)", st_cli_bad_option(argv));
       return fail(msg);
     }
   }

@@ -287,7 +287,7 @@ int st_cmd_tune(int argc, char **argv) {
       snprintf(msg, sizeof msg, "option '%s' needs a value", argv[optind - 1]);
       return fail(msg);
     default:
-      snprintf(msg, sizeof msg, "unknown option '%s' (see strata tune --help)", argv[optind - 1]);
+      snprintf(msg, sizeof msg, "unknown option '%s' (see strata tune --help)", st_cli_bad_option(argv));
       return fail(msg);
     }
   }

@@ -57,12 +57,47 @@ struct option *st_engine_longopts_with(const struct option *own) {
   return all;
 }
 
-void st_engine_argv_aliases(int argc, char **argv) {
+/* llama.cpp's flags with no strata counterpart of the same name, and where strata's is. */
+static const struct {
+  const char *flag[2];
+  const char *instead;
+} llama_flags[] = {
+    {{"-ngl", "--n-gpu-layers"},
+     "the dense work goes to the primary GPU whole; --expert-cache N|auto and --gpu-mem GIB choose the experts' tiers"},
+    {{"-ncmoe", "--n-cpu-moe"}, "the experts' tiers come from --expert-cache N|auto, --gpu-mem GIB and the expert profile"},
+    {{"-cmoe", "--cpu-moe"}, "the experts' tiers come from --expert-cache N|auto (0: every expert on the CPU pool)"},
+    {{"-ot", "--override-tensor"}, "the experts' tiers come from --expert-cache N|auto, --gpu-mem GIB and the expert profile"},
+    {{"-fa", "--flash-attn"}, "strata's attention is always the fused (flash) kind: leave it out"},
+    {{"-ub", "--ubatch-size"}, "--prefill N sets the prompt chunk, tokens"},
+    {{"-b", "--batch-size"}, "--prefill N sets the prompt chunk, tokens"},
+    {{"-t", "--threads"}, "StarPU's CPU workers are STARPU_NCPU=N (doc/tuning.md)"},
+};
+
+const char *st_cli_bad_option(char **argv) {
+  static char buf[8];
+  if (optopt <= 0 || optopt >= 128) return argv[optind - 1];
+  snprintf(buf, sizeof buf, "-%c", optopt);
+  return buf;
+}
+
+int st_engine_argv_aliases(int argc, char **argv, const char *cmd) {
   static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v";
   for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
     if (!strcmp(argv[i], "-ctk")) argv[i] = ctk;
     else if (!strcmp(argv[i], "-ctv")) argv[i] = ctv;
+    else if (i > 1 && (!strcmp(argv[i - 1], "-p") || !strcmp(argv[i - 1], "--prompt"))) continue; /* a prompt's text */
+    else
+      for (size_t f = 0; f < sizeof llama_flags / sizeof llama_flags[0]; f++) {
+        const size_t n = strlen(llama_flags[f].flag[1]);
+        const int is_long = !strncmp(argv[i], llama_flags[f].flag[1], n) && (argv[i][n] == 0 || argv[i][n] == '=');
+        if (!strcmp(argv[i], llama_flags[f].flag[0]) || is_long) {
+          if (!strcmp(llama_flags[f].flag[1], "--threads") && !strcmp(cmd, "bench")) break; /* bench --kernels' own */
+          return st_set_error(ST_EINVAL, "%s is llama.cpp's flag, not strata's: %s (see strata %s --help)", argv[i],
+                              llama_flags[f].instead, cmd);
+        }
+      }
   }
+  return 0;
 }
 
 /* N or auto (ST_CACHE_AUTO) expert slots. */
