@@ -156,6 +156,9 @@ expect_error "empty id in --prompt-ids" "expected comma-separated token ids" "$S
 expect_error "--all-logits without a file" "all-logits writes to --logits-out" "$STRATA" eval -m "$tiny" -p hi --all-logits
 expect_error "STARPU_NCPU=abc" "STARPU_NCPU=abc: expected a whole number" env STARPU_NCPU=abc "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "STARPU_NCPU=0" "needs at least one CPU worker" env STARPU_NCPU=0 "$STRATA" generate -m "$tiny" -p hi -n 1
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error "--gpu-mem without a GPU" "\-\-gpu-mem needs a CUDA device" "$STRATA" generate -m "$tiny" -p hi -n 1 --gpu-mem 8
+fi
 expect_error "STARPU_NCPU=4096" "more than 4 CPU workers a core" env STARPU_NCPU=4096 "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
 expect_error "KV cache types differ" "cache-type-k f32 with --cache-type-v f16: strata's K and V caches have one type" \

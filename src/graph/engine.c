@@ -651,7 +651,20 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
               "every step waits for the slowest (doc/tuning.md)\n", x, cores);
   }
   /* --gpu-mem: StarPU's allocations on each card stay within the cap less the CUDA context and the
-   * kernels' scratch (--cache-reserve); a user's own STARPU_LIMIT_CUDA_MEM wins */
+   * kernels' scratch (--cache-reserve); a user's own STARPU_LIMIT_CUDA_MEM wins. Without a card it
+   * is refused as the GPU tiers are. */
+  {
+    const char *nc = getenv("STARPU_NCUDA");
+    int cards = 0;
+#ifdef ST_HAVE_CUDA
+    cards = nc && !strcmp(nc, "0") ? 0 : st_cuda_device_count();
+#endif
+    if (o->gpu_mem_gib > 0 && cards <= 0) {
+      st_engine_destroy(e);
+      return st_set_error(ST_EINVAL, "--gpu-mem needs a CUDA device, and %s (check STARPU_NCUDA and the driver)",
+                          nc && !strcmp(nc, "0") ? "STARPU_NCUDA=0 starts none" : "StarPU found none");
+    }
+  }
   if (o->gpu_mem_gib > 0) {
     const double reserve = o->reserve_mib > 0 ? o->reserve_mib : 1024;
     const long limit = (long)(o->gpu_mem_gib * 1024.0 - ST_CUDA_CONTEXT_MIB - reserve / 2);
