@@ -40,7 +40,8 @@ static void usage(FILE *f) {
           "                        (default: " DEFAULT_POLICIES ")\n"
           "      --ncpu LIST       comma-separated STARPU_NCPU values, e.g. 1,2,4 (default: StarPU's\n"
           "                        own choice, STARPU_NCPU left as it is)\n"
-          "      --prompt N        prompt length, tokens (default: 64)\n"
+          "      --prompt N        prompt length, tokens (default: 64; at most 16384: the ids go on each\n"
+          "                        run's command line)\n"
           "      --decode N        tokens generated, each a decode step (default: 32)\n"
           "      --repeat N        runs per setting; the table shows the median (default: 1)\n"
           "      --timeout S       seconds a run may take before it is stopped and counted as\n"
@@ -278,7 +279,7 @@ int st_cmd_tune(int argc, char **argv) {
     case 'm': model = optarg; break;
     case OPT_POLICIES: policies_s = optarg; break;
     case OPT_NCPU: ncpu_s = optarg; break;
-    case OPT_PROMPT: rc = st_parse_int("--prompt", optarg, 1, 1 << 20, &n_prompt); break;
+    case OPT_PROMPT: rc = st_parse_int("--prompt", optarg, 1, 16384, &n_prompt); break; /* ids on a command line */
     case OPT_DECODE: rc = st_parse_int("--decode", optarg, 1, 1 << 20, &n_decode); break;
     case OPT_REPEAT: rc = st_parse_int("--repeat", optarg, 1, 1000, &repeat); break;
     case OPT_TIMEOUT: rc = st_parse_int("--timeout", optarg, 1, 86400, &timeout_s); break;
