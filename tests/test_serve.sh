@@ -25,6 +25,12 @@ if [ -z "$port" ] || ! curl -sf "http://127.0.0.1:$port/health" >"$tmp/h"; then
   exit 1
 fi
 u=http://127.0.0.1:$port
+# a second server on the same port is refused before it loads the model, in one line
+t0=$(date +%s)
+"$STRATA" serve -m "$model" --port "$port" >"$tmp/busy.out" 2>"$tmp/busy.err"; st=$?
+if [ "$st" = 1 ] && [ "$(grep -c . "$tmp/busy.err")" = 1 ] && grep -q "cannot listen on 127.0.0.1 port $port: Address already in use" "$tmp/busy.err"; then
+  ok "a busy port: exit 1 in $(( $(date +%s) - t0 )) s, '$(cat "$tmp/busy.err")'"
+else bad "a busy port: exit $st: $(cat "$tmp/busy.err")"; fi
 grep -q '"status":"ok"' "$tmp/h" && ok "health on 127.0.0.1:$port: $(cat "$tmp/h")" || bad "health: $(cat "$tmp/h")"
 
 # post PATH JSON: the body in $tmp/r, the status in $code

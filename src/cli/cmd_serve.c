@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "codelets/quant.h"
@@ -199,6 +200,17 @@ int st_cmd_serve(int argc, char **argv) {
       v6 = 1;
     } else {
       rc = st_set_error(ST_EINVAL, "--host expects an IPv4 or IPv6 address, got '%s'", o.host);
+    }
+  }
+  /* a port in use (or an address not this host's) is found now, not after the model has loaded:
+   * a trial bind, released at once (another process may still take it before the server binds) */
+  if (!rc && o.port > 0) {
+    const int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0), one = 1;
+    if (fd >= 0) {
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (bind(fd, v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4, v6 ? sizeof a6 : sizeof a4))
+        rc = st_set_error(ST_EIO, "cannot listen on %s port %ld: %s", o.host, o.port, strerror(errno));
+      close(fd);
     }
   }
 
