@@ -94,6 +94,7 @@ expect_error "eval --logits-out in a missing directory" "directory $tmp/none: No
   "$STRATA" eval -m "$q8" -p hi --logits-out "$tmp/none/l.f32"
 expect_error "profile -o a directory" "\-o $tmp: is a directory, not a file" \
   "$STRATA" profile -m "$q8" -f "$tmp/calib.txt" -o "$tmp"
+expect_error "eval --temp (generate's)" "\-\-temp applies to strata generate" "$STRATA" eval -m "$tiny" -p hi --temp 0
 expect_error "negative -n" "\-n must be between 0" "$STRATA" generate -m "$tiny" -p hi -n -1
 # a block_count below the blocks the tensors hold (llama.cpp refuses it by its tensor count)
 off=$(grep -obUa "qwen3moe.block_count" "$q8" | head -n 1 | cut -d: -f1)

@@ -55,6 +55,8 @@ static void generate_help(FILE *f, const char *cmd) {
             "      --print-ids        print the generated ids as a JSON array instead of the text\n");
   else
     fprintf(f,
+            "      --chat             wrap the prompt as one user turn in the model's chat template family, then\n"
+            "                         the assistant's reply (as strata generate --chat)\n"
             "      --logits-out FILE  write the last position's logits (float32, little-endian, n_vocab values)\n"
             "      --all-logits       write every position's logits instead ([n_prompt][n_vocab])\n");
   fprintf(f,
@@ -90,6 +92,20 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
     const int handled = st_engine_opt(c, optarg, &o->eo);
     if (handled) {
       rc = handled < 0 ? handled : 0;
+      continue;
+    }
+    /* the sampling flags are generate's, the logits files eval's */
+    const int sampling = c == OPT_PRINT_IDS || c == OPT_TEMP || c == OPT_TOP_K || c == OPT_TOP_P || c == OPT_SEED ||
+                         c == OPT_IGNORE_EOS;
+    const char *flag = NULL;
+    for (const struct option *op = own; op->name && !flag; op++)
+      if (op->val == c) flag = op->name;
+    if (sampling && !gen) {
+      rc = st_set_error(ST_EINVAL, "--%s applies to strata generate (eval samples nothing; see strata eval --help)", flag);
+      continue;
+    }
+    if ((c == OPT_LOGITS_OUT || c == OPT_ALL_LOGITS) && gen) {
+      rc = st_set_error(ST_EINVAL, "--%s applies to strata eval (see strata generate --help)", flag);
       continue;
     }
     switch (c) {
