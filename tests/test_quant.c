@@ -825,6 +825,9 @@ int main(void) {
     test_int8(iq_low[i], 768, 0, 6);
   }
   for (size_t i = 0; i < sizeof iq_low / sizeof iq_low[0]; i++) test_int8(iq_low[i], 512, 1, 5);
+  /* IQ1 rows of more than one chunk of indices built ahead (the VBMI kernel: eight super-blocks) */
+  test_int8(ST_TYPE_IQ1_S, 2560, 0, 3);
+  test_int8(ST_TYPE_IQ1_M, 2560, 0, 3);
   test_int8(ST_TYPE_Q1_0, 128, 1, 3);
   test_int8(ST_TYPE_Q4_0, 32, 1, 5);
   /* the min term (Q4_1, Q5_1) and the fifth bits (Q5_0, Q5_1) in a partial last group of four blocks */
