@@ -47,6 +47,13 @@ else bad "half KV cache: f32 '$kv32' MiB, f16 (default) '$kv16' MiB ($(tail -n 2
 "$STRATA" generate -m "$tiny" -p "Hello" -n 8 --seed 3 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/out" ] \
   && ok "generate text: $(head -c 80 "$tmp/out" | tr '\n' ' ')" || bad "generate text: $(cat "$tmp/err")"
 
+# --seed -1 (llama.cpp's random seed): the seed it prints repeats the run
+"$STRATA" generate -m "$tiny" -p "Hello" -n 8 --seed -1 >"$tmp/s1" 2>"$tmp/s1.err"
+seed=$(sed -n 's/^strata: --seed -1: sampling seed \([0-9]*\)$/\1/p' "$tmp/s1.err")
+"$STRATA" generate -m "$tiny" -p "Hello" -n 8 --seed "${seed:-0}" >"$tmp/s2" 2>/dev/null
+[ -n "$seed" ] && [ -s "$tmp/s1" ] && cmp -s "$tmp/s1" "$tmp/s2" && ok "--seed -1 printed seed $seed, which repeats the text" \
+  || bad "--seed -1: seed '$seed', $(head -c 80 "$tmp/s1") vs $(head -c 80 "$tmp/s2")"
+
 # 3. tokenize with the Qwen3 tokenizer (the test model's, and a vocabulary-only GGUF of the
 # fixtures: no tensors), special tokens parsed
 tok_want="[151644, 872, 198, 9707, 1879, 151645]"

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "codelets/quant.h"
@@ -50,7 +52,7 @@ static void generate_help(FILE *f, const char *cmd) {
             "      --temp T           sampling temperature (default 0.8; 0 = greedy)\n"
             "      --top-k K          keep the K most likely tokens (default 40; 0 = all)\n"
             "      --top-p P          nucleus sampling mass (default 0.95; 1 = off)\n"
-            "      --seed S           sampling seed (default 42)\n"
+            "      --seed S           sampling seed (default 42; -1: a seed of its own, printed)\n"
             "      --ignore-eos       keep generating after an end-of-text token\n"
             "      --print-ids        print the generated ids as a JSON array instead of the text\n");
   else
@@ -117,7 +119,7 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o) {
     case OPT_TEMP: rc = st_parse_float("--temp", optarg, 0.0, 100.0, &o->temp); break;
     case OPT_TOP_K: rc = st_parse_int("--top-k", optarg, 0, 1 << 24, &o->top_k); break;
     case OPT_TOP_P: rc = st_parse_float("--top-p", optarg, 0.0, 1.0, &o->top_p); break;
-    case OPT_SEED: rc = st_parse_int("--seed", optarg, 0, 0x7fffffffL, &o->seed); break;
+    case OPT_SEED: rc = st_parse_int("--seed", optarg, -1, 0x7fffffffL, &o->seed); break;
     case OPT_CHAT: o->chat = 1; break;
     case OPT_LOGITS_OUT: o->logits_out = optarg; break;
     case OPT_ALL_LOGITS: o->all_logits = 1; break;
@@ -267,6 +269,12 @@ int st_cmd_generate(int argc, char **argv) {
   float *logits = malloc(sizeof(float) * hp->n_vocab);
   int32_t *gen = malloc(sizeof(int32_t) * ((size_t)o.n_predict + 1));
   struct st_sampler smp;
+  if (o.seed < 0) { /* llama.cpp's -1: a seed of its own, printed so that the run can be repeated */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    o.seed = (long)(((uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec * 2654435761u ^ (uint64_t)getpid() << 16) & 0x7fffffff);
+    fprintf(stderr, "strata: --seed -1: sampling seed %ld\n", o.seed);
+  }
   st_sampler_init(&smp, (float)o.temp, (int)o.top_k, (float)o.top_p, (uint64_t)o.seed);
   struct st_detok dt;
   st_detok_init(&dt, s.model->tok);
