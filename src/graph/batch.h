@@ -15,6 +15,11 @@
 /* engine.c's per-layer weight handles, in this order (e->h_layer[l * W_COUNT + i]). */
 enum { W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_FFN_NORM, W_ROUTER, W_COUNT };
 
+/* Layer L's weights in that order (ws[W_COUNT]), and MLA's in codelets/decode.h's order
+ * (mw[ST_MLA_W]: wq_a, wq_b, wkv_a, wk_b, wv_b, q_a_norm, kv_a_norm); an absent one has data NULL. */
+void st_engine_layer_weights(const struct st_layer *L, const struct st_weight **ws);
+void st_engine_mla_weights(const struct st_layer *L, const struct st_weight **mw);
+
 #define ROWS_PER_EXPERT_TASK 64 /* an expert with more rows in a batch is split into tasks */
 /* Task names of one layer: router, combine, one expert group per GPU cache (ST_MAX_CACHES), one per
  * attention group, one per attn_output slice (e->layer_names[l * st_engine_names_per_layer(e) + i]). */

@@ -45,6 +45,7 @@ struct st_decode {
   char *names;                      /* task names (StarPU keeps the pointers) */
   const char **layer_names, **lane_names; /* [n_layer + 1], [(n_layer + 1) * n_lanes] */
   uint64_t tasks_last;              /* tasks of the last step */
+  int pool_lanes;                   /* GPU mode: the last step submitted the CPU pool's lanes */
   uint64_t last_end_ns;             /* GPU mode: the last step's head end (GPU clock), 0 before one */
   double last_return_s;             /* host clock (st_now) as the last step returned, 0 before one */
   int smem_set;                     /* ctx.smem_set's home */

@@ -207,20 +207,32 @@ void st_engine_opts_init(struct st_engine_opts *o) {
   o->peer_prefill_rows = -1;
 }
 
+void st_engine_layer_weights(const struct st_layer *L, const struct st_weight **ws) {
+  const struct st_weight *all[W_COUNT] = {&L->attn_norm, &L->wq,     &L->wk,       &L->wv,    &L->wo,
+                                          &L->q_norm,    &L->k_norm, &L->ffn_norm, &L->router};
+  memcpy(ws, all, sizeof all);
+}
+
+void st_engine_mla_weights(const struct st_layer *L, const struct st_weight **mw) {
+  const struct st_weight *all[ST_MLA_W] = {&L->wq_a, &L->wq_b, &L->wkv_a, &L->wk_b, &L->wv_b, &L->q_a_norm, &L->kv_a_norm};
+  memcpy(mw, all, sizeof all);
+}
+
 /* Bytes of the dense weights of layers [l0, l1) (and of the output head when `head`). */
 static uint64_t dense_bytes(const struct st_engine *e, uint32_t l0, uint32_t l1, int head) {
   uint64_t dense = head ? weight_bytes(&e->model->output) + weight_bytes(&e->model->output_norm) : 0;
   for (uint32_t l = l0; l < l1; l++) {
     const struct st_layer *L = &e->model->layers[l];
-    const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                           &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
+    const struct st_weight *ws[W_COUNT];
+    st_engine_layer_weights(L, ws);
     for (int i = 0; i < W_COUNT; i++) dense += weight_bytes(ws[i]);
     /* the fixed FFN (a dense layer's, a shared expert), on the GPU with the dense work */
     const struct st_weight *fw[6] = {&L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->gate_shexp, &L->up_shexp, &L->down_shexp};
     for (int i = 0; i < 6; i++) dense += fw[i]->data ? weight_bytes(fw[i]) : 0;
     /* MLA's matrices and norms */
-    const struct st_weight *mw[7] = {&L->wq_a, &L->wq_b, &L->wkv_a, &L->wk_b, &L->wv_b, &L->q_a_norm, &L->kv_a_norm};
-    for (int i = 0; i < 7; i++) dense += mw[i]->data ? weight_bytes(mw[i]) : 0;
+    const struct st_weight *mw[ST_MLA_W];
+    st_engine_mla_weights(L, mw);
+    for (int i = 0; i < ST_MLA_W; i++) dense += mw[i]->data ? weight_bytes(mw[i]) : 0;
   }
   return dense;
 }
@@ -786,8 +798,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   size_t kv_at = 0; /* layer l's cache after the earlier layers' (st_engine_kv_layer_bytes) */
   for (uint32_t l = 0; l < hp->n_layer; l++) {
     const struct st_layer *L = &m->layers[l];
-    const struct st_weight *ws[W_COUNT] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                           &L->q_norm, &L->k_norm, &L->ffn_norm, &L->router};
+    const struct st_weight *ws[W_COUNT];
+    st_engine_layer_weights(L, ws);
     for (int i = 0; i < W_COUNT; i++) e->h_layer[l * W_COUNT + i] = reg_weight(ws[i]);
     /* the per-task path's and the GPU's handles (MLA's cache holds one plane); a sliding layer's
      * planes hold its ring (st_engine_kv_rows) */
@@ -798,7 +810,8 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     for (int i = 0; i < 3 && fw[0]->data && e->placement.cuda0_worker >= 0; i++)
       e->h_fixed[l * 3 + i] = reg_weight(fw[i]);
     /* MLA's latent rows (one plane, n_head_kv 1) and matrices for the GPU's decode step */
-    const struct st_weight *mw[ST_MLA_W] = {&L->wq_a, &L->wq_b, &L->wkv_a, &L->wk_b, &L->wv_b, &L->q_a_norm, &L->kv_a_norm};
+    const struct st_weight *mw[ST_MLA_W];
+    st_engine_mla_weights(L, mw);
     for (int i = 0; i < ST_MLA_W && hp->attn_kind == ST_ATTN_MLA && e->placement.cuda0_worker >= 0; i++)
       if (mw[i]->data) e->h_mla[l * ST_MLA_W + i] = reg_weight(mw[i]);
     for (uint32_t g = 0; g < hp->n_head_kv; g++)

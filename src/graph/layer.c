@@ -42,7 +42,8 @@ int st_decode_submit_lanes(struct st_engine *e) {
   struct st_decode *d = e->dec;
   int any = 0;
   for (uint32_t l = 0; l < e->hp.n_layer; l++) any |= d->layer_cpu[l];
-  return d->gpu && any ? submit_lanes(e, (int)e->hp.n_layer, ST_LANE_EXPERTS) : 0;
+  d->pool_lanes = d->gpu && any;
+  return d->pool_lanes ? submit_lanes(e, (int)e->hp.n_layer, ST_LANE_EXPERTS) : 0;
 }
 
 int st_decode_submit_layer(struct st_engine *e, int l) {
@@ -62,8 +63,8 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
     /* a layer without q/k norms (gpt-oss), a router (a dense layer) or wk, wv (MLA; wq too with a
      * q LoRA) passes its attention norm in their places; the kernels read none of them (decode.cu) */
     const struct st_layer *W = &e->model->layers[l];
-    const struct st_weight *ws[W_COUNT] = {&W->attn_norm, &W->wq,     &W->wk,       &W->wv,    &W->wo,
-                                           &W->q_norm,    &W->k_norm, &W->ffn_norm, &W->router};
+    const struct st_weight *ws[W_COUNT];
+    st_engine_layer_weights(W, ws);
     for (int i = 0; i < W_COUNT; i++) bufs[nb++] = e->h_layer[(size_t)l * W_COUNT + (ws[i]->data ? i : W_ATTN_NORM)];
     /* K and V of each KV head; MLA: the one plane of latent rows */
     const int mla = e->hp.attn_kind == ST_ATTN_MLA;

@@ -75,9 +75,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
    * StarPU retiring its tasks (STRATA_STEP_WAIT=0): the GPU's work is done at the head's flag (the
    * last kernel on CUDA0's stream), the next step's tasks depend on these through their handles, and
    * the prompt paths, the adaptive swaps and shutdown wait for every task themselves */
-  int lanes = !d->gpu;
-  for (uint32_t l = 0; l < hp->n_layer && !lanes; l++) lanes = d->layer_cpu[l];
-  if (lanes || rc || e->step_wait || e->rec) starpu_task_wait_for_all();
+  if (!d->gpu || d->pool_lanes || rc || e->step_wait || e->rec) starpu_task_wait_for_all();
   e->stats.wait_end_s += st_now() - t_wait;
   if (d->gpu && !rc) {
     const uint64_t t0 = __atomic_load_n(&c->mail.stamps[0], __ATOMIC_ACQUIRE), t1 = __atomic_load_n(&c->mail.stamps[1], __ATOMIC_ACQUIRE);
