@@ -89,7 +89,7 @@ static void *make_weights(uint32_t type, int rows, int n, float *deq, int quanti
 /* st_matmul over T tokens (at most 7: a tile of 4 and one of T - 4) against float64, and each
  * token again alone, which must give the same bits. */
 static void test_matmul_tokens(uint32_t type, int n, int quantise, int T) {
-  enum { ROWS = 37, T_MAX = 7 };
+  enum { ROWS = 37, T_MAX = 19 };
   float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
   void *w = make_weights(type, ROWS, n, deq, quantise);
   for (int i = 0; i < T * n; i++) x[i] = (float)urand();
@@ -527,7 +527,7 @@ static void test_rmsnorm(void) {
  * T tokens vs one at a time bitwise; and the error the activation quantisation adds against the
  * float activations, printed (not a bound of the kernels). */
 static void test_int8(uint32_t type, int n, int quantise, int T) {
-  enum { ROWS = 37, T_MAX = 7 };
+  enum { ROWS = 37, T_MAX = 19 };
   float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
   float *xd = malloc(sizeof(float) * T * (size_t)n);
   void *w = make_weights(type, ROWS, n, deq, quantise);
@@ -803,7 +803,7 @@ int main(void) {
             {ST_TYPE_MXFP4, 0.13}};
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) test_roundtrip(rt[i].type, rt[i].bound);
   /* the integer path: both activation layouts, odd block counts (the VNNI kernel's 256-bit
-   * tail), random and quantised blocks, tiles of 1 to 4 tokens */
+   * tail), random and quantised blocks, tiles of 1 to 4 tokens (Q8_0's AVX-512 kernel: up to 8) */
   const uint32_t int8_types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_0, ST_TYPE_Q4_1, ST_TYPE_Q5_0, ST_TYPE_Q5_1,
                                  ST_TYPE_IQ4_NL, ST_TYPE_Q2_K, ST_TYPE_Q3_K, ST_TYPE_Q4_K, ST_TYPE_Q5_K,
                                  ST_TYPE_Q6_K, ST_TYPE_IQ4_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_S, ST_TYPE_IQ3_XXS,
@@ -813,6 +813,8 @@ int main(void) {
     test_int8(int8_types[i], 768, 0, 6);
   }
   test_int8(ST_TYPE_Q8_0, 96, 0, 7);
+  /* Q8_0's AVX-512 kernel past one tile of 8 tokens: the transposed blocks kept for three tiles */
+  test_int8(ST_TYPE_Q8_0, 2048, 1, 19);
   /* the low-bit formats through their Q4_0 transcoding: random and quantised blocks, short rows */
   for (size_t i = 0; i < sizeof lowbit / sizeof lowbit[0]; i++) {
     test_int8(lowbit[i], 2048, 1, 7);

@@ -295,16 +295,16 @@ static void lowbit_to_q4_0(uint32_t type, const uint8_t *W, uint64_t row_bytes, 
   }
 }
 
-/* A per-thread buffer of at least `bytes` (kept for the next call). */
-static void *thread_buffer(size_t bytes) {
-  static _Thread_local void *buf;
-  static _Thread_local size_t cap;
-  if (bytes > cap) {
-    free(buf);
-    buf = malloc(bytes);
-    cap = buf ? bytes : 0;
+void *st_dot_scratch(int slot, size_t bytes) {
+  static _Thread_local void *buf[2];
+  static _Thread_local size_t cap[2];
+  ST_ASSERT(slot >= 0 && slot < 2);
+  if (bytes > cap[slot]) {
+    free(buf[slot]);
+    buf[slot] = malloc(bytes);
+    cap[slot] = buf[slot] ? bytes : 0;
   }
-  return buf;
+  return buf[slot];
 }
 
 /* Block formats decoded in registers: Q2_K..Q6_K and IQ4_XS a super-block at a time in the
@@ -315,7 +315,7 @@ void st_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int
                const float *x, int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo) {
   if (via_q4_0(type)) {
     const uint64_t rb4 = (uint64_t)(n / 32) * sizeof(st_block_q4_0);
-    st_block_q4_0 *q4 = thread_buffer(64 * rb4);
+    st_block_q4_0 *q4 = st_dot_scratch(0, 64 * rb4);
     ST_ASSERT(q4 != NULL);
     for (int64_t rb = r0; rb < r1; rb += 64) {
       const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
@@ -584,7 +584,7 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
   ST_ASSERT(ldq > 0);
   if (via_q4_0(type)) { /* the same activation rows (blocks of 32) as Q4_0's */
     const uint64_t rb4 = (uint64_t)(n / 32) * sizeof(st_block_q4_0);
-    st_block_q4_0 *q4 = thread_buffer(64 * rb4);
+    st_block_q4_0 *q4 = st_dot_scratch(0, 64 * rb4);
     ST_ASSERT(q4 != NULL);
     for (int64_t rb = r0; rb < r1; rb += 64) {
       const int64_t re = rb + 64 < r1 ? rb + 64 : r1;
@@ -593,9 +593,16 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     }
     return;
   }
+  if (type == ST_TYPE_Q8_0 && q8_level() >= 2) { /* 16 rows a vector, every token in one call */
+    q8_matmul_q80_vnni((const uint8_t *)W + (uint64_t)r0 * row_bytes, row_bytes, r1 - r0, xq, (int64_t)ldq, T, n, out,
+                       ldo);
+    return;
+  }
   const int family = q8_family(type) == 1 ? 0 : k_is_grid(type) ? 2 : 1;
   static const q8_tile_fn lowiq[4] = {q8_tile_lowiq_scalar, q8_tile_lowiq_avx2, q8_tile_lowiq_avx2, q8_tile_lowiq_vbmi};
-  const q8_tile_fn tile = lowiq_type(type) ? lowiq[q8_level()]
+  static const q8_tile_fn q80[2] = {q8_tile_q80_scalar, q8_tile_q80_avx2};
+  const q8_tile_fn tile = type == ST_TYPE_Q8_0 ? q80[q8_level()]
+                          : lowiq_type(type) ? lowiq[q8_level()]
                           : k_is_grid(type) && q8_level() == 3 && st_dot_grid_lookup(-1) ? q8_tile_grid_vbmi_gather
                                                                                          : fns[family][q8_level()];
   /* as st_matmul: blocks of 64 weight rows stay in L2 while every token tile passes over them */

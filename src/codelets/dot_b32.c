@@ -1,8 +1,8 @@
-/* The CPU kernels of the 32-weight block family (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4; their
+/* The CPU kernels of the 32-weight block family (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4; their
  * blocks in quant.h): for float activations (st_matmul) the AVX2 and AVX-512 row tiles that decode
- * a block's quants in registers (Q8_0 takes dot.c's row tiles of the float formats), and for int8
- * activations (st_matmul_q8, st_act_q8_0) the scalar, AVX2 and AVX-512 VNNI kernels (the last also
- * built for the VBMI level). dot.c chooses among them; the helpers they share with the other
+ * a block's quants in registers, and for int8 activations (st_matmul_q8, st_act_q8_0) the scalar,
+ * AVX2 and AVX-512 VNNI kernels (the last also built for the VBMI level). Q8_0 takes dot.c's row
+ * tiles of the float formats and dot_q8_0.c's integer kernels. dot.c chooses among them; the helpers they share with the other
  * families are in dot_impl.h. */
 #include <math.h>
 #include <stddef.h>
@@ -146,7 +146,6 @@ AVX2 void row_tile_b_avx2(uint32_t type, const void *w, const float *x, int64_t 
 /* Bytes per weight block of the 32-block family; the fp16 scale is at offset 0 in all of them. */
 static inline uint64_t b32_bytes(uint32_t type) {
   switch (type) {
-  case ST_TYPE_Q8_0: return sizeof(st_block_q8_0);
   case ST_TYPE_Q4_0: return sizeof(st_block_q4_0);
   case ST_TYPE_Q4_1: return sizeof(st_block_q4_1);
   case ST_TYPE_Q5_0: return sizeof(st_block_q5_0);
@@ -183,10 +182,6 @@ static inline float q8_reduce16(const float *a) {
 
 /* scalar: the integer quants of a block, then the loops that define the sums */
 static void b32_quants_scalar(uint32_t type, const uint8_t *bb, int8_t *q) {
-  if (type == ST_TYPE_Q8_0) {
-    memcpy(q, bb + 2, 32);
-    return;
-  }
   const uint8_t *qs = bb + b32_qs_at(type);
   uint32_t qh = 0;
   if (type == ST_TYPE_Q5_0 || type == ST_TYPE_Q5_1) memcpy(&qh, bb + b32_qh_at(type), 4);
@@ -248,10 +243,9 @@ static inline AVX2 __m256i b32_bit5_avx2(const uint8_t *qh) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-/* The 32 integer quants of a block in weight order: signed (Q8_0, Q4_0, Q5_0, IQ4_NL) or unsigned
+/* The 32 integer quants of a block in weight order: signed (Q4_0, Q5_0, IQ4_NL, MXFP4) or unsigned
  * (Q4_1, Q5_1). */
 static inline AVX2 __m256i b32_quants_avx2(uint32_t type, const uint8_t *bb) {
-  if (type == ST_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(bb + 2));
   const __m128i q = _mm_loadu_si128((const __m128i *)(bb + b32_qs_at(type))), m4 = _mm_set1_epi8(0xF);
   __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
   if (has_levels(type)) {
@@ -308,7 +302,7 @@ ST_Q8_EACH_ROW(q8_rows_b32_avx2, q8_tile_b32_avx2_impl, AVX2)
 
 AVX2 void q8_tile_b32_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                            int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
-  ST_B32_Q8_DISPATCH(ST_Q8_TILE_CASES, q8_rows_b32_avx2)
+  ST_B32_DISPATCH(ST_Q8_TILE_CASES, q8_rows_b32_avx2)
 }
 
 /* AVX-512 VNNI (dot_impl.h) */
@@ -366,12 +360,6 @@ static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(
                                             cnt > 3 ? st_e8m0_to_f32_half(bb[3 * bs]) : 0.0f)
                                : quad_half4(bb, bs, cnt, 0);
   q.m = b32_has_min(type) ? quad_half4(bb, bs, cnt, 2) : _mm_setzero_ps();
-  if (type == ST_TYPE_Q8_0) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    q.lo = _mm512_xor_si512(lanes4(bb + 2, bs, cnt), flip);
-    q.hi = _mm512_xor_si512(lanes4(bb + 18, bs, cnt), flip);
-    return q;
-  }
   const __m512i qs = lanes4(bb + b32_qs_at(type), bs, cnt), m4 = _mm512_set1_epi8(0xF);
   q.lo = _mm512_and_si512(qs, m4);
   q.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
@@ -485,11 +473,11 @@ q8_rows_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, c
 
 VNNI void q8_tile_b32_vnni(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                            int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
-  ST_B32_Q8_DISPATCH(ST_Q8_TILE_CASES, q8_rows_b32_vnni)
+  ST_B32_DISPATCH(ST_Q8_TILE_CASES, q8_rows_b32_vnni)
 }
 
 /* The same kernels at the VBMI level (st_matmul_q8's level 3) */
 VBMI void q8_tile_b32_vbmi(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                            int64_t ldq, int nt, int64_t n, float *out, int64_t ldo) {
-  ST_B32_Q8_DISPATCH(ST_Q8_TILE_CASES, q8_rows_b32_vnni)
+  ST_B32_DISPATCH(ST_Q8_TILE_CASES, q8_rows_b32_vnni)
 }

@@ -235,6 +235,21 @@ struct kvec {
 typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint8_t *, int64_t, int, int64_t,
                            float *, int64_t);
 
+/* A per-thread scratch buffer of at least `bytes`, one per slot (0: st_matmul's and st_matmul_q8's
+ * rows transcoded to Q4_0; 1: the Q8_0 kernel's transposed blocks), kept for the thread's next call;
+ * NULL when malloc fails. */
+void *st_dot_scratch(int slot, size_t bytes);
+
+/* Q8_0 on q8_0 activations (dot_q8_0.c): the scalar and AVX2 group kernels (levels 0 and 1), and
+ * the AVX-512 VNNI kernel (levels 2 and 3) that takes a call's nr rows and all its T tokens at
+ * once; all with the same bits. */
+void q8_tile_q80_scalar(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                        int nt, int64_t n, float *out, int64_t ldo);
+AVX2 void q8_tile_q80_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
+                           int64_t ldq, int nt, int64_t n, float *out, int64_t ldo);
+VNNI void q8_matmul_q80_vnni(const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
+                             int64_t T, int64_t n, float *out, int64_t ldo);
+
 /* IQ2_XXS, IQ1_S and IQ1_M on q8_0 activations (dot_lowiq.c): the scalar kernel, the AVX2 one
  * (levels 1 and 2) and the AVX-512 VNNI + VBMI one (level 3), all with the same bits. */
 void q8_tile_lowiq_scalar(uint32_t type, const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
@@ -261,13 +276,8 @@ void q8_tile_lowiq_vbmi(uint32_t type, const void *W, uint64_t row_bytes, int64_
       row(ty, (const uint8_t *)w + r * row_bytes, xq, ldq, nt, n, out + r, ldo);                             \
   }
 
-/* The integer kernels' switches, one per family: the 32-blocks (Q8_0 and ST_B32_DISPATCH's) and the
- * K super-blocks (the grid formats take ST_GRID_DISPATCH). */
-#define ST_B32_Q8_DISPATCH(cases, impl)                                                                      \
-  switch (type) {                                                                                            \
-  case ST_TYPE_Q8_0: cases(impl, ST_TYPE_Q8_0); break;                                                       \
-  default: ST_B32_DISPATCH(cases, impl) break;                                                               \
-  }
+/* The integer kernels' switches of the K super-blocks (the 32-blocks take ST_B32_DISPATCH, the grid
+ * formats ST_GRID_DISPATCH). */
 #define ST_K_DISPATCH(cases, impl)                                                                           \
   switch (type) {                                                                                            \
   case ST_TYPE_Q2_K: cases(impl, ST_TYPE_Q2_K); break;                                                       \
@@ -385,8 +395,8 @@ static inline __attribute__((always_inline)) VNNI void iq4_xs_offsets_vnni(const
  * st_matmul's row tiles (row_tile_fn in dot.c: one weight row times a tile of nt <= ST_TILE
  * tokens) and st_matmul_q8's group kernels (q8_tile_fn: up to 64 weight rows), per ISA level. */
 
-/* dot_b32.c: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (float activations; Q8_0 takes dot.c's row tiles), and
- * with Q8_0 for int8 activations */
+/* dot_b32.c: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (float activations: Q8_0 takes dot.c's row tiles;
+ * int8 activations: Q8_0 takes dot_q8_0.c's kernels) */
 AVX2 void row_tile_b_avx2(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n, float *out,
                           int64_t ldo);
 AVX512 void row_tile_b_avx512(uint32_t type, const void *w, const float *x, int64_t ldx, int nt, int64_t n,
