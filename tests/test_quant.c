@@ -521,6 +521,68 @@ static void test_rmsnorm(void) {
   CHECK(worst <= 1e-6, "rmsnorm n=%d: max relative error %.2e (≤ 1e-6) vs float64", N, worst);
 }
 
+/* st_matmul_q8_2 (two-term int8 activations: K and V of Q8_0 files): the second term's
+ * reconstruction within max|x| / 64,516 per block and element (its definition's bound), the
+ * product against float64 of the dequantised rows times the float activations (≤ 3e-5 of Σ|w·x|;
+ * one term alone is printed for comparison), every level bitwise equal to the scalar one, and T
+ * tokens against one at a time bitwise. */
+static void test_int8_two_term(int n, int T) {
+  enum { ROWS = 37 };
+  const uint32_t type = ST_TYPE_Q8_0;
+  float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
+  float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+  void *w = make_weights(type, ROWS, n, deq, 1);
+  for (int i = 0; i < T * n; i++) x[i] = (float)(urand() * (i % 7 == 0 ? 4.0 : 1.0));
+  const uint64_t rb = st_row_bytes(type, (uint64_t)n), qb = st_q8_row_bytes(type, n);
+  uint8_t *xq = malloc(qb * (size_t)T), *xr = malloc(qb * (size_t)T);
+  st_quantize_act(type, x, n, T, n, xq);
+  st_quantize_act_residual(type, x, n, T, n, xq, xr);
+  double recon = 0; /* worst |x - (d q + d' q')| / (max|x| of its block / 64516) */
+  for (int t = 0; t < T; t++) {
+    st_dequantize_act(type, xq + qb * (size_t)t, a, n);
+    st_dequantize_act(type, xr + qb * (size_t)t, b, n);
+    for (int blk = 0; blk < n / 32; blk++) {
+      double mx = 0;
+      for (int i = 32 * blk; i < 32 * blk + 32; i++) mx = fmax(mx, fabs(x[(size_t)t * n + i]));
+      for (int i = 32 * blk; i < 32 * blk + 32; i++)
+        recon = fmax(recon, fabs((double)x[(size_t)t * n + i] - ((double)a[i] + (double)b[i])) / (mx / 64516.0));
+    }
+  }
+  CHECK(recon <= 1.001, "two-term int8 activations n=%d: |x - (d q + d' q')| ≤ %.4f of max|x| / 64516 per block (≤ 1.001: the bound and the residual's own rounding)", n, recon);
+  const int top = st_dot_force_isa(3);
+  float *ref = malloc(sizeof(float) * ROWS * (size_t)T), *out = malloc(sizeof(float) * ROWS * (size_t)T);
+  float one[ROWS], single[ROWS];
+  for (int level = 0; level <= top; level++) {
+    st_dot_force_isa(level);
+    st_matmul_q8_2(type, w, rb, 0, ROWS, xq, xr, T, n, out, ROWS);
+    if (level == 0) memcpy(ref, out, sizeof(float) * ROWS * (size_t)T);
+    int same = 1;
+    double worst = 0, worst1 = 0;
+    for (int t = 0; t < T; t++) {
+      st_matmul_q8_2(type, w, rb, 0, ROWS, xq + qb * (size_t)t, xr + qb * (size_t)t, 1, n, one, ROWS);
+      st_matmul_q8(type, w, rb, 0, ROWS, xq + qb * (size_t)t, 1, n, single, ROWS);
+      same &= memcmp(one, out + t * ROWS, sizeof one) == 0;
+      for (int r = 0; r < ROWS; r++) {
+        double dot = 0, mag = 0;
+        for (int i = 0; i < n; i++) {
+          dot += (double)deq[(size_t)r * n + i] * x[(size_t)t * n + i];
+          mag += fabs((double)deq[(size_t)r * n + i] * x[(size_t)t * n + i]);
+        }
+        worst = fmax(worst, fabs(out[t * ROWS + r] - dot) / mag);
+        worst1 = fmax(worst1, fabs(single[r] - dot) / mag);
+      }
+    }
+    const int as_scalar = memcmp(out, ref, sizeof(float) * ROWS * (size_t)T) == 0;
+    CHECK(worst <= 3e-5 && same && as_scalar,
+          "two-term int8 matmul q8_0 n=%d %s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 3e-5; one term: %.2e) vs float64 "
+          "of dequantised rows × float activations; T=%d vs T=1 %s; %s scalar",
+          n, st_dot_q8_isa(), T, ROWS, worst, worst1, T, same ? "bitwise identical" : "DIFFER",
+          as_scalar ? "bitwise equal to" : "DIFFERS from");
+  }
+  st_dot_force_isa(top);
+  free(ref), free(out), free(xq), free(xr), free(w), free(deq), free(x), free(a), free(b);
+}
+
 /* st_matmul_q8 (integer dot products on quantised activations) at every level this CPU has:
  * against float64 of the dequantised weights times the quantised-then-dequantised activations
  * (the kernels' own problem: ≤ 1e-6 of Σ|w·x|), every level bitwise equal to the scalar one,
@@ -815,6 +877,8 @@ int main(void) {
   test_int8(ST_TYPE_Q8_0, 96, 0, 7);
   /* Q8_0's AVX-512 kernel past one tile of 8 tokens: the transposed blocks kept for three tiles */
   test_int8(ST_TYPE_Q8_0, 2048, 1, 19);
+  test_int8_two_term(2048, 11);
+  test_int8_two_term(96, 3);
   /* the low-bit formats through their Q4_0 transcoding: random and quantised blocks, short rows */
   for (size_t i = 0; i < sizeof lowbit / sizeof lowbit[0]; i++) {
     test_int8(lowbit[i], 2048, 1, 7);

@@ -162,6 +162,21 @@ void st_attend_head(const float *qh, int kv_type, const void *kc, const void *vc
   st_attend_tokens(qh, 1, 1, hd, n_keys - 1, kv_type, kc, vc, o, score, n_keys);
 }
 
+/* T rows of n floats x as two-term q8_0 activations for K and V (st_quantize_act_residual): *xq
+ * quantised here unless st_dense_matmul did it for Q; returns the second term (malloc'd). A CPU
+ * codelet has no error path: out of memory aborts with a message. */
+static void *kv_terms(const float *x, int T, int n, void **xq) {
+  const size_t rb = (size_t)st_q8_row_bytes(ST_TYPE_Q8_0, n);
+  void *xr = malloc(rb * (size_t)T);
+  if (!*xq && (*xq = malloc(rb * (size_t)T))) st_quantize_act(ST_TYPE_Q8_0, x, n, T, n, *xq);
+  if (!xr || !*xq) {
+    fprintf(stderr, "strata: out of memory in the attention task (%d tokens)\n", T);
+    abort();
+  }
+  st_quantize_act_residual(ST_TYPE_Q8_0, x, n, T, n, *xq, xr);
+  return xr;
+}
+
 static void attention_cpu(void *buffers[], void *cl_arg) {
   const struct st_attention_args *a = cl_arg;
   const float *x = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
@@ -191,7 +206,7 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
-  void *xq = NULL; /* xn quantised (st_dense_matmul), shared by the groups' Q products */
+  void *xq = NULL, *xr = NULL; /* xn quantised (st_dense_matmul; kv_terms), shared by the groups' products */
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
     uint8_t *kc = (uint8_t *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
@@ -199,17 +214,28 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
     const uint64_t rb = st_kv_row_bytes(a->kv_type, hd);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
     /* Projections: this group's query rows, and its K and V rows written straight into the cache.
-     * Q may take int8 activations (st_dense_matmul); K and V keep float32: their rounding stays in
-     * the cache for every later token (with int8 K and V the small Q4_K_M fixture's short prompt
-     * changed 6 of its 56 expert sets, the test allows 2); a half cache gets them rounded after
-     * the norm and RoPE. */
+     * Q may take int8 activations (st_dense_matmul); K and V take float32 ones or, under the same
+     * rule, two-term int8 ones (st_matmul_q8_2): their rounding stays in the cache for every later
+     * token (with one-term int8 K and V the small Q4_K_M fixture's short prompt changed 6 of its 56
+     * expert sets, the test allows 2); a half cache gets them rounded after the norm and RoPE. */
     st_dense_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T, d,
                     q, qw, a->int8_dot, &xq);
     float *kdst = half ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = half ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
-    st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
-              kdst, hd);
-    st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
-              vdst, hd);
+    const int kq = st_dense_q8(a->wk.type, d, a->int8_dot), vq = st_dense_q8(a->wv.type, d, a->int8_dot);
+    if ((kq || vq) && !xr) /* the second term (and the first, when wq did not take it) */
+      xr = kv_terms(xn, T, d, &xq);
+    if (kq)
+      st_matmul_q8_2(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xq, xr, T, d,
+                     kdst, hd);
+    else
+      st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
+                kdst, hd);
+    if (vq)
+      st_matmul_q8_2(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xq, xr, T, d,
+                     vdst, hd);
+    else
+      st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
+                vdst, hd);
     for (int t = 0; t < T; t++) {
       float *cs = rope + (size_t)t * hd; /* token t's (cos, sin) pairs, shared by its heads */
       if (i == 0) st_rope_table(cs, hd, a->pos0 + t, a->rope_theta);
@@ -231,6 +257,7 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
     st_attend_tokens(q, T, nq, hd, a->pos0, a->kv_type, kc, vc, out, score, n_score);
   }
   free(xq);
+  free(xr);
   free(xn);
 }
 

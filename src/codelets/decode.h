@@ -198,6 +198,7 @@ struct st_decode_ctx {
   uint8_t *aq;                         /* [k][q8 row of n_ff]: quantised act rows (down's layout) */
   uint8_t *xnq, *attnq;                /* q8_0 rows of xn and attn for Q8_0 wq and wo (CPU-only,
                                           STRATA_INT8_DOT: st_dense_matmul's rule, decode_lane.c) */
+  uint8_t *xnr;                        /* xn's second q8_0 term for Q8_0 wk and wv (st_matmul_q8_2) */
   float *scratch;                      /* per StarPU worker: scratch_floats each */
   int64_t scratch_floats;
   int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_head; /* rows per work item */

@@ -58,10 +58,19 @@ static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1
  * path's rule): wq on xnq (quantised by the item that norms xn), wo on attnq (the QATTN item). */
 static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) { return st_dense_q8(w->type, w->n, c->int8_dot); }
 
-/* xn quantised for layer l's wq when it takes them (after each norm into xn). */
+/* Whether layer l's K and V products take two-term int8 activations (xnq and xnr, st_matmul_q8_2):
+ * GQA layers whose K weights take int8 ones (V has the same type in every file seen; its own
+ * type decides its product). */
+static int kv_q8(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  return !c->mla && (dense_q8(c, &L->wk_d) || dense_q8(c, &L->wv_d));
+}
+
+/* xn quantised for layer l's wq, K and V when they take them (after each norm into xn). */
 static void quantize_xn(const struct st_decode_ctx *c, int l) {
-  if (l < c->n_layer && dense_q8(c, st_q_in(&c->layers[l])))
-    st_quantize_act(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq);
+  if (l >= c->n_layer) return;
+  const int kv = kv_q8(c, &c->layers[l]);
+  if (kv || dense_q8(c, st_q_in(&c->layers[l]))) st_quantize_act(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq);
+  if (kv) st_quantize_act_residual(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq, c->xnr);
 }
 
 /* ---- the items ---------------------------------------------------------------------------- */
@@ -79,7 +88,7 @@ struct proj {
   float *out;
   const float *bias;
   int64_t rows;
-  int q8; /* takes xnq (st_dense_q8's rule) */
+  int q8; /* 1: takes xnq (st_dense_q8's rule); 2: xnq and xnr (kv_q8) */
 };
 
 /* The QKV phase's matrices of layer l (returns how many): GQA wq, wk, wv; MLA q_a (or wq), kv_a_mqa. */
@@ -94,8 +103,8 @@ static int qkv_projs(const struct st_decode_ctx *c, const struct st_decode_layer
   const int64_t qrows = (int64_t)c->n_head * c->head_dim, kvrows = (int64_t)c->n_head_kv * c->head_dim;
   p[0] = (struct proj){&L->wq_d, L->wq, c->q, L->bq, qrows, dense_q8(c, &L->wq_d)};
   /* the new K and V rows in float32 (kvnew [2][G][hd]); item_rope stores them in the cache */
-  p[1] = (struct proj){&L->wk_d, L->wk, c->kvnew, L->bk, kvrows, 0};
-  p[2] = (struct proj){&L->wv_d, L->wv, c->kvnew + kvrows, L->bv, kvrows, 0};
+  p[1] = (struct proj){&L->wk_d, L->wk, c->kvnew, L->bk, kvrows, 2 * dense_q8(c, &L->wk_d)};
+  p[2] = (struct proj){&L->wv_d, L->wv, c->kvnew + kvrows, L->bv, kvrows, 2 * dense_q8(c, &L->wv_d)};
   return 3;
 }
 
@@ -115,7 +124,9 @@ static void item_qkv(struct lane_state *s, int l, int64_t i) {
   int j = 0;
   for (; j < np - 1 && i >= div_up64(p[j].rows, R); j++) i -= div_up64(p[j].rows, R);
   const int64_t r0 = i * R, r1 = r0 + R < p[j].rows ? r0 + R : p[j].rows;
-  if (p[j].q8) st_matmul_q8(p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xnq, 1, p[j].d->n, p[j].out + r0, r1 - r0);
+  if (p[j].q8 == 2)
+    st_matmul_q8_2(p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xnq, c->xnr, 1, p[j].d->n, p[j].out + r0, r1 - r0);
+  else if (p[j].q8) st_matmul_q8(p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xnq, 1, p[j].d->n, p[j].out + r0, r1 - r0);
   else rows(p[j].d, p[j].w, r0, r1, c->xn, p[j].out + r0);
   add_bias(p[j].out + r0, p[j].bias ? p[j].bias + r0 : NULL, r1 - r0);
 }

@@ -296,9 +296,9 @@ static void lowbit_to_q4_0(uint32_t type, const uint8_t *W, uint64_t row_bytes, 
 }
 
 void *st_dot_scratch(int slot, size_t bytes) {
-  static _Thread_local void *buf[2];
-  static _Thread_local size_t cap[2];
-  ST_ASSERT(slot >= 0 && slot < 2);
+  static _Thread_local void *buf[3];
+  static _Thread_local size_t cap[3];
+  ST_ASSERT(slot >= 0 && slot < 3);
   if (bytes > cap[slot]) {
     free(buf[slot]);
     buf[slot] = malloc(bytes);
@@ -518,6 +518,30 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n) {
     const st_act_q8_K *b = xq;
     for (int64_t i = 0; i < n; i++) out[i] = b[i / 256].d * (float)b[i / 256].qs[i % 256];
   }
+}
+
+void st_quantize_act_residual(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, const void *xq,
+                              void *xr) {
+  ST_ASSERT(q8_family(type) == 1 && !lowiq_type(type));
+  float *r = st_dot_scratch(2, sizeof(float) * (size_t)n);
+  ST_ASSERT(r != NULL);
+  const uint64_t rb = st_q8_row_bytes(type, n);
+  for (int64_t t = 0; t < T; t++) {
+    const st_act_q8_0 *b = (const st_act_q8_0 *)(const void *)((const uint8_t *)xq + (uint64_t)t * rb);
+    for (int64_t i = 0; i < n; i++) r[i] = x[t * ldx + i] - b[i / 32].d * (float)b[i / 32].qs[i % 32];
+    st_quantize_act(type, r, n, 1, n, (uint8_t *)xr + (uint64_t)t * rb);
+  }
+}
+
+void st_matmul_q8_2(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
+                    const void *xr, int64_t T, int64_t n, float *out, int64_t ldo) {
+  const int64_t R = r1 - r0;
+  float *lo = st_dot_scratch(2, sizeof(float) * (size_t)(R * T));
+  ST_ASSERT(lo != NULL);
+  st_matmul_q8(type, W, row_bytes, r0, r1, xq, T, n, out, ldo);
+  st_matmul_q8(type, W, row_bytes, r0, r1, xr, T, n, lo, R);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t r = 0; r < R; r++) out[t * ldo + r] = out[t * ldo + r] + lo[t * R + r];
 }
 
 /* 0 scalar, 1 avx2, 2 avx512vnni, 3 avx512vnni with VBMI and GFNI: the integer kernels at the current

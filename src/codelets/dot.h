@@ -71,6 +71,22 @@ void st_quantize_act(uint32_t type, const float *x, int64_t ldx, int64_t T, int6
 /* The float values one quantised activation row stands for (d * q), for tests. */
 void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n);
 
+/* The second term of two-term int8 activations: the rows' rounding error r = x - d q (q, d:
+ * st_quantize_act's rows xq of the same x; each product and difference rounded to float)
+ * quantised by st_quantize_act into xr (caller-owned, xq's layout). Then x ≈ d q + d' q' within
+ * d' / 2 per element, at most max|x| / 64,516 in a block (xq alone: max|x| / 254). `type`
+ * as st_quantize_act's, of the 32-block family (st_act_q8_0 rows). */
+void st_quantize_act_residual(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, const void *xq,
+                              void *xr);
+
+/* st_matmul_q8 on two-term activations: out[t * ldo + (r - r0)] = W[r]·xq[t] + W[r]·xr[t] (each
+ * product st_matmul_q8's, then one float addition), so the same bits at every ISA level and for
+ * any rows or token count. Where the activations' rounding would stay in the KV cache (K and V,
+ * st_dense_q8's weights) this keeps float32's precision in practice at the integer kernels'
+ * speed (twice their work; tests/test_quant prints its error against float64). */
+void st_matmul_q8_2(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
+                    const void *xr, int64_t T, int64_t n, float *out, int64_t ldo);
+
 /* As st_matmul, with the activations quantised by st_quantize_act (rows st_q8_row_bytes(type, n)
  * bytes apart): out[t * ldo + (r - r0)] = dot(W[r], xq[t]). `type` must have
  * st_q8_row_bytes(type, n) > 0. */
@@ -126,7 +142,7 @@ void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n);
 int st_dense_q8(uint32_t type, int64_t n, int int8);
 
 /* The CPU's dense products that may take int8 activations (attention Q and output projection;
- * K, V, router and head call st_matmul) of T token rows: st_matmul, or, where st_dense_q8 says
+ * K and V take st_matmul_q8_2 under the same rule; router and head call st_matmul) of T token rows: st_matmul, or, where st_dense_q8 says
  * so, the rows quantised once to q8_0 (st_quantize_act; *xq caches them between calls on the
  * same x: pass the same *xq, NULL at first, and free(*xq) after the last call) and st_matmul_q8,
  * as ggml's CPU backend does. A prompt chunk is compute-bound, where the integer kernels do about

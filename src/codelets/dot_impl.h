@@ -236,8 +236,9 @@ typedef void (*q8_tile_fn)(uint32_t, const void *, uint64_t, int64_t, const uint
                            float *, int64_t);
 
 /* A per-thread scratch buffer of at least `bytes`, one per slot (0: st_matmul's and st_matmul_q8's
- * rows transcoded to Q4_0; 1: the Q8_0 kernel's transposed blocks), kept for the thread's next call;
- * NULL when malloc fails. */
+ * rows transcoded to Q4_0; 1: the Q8_0 kernel's transposed blocks; 2: st_quantize_act_residual's
+ * row and st_matmul_q8_2's second products), kept for the thread's next call; NULL when malloc
+ * fails. */
 void *st_dot_scratch(int slot, size_t bytes);
 
 /* Q8_0 on q8_0 activations (dot_q8_0.c): the scalar and AVX2 group kernels (levels 0 and 1), and

@@ -75,12 +75,23 @@ static void tile_of(const struct st_prompt_ctx *p, int64_t i, int *t0, int *t1) 
   *t1 = (int)min64(p->T, *t0 + p->tile);
 }
 
-/* xn quantised for layer l's wq (when it takes q8_0 activations), tokens [t0, t1). */
+/* Whether layer l's K and V products take two-term int8 activations (the decode lanes' rule). */
+static int kv_q8(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  return !c->mla && (dense_q8(c, &L->wk_d) || dense_q8(c, &L->wv_d));
+}
+
+/* xn quantised for layer l's wq, K and V (when they take q8_0 activations), tokens [t0, t1). */
 static void quantize_xn(const struct st_prompt_ctx *p, int l, int t0, int t1) {
   const struct st_decode_ctx *c = p->dc;
-  if (l >= c->n_layer || !dense_q8(c, st_q_in(&c->layers[l]))) return;
+  if (l >= c->n_layer) return;
+  const int kv = kv_q8(c, &c->layers[l]);
+  if (!kv && !dense_q8(c, st_q_in(&c->layers[l]))) return;
   const uint64_t rb = st_q8_row_bytes(ST_TYPE_Q8_0, c->n_embd);
-  st_quantize_act(ST_TYPE_Q8_0, p->xn + (size_t)t0 * c->n_embd, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb);
+  const float *x = p->xn + (size_t)t0 * c->n_embd;
+  st_quantize_act(ST_TYPE_Q8_0, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb);
+  if (kv)
+    st_quantize_act_residual(ST_TYPE_Q8_0, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb,
+                             p->xnr + (size_t)t0 * rb);
 }
 
 /* ---- attention (attention_cpu) -------------------------------------------------------------- */
@@ -144,8 +155,10 @@ static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
   const int g = (int)(r0 / hd);
   const struct st_wdesc *w = v ? &L->wv_d : &L->wk_d;
   float *out = p->kvnew + ((size_t)(v * G + g) * p->cap) * hd + (size_t)(r0 - (int64_t)g * hd);
-  /* K and V on float32 activations, as attention_cpu (their rounding stays in the cache) */
-  st_matmul(w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xn, d, p->T, d, out, hd);
+  /* K and V on two-term int8 activations or float32 ones, as attention_cpu (their rounding stays in
+   * the cache) */
+  if (dense_q8(c, w)) st_matmul_q8_2(w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xnq, p->xnr, p->T, d, out, hd);
+  else st_matmul(w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xn, d, p->T, d, out, hd);
   const float *b = v ? L->bv : L->bk;
   add_bias_rows(out, hd, p->T, b ? b + r0 : NULL, R);
 }

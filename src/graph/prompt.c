@@ -91,6 +91,7 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   size_t at = 0;
   CARVE(base, at, p->xn, float, cap * d);
   CARVE(base, at, p->xnq, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)d) + 1);
+  CARVE(base, at, p->xnr, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)d) + 1);
   CARVE(base, at, p->q, float, cap * qw_all);
   CARVE(base, at, p->kvnew, float, 2 * G * cap * hd);
   CARVE(base, at, p->attnq, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)qw_all) + 1);
