@@ -3,8 +3,10 @@
  *
  * Arithmetic, the same at every level: for block b of a row, I_b is the exact int32 sum of its 32
  * quants times the token's 32 quants, s_b the float product of the block's fp16 scale (widened
- * exactly) and the activation block's d, and the result is A after A = fmaf((float)I_b, s_b, A)
- * for b = 0, 1, ... from A = 0 (|I_b| < 2^24, so (float)I_b is exact). A (row, token) result thus
+ * exactly) and the activation block's d; A_e after A_e = fmaf((float)I_b, s_b, A_e) for the even
+ * b = 0, 2, ... in order from A_e = 0, A_o the same over the odd blocks, and the result A_e + A_o
+ * (|I_b| < 2^24, so (float)I_b is exact; two chains, so that one row's fused multiply-adds are not
+ * one chain of n / 32 latencies). A (row, token) result thus
  * depends on neither the call's rows nor its tokens, and the scalar, AVX2 and AVX-512 kernels give
  * the same bits (tests/test_quant).
  *
@@ -37,14 +39,14 @@ void q8_tile_q80_scalar(uint32_t type, const void *w, uint64_t row_bytes, int64_
       const st_block_q8_0 *wb =
           (const st_block_q8_0 *)(const void *)((const uint8_t *)w + (uint64_t)r * row_bytes);
       const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq);
-      float a = 0.0f;
+      float a[2] = {0.0f, 0.0f}; /* even and odd blocks */
       for (int64_t b = 0; b < n / 32; b++) {
         int32_t is = 0;
         for (int i = 0; i < 32; i++)
           is += wb[b].qs[i] * x[b].qs[i];
-        a = fmaf((float)is, st_fp16_to_f32(wb[b].d) * x[b].d, a);
+        a[b & 1] = fmaf((float)is, st_fp16_to_f32(wb[b].d) * x[b].d, a[b & 1]);
       }
-      out[t * ldo + r] = a;
+      out[t * ldo + r] = a[0] + a[1];
     }
 }
 
@@ -64,7 +66,7 @@ AVX2 void q8_tile_q80_avx2(uint32_t type, const void *w, uint64_t row_bytes, int
   for (int64_t r = 0; r < nr; r++) {
     const st_block_q8_0 *wb =
         (const st_block_q8_0 *)(const void *)((const uint8_t *)w + (uint64_t)r * row_bytes);
-    float a[ST_TILE] = {0};
+    float a[2][ST_TILE] = {{0}}; /* even and odd blocks */
     for (int64_t b = 0; b < n / 32; b++) {
       const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)wb[b].qs), av = _mm256_abs_epi8(v);
       const float dw = st_fp16_to_f32(wb[b].d);
@@ -72,11 +74,11 @@ AVX2 void q8_tile_q80_avx2(uint32_t type, const void *w, uint64_t row_bytes, int
         const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
         const __m256i xv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(const void *)x->qs), v);
         const int32_t is = hsum_epi32_avx2(_mm256_madd_epi16(_mm256_maddubs_epi16(av, xv), ones));
-        a[t] = fmaf((float)is, dw * x->d, a[t]);
+        a[b & 1][t] = fmaf((float)is, dw * x->d, a[b & 1][t]);
       }
     }
     for (int t = 0; t < nt; t++)
-      out[t * ldo + r] = a[t];
+      out[t * ldo + r] = a[0][t] + a[1][t];
   }
 }
 
@@ -159,13 +161,10 @@ static inline __attribute__((always_inline)) VNNI __m512i bcast32(const int8_t *
  * here from the rows row[0..15] as they are read; corr[t nb + b] is -128 times the sum of token t's
  * quants in block b. Lane r of out[t ldo ..] is row r's result (mask: the rows present). */
 static inline __attribute__((always_inline)) VNNI void
-q80_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t *pf, uint64_t step,
-           int64_t nb, const uint8_t *xq, int64_t ldq, const int32_t *corr, int NT, float *out, int64_t ldo,
-           __mmask16 mask) {
-  __m512 acc[Q80_TOKENS];
-  for (int t = 0; t < NT; t++)
-    acc[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
+q80_block_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t *pf, uint64_t step,
+                 int64_t nb, int64_t b, const uint8_t *xq, int64_t ldq, const int32_t *corr, int NT,
+                 __m512 *acc) {
+  {
     struct q80_block here;
     const struct q80_block *B = blk ? blk + b : &here;
     if (!blk) {
@@ -185,8 +184,23 @@ q80_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t
                                _mm512_mul_ps(B->d, _mm512_set1_ps(x->d)), acc[t]);
     }
   }
+}
+
+static inline __attribute__((always_inline)) VNNI void
+q80_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t *pf, uint64_t step,
+           int64_t nb, const uint8_t *xq, int64_t ldq, const int32_t *corr, int NT, float *out, int64_t ldo,
+           __mmask16 mask) {
+  __m512 even[Q80_TOKENS], odd[Q80_TOKENS];
   for (int t = 0; t < NT; t++)
-    _mm512_mask_storeu_ps(out + t * ldo, mask, acc[t]);
+    even[t] = odd[t] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    q80_block_tokens(blk, row, pf, step, nb, b, xq, ldq, corr, NT, even);
+    q80_block_tokens(blk, row, pf, step, nb, b + 1, xq, ldq, corr, NT, odd);
+  }
+  if (b < nb) q80_block_tokens(blk, row, pf, step, nb, b, xq, ldq, corr, NT, even);
+  for (int t = 0; t < NT; t++)
+    _mm512_mask_storeu_ps(out + t * ldo, mask, _mm512_add_ps(even[t], odd[t]));
 }
 
 /* -128 times the sum of each activation block's 32 quants (vpsadbw on the quants plus 128). */
@@ -201,6 +215,83 @@ static VNNI void q80_corrections(const uint8_t *xq, int64_t ldq, int64_t T, int6
       const int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
       corr[t * nb + b] = -128 * sum;
     }
+  }
+}
+
+/* The integer sums of two blocks (a: vpdpbusd lanes 0..7 block b, 8..15 block b + 1) summed into
+ * lane 0 (block b) and lane 8 (block b + 1). */
+static inline __attribute__((always_inline)) VNNI __m512i q80_sum_two(__m512i a) {
+  const __m512i s = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_CDAB));
+  const __m512i s2 = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+  return _mm512_add_epi32(s2, _mm512_shuffle_i32x4(s2, s2, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+/* The two blocks b, b + 1 of a row (quants plus 128) in one vector. */
+static inline __attribute__((always_inline)) VNNI __m512i q80_two_blocks(const uint8_t *row, int64_t b) {
+  const uint8_t *p = row + (uint64_t)b * sizeof(st_block_q8_0) + 2;
+  return _mm512_xor_si512(
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)p)),
+                         _mm256_loadu_si256((const __m256i *)(const void *)(p + sizeof(st_block_q8_0))), 1),
+      _mm512_set1_epi8((char)0x80));
+}
+
+/* One token (a decode step), one row at a time in address order: the sixteen streams of the
+ * transposed kernel only flow with a group of rows read ahead, which the decode lanes' slices of
+ * 32 rows do not leave room for (they ran at 60 % of a one-row kernel's rate), and two rows read in
+ * step streamed at half the rate of one here. Same bits: per block the exact I_b (vpdpbusd over
+ * two blocks, each block's 8 lanes summed), then the two chains of fmaf; xv, init and dx are the
+ * token's quants, correction and scales two blocks a vector (q80_token_pairs). */
+static VNNI void q80_one_token(const uint8_t *W, uint64_t row_bytes, int64_t nr, const __m512i *xv,
+                               const __m512i *init, const __m128 *dx, const st_act_q8_0 *x,
+                               const int32_t *corr, int64_t nb, float *out) {
+  const __m512i pick = _mm512_setr_epi32(0, 8, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int64_t r = 0; r < nr; r++) {
+    const uint8_t *w = W + (uint64_t)r * row_bytes;
+    __m128 acc = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      _mm_prefetch((const char *)w + (uint64_t)b * sizeof(st_block_q8_0) + ST_PREFETCH_AHEAD,
+                   ST_PREFETCH_HINT);
+      const __m512i i = q80_sum_two(_mm512_dpbusd_epi32(init[b / 2], q80_two_blocks(w, b), xv[b / 2]));
+      const __m128 f = _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick, i)));
+      uint16_t h0, h1;
+      memcpy(&h0, w + (uint64_t)b * sizeof(st_block_q8_0), 2);
+      memcpy(&h1, w + (uint64_t)(b + 1) * sizeof(st_block_q8_0), 2);
+      const __m128 s =
+          _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, 0, 0, 0, 0, 0, 0)), dx[b / 2]);
+      acc = _mm_fmadd_ps(f, s, acc); /* lane 0: the even blocks' chain, lane 1 the odd ones' */
+    }
+    if (b < nb) { /* an odd block count's last block */
+      const __m256i p = _mm256_dpbusd_epi32(
+          _mm256_zextsi128_si256(_mm_cvtsi32_si128(corr[b])),
+          _mm256_xor_si256(_mm256_loadu_si256(
+                               (const __m256i *)(const void *)(w + (uint64_t)b * sizeof(st_block_q8_0) + 2)),
+                           _mm256_set1_epi8((char)0x80)),
+          _mm256_loadu_si256((const __m256i *)(const void *)x[b].qs));
+      __m128i i = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+      i = _mm_add_epi32(i, _mm_shuffle_epi32(i, _MM_PERM_CDAB));
+      i = _mm_add_epi32(i, _mm_shuffle_epi32(i, _MM_PERM_BADC));
+      uint16_t h;
+      memcpy(&h, w + (uint64_t)b * sizeof(st_block_q8_0), 2);
+      acc = _mm_mask3_fmadd_ss(_mm_cvtepi32_ps(i),
+                               _mm_mul_ss(_mm_cvtph_ps(_mm_cvtsi32_si128(h)), _mm_set_ss(x[b].d)), acc,
+                               1); /* the even chain; lane 1 kept */
+    }
+    out[r] = _mm_cvtss_f32(_mm_add_ss(acc, _mm_movehdup_ps(acc)));
+  }
+}
+
+/* A token's blocks two at a time for q80_one_token: the quants of blocks b, b + 1 in one vector,
+ * their corrections in lanes 0 and 8, their scales d in lanes 0 and 1 (then 0, as the weights'). */
+static VNNI void q80_token_pairs(const st_act_q8_0 *x, const int32_t *corr, int64_t nb, __m512i *xv,
+                                 __m512i *init, __m128 *dx) {
+  for (int64_t b = 0; b + 2 <= nb; b += 2) {
+    xv[b / 2] =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x[b].qs)),
+                           _mm256_loadu_si256((const __m256i *)(const void *)x[b + 1].qs), 1);
+    init[b / 2] = _mm512_inserti32x4(_mm512_zextsi128_si512(_mm_cvtsi32_si128(corr[b])),
+                                     _mm_cvtsi32_si128(corr[b + 1]), 2);
+    dx[b / 2] = _mm_setr_ps(x[b].d, x[b + 1].d, 0.0f, 0.0f);
   }
 }
 
@@ -219,6 +310,20 @@ static VNNI void q80_corrections(const uint8_t *xq, int64_t ldq, int64_t T, int6
 VNNI void q8_matmul_q80_vnni(const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                              int64_t T, int64_t n, float *out, int64_t ldo) {
   const int64_t nb = n / 32;
+  if (T == 1) {
+    const int64_t np = nb / 2;
+    uint8_t *pb = st_dot_scratch(1, (size_t)np * (2 * sizeof(__m512i) + sizeof(__m128)) +
+                                        (size_t)nb * sizeof(int32_t) + 64);
+    ST_ASSERT(pb != NULL);
+    __m512i *xv = (__m512i *)(void *)(pb + (64 - (uintptr_t)pb % 64) % 64), *init = xv + np;
+    __m128 *dx = (__m128 *)(void *)(init + np);
+    int32_t *c1 = (int32_t *)(void *)(dx + np);
+    q80_corrections(xq, ldq, 1, nb, c1);
+    const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)xq;
+    q80_token_pairs(x, c1, nb, xv, init, dx);
+    q80_one_token(W, row_bytes, nr, xv, init, dx, x, c1, nb, out);
+    return;
+  }
   const size_t blk_bytes = T > Q80_TOKENS ? (size_t)nb * sizeof(struct q80_block) : 0;
   uint8_t *buf = st_dot_scratch(1, blk_bytes + (size_t)(T * nb) * sizeof(int32_t) + 64);
   ST_ASSERT(buf != NULL);
