@@ -218,6 +218,14 @@ static VNNI void q80_corrections(const uint8_t *xq, int64_t ldq, int64_t T, int6
   }
 }
 
+/* The integer sums of four blocks (a: vpdpbusd lanes 0..7 block b, 8..15 block b + 1; c: blocks
+ * b + 2, b + 3) summed: lanes 0 and 8 hold I_b and I_b+1, lanes 2 and 10 I_b+2 and I_b+3. */
+static inline __attribute__((always_inline)) VNNI __m512i q80_sum_pairs(__m512i a, __m512i c) {
+  const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+  const __m512i s2 = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+  return _mm512_add_epi32(s2, _mm512_shuffle_i32x4(s2, s2, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
 /* The integer sums of two blocks (a: vpdpbusd lanes 0..7 block b, 8..15 block b + 1) summed into
  * lane 0 (block b) and lane 8 (block b + 1). */
 static inline __attribute__((always_inline)) VNNI __m512i q80_sum_two(__m512i a) {
@@ -245,13 +253,30 @@ static VNNI void q80_one_token(const uint8_t *W, uint64_t row_bytes, int64_t nr,
                                const __m512i *init, const __m128 *dx, const st_act_q8_0 *x,
                                const int32_t *corr, int64_t nb, float *out) {
   const __m512i pick = _mm512_setr_epi32(0, 8, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i pick4 = _mm512_setr_epi32(0, 8, 2, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
   for (int64_t r = 0; r < nr; r++) {
     const uint8_t *w = W + (uint64_t)r * row_bytes;
     __m128 acc = _mm_setzero_ps();
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
+    for (; b + 4 <= nb; b += 4) { /* four blocks: both chains take two steps */
       _mm_prefetch((const char *)w + (uint64_t)b * sizeof(st_block_q8_0) + ST_PREFETCH_AHEAD,
                    ST_PREFETCH_HINT);
+      _mm_prefetch((const char *)w + (uint64_t)b * sizeof(st_block_q8_0) + ST_PREFETCH_AHEAD + 64,
+                   ST_PREFETCH_HINT);
+      const __m512i a = _mm512_dpbusd_epi32(init[b / 2], q80_two_blocks(w, b), xv[b / 2]);
+      const __m512i c = _mm512_dpbusd_epi32(init[b / 2 + 1], q80_two_blocks(w, b + 2), xv[b / 2 + 1]);
+      const __m128 f =
+          _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick4, q80_sum_pairs(a, c))));
+      uint16_t h[4];
+      for (int k = 0; k < 4; k++)
+        memcpy(&h[k], w + (uint64_t)(b + k) * sizeof(st_block_q8_0), 2);
+      const __m128 s = _mm_mul_ps(
+          _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0)),
+          _mm_movelh_ps(dx[b / 2], dx[b / 2 + 1]));
+      acc = _mm_fmadd_ps(f, s, acc); /* lane 0: the even blocks' chain, lane 1 the odd ones' */
+      acc = _mm_fmadd_ps(_mm_movehl_ps(f, f), _mm_movehl_ps(s, s), acc);
+    }
+    if (b + 2 <= nb) {
       const __m512i i = q80_sum_two(_mm512_dpbusd_epi32(init[b / 2], q80_two_blocks(w, b), xv[b / 2]));
       const __m128 f = _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick, i)));
       uint16_t h0, h1;
@@ -259,7 +284,8 @@ static VNNI void q80_one_token(const uint8_t *W, uint64_t row_bytes, int64_t nr,
       memcpy(&h1, w + (uint64_t)(b + 1) * sizeof(st_block_q8_0), 2);
       const __m128 s =
           _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, 0, 0, 0, 0, 0, 0)), dx[b / 2]);
-      acc = _mm_fmadd_ps(f, s, acc); /* lane 0: the even blocks' chain, lane 1 the odd ones' */
+      acc = _mm_fmadd_ps(f, s, acc);
+      b += 2;
     }
     if (b < nb) { /* an odd block count's last block */
       const __m256i p = _mm256_dpbusd_epi32(
