@@ -520,6 +520,8 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n) {
   }
 }
 
+static int q8_level(void);
+
 void st_quantize_act_residual(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, const void *xq,
                               void *xr) {
   ST_ASSERT(q8_family(type) == 1 && !lowiq_type(type));
@@ -536,6 +538,11 @@ void st_quantize_act_residual(uint32_t type, const float *x, int64_t ldx, int64_
 void st_matmul_q8_2(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
                     const void *xr, int64_t T, int64_t n, float *out, int64_t ldo) {
   const int64_t R = r1 - r0;
+  if (type == ST_TYPE_Q8_0 && T == 1 && q8_level() >= 2) { /* both terms from one read of the rows */
+    q8_matmul_q80_vnni((const uint8_t *)W + (uint64_t)r0 * row_bytes, row_bytes, R, xq, xr,
+                       (int64_t)st_q8_row_bytes(type, n), 1, n, out, ldo);
+    return;
+  }
   float *lo = st_dot_scratch(2, sizeof(float) * (size_t)(R * T));
   ST_ASSERT(lo != NULL);
   st_matmul_q8(type, W, row_bytes, r0, r1, xq, T, n, out, ldo);
@@ -618,8 +625,8 @@ void st_matmul_q8(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, 
     return;
   }
   if (type == ST_TYPE_Q8_0 && q8_level() >= 2) { /* 16 rows a vector, every token in one call */
-    q8_matmul_q80_vnni((const uint8_t *)W + (uint64_t)r0 * row_bytes, row_bytes, r1 - r0, xq, (int64_t)ldq, T, n, out,
-                       ldo);
+    q8_matmul_q80_vnni((const uint8_t *)W + (uint64_t)r0 * row_bytes, row_bytes, r1 - r0, xq, NULL, (int64_t)ldq, T, n,
+                       out, ldo);
     return;
   }
   const int family = q8_family(type) == 1 ? 0 : k_is_grid(type) ? 2 : 1;

@@ -243,13 +243,14 @@ void *st_dot_scratch(int slot, size_t bytes);
 
 /* Q8_0 on q8_0 activations (dot_q8_0.c): the scalar and AVX2 group kernels (levels 0 and 1), and
  * the AVX-512 VNNI kernel (levels 2 and 3) that takes a call's nr rows and all its T tokens at
- * once; all with the same bits. */
+ * once (with xr, one token's two terms of st_matmul_q8_2 in one read of the weights: out = the
+ * product with xq plus the product with xr; else xr NULL); all with the same bits. */
 void q8_tile_q80_scalar(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
                         int nt, int64_t n, float *out, int64_t ldo);
 AVX2 void q8_tile_q80_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
                            int64_t ldq, int nt, int64_t n, float *out, int64_t ldo);
-VNNI void q8_matmul_q80_vnni(const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
-                             int64_t T, int64_t n, float *out, int64_t ldo);
+VNNI void q8_matmul_q80_vnni(const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, const uint8_t *xr,
+                             int64_t ldq, int64_t T, int64_t n, float *out, int64_t ldo);
 
 /* IQ2_XXS, IQ1_S and IQ1_M on q8_0 activations (dot_lowiq.c): the scalar kernel, the AVX2 one
  * (levels 1 and 2) and the AVX-512 VNNI + VBMI one (level 3), all with the same bits. */

@@ -247,63 +247,83 @@ static inline __attribute__((always_inline)) VNNI __m512i q80_two_blocks(const u
  * transposed kernel only flow with a group of rows read ahead, which the decode lanes' slices of
  * 32 rows do not leave room for (they ran at 60 % of a one-row kernel's rate), and two rows read in
  * step streamed at half the rate of one here. Same bits: per block the exact I_b (vpdpbusd over
- * two blocks, each block's 8 lanes summed), then the two chains of fmaf; xv, init and dx are the
- * token's quants, correction and scales two blocks a vector (q80_token_pairs). */
-static VNNI void q80_one_token(const uint8_t *W, uint64_t row_bytes, int64_t nr, const __m512i *xv,
-                               const __m512i *init, const __m128 *dx, const st_act_q8_0 *x,
-                               const int32_t *corr, int64_t nb, float *out) {
+ * two blocks, each block's 8 lanes summed), then the two chains of fmaf. NX = 2 takes the two terms
+ * of st_matmul_q8_2 from one read of the weights: out = (A_e + A_o of tk[0]) + (that of tk[1]). */
+/* A token prepared for q80_one_token (q80_token_pairs): its quants, corrections and scales two blocks
+ * a vector, and its rows and corrections as they are. */
+struct q80_tok {
+  const __m512i *xv, *init;
+  const __m128 *dx;
+  const st_act_q8_0 *x;
+  const int32_t *corr;
+};
+
+static inline __attribute__((always_inline)) VNNI void q80_one_token(const uint8_t *W, uint64_t row_bytes,
+                                                                     int64_t nr, const struct q80_tok *tk,
+                                                                     int NX, int64_t nb, float *out) {
   const __m512i pick = _mm512_setr_epi32(0, 8, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i pick4 = _mm512_setr_epi32(0, 8, 2, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
   for (int64_t r = 0; r < nr; r++) {
     const uint8_t *w = W + (uint64_t)r * row_bytes;
-    __m128 acc = _mm_setzero_ps();
+    __m128 acc[2] = {_mm_setzero_ps(),
+                     _mm_setzero_ps()}; /* per term: lane 0 the even blocks' chain, lane 1 the odd */
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) { /* four blocks: both chains take two steps */
       _mm_prefetch((const char *)w + (uint64_t)b * sizeof(st_block_q8_0) + ST_PREFETCH_AHEAD,
                    ST_PREFETCH_HINT);
       _mm_prefetch((const char *)w + (uint64_t)b * sizeof(st_block_q8_0) + ST_PREFETCH_AHEAD + 64,
                    ST_PREFETCH_HINT);
-      const __m512i a = _mm512_dpbusd_epi32(init[b / 2], q80_two_blocks(w, b), xv[b / 2]);
-      const __m512i c = _mm512_dpbusd_epi32(init[b / 2 + 1], q80_two_blocks(w, b + 2), xv[b / 2 + 1]);
-      const __m128 f =
-          _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick4, q80_sum_pairs(a, c))));
+      const __m512i wa = q80_two_blocks(w, b), wc = q80_two_blocks(w, b + 2);
       uint16_t h[4];
       for (int k = 0; k < 4; k++)
         memcpy(&h[k], w + (uint64_t)(b + k) * sizeof(st_block_q8_0), 2);
-      const __m128 s = _mm_mul_ps(
-          _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0)),
-          _mm_movelh_ps(dx[b / 2], dx[b / 2 + 1]));
-      acc = _mm_fmadd_ps(f, s, acc); /* lane 0: the even blocks' chain, lane 1 the odd ones' */
-      acc = _mm_fmadd_ps(_mm_movehl_ps(f, f), _mm_movehl_ps(s, s), acc);
+      const __m128 d =
+          _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+      for (int k = 0; k < NX; k++) {
+        const struct q80_tok *t = tk + k;
+        const __m512i a = _mm512_dpbusd_epi32(t->init[b / 2], wa, t->xv[b / 2]);
+        const __m512i c = _mm512_dpbusd_epi32(t->init[b / 2 + 1], wc, t->xv[b / 2 + 1]);
+        const __m128 f =
+            _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick4, q80_sum_pairs(a, c))));
+        const __m128 sc = _mm_mul_ps(d, _mm_movelh_ps(t->dx[b / 2], t->dx[b / 2 + 1]));
+        acc[k] = _mm_fmadd_ps(f, sc, acc[k]);
+        acc[k] = _mm_fmadd_ps(_mm_movehl_ps(f, f), _mm_movehl_ps(sc, sc), acc[k]);
+      }
     }
     if (b + 2 <= nb) {
-      const __m512i i = q80_sum_two(_mm512_dpbusd_epi32(init[b / 2], q80_two_blocks(w, b), xv[b / 2]));
-      const __m128 f = _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick, i)));
+      const __m512i wa = q80_two_blocks(w, b);
       uint16_t h0, h1;
       memcpy(&h0, w + (uint64_t)b * sizeof(st_block_q8_0), 2);
       memcpy(&h1, w + (uint64_t)(b + 1) * sizeof(st_block_q8_0), 2);
-      const __m128 s =
-          _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, 0, 0, 0, 0, 0, 0)), dx[b / 2]);
-      acc = _mm_fmadd_ps(f, s, acc);
+      const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, 0, 0, 0, 0, 0, 0));
+      for (int k = 0; k < NX; k++) {
+        const struct q80_tok *t = tk + k;
+        const __m512i i = q80_sum_two(_mm512_dpbusd_epi32(t->init[b / 2], wa, t->xv[b / 2]));
+        const __m128 f = _mm_cvtepi32_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(pick, i)));
+        acc[k] = _mm_fmadd_ps(f, _mm_mul_ps(d, t->dx[b / 2]), acc[k]);
+      }
       b += 2;
     }
-    if (b < nb) { /* an odd block count's last block */
-      const __m256i p = _mm256_dpbusd_epi32(
-          _mm256_zextsi128_si256(_mm_cvtsi32_si128(corr[b])),
-          _mm256_xor_si256(_mm256_loadu_si256(
-                               (const __m256i *)(const void *)(w + (uint64_t)b * sizeof(st_block_q8_0) + 2)),
-                           _mm256_set1_epi8((char)0x80)),
-          _mm256_loadu_si256((const __m256i *)(const void *)x[b].qs));
-      __m128i i = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-      i = _mm_add_epi32(i, _mm_shuffle_epi32(i, _MM_PERM_CDAB));
-      i = _mm_add_epi32(i, _mm_shuffle_epi32(i, _MM_PERM_BADC));
+    if (b < nb) { /* an odd block count's last block: the even chain */
+      const __m256i wv = _mm256_xor_si256(
+          _mm256_loadu_si256((const __m256i *)(const void *)(w + (uint64_t)b * sizeof(st_block_q8_0) + 2)),
+          _mm256_set1_epi8((char)0x80));
       uint16_t h;
       memcpy(&h, w + (uint64_t)b * sizeof(st_block_q8_0), 2);
-      acc = _mm_mask3_fmadd_ss(_mm_cvtepi32_ps(i),
-                               _mm_mul_ss(_mm_cvtph_ps(_mm_cvtsi32_si128(h)), _mm_set_ss(x[b].d)), acc,
-                               1); /* the even chain; lane 1 kept */
+      const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+      for (int k = 0; k < NX; k++) {
+        const struct q80_tok *t = tk + k;
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_zextsi128_si256(_mm_cvtsi32_si128(t->corr[b])), wv,
+                                              _mm256_loadu_si256((const __m256i *)(const void *)t->x[b].qs));
+        __m128i i = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        i = _mm_add_epi32(i, _mm_shuffle_epi32(i, _MM_PERM_CDAB));
+        i = _mm_add_epi32(i, _mm_shuffle_epi32(i, _MM_PERM_BADC));
+        acc[k] = _mm_mask3_fmadd_ss(_mm_cvtepi32_ps(i), _mm_mul_ss(d, _mm_set_ss(t->x[b].d)), acc[k], 1);
+      }
     }
-    out[r] = _mm_cvtss_f32(_mm_add_ss(acc, _mm_movehdup_ps(acc)));
+    float o = _mm_cvtss_f32(_mm_add_ss(acc[0], _mm_movehdup_ps(acc[0])));
+    if (NX == 2) o = o + _mm_cvtss_f32(_mm_add_ss(acc[1], _mm_movehdup_ps(acc[1])));
+    out[r] = o;
   }
 }
 
@@ -333,21 +353,32 @@ static VNNI void q80_token_pairs(const st_act_q8_0 *x, const int32_t *corr, int6
   default: q80_tokens(blk, row, pf, step, nb, x, ldq, c, 8, o, ldo, mask); break;                            \
   }
 
-VNNI void q8_matmul_q80_vnni(const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq, int64_t ldq,
-                             int64_t T, int64_t n, float *out, int64_t ldo) {
+VNNI void q8_matmul_q80_vnni(const void *W, uint64_t row_bytes, int64_t nr, const uint8_t *xq,
+                             const uint8_t *xr, int64_t ldq, int64_t T, int64_t n, float *out, int64_t ldo) {
   const int64_t nb = n / 32;
+  ST_ASSERT(!xr || T == 1);
   if (T == 1) {
     const int64_t np = nb / 2;
-    uint8_t *pb = st_dot_scratch(1, (size_t)np * (2 * sizeof(__m512i) + sizeof(__m128)) +
-                                        (size_t)nb * sizeof(int32_t) + 64);
+    const size_t one =
+        ((size_t)np * (2 * sizeof(__m512i) + sizeof(__m128)) + (size_t)nb * sizeof(int32_t) + 63) / 64 * 64;
+    uint8_t *pb = st_dot_scratch(1, 2 * one + 64);
     ST_ASSERT(pb != NULL);
-    __m512i *xv = (__m512i *)(void *)(pb + (64 - (uintptr_t)pb % 64) % 64), *init = xv + np;
-    __m128 *dx = (__m128 *)(void *)(init + np);
-    int32_t *c1 = (int32_t *)(void *)(dx + np);
-    q80_corrections(xq, ldq, 1, nb, c1);
-    const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)xq;
-    q80_token_pairs(x, c1, nb, xv, init, dx);
-    q80_one_token(W, row_bytes, nr, xv, init, dx, x, c1, nb, out);
+    pb += (64 - (uintptr_t)pb % 64) % 64;
+    struct q80_tok tk[2];
+    const uint8_t *terms[2] = {xq, xr};
+    for (int k = 0; k < (xr ? 2 : 1); k++) {
+      __m512i *xv = (__m512i *)(void *)(pb + k * one), *init = xv + np;
+      __m128 *dx = (__m128 *)(void *)(init + np);
+      int32_t *c1 = (int32_t *)(void *)(dx + np);
+      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)terms[k];
+      q80_corrections(terms[k], ldq, 1, nb, c1);
+      q80_token_pairs(x, c1, nb, xv, init, dx);
+      tk[k] = (struct q80_tok){xv, init, dx, x, c1};
+    }
+    if (xr)
+      q80_one_token(W, row_bytes, nr, tk, 2, nb, out);
+    else
+      q80_one_token(W, row_bytes, nr, tk, 1, nb, out);
     return;
   }
   const size_t blk_bytes = T > Q80_TOKENS ? (size_t)nb * sizeof(struct q80_block) : 0;
