@@ -5,8 +5,8 @@
 # (unknown flags, missing or malformed files, an unsupported architecture or tensor type, a
 # prompt longer than the context, negative -n, a host expert arena larger than the RAM, a StarPU
 # folder that cannot be made) giving one
-# clear line and exit status 1, and
-# models in the i-quant formats written by mkmodel running through generate. The models are the tiny
+# clear line and exit status 1,
+# models in the i-quant formats written by mkmodel running through generate, and Ctrl-C in generate. The models are the tiny
 # preset of `strata mkmodel` (tests/lib.sh test_model).
 set -u
 export STARPU_SILENT=1
@@ -246,6 +246,20 @@ for t in iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s; do
   fi
   rm -f "$tmp/$t.gguf"
 done
+# 8. Ctrl-C during generate: the run stops after the token in progress and ends as a finished one
+# (its timings printed), exit status 130; the signal is sent once the first text has come out
+rm -f "$tmp/out" "$tmp/err"
+"$STRATA" generate -m "$q8" -p "Hello" -n 4000 --ignore-eos --temp 0 -c 4096 >"$tmp/out" 2>"$tmp/err" &
+gpid=$!
+waited=0
+while [ ! -s "$tmp/out" ] && [ $waited -lt 600 ] && kill -0 $gpid 2>/dev/null; do sleep 0.1; waited=$((waited + 1)); done
+kill -INT $gpid 2>/dev/null
+wait $gpid; grc=$?
+if [ $grc = 130 ] && grep -q "interrupted (SIGINT) after [0-9]* generated tokens" "$tmp/err" && grep -q "^decode: [0-9]* tokens" "$tmp/err"; then
+  ok "Ctrl-C in generate: exit 130, $(grep -o 'interrupted.*' "$tmp/err"), $(grep '^decode:' "$tmp/err")"
+else
+  bad "Ctrl-C in generate: exit $grc, $(tail -n 3 "$tmp/err")"
+fi
 for c in generate eval tokenize mkmodel; do
   "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"
 done

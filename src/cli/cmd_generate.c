@@ -2,6 +2,7 @@
  * streams sampled text and reports speed and per-tier expert work, eval writes logits. */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,9 @@ static void generate_help(FILE *f, const char *cmd) {
             "      --top-p P          nucleus sampling mass (default 0.95; 1 = off)\n"
             "      --seed S           sampling seed (default 42; -1: a seed of its own, printed)\n"
             "      --ignore-eos       keep generating after an end-of-text token\n"
-            "      --print-ids        print the generated ids as a JSON array instead of the text\n");
+            "      --print-ids        print the generated ids as a JSON array instead of the text\n"
+            "Ctrl-C (SIGINT) stops generating after the token in progress: the text so far, the timings and the\n"
+            "learned expert profile as at a normal end, exit status 130; a second Ctrl-C kills at once.\n");
   else
     fprintf(f,
             "      --chat             wrap the prompt as one user turn in the model's chat template family, then\n"
@@ -254,6 +257,16 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
           st_peak_rss_gib() * 1024.0, st_anon_rss_mib());
 }
 
+/* Set by the first SIGINT during generation: the loop stops after the token in progress and the
+ * run ends as a finished one would (its text, timings, learned profile), exiting 130 as a shell's
+ * interrupted command does. The handler is reset on delivery, so a second Ctrl-C kills at once. */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+  (void)sig;
+  interrupted = 1;
+}
+
 int st_cmd_generate(int argc, char **argv) {
   struct run_opts o;
   int rc = parse_run_opts(argc, argv, &o);
@@ -281,13 +294,19 @@ int st_cmd_generate(int argc, char **argv) {
   const size_t text_cap = 3 * (st_tokenizer_max_token_bytes(s.model->tok) + 4) + 1;
   char *text = malloc(text_cap);
 
+  /* after the engine's start: StarPU installs SIGINT handlers of its own at starpu_init */
+  struct sigaction sa = {0};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = (int)SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
   double t0 = st_now();
   rc = !logits || !gen || !text ? st_set_error(ST_ENOMEM, "out of memory") : 0;
   if (!rc) rc = st_engine_eval(s.engine, s.ids, (int)s.n_ids, logits, 0);
   const double t_prompt = st_now() - t0;
   size_t n_gen = 0;
   t0 = st_now();
-  while (!rc && (long)n_gen < o.n_predict) {
+  while (!rc && !interrupted && (long)n_gen < o.n_predict) {
     int32_t id = st_sampler_sample(&smp, logits, (int32_t)hp->n_vocab);
     if (id < 0) {
       rc = st_set_error(ST_ENOMEM, "out of memory sampling");
@@ -303,7 +322,7 @@ int st_cmd_generate(int argc, char **argv) {
       if (b > 0) fwrite(text, 1, (size_t)b, stdout), fflush(stdout);
     }
     if (!o.ignore_eos && st_tokenizer_is_eog(s.model->tok, id)) break;
-    if ((long)n_gen == o.n_predict) break;
+    if ((long)n_gen == o.n_predict || interrupted) break;
     if (s.engine->n_past >= s.engine->n_ctx) {
       fprintf(stderr, "\nstrata generate: the context of %d tokens is full; stopping\n", s.engine->n_ctx);
       break;
@@ -320,6 +339,7 @@ int st_cmd_generate(int argc, char **argv) {
       fputc('\n', stdout);
     }
     fflush(stdout);
+    if (interrupted) fprintf(stderr, "strata generate: interrupted (SIGINT) after %zu generated tokens\n", n_gen);
     st_cli_learn_save(&s.learned, s.engine);
     report(&s, s.n_ids, t_prompt, n_gen, t_gen);
   } else {
@@ -329,7 +349,7 @@ int st_cmd_generate(int argc, char **argv) {
   free(gen);
   free(text);
   session_free(&s);
-  return rc ? 1 : 0;
+  return rc ? 1 : interrupted ? 130 : 0;
 }
 
 int st_cmd_eval(int argc, char **argv) {
