@@ -157,35 +157,36 @@ static inline __attribute__((always_inline)) VNNI __m512i bcast32(const int8_t *
   return _mm512_set1_epi32(v);
 }
 
-/* NT tokens (xq, ldq apart) times a group's nb blocks: transposed in blk, or (blk NULL) transposed
- * here from the rows row[0..15] as they are read; corr[t nb + b] is -128 times the sum of token t's
- * quants in block b. Lane r of out[t ldo ..] is row r's result (mask: the rows present). */
+/* Block b of a group for NT tokens (xq, ldq apart) into acc (lane r of acc[t]: row r's chain):
+ * transposed in blk, or (blk NULL) transposed here from the rows row[0..15] as they are read, with
+ * the next group's share prefetched; corr[t nb + b] is -128 times the sum of token t's quants in
+ * block b. */
 static inline __attribute__((always_inline)) VNNI void
 q80_block_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t *pf, uint64_t step,
                  int64_t nb, int64_t b, const uint8_t *xq, int64_t ldq, const int32_t *corr, int NT,
                  __m512 *acc) {
-  {
-    struct q80_block here;
-    const struct q80_block *B = blk ? blk + b : &here;
-    if (!blk) {
-      q80_prefetch(pf, step, b);
-      q80_transpose(row, (uint64_t)b * sizeof(st_block_q8_0), &here);
-    }
+  struct q80_block here;
+  const struct q80_block *B = blk ? blk + b : &here;
+  if (!blk) {
+    q80_prefetch(pf, step, b);
+    q80_transpose(row, (uint64_t)b * sizeof(st_block_q8_0), &here);
+  }
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-      const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
-      __m512i p = _mm512_set1_epi32(corr[t * nb + b]), q = _mm512_setzero_si512();
+  for (int t = 0; t < NT; t++) {
+    const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq) + b;
+    __m512i p = _mm512_set1_epi32(corr[t * nb + b]), q = _mm512_setzero_si512();
 #pragma GCC unroll 4
-      for (int k = 0; k < 4; k++) { /* two chains of four */
-        p = _mm512_dpbusd_epi32(p, B->w[k], bcast32(x->qs + 4 * k));
-        q = _mm512_dpbusd_epi32(q, B->w[k + 4], bcast32(x->qs + 16 + 4 * k));
-      }
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p, q)),
-                               _mm512_mul_ps(B->d, _mm512_set1_ps(x->d)), acc[t]);
+    for (int k = 0; k < 4; k++) { /* two chains of four */
+      p = _mm512_dpbusd_epi32(p, B->w[k], bcast32(x->qs + 4 * k));
+      q = _mm512_dpbusd_epi32(q, B->w[k + 4], bcast32(x->qs + 16 + 4 * k));
     }
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p, q)),
+                             _mm512_mul_ps(B->d, _mm512_set1_ps(x->d)), acc[t]);
   }
 }
 
+/* NT tokens times a group's nb blocks, the even blocks' chains and the odd ones' added at the end;
+ * lane r of out[t ldo ..] is row r's result (mask: the rows present). */
 static inline __attribute__((always_inline)) VNNI void
 q80_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t *pf, uint64_t step,
            int64_t nb, const uint8_t *xq, int64_t ldq, const int32_t *corr, int NT, float *out, int64_t ldo,
@@ -203,17 +204,42 @@ q80_tokens(const struct q80_block *blk, const uint8_t *const *row, const uint8_t
     _mm512_mask_storeu_ps(out + t * ldo, mask, _mm512_add_ps(even[t], odd[t]));
 }
 
-/* -128 times the sum of each activation block's 32 quants (vpsadbw on the quants plus 128). */
+/* -128 times the sum of each activation block's 32 quants: eight blocks at a time by vpdpbusd with
+ * ones (four quants a lane), one reduction for the eight; the rest by vpsadbw on the quants plus
+ * 128. */
 static VNNI void q80_corrections(const uint8_t *xq, int64_t ldq, int64_t T, int64_t nb, int32_t *corr) {
   const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+  const __m512i ones = _mm512_set1_epi8(1),
+                order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
   for (int64_t t = 0; t < T; t++) {
     const st_act_q8_0 *x = (const st_act_q8_0 *)(const void *)(xq + t * ldq);
-    for (int64_t b = 0; b < nb; b++) {
+    int32_t *c = corr + t * nb;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      __m512i s[4];
+      for (int k = 0; k < 4; k++)
+        s[k] = _mm512_dpbusd_epi32(
+            _mm512_setzero_si512(), ones,
+            _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x[b + 2 * k].qs)),
+                _mm256_loadu_si256((const __m256i *)(const void *)x[b + 2 * k + 1].qs), 1));
+      /* lanes of 128-bit lane L: four-quant sums of block b + 2k + L / 2 */
+      const __m512i t0 =
+          _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+      const __m512i t1 =
+          _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
+      const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+      /* 128-bit lane 0: blocks b, b + 2, b + 4, b + 6; lane 2: b + 1, b + 3, b + 5, b + 7 */
+      const __m512i v = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+      const __m256i sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v));
+      _mm256_storeu_si256((__m256i *)(void *)(c + b), _mm256_sub_epi32(zero, _mm256_slli_epi32(sums, 7)));
+    }
+    for (; b < nb; b++) {
       const __m256i s = _mm256_sad_epu8(
           _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)x[b].qs), flip), zero);
       const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
       const int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-      corr[t * nb + b] = -128 * sum;
+      c[b] = -128 * sum;
     }
   }
 }
