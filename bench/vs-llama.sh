@@ -25,7 +25,7 @@
 # llama.cpp's default KV cache type),
 # PRESET / TYPE the model strata mkmodel writes (default qwen3-30b-a3b / q8_0; PRESET=gpt-oss-20b,
 # MXFP4 experts, takes the gpu, 24gb and cpu rows (with NCMOE=4 the 24gb row is a 12 GB class:
-# CLASS labels it); deepseek2 and glm4moe presets run on CPU workers only so far: ROWS=cpu),
+# CLASS labels it); the deepseek2 and glm4moe presets take every row too),
 # CLASS the label of the 24gb rows in the table (default "24 GB class"),
 # QUICK=1 decode rows only (no prompt rows; llama.cpp with -t 16 only), for a short lease, at the
 # depths QUICK_DEPTHS gives for the 24 GB row (default 0); with QUICK_PROMPT=1 also the prompt 4096

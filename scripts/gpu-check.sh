@@ -31,13 +31,9 @@ printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models 
 # full): the exactness gate on its tiny fixtures, the same greedy command twice and eager vs dmda
 # with every expert cached, and twice with the experts on the CPU pool (the mailbox); ONLY=archs
 # stops after this part.
-# glm4moe and deepseek2 join when STRATA_GPU_ARCHS names them (doc/tuning.md: their GPU kernels
-# are not yet checked; test_forward_ref above then ran their fixtures on CUDA0 too).
+# glm4moe and deepseek2 the same (on the GPU by default since 2026-12-05).
 A=$C/fixtures/archs
-afs="tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16"
-for arch in glm4moe deepseek2; do
-  case ",${STRATA_GPU_ARCHS:-}," in *",$arch,"*) afs="$afs tiny-$arch-q8_0 tiny-$arch-bf16" ;; esac
-done
+afs="tiny-gpt-oss-q8_0 tiny-gpt-oss-bf16 tiny-glm4moe-q8_0 tiny-glm4moe-bf16 tiny-deepseek2-q8_0 tiny-deepseek2-bf16"
 for af in $afs; do
   "$S" profile -m "$A/$af.gguf" -f "$out/calib.txt" -o "$out/$af.profile" > /dev/null 2>&1
   agen() { "$S" generate -m "$A/$af.gguf" -p "Explain why the sky is blue." -n 32 --temp 0 --ignore-eos --print-ids \

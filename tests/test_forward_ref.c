@@ -216,8 +216,9 @@ int main(int argc, char **argv) {
       ref_free(&r);
       continue;
     }
-    /* deepseek2 computes on CPU workers only so far (the engine refuses a CUDA worker); gpt-oss and
-     * glm4moe take the GPU decode step (their prompts one token at a time) */
+    /* gpt-oss, glm4moe and deepseek2 take the GPU decode step (their prompts one token at a time);
+     * an architecture whose GPU kernels are not checked yet (st_arch::gpu 0) computes on CPU
+     * workers only (the engine refuses a CUDA worker) */
     const char *ncuda_arch = getenv("STARPU_NCUDA");
     char *ncuda_arch_was = ncuda_arch ? strdup(ncuda_arch) : NULL;
     if (!st_arch_on_gpu(m->hp.arch)) setenv("STARPU_NCUDA", "0", 1);

@@ -38,8 +38,8 @@ static void generate_help(FILE *f, const char *cmd) {
   const int gen = !strcmp(cmd, "generate");
   fprintf(f, "usage: strata %s -m FILE (-p TEXT | --prompt-ids IDS) [options]\n\n", cmd);
   fprintf(f,
-          "  -m, --model FILE       qwen3moe, deepseek2, gpt-oss or glm4moe GGUF file (deepseek2 and glm4moe\n"
-          "                         on CPU workers only so far; F32/F16/BF16, Q4_0..Q8_0, Q2_K..Q6_K, IQ1..IQ4,\n"
+          "  -m, --model FILE       qwen3moe, deepseek2, gpt-oss or glm4moe GGUF file (F32/F16/BF16,\n"
+          "                         Q4_0..Q8_0, Q2_K..Q6_K, IQ1..IQ4,\n"
           "                         Q2_0, Q1_0, TQ2_0, TQ1_0, MXFP4 tensors)\n"
           "  -p, --prompt TEXT      prompt text; special tokens such as <|im_start|> are parsed\n"
           "      --prompt-ids IDS   prompt as token ids, e.g. 1,2,3 or [1,2,3] (instead of -p)\n");

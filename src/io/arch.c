@@ -21,7 +21,7 @@ static const struct st_arch archs[ST_ARCH_COUNT] = {
      * dense layers, shared experts; softmax gating unless expert_gating_func says sigmoid (V3) */
     {.name = "deepseek2", .id = ST_ARCH_DEEPSEEK2, .attn_kind = ST_ATTN_MLA, .rope_kind = ST_ROPE_NORM,
      .gating = ST_GATING_SOFTMAX, .ffn_act = ST_ACT_SILU, .ffn_norm = "ffn_norm", .shared = 1,
-     .gpu = 0 /* its kernels (mla.cuh) are written, not yet checked against the fixtures on a GPU */},
+     .gpu = 1 /* mla.cuh: the fixtures on CUDA0 and the gates passed on an H200, 2026-12-05 */},
     /* gpt-oss: GQA with biases and sinks, sliding window on every other layer (the even ones),
      * NEOX RoPE with YaRN, router bias, top-k of the logits then a softmax over them, expert
      * biases and the clamped SwiGLU */
@@ -34,7 +34,7 @@ static const struct st_arch archs[ST_ARCH_COUNT] = {
     {.name = "glm4moe", .id = ST_ARCH_GLM4MOE, .attn_kind = ST_ATTN_GQA, .rope_kind = ST_ROPE_NEOX,
      .gating = ST_GATING_SIGMOID, .ffn_act = ST_ACT_SILU, .ffn_norm = "post_attention_norm", .qk_norm = 1,
      .qk_norm_optional = 1, .qkv_bias = 1, .shared = 1, .weights_norm = 1,
-     .gpu = 0 /* its kernels are written (decode.cu), not yet checked against the fixtures on a GPU */},
+     .gpu = 1 /* the fixtures on CUDA0 and the gates passed on an H200, 2026-12-05 */},
 };
 
 const struct st_arch *st_arch_find(const char *name) {

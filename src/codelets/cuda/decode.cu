@@ -41,7 +41,7 @@ struct mv_part {
 };
 
 // Whether the int8 kernels take a product of Q8_0 weights (STRATA_INT8_DOT), or of MXFP4 ones (also
-// STRATA_MXFP4_INT8: mmv_chunk_rows_q8_mxfp4, checked in emulation, not yet on a GPU), with n-float rows.
+// STRATA_MXFP4_INT8, on by default: mmv_chunk_rows_q8_mxfp4, checked against the CPU on an H200), with n-float rows.
 bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
   return c->int8_dot && (type == ST_TYPE_Q8_0 || (type == ST_TYPE_MXFP4 && c->mxfp4_int8)) && n % 32 == 0;
 }
