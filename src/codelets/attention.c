@@ -221,21 +221,18 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
     st_dense_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T, d,
                     q, qw, a->int8_dot, &xq);
     float *kdst = half ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = half ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
-    const int kq = st_dense_q8(a->wk.type, d, a->int8_dot), vq = st_dense_q8(a->wv.type, d, a->int8_dot);
-    if ((kq || vq) && !xr) /* the second term (and the first, when wq did not take it) */
-      xr = kv_terms(xn, T, d, &xq);
-    if (kq)
-      st_matmul_q8_2(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xq, xr, T, d,
-                     kdst, hd);
-    else
-      st_matmul(a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
-                kdst, hd);
-    if (vq)
-      st_matmul_q8_2(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xq, xr, T, d,
-                     vdst, hd);
-    else
-      st_matmul(a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T, d,
-                vdst, hd);
+    const struct st_wdesc *kvd[2] = {&a->wk, &a->wv};
+    const void *kvw[2] = {wk, wv};
+    float *kvdst[2] = {kdst, vdst};
+    for (int j = 0; j < 2; j++) {
+      const int64_t r0 = (int64_t)group * hd, r1 = r0 + hd;
+      if (!st_dense_q8(kvd[j]->type, d, a->int8_dot)) {
+        st_matmul(kvd[j]->type, kvw[j], kvd[j]->row_bytes, r0, r1, xn, d, T, d, kvdst[j], hd);
+        continue;
+      }
+      if (!xr) xr = kv_terms(xn, T, d, &xq); /* the second term (and the first, when wq did not take it) */
+      st_matmul_q8_2(kvd[j]->type, kvw[j], kvd[j]->row_bytes, r0, r1, xq, xr, T, d, kvdst[j], hd);
+    }
     for (int t = 0; t < T; t++) {
       float *cs = rope + (size_t)t * hd; /* token t's (cos, sin) pairs, shared by its heads */
       if (i == 0) st_rope_table(cs, hd, a->pos0 + t, a->rope_theta);
