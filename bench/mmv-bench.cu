@@ -102,7 +102,9 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     const gateup_job<Q8> j = {c.route, s.slots, NE, FF, H, per, GATE, RB_D, Q8 ? (const void *)c.xq8 : c.x, c.act};
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT), rg.n16[e] = (int64_t)(2 * GATE / 16);
-    const route_src rs = {c.logits, E, K, D, c.route, c.ffn_in, NULL, NULL, NULL, (const uint32_t *)(c.pos + 1)};
+    route_src rs = {}; // softmax top-k, as qwen3moe's router
+    rs.logits = c.logits, rs.E = E, rs.k = K, rs.d = D, rs.w_scale = 1.0f, rs.route = c.route, rs.ffn_in = c.ffn_in;
+    rs.seq = (const uint32_t *)(c.pos + 1);
     if (!read) stream(dk_gateup<TY, Q8>, per * K, smem + sizeof(float) * E, c, pdl, grid_scale, 1, j, rs, per * K, (int64_t)D);
   } else if (kind == 4) {
     constexpr uint32_t RT = ST_TYPE_F32;
@@ -112,19 +114,20 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     if (!read)
       st_cuda_launch(dk_router<RT>, dim3((unsigned)((E + R - 1) / R)), dim3(MMV_THREADS), dyn, c.st, pdl, (const float *)c.x, (const float *)c.q,
              (const float *)c.ones, 1e-6f, D, (const uint8_t *)s.router, (uint64_t)D * 4, E, c.h, c.ffn_in, c.logits,
-             Q8 ? c.xq8 : (int8_t *)NULL);
+             Q8 ? c.xq8 : (int8_t *)NULL, (const float *)NULL, (const float *)NULL);
   } else if (kind == 5) { // dk_pre: the combine of 8 cached slots and the attention norm
     rg.n = 0;
     if (!read)
       st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * D, c.st, pdl, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
              (const float *)c.out, (const uint32_t *)NULL, (const uint32_t *)(c.pos + 1), (const float *)c.h, K, D, 1,
-             (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn);
+             (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn,
+             (const float *)NULL, (uint64_t *)NULL);
   } else {
     const int R = mmv_stream_rows<TY>(FF), per = (D + R - 1) / R;
     const down_job<Q8> j = {c.route, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT + 2 * GATE), rg.n16[e] = (int64_t)(D * RB_FF / 16);
-    if (!read) stream(dk_down<TY, Q8>, per * K, smem + (Q8 ? st_q8_stride(FF) : 0), c, pdl, grid_scale, Q8 ? K : 1, j, per * K, (int64_t)FF);
+    if (!read) stream(dk_down<TY, Q8>, per * K, smem + (Q8 ? st_q8_stride(FF) : 0), c, pdl, grid_scale, Q8 ? K : 1, j, per * K, (int64_t)FF, st_l2_plan{});
   }
   double b = 0;
   for (int r = 0; r < rg.n; r++) b += 16.0 * rg.n16[r];
