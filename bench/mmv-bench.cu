@@ -127,7 +127,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     const down_job<Q8> j = {c.route, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT + 2 * GATE), rg.n16[e] = (int64_t)(D * RB_FF / 16);
-    if (!read) stream(dk_down<TY, Q8>, per * K, smem + (Q8 ? st_q8_stride(FF) : 0), c, pdl, grid_scale, Q8 ? K : 1, j, per * K, (int64_t)FF, st_l2_plan{});
+    if (!read) stream(dk_down<TY, Q8>, per * K, smem + (Q8 ? st_q8_stride(FF) : 0), c, pdl, grid_scale, Q8 ? K : 1, j, per * K, (int64_t)FF);
   }
   double b = 0;
   for (int r = 0; r < rg.n; r++) b += 16.0 * rg.n16[r];

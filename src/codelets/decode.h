@@ -181,8 +181,6 @@ struct st_decode_ctx {
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
   int mxfp4_int8;                      /* STRATA_MXFP4_INT8: cached MXFP4 experts on int8 activations (GPU) */
-  int l2_prefetch;                     /* STRATA_L2_PREFETCH: the GPU step's kernels ask L2 for later kernels' weights */
-  int l2_ahead;                        /* STRATA_L2_AHEAD: the output head's L2 look-ahead in row groups */
   const struct st_decode_layer *layers; /* [n_layer] */
   const void *const *expert_src;       /* [n_layer][n_expert][3] host gate/up/down of each pair */
   const uint8_t *tier;                 /* [n_layer][n_expert]: 0 = the CPU pool computes the pair */
@@ -287,9 +285,7 @@ int st_lane_token_plan(struct st_decode_ctx *c);
  * wk, wv, wo, q_norm, k_norm, ffn_norm, router (R) and the layer's K and V caches per KV head (RW);
  * the head (layer == n_layer) has output_norm and output (R) and writes the logits and the step's
  * routing to the mailbox, then raises head_seq. Layer 0 reads the token's embedding row, position
- * and step number from the mailbox (st_decode_mail emb, pos_seq). After a layer's other buffers
- * (graph/layer.c), when st_decode_next_qkv: the next layer's wq, wk and wv (R), which its last
- * kernels ask L2 to fetch. */
+ * and step number from the mailbox (st_decode_mail emb, pos_seq). */
 struct st_decode_gpu_args {
   const struct st_decode_ctx *ctx;
   int32_t layer, pos;
@@ -300,11 +296,6 @@ struct st_decode_gpu_args {
 };
 int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
                          struct st_target tgt, const char *name);
-/* Whether the GPU task of `layer` also takes the next layer's wq, wk and wv (STRATA_L2_PREFETCH,
- * a next layer with Q, K and V of its own: not MLA). */
-static inline int st_decode_next_qkv(const struct st_decode_ctx *c, int layer) {
-  return c->l2_prefetch && !c->mla && layer + 1 < c->n_layer;
-}
 
 #ifdef __cplusplus
 }

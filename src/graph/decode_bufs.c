@@ -328,7 +328,6 @@ int st_decode_init(struct st_engine *e) {
                               .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
                               .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
                               .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .mxfp4_int8 = e->mxfp4_int8,
-                              .l2_prefetch = e->l2_prefetch, .l2_ahead = e->l2_ahead,
                               .tier = e->placement.tier,
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};

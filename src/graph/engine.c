@@ -44,8 +44,6 @@ struct env_conf {
   long prompt_lanes;   /* STRATA_PROMPT_LANES: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
   long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
-  long l2_prefetch;    /* STRATA_L2_PREFETCH: 0 or 1 */
-  long l2_ahead;       /* STRATA_L2_AHEAD: 0 to 16 row groups */
   long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
@@ -101,8 +99,6 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PROMPT_LANES", 0, 1, 1, &c->prompt_lanes);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 1, &c->mxfp4_int8);
-  if (!rc) rc = env_long("STRATA_L2_PREFETCH", 0, 1, 0, &c->l2_prefetch);
-  if (!rc) rc = env_long("STRATA_L2_AHEAD", 0, 16, 0, &c->l2_ahead);
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
@@ -622,8 +618,6 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
   e->mxfp4_int8 = (int)env.mxfp4_int8;
-  e->l2_prefetch = (int)env.l2_prefetch;
-  e->l2_ahead = (int)env.l2_ahead;
   e->step_wait = (int)env.step_wait;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);

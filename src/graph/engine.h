@@ -135,8 +135,6 @@ struct st_engine {
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
   int pdl;                 /* STRATA_PDL: the decode step's kernels as programmatic dependent launches (default 0) */
   int mxfp4_int8;          /* STRATA_MXFP4_INT8: the decode step's cached MXFP4 experts on int8 activations (default 1) */
-  int l2_prefetch;         /* STRATA_L2_PREFETCH: the GPU decode step's kernels ask L2 for later kernels' weights */
-  int l2_ahead;            /* STRATA_L2_AHEAD: the GPU decode step's output head looks this many row groups ahead */
   int step_wait;           /* STRATA_STEP_WAIT: a GPU decode step without CPU lanes waits for StarPU to retire its
                               tasks before it returns (1, the default), or returns at the head's flag (0) */
   int prompt_lanes;        /* STRATA_PROMPT_LANES: CPU-only prompt chunks through graph/prompt.h (default 1) */

@@ -57,7 +57,7 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past,
                                        .combine = l > 0, .has_cpu_in = l > 0 && d->layer_cpu[l - 1],
                                        .has_xin = l < L && d->layer_cpu[l]};
-  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 4 + ST_MLA_W + 3];
+  starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 4 + ST_MLA_W];
   int nb = 0;
   if (l < L) {
     /* a layer without q/k norms (gpt-oss), a router (a dense layer) or wk, wv (MLA; wq too with a
@@ -79,8 +79,6 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
       const starpu_data_handle_t h = e->h_mla[(size_t)l * ST_MLA_W + i];
       bufs[nb++] = h ? h : e->h_layer[(size_t)l * W_COUNT + W_ATTN_NORM];
     }
-    for (int i = W_Q; i <= W_V && st_decode_next_qkv(&d->ctx, l); i++) /* wq, wk, wv of layer l + 1, for L2 */
-      bufs[nb++] = e->h_layer[(size_t)(l + 1) * W_COUNT + i];
   } else {
     bufs[nb++] = e->h_output_norm;
     bufs[nb++] = e->h_output;

@@ -293,54 +293,6 @@ __device__ __forceinline__ void st_dev_cp_wait_all() {
 #endif
 }
 
-// L2 prefetch (sm_90: cp.async.bulk.prefetch.L2; nothing before): asks the L2 cache to fetch the
-// whole 16-byte units of [p, p + n) from device memory, in pieces of at most 64 KiB. A hint: no
-// result depends on it, and a kernel may issue it for weights a later kernel of the graph reads,
-// so that memory works while this one waits on latency. One thread's call.
-__device__ __forceinline__ void st_dev_l2_prefetch(const void *p, uint64_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t a = ((uint64_t)(uintptr_t)p + 15) & ~(uint64_t)15;
-  const uint64_t e = ((uint64_t)(uintptr_t)p + n) & ~(uint64_t)15;
-  for (; a < e; a += 65536) {
-    const uint32_t len = (uint32_t)(e - a < 65536 ? e - a : 65536);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(len) : "memory");
-  }
-#else
-  (void)p, (void)n;
-#endif
-}
-
-// Block b of nb's share of `count` (<= 32) regions taken as one run of bytes: region(j, p, n) sets
-// region j's start and length; block b prefetches bytes [b T / nb, (b + 1) T / nb) of the run (T
-// their sum), lane j of warp 0 the part in region j. Threads of the other warps return at once.
-template <typename Region> __device__ __forceinline__ void st_dev_l2_share(int count, Region region, int b, int nb) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  const uint8_t *p = NULL;
-  uint64_t n = 0;
-  if (lane < count) region(lane, p, n);
-  uint64_t end = n; // the regions' inclusive prefix sum
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint64_t v = __shfl_up_sync(0xffffffffu, end, o);
-    if (lane >= o) end += v;
-  }
-  const uint64_t total = __shfl_sync(0xffffffffu, end, 31), off = end - n;
-  const uint64_t lo = total * (uint64_t)b / (uint64_t)nb, hi = total * (uint64_t)(b + 1) / (uint64_t)nb;
-  const uint64_t a = lo > off ? lo : off, e = hi < end ? hi : end;
-  if (lane < count && a < e) st_dev_l2_prefetch(p + (a - off), e - a);
-}
-
-// Up to four regions of weights a later kernel reads (st_dev_l2_share over them; count 0: none).
-struct st_l2_plan {
-  const void *p[4];
-  uint64_t n[4];
-  int count;
-};
-__device__ __forceinline__ void st_dev_l2_plan_share(const st_l2_plan &pl, int b, int nb) {
-  if (pl.count)
-    st_dev_l2_share(pl.count, [&](int j, const uint8_t *&p, uint64_t &n) { p = (const uint8_t *)pl.p[j], n = pl.n[j]; }, b, nb);
-}
-
 // Programmatic dependent launch (sm_90; no-ops before): a kernel launched with st_cuda_launch's
 // pdl flag may start before the previous kernel of its stream has finished; it must call
 // st_dev_griddep_wait() before it touches memory any earlier kernel writes or reads (only constant

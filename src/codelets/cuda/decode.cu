@@ -55,11 +55,8 @@ void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int p
   st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, st, pdl, args...);
 }
 
-// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type; the
-// first launch also asks L2 for pf's weights (a later kernel's), each launch looks `ahead` groups
-// ahead in L2 (mmv_stream).
-void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st,
-               const st_l2_plan *pf = NULL, int ahead = 0) {
+// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type.
+void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st) {
   for (int i = 0; i < n_parts;) {
     const int i0 = i;
     const uint32_t type = parts[i].type;
@@ -68,8 +65,6 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
       constexpr uint32_t TY = decltype(ty)::value;
       const int R = mmv_stream_rows<TY>(n);
       dk_segs g = {};
-      if (pf && i0 == 0) g.pf = *pf;
-      g.ahead = ahead;
       int64_t groups = 0;
       for (int p = i0; p < i; p++, g.n++) {
         g.s[g.n] = dk_seg{(const uint8_t *)parts[p].W, parts[p].row_bytes, parts[p].rows, parts[p].out,
@@ -119,7 +114,6 @@ struct layer_graph {
   const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
   const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
   const void *m[ST_MLA_W]; // MLA's matrices and norms (codelets/decode.h), else NULL
-  const void *nq[3];       // with STRATA_L2_PREFETCH: the next layer's Q, K and V (dk_down asks L2 for them), else NULL
 };
 
 // The fixed FFN of layer l (a dense layer's FFN or a MoE layer's shared expert) on ffn_in into
@@ -143,9 +137,7 @@ const uint32_t *dev_seq(const st_decode_dev &D) { return (const uint32_t *)(D.po
 // has_xin: the CPU pool takes the layer's routing and FFN input from the mailbox (dk_gateup's
 // block 0 publishes them). With STRATA_INT8_DOT, Q8_0 or MXFP4 gate and up take ffn_in quantised
 // (dk_router's ffn_q) and a Q8_0 down its act rows quantised in each block (down_job).
-// With STRATA_L2_PREFETCH, dk_gateup asks L2 for the chosen experts' down rows and dk_down for
-// `next` (the next layer's Q, K and V).
-void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, const st_l2_plan &next, cudaStream_t st) {
+void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[l];
   const int k = c->k, d = c->n_embd, ff = c->n_ff;
@@ -162,26 +154,18 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, const st_
                         M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
                         dev_seq(D)};
   const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
-  auto down_l2 = [&](auto &gj) {
-    if (!c->l2_prefetch) return;
-    gj.pf_off = L->gate_bytes + L->up_bytes;
-    gj.pf_bytes = (uint64_t)d * L->down_d.row_bytes;
-    gj.k = k;
-  };
   mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
     const int per_g = (ff + H - 1) / H, groups = per_g * k;
     if constexpr (TY == ST_TYPE_Q8_0 || TY == ST_TYPE_MXFP4)
       if (q8_on(c, TY, d)) {
-        gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
-                               D.act, gb, ub, oai};
-        down_l2(gj);
+        const gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
+                                     D.act, gb, ub, oai};
         return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
       }
-    gateup_job<false> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in,
-                            D.act, gb, ub, oai};
-    down_l2(gj);
+    const gateup_job<false> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in,
+                                  D.act, gb, ub, oai};
     stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
   });
   mmv_dispatch(L->down_d.type, [&](auto ty) {
@@ -194,11 +178,11 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, const st_
         const down_job<true> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
                                    D.gpu_out, NULL, db};
         return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff), st, pdl, k, dj, groups,
-                             (int64_t)ff, next);
+                             (int64_t)ff);
       }
     const down_job<false> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
                                 D.gpu_out, NULL, db};
-    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, dj, groups, (int64_t)ff, next);
+    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, dj, groups, (int64_t)ff);
   });
 }
 
@@ -276,11 +260,7 @@ void layer_body(const void *args, cudaStream_t st) {
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  // with STRATA_L2_PREFETCH the Q/K/V launch asks L2 for the output projection and the router,
-  // which follow the attention
-  const st_l2_plan after_qkv = {{g->w[4], g->w[8]},
-                                {(uint64_t)d * L->wo_d.row_bytes, L->dense ? 0 : (uint64_t)E * L->router_d.row_bytes}, 2};
-  mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st, c->l2_prefetch ? &after_qkv : NULL); // no programmatic edge into a graph's first kernel
+  mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
   // another architecture's biases, sinks, q.k scale and sliding window (qwen3moe: none, its bits)
   st_cuda_attn_ext ax = {};
@@ -308,15 +288,7 @@ void layer_body(const void *args, cudaStream_t st) {
                    D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL, X ? X->bo : (const float *)NULL,
                    X ? X->router_b : (const float *)NULL);
   });
-  st_l2_plan next = {};
-  if (g->nq[0]) {
-    const st_decode_layer *N = &c->layers[a->layer + 1];
-    next = st_l2_plan{{g->nq[0], g->nq[1], g->nq[2]},
-                      {(uint64_t)Hq * hd * N->wq_d.row_bytes, (uint64_t)G * hd * N->wk_d.row_bytes,
-                       (uint64_t)G * hd * N->wv_d.row_bytes},
-                      3};
-  }
-  if (!L->dense) experts_body(c, a->layer, a->has_xin, pdl, next, st);
+  if (!L->dense) experts_body(c, a->layer, a->has_xin, pdl, st);
   if (L->fixed_ff) fixed_body(c, g, a->layer, st);
   pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
@@ -342,7 +314,7 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  mv_launch(&head, 1, D.xn, c->n_embd, 0, st, NULL, c->l2_ahead); // xn: the last layer's graph ended with the output norm
+  mv_launch(&head, 1, D.xn, c->n_embd, 0, st); // xn: the last layer's graph ended with the output norm
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D),
                                      c->dmail.stamps + 1);
 }
@@ -405,10 +377,6 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   for (int i = 0; i < ST_MLA_W && c->mla; i++) {
     g.m[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
     sig.add(g.m[i]);
-  }
-  for (int i = 0; i < 3 && st_decode_next_qkv(c, a->layer); i++) { // graph/layer.c's last three
-    g.nq[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
-    sig.add(g.nq[i]);
   }
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
   st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);

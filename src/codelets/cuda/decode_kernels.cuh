@@ -120,8 +120,6 @@ struct dk_seg {
 struct dk_segs {
   dk_seg s[3];
   int n;
-  st_l2_plan pf; // weights of later kernels for L2, each block its share once its first copies are out
-  int ahead;     // mmv_stream's L2 look-ahead in groups (0: none)
 };
 
 struct mv_job {
@@ -156,8 +154,7 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
   const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
-  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); },
-             [&] { st_dev_l2_plan_share(g.pf, blockIdx.x, gridDim.x); }, g.ahead);
+  mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
 }
 
 // h = x + xo (residual_piece), ffn_in = RMSNorm(h) * w (rmsnorm_kernel), both computed by every
@@ -375,8 +372,6 @@ template <bool Q8> struct gateup_job {
   float *act;
   const float *gate_b, *up_b; // the experts' biases [n_expert][ff] (gpt-oss), or NULL
   int oai;                    // ST_ACT_SWIGLU_OAI: the clamped SwiGLU (router.c st_swiglu_oai)
-  uint64_t pf_off, pf_bytes;  // dk_down's rows in each chosen slot (offset, length) for L2, or 0, 0
-  int k;                      // routing slots
   __device__ int count(int g) const { return dk_slot(route, slot_ptr, n_expert, g / per) ? 2 * H : 0; }
   __device__ const uint8_t *row(int g, int r) const {
     const uint8_t *p = dk_slot(route, slot_ptr, n_expert, g / per);
@@ -417,15 +412,7 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
   mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
     st_dev_griddep_wait();
     dk_route_select(rs, sl, sr);
-  }, [&] {
-    if (job.pf_bytes) // the chosen experts' down rows, which dk_down reads next
-      st_dev_l2_share(job.k, [&](int j, const uint8_t *&p, uint64_t &nb) {
-        p = dk_slot(sr, job.slot_ptr, job.n_expert, j);
-        nb = p ? job.pf_bytes : 0;
-        p = p ? p + job.pf_off : p;
-      }, blockIdx.x, gridDim.x);
-    dk_route_finish(rs, sl, sr);
-  });
+  }, [&] { dk_route_finish(rs, sl, sr); });
 }
 
 // out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
@@ -463,8 +450,7 @@ template <bool Q8> struct down_job {
 };
 
 template <uint32_t TYPE, bool Q8>
-__global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_in, int n_groups, int64_t n,
-                                      __grid_constant__ const st_l2_plan pf) {
+__global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_in, int n_groups, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
   st_dev_griddep_launch();
@@ -473,7 +459,6 @@ __global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_i
   job.xq = (int8_t *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   const int j = blockIdx.x % job.k, ff = job.ff;
   mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [&] {
-    st_dev_l2_plan_share(pf, blockIdx.x, gridDim.x); // the next layer's Q, K and V (pf.count 0: none)
     if (Q8 && (int)blockIdx.x < n_groups)
       st_dev_q8_row(job.act + (int64_t)j * ff, ff / 32, job.xq, (float *)(job.xq + ff), threadIdx.x >> 5, MMV_THREADS / 32);
   });

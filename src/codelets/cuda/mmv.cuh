@@ -942,11 +942,9 @@ __device__ __forceinline__ void mmv_chunk_rows(const uint8_t *const (&ch)[NR], i
 // group is computed (and before the first group's rows are looked up unless Job::static_rows):
 // st_dev_griddep_wait and the kernel's own prologue; started() right after the first group's
 // copies are issued (work that may overlap them; a barrier follows before the first compute).
-// ahead > 0: the block also asks L2 for the rows of its groups up to ahead + 1 past the one in
-// its copies (st_dev_l2_prefetch), keeping memory busy through a long stream (the output head).
 template <uint32_t TYPE, typename Job, typename Wait, typename Started>
 __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, const Job &job, int n_groups, int64_t n,
-                                           Wait wait, Started started, int ahead = 0) {
+                                           Wait wait, Started started) {
   constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
   constexpr int NR = mmv_stream_nr<TYPE>(), SEGS = mmv_stream_segs<TYPE>();
   constexpr int PER = (SEGS + MMV_THREADS - 1) / MMV_THREADS;
@@ -969,15 +967,9 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
   st_dev_cp_commit();
   if (Job::static_rows) wait();
   started();
-  auto l2_group = [&](int64_t gp) { // group gp's rows into L2
-    if (gp < n_groups && (int)threadIdx.x < R && (int)threadIdx.x < job.count((int)gp))
-      st_dev_l2_prefetch(job.row((int)gp, threadIdx.x), (uint64_t)len);
-  };
-  for (int i = 2; i <= ahead + 1; i++) l2_group(g + (int64_t)i * gridDim.x);
   for (int it = 0; g < n_groups; it++, g += gridDim.x) {
     const int b = it & 1;
     const int gn = g + gridDim.x;
-    if (ahead) l2_group(g + (int64_t)(ahead + 2) * gridDim.x);
     if (gn < n_groups) mmv_meta(sm, job, gn, b ^ 1, R);
     __syncthreads(); // the next group's rows are set; every warp is done with buffer b ^ 1
     if (gn < n_groups) mmv_issue(sm, stage + (b ^ 1) * SEGS, b ^ 1, len, rs, map);
