@@ -526,9 +526,10 @@ static void test_rmsnorm(void) {
  * product against float64 of the dequantised rows times the float activations (≤ 3e-5 of Σ|w·x|;
  * one term alone is printed for comparison), every level bitwise equal to the scalar one, and T
  * tokens against one at a time bitwise. */
-static void test_int8_two_term(int n, int T) {
+static void test_int8_two_term(uint32_t type, int n, int T) {
   enum { ROWS = 37 };
-  const uint32_t type = ST_TYPE_Q8_0;
+  const int qk = st_q8_row_bytes(type, 32) ? 32 : 256; /* the activation blocks: q8_0's or q8_K's */
+  const char *name = st_type_info(type)->name;
   float *deq = malloc(sizeof(float) * ROWS * (size_t)n), *x = malloc(sizeof(float) * T * (size_t)n);
   float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
   void *w = make_weights(type, ROWS, n, deq, 1);
@@ -541,14 +542,14 @@ static void test_int8_two_term(int n, int T) {
   for (int t = 0; t < T; t++) {
     st_dequantize_act(type, xq + qb * (size_t)t, a, n);
     st_dequantize_act(type, xr + qb * (size_t)t, b, n);
-    for (int blk = 0; blk < n / 32; blk++) {
+    for (int blk = 0; blk < n / qk; blk++) {
       double mx = 0;
-      for (int i = 32 * blk; i < 32 * blk + 32; i++) mx = fmax(mx, fabs(x[(size_t)t * n + i]));
-      for (int i = 32 * blk; i < 32 * blk + 32; i++)
+      for (int i = qk * blk; i < qk * blk + qk; i++) mx = fmax(mx, fabs(x[(size_t)t * n + i]));
+      for (int i = qk * blk; i < qk * blk + qk; i++)
         recon = fmax(recon, fabs((double)x[(size_t)t * n + i] - ((double)a[i] + (double)b[i])) / (mx / 64516.0));
     }
   }
-  CHECK(recon <= 1.001, "two-term int8 activations n=%d: |x - (d q + d' q')| ≤ %.4f of max|x| / 64516 per block (≤ 1.001: the bound and the residual's own rounding)", n, recon);
+  CHECK(recon <= 1.001, "two-term int8 activations for %s n=%d: |x - (d q + d' q')| ≤ %.4f of max|x| / 64516 per block of %d (≤ 1.001: the bound and the residual's own rounding)", name, n, recon, qk);
   const int top = st_dot_force_isa(3);
   float *ref = malloc(sizeof(float) * ROWS * (size_t)T), *out = malloc(sizeof(float) * ROWS * (size_t)T);
   float one[ROWS], single[ROWS];
@@ -574,9 +575,9 @@ static void test_int8_two_term(int n, int T) {
     }
     const int as_scalar = memcmp(out, ref, sizeof(float) * ROWS * (size_t)T) == 0;
     CHECK(worst <= 3e-5 && same && as_scalar,
-          "two-term int8 matmul q8_0 n=%d %s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 3e-5; one term: %.2e) vs float64 "
+          "two-term int8 matmul %s n=%d %s: %d×%d outputs, max |Δ|/Σ|w·x| = %.2e (≤ 3e-5; one term: %.2e) vs float64 "
           "of dequantised rows × float activations; T=%d vs T=1 %s; %s scalar",
-          n, st_dot_q8_isa(), T, ROWS, worst, worst1, T, same ? "bitwise identical" : "DIFFER",
+          name, n, st_dot_q8_isa(), T, ROWS, worst, worst1, T, same ? "bitwise identical" : "DIFFER",
           as_scalar ? "bitwise equal to" : "DIFFERS from");
   }
   st_dot_force_isa(top);
@@ -703,9 +704,10 @@ static void test_int8(uint32_t type, int n, int quantise, int T) {
   free(xq);
 }
 
-/* st_dense_matmul (the CPU's dense Q and attention-output products): with int8 and Q8_0 weights
- * bitwise equal to st_quantize_act + st_matmul_q8, with the cached quants reused by a second call;
- * a Q4_K matrix takes st_matmul (as without int8). */
+/* st_dense_terms' rule, and st_dense_matmul (the CPU's dense products) against its parts: one term
+ * (Q8_0's Q and attention output) bitwise equal to st_quantize_act + st_matmul_q8, with the cached
+ * quants reused by a second call; two terms (a Q4_K matrix) bitwise equal to st_quantize_act,
+ * st_quantize_act_residual and st_matmul_q8_2; none bitwise st_matmul. */
 static void test_dense_matmul(void) {
   enum { ROWS = 19, T = 5, N = 512 };
   float deq[ROWS * N], x[T * N], want[T * ROWS], got[T * ROWS];
@@ -723,12 +725,31 @@ static void test_dense_matmul(void) {
   st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 2, ROWS, x, N, T, N, got, ROWS, 1, &xq);
   ok = ok && memcmp(want, got, sizeof want) == 0;
   CHECK(ok, "st_dense_matmul Q8_0, int8: bitwise st_quantize_act + st_matmul_q8 (%d rows x %d tokens, twice)", ROWS - 2, T);
-  st_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, want, ROWS);
-  st_dense_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, got, ROWS, 1, &xq);
-  CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q4_K, int8: bitwise st_matmul (float32 activations)");
+  const int terms[][4] = {{ST_TYPE_Q8_0, st_dense_terms(ST_TYPE_Q8_0, N, 1, ST_DENSE_QO), st_dense_terms(ST_TYPE_Q8_0, N, 1, ST_DENSE_KV),
+                           st_dense_terms(ST_TYPE_Q8_0, N, 1, ST_DENSE_HEAD)},
+                          {ST_TYPE_Q4_K, st_dense_terms(ST_TYPE_Q4_K, N, 1, ST_DENSE_QO), st_dense_terms(ST_TYPE_Q4_K, N, 1, ST_DENSE_KV),
+                           st_dense_terms(ST_TYPE_Q4_K, N, 1, ST_DENSE_HEAD)},
+                          {ST_TYPE_F16, st_dense_terms(ST_TYPE_F16, N, 1, ST_DENSE_QO), st_dense_terms(ST_TYPE_F16, N, 1, ST_DENSE_KV),
+                           st_dense_terms(ST_TYPE_F16, N, 1, ST_DENSE_HEAD)}};
+  const int expect[3][3] = {{1, 2, 0}, {2, 2, 1}, {0, 0, 0}};
+  int rule = st_dense_terms(ST_TYPE_Q4_K, N, 0, ST_DENSE_KV) == 0;
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++) rule &= terms[i][j + 1] == expect[i][j];
+  CHECK(rule, "st_dense_terms (Q, K/V, head): q8_0 %d %d %d, q4_K %d %d %d, f16 %d %d %d; int8 off 0", terms[0][1], terms[0][2],
+        terms[0][3], terms[1][1], terms[1][2], terms[1][3], terms[2][1], terms[2][2], terms[2][3]);
+  const uint64_t qk = st_q8_row_bytes(ST_TYPE_Q4_K, N);
+  uint8_t *xk = malloc(2 * qk * T);
+  st_quantize_act(ST_TYPE_Q4_K, x, N, T, N, xk);
+  st_quantize_act_residual(ST_TYPE_Q4_K, x, N, T, N, xk, xk + qk * T);
+  st_matmul_q8_2(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, xk, xk + qk * T, T, N, want, ROWS);
+  void *xq2 = NULL; /* another layout: its own cache of quants */
+  st_dense_matmul(ST_TYPE_Q4_K, wk, rbk, 0, ROWS, x, N, T, N, got, ROWS, 2, &xq2);
+  CHECK(xq2 && memcmp(xq2, xk, 2 * qk * T) == 0 && memcmp(want, got, sizeof want) == 0,
+        "st_dense_matmul Q4_K, two terms: bitwise st_quantize_act + st_quantize_act_residual + st_matmul_q8_2");
+  free(xq2), free(xk);
   st_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, want, ROWS);
   st_dense_matmul(ST_TYPE_Q8_0, w8, rb8, 0, ROWS, x, N, T, N, got, ROWS, 0, &xq);
-  CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q8_0, int8 off: bitwise st_matmul");
+  CHECK(memcmp(want, got, sizeof want) == 0, "st_dense_matmul Q8_0, no terms: bitwise st_matmul");
   free(xq);
   free(xq_ref);
   free(w8);
@@ -877,8 +898,12 @@ int main(void) {
   test_int8(ST_TYPE_Q8_0, 96, 0, 7);
   /* Q8_0's AVX-512 kernel past one tile of 8 tokens: the transposed blocks kept for three tiles */
   test_int8(ST_TYPE_Q8_0, 2048, 1, 19);
-  test_int8_two_term(2048, 11);
-  test_int8_two_term(96, 3);
+  test_int8_two_term(ST_TYPE_Q8_0, 2048, 11);
+  test_int8_two_term(ST_TYPE_Q8_0, 96, 3);
+  /* the K formats' dense products (st_dense_terms): q8_K activations, blocks of 256 */
+  test_int8_two_term(ST_TYPE_Q4_K, 2048, 5);
+  test_int8_two_term(ST_TYPE_Q6_K, 768, 3);
+  test_int8_two_term(ST_TYPE_IQ4_XS, 512, 2);
   /* the low-bit formats through their Q4_0 transcoding: random and quantised blocks, short rows */
   for (size_t i = 0; i < sizeof lowbit / sizeof lowbit[0]; i++) {
     test_int8(lowbit[i], 2048, 1, 7);

@@ -84,6 +84,16 @@ if [ -s "$tmp/wide0.f32" ] && cmp -s "$tmp/wide0.f32" "$tmp/wide1.f32"; then
 else
   echo "FAIL 4096 query heads on 1 KV head, 300 tokens: a path failed or the logits differ"; fail=$((fail + 1))
 fi
+# The K formats' dense products on two-term int8 activations (st_dense_terms; the head on one): the
+# small Q4_K_M fixture through the prompt lanes, the per-task path, one-token chunks (decode steps
+# of the lanes and of the per-task path), other schedulers and worker counts, bitwise.
+if have_fixtures && [ -f "$STRATA_FIXTURES/models/small-qwen3moe-q4_k_m.gguf" ]; then
+  ref=""
+  for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=dmda STARPU_NCPU=1" "STRATA_PROMPT_LANES=0 STARPU_SCHED=eager STARPU_NCPU=2" \
+             "PREFILL=1 STARPU_SCHED=lws STARPU_NCPU=2" "PREFILL=1 STRATA_DECODE_GRAPH=0 STARPU_SCHED=lws STARPU_NCPU=2"; do
+    same_as_baseline "small-q4_k_m" "$STRATA_FIXTURES/models/small-qwen3moe-q4_k_m.gguf" "STARPU_NCUDA=0 $cfg" --no-learn
+  done
+fi
 # The other architectures (the fixtures' deepseek2, gpt-oss and glm4moe in Q8_0, CPU workers only):
 # the prompt lanes under other schedulers and worker counts, one-token chunks (decode steps) and
 # the prompt a token at a time (STRATA_PROMPT_LANES=0) give bitwise-identical logits; the per-task

@@ -162,19 +162,42 @@ void st_attend_head(const float *qh, int kv_type, const void *kc, const void *vc
   st_attend_tokens(qh, 1, 1, hd, n_keys - 1, kv_type, kc, vc, o, score, n_keys);
 }
 
-/* T rows of n floats x as two-term q8_0 activations for K and V (st_quantize_act_residual): *xq
- * quantised here unless st_dense_matmul did it for Q; returns the second term (malloc'd). A CPU
- * codelet has no error path: out of memory aborts with a message. */
-static void *kv_terms(const float *x, int T, int n, void **xq) {
-  const size_t rb = (size_t)st_q8_row_bytes(ST_TYPE_Q8_0, n);
-  void *xr = malloc(rb * (size_t)T);
-  if (!*xq && (*xq = malloc(rb * (size_t)T))) st_quantize_act(ST_TYPE_Q8_0, x, n, T, n, *xq);
-  if (!xr || !*xq) {
+/* xn's int8 rows for a task's Q, K and V products (st_dense_terms): one activation layout, that of
+ * the first of them taking int8 ones (`type`); a product of another layout takes float32 ones. q:
+ * T first-term rows, then (have2) T second-term rows (rb bytes each). */
+struct xn_q8 {
+  uint32_t type;
+  uint64_t rb;
+  uint8_t *q;
+};
+
+/* Terms of product `kind` of `type` weights on z's rows (0: float32). */
+static int xn_terms(const struct xn_q8 *z, uint32_t type, int64_t d, int int8, int kind) {
+  const int t = st_dense_terms(type, d, int8, kind);
+  return t && z->q && st_q8_act_same(z->type, type, d) ? t : 0;
+}
+
+/* Quantises the T rows of xn [T][d] for the task's products: both terms when one of them takes
+ * two. A CPU codelet has no error path: out of memory aborts with a message. */
+static struct xn_q8 xn_quantize(const struct st_attention_args *a, const float *xn, int T, int d) {
+  const struct st_wdesc *w[3] = {&a->wq, &a->wk, &a->wv};
+  const int kind[3] = {ST_DENSE_QO, ST_DENSE_KV, ST_DENSE_KV};
+  struct xn_q8 z = {0};
+  int two = 0;
+  for (int j = 0; j < 3; j++) {
+    const int t = st_dense_terms(w[j]->type, d, a->int8_dot, kind[j]);
+    if (t && !z.rb) z.type = w[j]->type, z.rb = st_q8_row_bytes(w[j]->type, d);
+    if (t == 2 && st_q8_act_same(z.type, w[j]->type, d)) two = 1;
+  }
+  if (!z.rb) return z;
+  z.q = malloc((size_t)z.rb * (size_t)T * (two ? 2 : 1));
+  if (!z.q) {
     fprintf(stderr, "strata: out of memory in the attention task (%d tokens)\n", T);
     abort();
   }
-  st_quantize_act_residual(ST_TYPE_Q8_0, x, n, T, n, *xq, xr);
-  return xr;
+  st_quantize_act(z.type, xn, d, T, d, z.q);
+  if (two) st_quantize_act_residual(z.type, xn, d, T, d, z.q, z.q + z.rb * (uint64_t)T);
+  return z;
 }
 
 static void attention_cpu(void *buffers[], void *cl_arg) {
@@ -206,33 +229,28 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
-  void *xq = NULL, *xr = NULL; /* xn quantised (st_dense_matmul; kv_terms), shared by the groups' products */
+  const struct xn_q8 z = xn_quantize(a, xn, T, d); /* shared by the groups' products */
+  const uint8_t *zr = z.q ? z.q + z.rb * (uint64_t)T : NULL;
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
     uint8_t *kc = (uint8_t *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
     uint8_t *vc = (uint8_t *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
     const uint64_t rb = st_kv_row_bytes(a->kv_type, hd);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
-    /* Projections: this group's query rows, and its K and V rows written straight into the cache.
-     * Q may take int8 activations (st_dense_matmul); K and V take float32 ones or, under the same
-     * rule, two-term int8 ones (st_matmul_q8_2): their rounding stays in the cache for every later
-     * token (with one-term int8 K and V the small Q4_K_M fixture's short prompt changed 6 of its 56
-     * expert sets, the test allows 2); a half cache gets them rounded after the norm and RoPE. */
-    st_dense_matmul(a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T, d,
-                    q, qw, a->int8_dot, &xq);
+    /* Projections: this group's query rows, and its K and V rows written straight into the cache,
+     * each on the activations st_dense_terms gives it. K and V take two terms where they take int8
+     * ones: their rounding stays in the cache for every later token (with one-term int8 K and V the
+     * small Q4_K_M fixture's short prompt changed 6 of its 56 expert sets, the test allows 2); a
+     * half cache gets them rounded after the norm and RoPE. */
+    st_dense_rows(xn_terms(&z, a->wq.type, d, a->int8_dot, ST_DENSE_QO), a->wq.type, wq, a->wq.row_bytes,
+                  (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, z.q, zr, T, d, q, qw);
     float *kdst = half ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = half ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
     const struct st_wdesc *kvd[2] = {&a->wk, &a->wv};
     const void *kvw[2] = {wk, wv};
     float *kvdst[2] = {kdst, vdst};
-    for (int j = 0; j < 2; j++) {
-      const int64_t r0 = (int64_t)group * hd, r1 = r0 + hd;
-      if (!st_dense_q8(kvd[j]->type, d, a->int8_dot)) {
-        st_matmul(kvd[j]->type, kvw[j], kvd[j]->row_bytes, r0, r1, xn, d, T, d, kvdst[j], hd);
-        continue;
-      }
-      if (!xr) xr = kv_terms(xn, T, d, &xq); /* the second term (and the first, when wq did not take it) */
-      st_matmul_q8_2(kvd[j]->type, kvw[j], kvd[j]->row_bytes, r0, r1, xq, xr, T, d, kvdst[j], hd);
-    }
+    for (int j = 0; j < 2; j++)
+      st_dense_rows(xn_terms(&z, kvd[j]->type, d, a->int8_dot, ST_DENSE_KV), kvd[j]->type, kvw[j], kvd[j]->row_bytes,
+                    (int64_t)group * hd, (int64_t)group * hd + hd, xn, d, z.q, zr, T, d, kvdst[j], hd);
     for (int t = 0; t < T; t++) {
       float *cs = rope + (size_t)t * hd; /* token t's (cos, sin) pairs, shared by its heads */
       if (i == 0) st_rope_table(cs, hd, a->pos0 + t, a->rope_theta);
@@ -253,8 +271,7 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
     /* Causal softmax attention: token t sees cache positions 0..pos0+t. */
     st_attend_tokens(q, T, nq, hd, a->pos0, a->kv_type, kc, vc, out, score, n_score);
   }
-  free(xq);
-  free(xr);
+  free(z.q);
   free(xn);
 }
 

@@ -85,8 +85,8 @@ int st_submit_attention(const struct st_attention_args *a, starpu_data_handle_t 
  * attention output projection (inputs: the per-group attention outputs) and the output head. */
 struct st_linear_args {
   int32_t T, in_row0, n_in, has_norm, graph_key, cublas_rows;
-  int32_t int8_dot; /* 1: the CPU variant's product on int8 activations (st_dense_matmul; the engine
-                     * sets it for the attention output, as the decode lanes do, not for the head) */
+  int32_t int8_dot;   /* STRATA_INT8_DOT: the CPU variant's product as st_dense_terms says */
+  int32_t dense_kind; /* st_dense_terms's kind: ST_DENSE_QO (the attention output) or ST_DENSE_HEAD */
   int64_t r0, r1;
   float eps;
   struct st_wdesc w;

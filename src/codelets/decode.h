@@ -196,9 +196,10 @@ struct st_decode_ctx {
   struct st_route *route;              /* [n_layer][k]: the step's routing (CPU-only) */
   uint8_t *xq;                         /* quantised FFN input: [2][q8 row of n_embd] (gate's, up's layout) */
   uint8_t *aq;                         /* [k][q8 row of n_ff]: quantised act rows (down's layout) */
-  uint8_t *xnq, *attnq;                /* q8_0 rows of xn and attn for Q8_0 wq and wo (CPU-only,
-                                          STRATA_INT8_DOT: st_dense_matmul's rule, decode_lane.c) */
-  uint8_t *xnr;                        /* xn's second q8_0 term for Q8_0 wk and wv (st_matmul_q8_2) */
+  uint8_t *xnq, *attnq;                /* int8 rows of xn (st_lane_xn_act's layout) and of attn (wo's) for
+                                          the CPU's dense products (CPU-only, st_dense_terms) */
+  uint8_t *xnr;                        /* xn's second term (st_lane_xn_act, st_matmul_q8_2) */
+  uint8_t *attnr;                      /* attn's second term for a two-term wo (st_dense_terms) */
   float *scratch;                      /* per StarPU worker: scratch_floats each */
   int64_t scratch_floats;
   int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_head; /* rows per work item */
@@ -224,6 +225,16 @@ struct st_decode_ctx {
 /* The matrix that takes a layer's normed input for the queries: wq, or MLA's q LoRA (q_a) when
  * the layer has one; its st_dense_q8 rule decides whether xn is quantised for it (as wq's). */
 static inline const struct st_wdesc *st_q_in(const struct st_decode_layer *L) { return L->wq_a ? &L->wq_a_d : &L->wq_d; }
+
+/* The activation layout of layer l's quantised xn (l == n_layer: the output head's input), the CPU
+ * lanes' rule (decode_lane.c, prompt_lane.c; attention.c and st_dense_matmul apply the same): GQA
+ * the type of the first of wq, wk, wv that takes int8 activations (st_dense_terms), the head its
+ * own, MLA Q8_0 when q (wq or q_a) takes them (st_dense_q8); ST_TYPE_COUNT when none does. *two:
+ * whether a product of that layout takes two terms (then xn's second term is made too). */
+uint32_t st_lane_xn_act(const struct st_decode_ctx *c, int l, int *two);
+/* Terms (st_dense_terms) of layer l's GQA product of w (kind ST_DENSE_QO or ST_DENSE_KV; the head
+ * at l == n_layer: ST_DENSE_HEAD) on xn quantised as st_lane_xn_act says; 0: float32. */
+int st_lane_xn_terms(const struct st_decode_ctx *c, int l, const struct st_wdesc *w, int kind);
 
 /* The fixed FFN's int8 rule (both lanes, so that a token's bits do not depend on the path): gate
  * and up take int8 activations when st_matmul_q8 takes both types in one layout of n_embd, down

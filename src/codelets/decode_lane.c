@@ -54,23 +54,50 @@ static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1
   st_matmul(w->type, W, w->row_bytes, r0, r1, x, w->n, 1, w->n, out, r1 - r0);
 }
 
-/* Whether the CPU-only lanes take W's product on q8_0 activations (st_dense_q8, the per-task
- * path's rule): wq on xnq (quantised by the item that norms xn), wo on attnq (the QATTN item). */
+/* Whether MLA's query matrix W takes q8_0 activations (st_dense_q8); the GQA and head products
+ * follow st_lane_xn_terms, the output projection o_terms (st_dense_terms). */
 static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) { return st_dense_q8(w->type, w->n, c->int8_dot); }
 
-/* Whether layer l's K and V products take two-term int8 activations (xnq and xnr, st_matmul_q8_2):
- * GQA layers whose K weights take int8 ones (V has the same type in every file seen; its own
- * type decides its product). */
-static int kv_q8(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
-  return !c->mla && (dense_q8(c, &L->wk_d) || dense_q8(c, &L->wv_d));
+uint32_t st_lane_xn_act(const struct st_decode_ctx *c, int l, int *two) {
+  const int64_t d = c->n_embd;
+  *two = 0;
+  if (l >= c->n_layer) {
+    const int t = st_dense_terms(c->output_d.type, d, c->int8_dot, ST_DENSE_HEAD);
+    *two = t == 2;
+    return t ? c->output_d.type : ST_TYPE_COUNT;
+  }
+  const struct st_decode_layer *L = &c->layers[l];
+  if (c->mla) return dense_q8(c, st_q_in(L)) ? ST_TYPE_Q8_0 : ST_TYPE_COUNT;
+  const struct st_wdesc *w[3] = {&L->wq_d, &L->wk_d, &L->wv_d};
+  uint32_t act = ST_TYPE_COUNT;
+  for (int j = 0; j < 3; j++) {
+    const int t = st_dense_terms(w[j]->type, d, c->int8_dot, j ? ST_DENSE_KV : ST_DENSE_QO);
+    if (t && act == ST_TYPE_COUNT) act = w[j]->type;
+    if (t == 2 && st_q8_act_same(act, w[j]->type, d)) *two = 1;
+  }
+  return act;
 }
 
-/* xn quantised for layer l's wq, K and V when they take them (after each norm into xn). */
+int st_lane_xn_terms(const struct st_decode_ctx *c, int l, const struct st_wdesc *w, int kind) {
+  int two;
+  const uint32_t act = st_lane_xn_act(c, l, &two);
+  const int t = st_dense_terms(w->type, c->n_embd, c->int8_dot, kind);
+  return t && st_q8_act_same(act, w->type, c->n_embd) ? t : 0;
+}
+
+/* xn quantised for layer l's products (the head's at l == n_layer) as st_lane_xn_act says (after
+ * each norm into xn). */
 static void quantize_xn(const struct st_decode_ctx *c, int l) {
-  if (l >= c->n_layer) return;
-  const int kv = kv_q8(c, &c->layers[l]);
-  if (kv || dense_q8(c, st_q_in(&c->layers[l]))) st_quantize_act(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq);
-  if (kv) st_quantize_act_residual(ST_TYPE_Q8_0, c->xn, c->n_embd, 1, c->n_embd, c->xnq, c->xnr);
+  int two;
+  const uint32_t act = st_lane_xn_act(c, l, &two);
+  if (act == ST_TYPE_COUNT) return;
+  st_quantize_act(act, c->xn, c->n_embd, 1, c->n_embd, c->xnq);
+  if (two) st_quantize_act_residual(act, c->xn, c->n_embd, 1, c->n_embd, c->xnq, c->xnr);
+}
+
+/* Terms of layer l's output projection (its input attn quantised in wo's layout). */
+static int o_terms(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  return st_dense_terms(L->wo_d.type, L->wo_d.n, c->int8_dot, ST_DENSE_QO);
 }
 
 /* ---- the items ---------------------------------------------------------------------------- */
@@ -88,7 +115,7 @@ struct proj {
   float *out;
   const float *bias;
   int64_t rows;
-  int q8; /* 1: takes xnq (st_dense_q8's rule); 2: xnq and xnr (kv_q8) */
+  int q8; /* 1: takes xnq; 2: xnq and xnr (st_lane_xn_terms; MLA's q: st_dense_q8) */
 };
 
 /* The QKV phase's matrices of layer l (returns how many): GQA wq, wk, wv; MLA q_a (or wq), kv_a_mqa. */
@@ -101,10 +128,11 @@ static int qkv_projs(const struct st_decode_ctx *c, const struct st_decode_layer
     return n;
   }
   const int64_t qrows = (int64_t)c->n_head * c->head_dim, kvrows = (int64_t)c->n_head_kv * c->head_dim;
-  p[0] = (struct proj){&L->wq_d, L->wq, c->q, L->bq, qrows, dense_q8(c, &L->wq_d)};
+  const int l = (int)(L - c->layers);
+  p[0] = (struct proj){&L->wq_d, L->wq, c->q, L->bq, qrows, st_lane_xn_terms(c, l, &L->wq_d, ST_DENSE_QO)};
   /* the new K and V rows in float32 (kvnew [2][G][hd]); item_rope stores them in the cache */
-  p[1] = (struct proj){&L->wk_d, L->wk, c->kvnew, L->bk, kvrows, 2 * dense_q8(c, &L->wk_d)};
-  p[2] = (struct proj){&L->wv_d, L->wv, c->kvnew + kvrows, L->bv, kvrows, 2 * dense_q8(c, &L->wv_d)};
+  p[1] = (struct proj){&L->wk_d, L->wk, c->kvnew, L->bk, kvrows, st_lane_xn_terms(c, l, &L->wk_d, ST_DENSE_KV)};
+  p[2] = (struct proj){&L->wv_d, L->wv, c->kvnew + kvrows, L->bv, kvrows, st_lane_xn_terms(c, l, &L->wv_d, ST_DENSE_KV)};
   return 3;
 }
 
@@ -124,10 +152,8 @@ static void item_qkv(struct lane_state *s, int l, int64_t i) {
   int j = 0;
   for (; j < np - 1 && i >= div_up64(p[j].rows, R); j++) i -= div_up64(p[j].rows, R);
   const int64_t r0 = i * R, r1 = r0 + R < p[j].rows ? r0 + R : p[j].rows;
-  if (p[j].q8 == 2)
-    st_matmul_q8_2(p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xnq, c->xnr, 1, p[j].d->n, p[j].out + r0, r1 - r0);
-  else if (p[j].q8) st_matmul_q8(p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xnq, 1, p[j].d->n, p[j].out + r0, r1 - r0);
-  else rows(p[j].d, p[j].w, r0, r1, c->xn, p[j].out + r0);
+  st_dense_rows(p[j].q8, p[j].d->type, p[j].w, p[j].d->row_bytes, r0, r1, c->xn, p[j].d->n, c->xnq, c->xnr, 1, p[j].d->n,
+                p[j].out + r0, r1 - r0);
   add_bias(p[j].out + r0, p[j].bias ? p[j].bias + r0 : NULL, r1 - r0);
 }
 
@@ -376,11 +402,14 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
   case ST_LP_QB: item_qb(s, l, i); break;
   case ST_LP_ROPE: item_rope(s, l, i); break;
   case ST_LP_ATTN: item_attn(s, l, i); break;
-  case ST_LP_QATTN: st_quantize_act(ST_TYPE_Q8_0, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq); break;
+  case ST_LP_QATTN:
+    st_quantize_act(L->wo_d.type, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq);
+    if (o_terms(c, L) == 2) st_quantize_act_residual(L->wo_d.type, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq, c->attnr);
+    break;
   case ST_LP_OPROJ: {
     const int64_t r0 = i * c->rows_o, r1 = r0 + c->rows_o < c->n_embd ? r0 + c->rows_o : c->n_embd;
-    if (dense_q8(c, &L->wo_d)) st_matmul_q8(L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attnq, 1, L->wo_d.n, c->xo + r0, r1 - r0);
-    else rows(&L->wo_d, L->wo, r0, r1, c->attn, c->xo + r0);
+    st_dense_rows(o_terms(c, L), L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attn, L->wo_d.n, c->attnq, c->attnr, 1,
+                  L->wo_d.n, c->xo + r0, r1 - r0);
     add_bias(c->xo + r0, L->bo ? L->bo + r0 : NULL, r1 - r0);
     break;
   }
@@ -399,7 +428,8 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
   case ST_LP_COMBINE: item_combine(s, l); break;
   case ST_LP_HEAD: {
     const int64_t r0 = i * c->rows_head, r1 = r0 + c->rows_head < c->n_vocab ? r0 + c->rows_head : c->n_vocab;
-    rows(&c->output_d, c->output, r0, r1, c->xn, c->logits + r0);
+    st_dense_rows(st_lane_xn_terms(c, c->n_layer, &c->output_d, ST_DENSE_HEAD), c->output_d.type, c->output,
+                  c->output_d.row_bytes, r0, r1, c->xn, c->n_embd, c->xnq, c->xnr, 1, c->n_embd, c->logits + r0, r1 - r0);
     break;
   }
   default: ST_ASSERT(0 && "unknown lane phase");
@@ -533,7 +563,7 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
     PHASE(ST_LP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), c->rows_qkv) : 0);
     PHASE(ST_LP_ROPE, l, c->mla ? c->n_head : c->n_head + c->n_head_kv);
     PHASE(ST_LP_ATTN, l, c->n_head);
-    PHASE(ST_LP_QATTN, l, dense_q8(c, &Ly->wo_d) ? 1 : 0);
+    PHASE(ST_LP_QATTN, l, o_terms(c, Ly) ? 1 : 0);
     PHASE(ST_LP_OPROJ, l, div_up64(c->n_embd, c->rows_o));
     PHASE(ST_LP_RESNORM, l, 1);
     PHASE(ST_LP_RLOGITS, l, moe ? div_up64(c->n_expert, c->rows_router) : 0);

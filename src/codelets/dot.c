@@ -524,15 +524,48 @@ static int q8_level(void);
 
 void st_quantize_act_residual(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, const void *xq,
                               void *xr) {
-  ST_ASSERT(q8_family(type) == 1 && !lowiq_type(type));
+  const uint64_t rb = st_q8_row_bytes(type, n);
+  ST_ASSERT(rb > 0);
   float *r = st_dot_scratch(2, sizeof(float) * (size_t)n);
   ST_ASSERT(r != NULL);
-  const uint64_t rb = st_q8_row_bytes(type, n);
   for (int64_t t = 0; t < T; t++) {
-    const st_act_q8_0 *b = (const st_act_q8_0 *)(const void *)((const uint8_t *)xq + (uint64_t)t * rb);
-    for (int64_t i = 0; i < n; i++) r[i] = x[t * ldx + i] - b[i / 32].d * (float)b[i / 32].qs[i % 32];
+    const void *row = (const uint8_t *)xq + (uint64_t)t * rb; /* its blocks first, whatever follows */
+    const float *xt = x + t * ldx;
+    if (q8_family(type) == 1) {
+      const st_act_q8_0 *b = row;
+      for (int64_t i = 0; i < n; i++) r[i] = xt[i] - b[i / 32].d * (float)b[i / 32].qs[i % 32];
+    } else {
+      const st_act_q8_K *b = row;
+      for (int64_t i = 0; i < n; i++) r[i] = xt[i] - b[i / 256].d * (float)b[i / 256].qs[i % 256];
+    }
     st_quantize_act(type, r, n, 1, n, (uint8_t *)xr + (uint64_t)t * rb);
   }
+}
+
+void st_dense_rows(int terms, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
+                   int64_t ldx, const void *xq, const void *xr, int64_t T, int64_t n, float *out, int64_t ldo) {
+  if (terms == 2) st_matmul_q8_2(type, W, row_bytes, r0, r1, xq, xr, T, n, out, ldo);
+  else if (terms == 1) st_matmul_q8(type, W, row_bytes, r0, r1, xq, T, n, out, ldo);
+  else st_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo);
+}
+
+int st_dense_terms(uint32_t type, int64_t n, int int8, int kind) {
+  if (!int8 || !st_q8_row_bytes(type, n)) return 0;
+  if (type != ST_TYPE_Q8_0) return kind == ST_DENSE_HEAD ? 1 : 2;
+  return kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_KV ? 2 : 0;
+}
+
+int st_q8_act_same(uint32_t a, uint32_t b, int64_t n) {
+  return q8_family(a) && q8_family(a) == q8_family(b) && st_q8_row_bytes(a, n) == st_q8_row_bytes(b, n);
+}
+
+uint64_t st_q8_row_bytes_max(int64_t n) {
+  uint64_t most = 0;
+  for (uint32_t t = 0; t < ST_TYPE_COUNT; t++) {
+    const uint64_t b = st_q8_row_bytes(t, n);
+    most = b > most ? b : most;
+  }
+  return most;
 }
 
 void st_matmul_q8_2(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const void *xq,
@@ -707,11 +740,15 @@ void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n) {
 int st_dense_q8(uint32_t type, int64_t n, int int8) { return int8 && type == ST_TYPE_Q8_0 && st_q8_row_bytes(type, n) > 0; }
 
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
-                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq) {
-  const int q8 = st_dense_q8(type, n, int8);
-  if (q8 && !*xq && (*xq = malloc((size_t)st_q8_row_bytes(type, n) * (size_t)T)))
+                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int terms, void **xq) {
+  const uint64_t rb = terms ? st_q8_row_bytes(type, n) : 0;
+  if (rb && !*xq && (*xq = malloc((size_t)rb * (size_t)T * (terms == 2 ? 2 : 1)))) {
     st_quantize_act(type, x, ldx, T, n, *xq);
-  if (q8 && *xq)
+    if (terms == 2) st_quantize_act_residual(type, x, ldx, T, n, *xq, (uint8_t *)*xq + rb * (uint64_t)T);
+  }
+  if (rb && *xq && terms == 2)
+    st_matmul_q8_2(type, W, row_bytes, r0, r1, *xq, (const uint8_t *)*xq + rb * (uint64_t)T, T, n, out, ldo);
+  else if (rb && *xq)
     st_matmul_q8(type, W, row_bytes, r0, r1, *xq, T, n, out, ldo);
   else
     st_matmul(type, W, row_bytes, r0, r1, x, ldx, T, n, out, ldo);

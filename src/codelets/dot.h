@@ -74,8 +74,8 @@ void st_dequantize_act(uint32_t type, const void *xq, float *out, int64_t n);
 /* The second term of two-term int8 activations: the rows' rounding error r = x - d q (q, d:
  * st_quantize_act's rows xq of the same x; each product and difference rounded to float)
  * quantised by st_quantize_act into xr (caller-owned, xq's layout). Then x ≈ d q + d' q' within
- * d' / 2 per element, at most max|x| / 64,516 in a block (xq alone: max|x| / 254). `type`
- * as st_quantize_act's, of the 32-block family (st_act_q8_0 rows). */
+ * d' / 2 per element, at most max|x| / 64,516 in a block (xq alone: max|x| / 254). `type` as
+ * st_quantize_act's (blocks of 32 or super-blocks of 256, as the type's rows are quantised). */
 void st_quantize_act_residual(uint32_t type, const float *x, int64_t ldx, int64_t T, int64_t n, const void *xq,
                               void *xr);
 
@@ -133,23 +133,54 @@ void st_axpy(float *o, float a, const float *v, int64_t n);
  * the bits of `o[i] = o[i] + a * (float)v[i]` at every SIMD level. */
 void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n);
 
-/* Whether the CPU's dense products of `type` weights with rows of n take int8 activations:
- * int8 (STRATA_INT8_DOT) and Q8_0 weights. The one rule st_dense_matmul and the decode lanes
- * (decode_lane.c) share, so that a token's bits do not depend on the path or the chunk. Q8_0
- * only: the K formats' activations would be q8_K (one scale per 256), which moved the small
- * Q4_K_M fixture's short prompt from mean |Δ|/σ 0.010 to 0.142 (bound 0.15) and flipped 3 of its
- * 56 expert sets. */
+/* Whether MLA's query matrices (q_a, q_b, or wq; decode and prompt lanes) take one-term int8
+ * activations: int8 (STRATA_INT8_DOT) and Q8_0 weights. The other dense products follow
+ * st_dense_terms. */
 int st_dense_q8(uint32_t type, int64_t n, int int8);
 
-/* The CPU's dense products that may take int8 activations (attention Q and output projection;
- * K and V take st_matmul_q8_2 under the same rule; router and head call st_matmul) of T token rows: st_matmul, or, where st_dense_q8 says
- * so, the rows quantised once to q8_0 (st_quantize_act; *xq caches them between calls on the
- * same x: pass the same *xq, NULL at first, and free(*xq) after the last call) and st_matmul_q8,
- * as ggml's CPU backend does. A prompt chunk is compute-bound, where the integer kernels do about
- * three times the multiply-adds of the float ones per cycle; one token reads at the memory's
- * speed either way. Arguments as st_matmul's; an allocation failure falls back to st_matmul. */
+/* The CPU's dense products, by what they feed (st_dense_terms). */
+enum { ST_DENSE_QO, /* attention Q and output projection */
+       ST_DENSE_KV, /* K and V: their rounding stays in the KV cache for every later token */
+       ST_DENSE_HEAD /* the output head */ };
+
+/* How the CPU's dense product of `type` weights with rows of n (GQA attention and the output head;
+ * MLA's matrices keep st_dense_q8) takes its activations: 0 float32 (st_matmul), 1 int8 rows
+ * (st_quantize_act, st_matmul_q8), 2 two-term int8 rows (st_quantize_act_residual,
+ * st_matmul_q8_2: float32's precision in practice). With int8 (STRATA_INT8_DOT) and an integer
+ * kernel for the type: Q8_0 as before (Q and O one term, K and V two, the head float32, whose
+ * float kernel reads at about the integer one's speed); every other format two terms for Q, K, V
+ * and O, whose rounding would flow through every later layer (one q8_K term for Q and O moved the
+ * small Q4_K_M fixture's short prompt from mean |Δ|/σ 0.010 to 0.142), and one term for the head,
+ * as llama.cpp's CPU backend takes it (its rounding ends in the logits: 0.0101 -> 0.0127 there,
+ * 0.0100 with two terms). Their float kernels ran at 20-27 % of the host's read bandwidth and the
+ * integer ones at 60-73 % (`strata bench --kernels`, development machine). The one rule of the
+ * decode lanes, the prompt lanes and the per-task codelets, so that a token's bits do not depend
+ * on the path or the chunk. */
+int st_dense_terms(uint32_t type, int64_t n, int int8, int kind);
+
+/* A dense product on activations prepared for `terms` (st_dense_terms): 0 st_matmul on x (ldx
+ * floats apart), 1 st_matmul_q8 on xq, 2 st_matmul_q8_2 on xq and xr (quantised rows of T tokens,
+ * st_q8_row_bytes(type, n) apart). Other arguments as st_matmul's. */
+void st_dense_rows(int terms, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
+                   int64_t ldx, const void *xq, const void *xr, int64_t T, int64_t n, float *out, int64_t ldo);
+
+/* Whether quantised activation rows made for `a` weights (st_quantize_act) serve `b` weights too,
+ * rows of n: the same layout and length. */
+int st_q8_act_same(uint32_t a, uint32_t b, int64_t n);
+
+/* The longest st_q8_row_bytes of any type for rows of n (buffers that hold whichever one). */
+uint64_t st_q8_row_bytes_max(int64_t n);
+
+/* A dense product of T token rows as st_dense_terms says (`terms`): st_matmul (0), or the rows
+ * quantised once (st_quantize_act, and with 2 terms st_quantize_act_residual after them: *xq
+ * then holds T first-term rows and T second-term rows; *xq caches them between calls on the same
+ * x and weights of one activation layout: pass the same *xq, NULL at first, and free(*xq) after
+ * the last call) and st_matmul_q8 or st_matmul_q8_2, as ggml's CPU backend takes int8 activations.
+ * A prompt chunk is compute-bound, where the integer kernels do about three times the
+ * multiply-adds of the float ones per cycle. Arguments as st_matmul's; an allocation failure
+ * falls back to st_matmul. */
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
-                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int int8, void **xq);
+                     int64_t ldx, int64_t T, int64_t n, float *out, int64_t ldo, int terms, void **xq);
 
 /* RMSNorm of one row: y = x / sqrt(mean(x^2) + eps) * w (w may be NULL: no scale). y may alias x.
  * Source: Zhang & Sennrich 2019; Qwen3 uses it for every norm. */

@@ -27,7 +27,8 @@ static void linear_cpu(void *buffers[], void *cl_arg) {
   if (norm)
     for (int32_t t = 0; t < a->T; t++) st_rmsnorm(x + t * n, norm, x + t * n, n, a->eps);
   void *xq = NULL;
-  st_dense_matmul(a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n, a->T, n, out, a->r1 - a->r0, a->int8_dot, &xq);
+  st_dense_matmul(a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n, a->T, n, out, a->r1 - a->r0,
+                  st_dense_terms(a->w.type, n, a->int8_dot, a->dense_kind), &xq);
   free(xq);
   free(x);
 }

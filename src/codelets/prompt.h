@@ -75,12 +75,12 @@ struct st_prompt_ctx {
   int out_row0, n_out;     /* the head's tokens: rows out_row0 .. + n_out of the chunk (n_out 0: no head) */
   /* buffers */
   float *x, *h, *xn, *xo, *ffn_in; /* [cap][n_embd] */
-  uint8_t *xnq;                    /* [cap][q8_0 row of n_embd]: xn quantised for wq (and wk, wv) */
-  uint8_t *xnr;                    /* [cap][q8_0 row of n_embd]: xn's second term for wk and wv */
+  uint8_t *xnq;                    /* [cap][int8 row of n_embd]: xn quantised (st_lane_xn_act's layout) */
+  uint8_t *xnr;                    /* [cap][int8 row of n_embd]: xn's second term */
   float *q;                        /* [n_head_kv][cap][n_q * head_dim]: a group's heads, token after token */
   float *kvnew;                    /* [2][n_head_kv][cap][head_dim]: the new K rows, then V rows */
   float *attn;                     /* [cap][n_head * head_dim] */
-  uint8_t *attnq;                  /* [cap][q8_0 row of n_head * head_dim] */
+  uint8_t *attnq, *attnr;          /* [cap][int8 row of n_head * head_dim] (wo's layout): attn's terms */
   float *rope;                     /* [cap][head_dim]: each token's RoPE (cos, sin) pairs (n_rot of them) */
   float *qa;                       /* MLA: [cap][q_lora] the q LoRA's output */
   uint8_t *qaq;                    /* MLA: [cap][q8_0 row of q_lora] qa normed, quantised for q_b */

@@ -75,23 +75,22 @@ static void tile_of(const struct st_prompt_ctx *p, int64_t i, int *t0, int *t1) 
   *t1 = (int)min64(p->T, *t0 + p->tile);
 }
 
-/* Whether layer l's K and V products take two-term int8 activations (the decode lanes' rule). */
-static int kv_q8(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
-  return !c->mla && (dense_q8(c, &L->wk_d) || dense_q8(c, &L->wv_d));
-}
-
-/* xn quantised for layer l's wq, K and V (when they take q8_0 activations), tokens [t0, t1). */
+/* xn quantised for layer l's products (the head's at l == n_layer), tokens [t0, t1), as the decode
+ * lanes do it (st_lane_xn_act): rows of that layout's st_q8_row_bytes, xnr the second term. */
 static void quantize_xn(const struct st_prompt_ctx *p, int l, int t0, int t1) {
   const struct st_decode_ctx *c = p->dc;
-  if (l >= c->n_layer) return;
-  const int kv = kv_q8(c, &c->layers[l]);
-  if (!kv && !dense_q8(c, st_q_in(&c->layers[l]))) return;
-  const uint64_t rb = st_q8_row_bytes(ST_TYPE_Q8_0, c->n_embd);
+  int two;
+  const uint32_t act = st_lane_xn_act(c, l, &two);
+  if (act == ST_TYPE_COUNT) return;
+  const uint64_t rb = st_q8_row_bytes(act, c->n_embd);
   const float *x = p->xn + (size_t)t0 * c->n_embd;
-  st_quantize_act(ST_TYPE_Q8_0, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb);
-  if (kv)
-    st_quantize_act_residual(ST_TYPE_Q8_0, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb,
-                             p->xnr + (size_t)t0 * rb);
+  st_quantize_act(act, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb);
+  if (two) st_quantize_act_residual(act, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb, p->xnr + (size_t)t0 * rb);
+}
+
+/* Terms of layer l's output projection (the decode lanes' o_terms). */
+static int o_terms(const struct st_decode_ctx *c, int l) {
+  return st_dense_terms(c->layers[l].wo_d.type, c->layers[l].wo_d.n, c->int8_dot, ST_DENSE_QO);
 }
 
 /* ---- attention (attention_cpu) -------------------------------------------------------------- */
@@ -144,8 +143,8 @@ static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
   if (r0 < qrows) { /* rows_qkv divides head_dim: the block lies in one group */
     const int g = (int)(r0 / qw);
     float *out = p->q + ((size_t)g * p->cap) * qw + (size_t)(r0 - (int64_t)g * qw);
-    if (dense_q8(c, &L->wq_d)) st_matmul_q8(L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, p->xnq, p->T, d, out, qw);
-    else st_matmul(L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, p->xn, d, p->T, d, out, qw);
+    st_dense_rows(st_lane_xn_terms(c, l, &L->wq_d, ST_DENSE_QO), L->wq_d.type, L->wq, L->wq_d.row_bytes, r0, r0 + R, p->xn, d,
+                  p->xnq, p->xnr, p->T, d, out, qw);
     add_bias_rows(out, qw, p->T, L->bq ? L->bq + r0 : NULL, R);
     return;
   }
@@ -157,8 +156,8 @@ static void item_qkv(const struct st_prompt_ctx *p, int l, int64_t i) {
   float *out = p->kvnew + ((size_t)(v * G + g) * p->cap) * hd + (size_t)(r0 - (int64_t)g * hd);
   /* K and V on two-term int8 activations or float32 ones, as attention_cpu (their rounding stays in
    * the cache) */
-  if (dense_q8(c, w)) st_matmul_q8_2(w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xnq, p->xnr, p->T, d, out, hd);
-  else st_matmul(w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xn, d, p->T, d, out, hd);
+  st_dense_rows(st_lane_xn_terms(c, l, w, ST_DENSE_KV), w->type, v ? L->wv : L->wk, w->row_bytes, r0, r0 + R, p->xn, d, p->xnq,
+                p->xnr, p->T, d, out, hd);
   const float *b = v ? L->bv : L->bk;
   add_bias_rows(out, hd, p->T, b ? b + r0 : NULL, R);
 }
@@ -263,10 +262,14 @@ static void item_attn(const struct st_prompt_ctx *p, int l, int64_t i) {
 /* ---- output projection (linear_cpu), residual, router (router_cpu) --------------------------- */
 
 static void item_qattn(const struct st_prompt_ctx *p, int l, int64_t i) {
-  const int n = (int)p->dc->layers[l].wo_d.n;
+  const struct st_wdesc *w = &p->dc->layers[l].wo_d;
+  const int n = (int)w->n;
+  const uint64_t rb = st_q8_row_bytes(w->type, n);
   int t0, t1;
   tile_of(p, i, &t0, &t1);
-  st_quantize_act(ST_TYPE_Q8_0, p->attn + (size_t)t0 * n, n, t1 - t0, n, p->attnq + (size_t)t0 * st_q8_row_bytes(ST_TYPE_Q8_0, n));
+  const float *a = p->attn + (size_t)t0 * n;
+  st_quantize_act(w->type, a, n, t1 - t0, n, p->attnq + (size_t)t0 * rb);
+  if (o_terms(p->dc, l) == 2) st_quantize_act_residual(w->type, a, n, t1 - t0, n, p->attnq + (size_t)t0 * rb, p->attnr + (size_t)t0 * rb);
 }
 
 static void item_oproj(const struct st_prompt_ctx *p, int l, int64_t i) {
@@ -274,8 +277,8 @@ static void item_oproj(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_wdesc *w = &c->layers[l].wo_d;
   const int n = (int)w->n, d = c->n_embd;
   const int64_t r0 = i * p->rows_o, r1 = min64(d, r0 + p->rows_o);
-  if (dense_q8(c, w)) st_matmul_q8(w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attnq, p->T, n, p->xo + r0, d);
-  else st_matmul(w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attn, n, p->T, n, p->xo + r0, d);
+  st_dense_rows(o_terms(c, l), w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attn, n, p->attnq, p->attnr, p->T, n,
+                p->xo + r0, d);
   add_bias_rows(p->xo + r0, d, p->T, c->layers[l].bo ? c->layers[l].bo + r0 : NULL, r1 - r0);
 }
 
@@ -488,8 +491,10 @@ static void item_combine(const struct st_prompt_ctx *p, int l, int64_t i) {
 static void item_head(const struct st_prompt_ctx *p, int64_t i) {
   const struct st_decode_ctx *c = p->dc;
   const int64_t r0 = i * p->rows_head, r1 = min64(c->n_vocab, r0 + p->rows_head);
-  st_matmul(c->output_d.type, c->output, c->output_d.row_bytes, r0, r1, p->xn + (size_t)p->out_row0 * c->n_embd, c->n_embd,
-            p->n_out, c->n_embd, p->logits + r0, c->n_vocab);
+  const int terms = st_lane_xn_terms(c, c->n_layer, &c->output_d, ST_DENSE_HEAD);
+  const uint64_t rb = st_q8_row_bytes(c->output_d.type, c->n_embd) * (uint64_t)p->out_row0;
+  st_dense_rows(terms, c->output_d.type, c->output, c->output_d.row_bytes, r0, r1, p->xn + (size_t)p->out_row0 * c->n_embd,
+                c->n_embd, p->xnq + rb, p->xnr + rb, p->n_out, c->n_embd, p->logits + r0, c->n_vocab);
 }
 
 static void run_item(const struct st_prompt_ctx *p, int kind, int l, int64_t i) {
@@ -557,7 +562,7 @@ void st_prompt_plan(struct st_prompt_ctx *p) {
     PHASE(ST_PP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * mla_qk(c), p->rows_qkv) : 0);
     PHASE(ST_PP_ROPE, l, c->mla ? c->n_head : c->n_head + c->n_head_kv);
     PHASE(ST_PP_ATTN, l, (int64_t)c->n_head_kv * div_up64(T, p->tile_attn));
-    PHASE(ST_PP_QATTN, l, dense_q8(c, &Ly->wo_d) ? tiles : 0);
+    PHASE(ST_PP_QATTN, l, o_terms(c, l) ? tiles : 0);
     PHASE(ST_PP_OPROJ, l, div_up64(c->n_embd, p->rows_o));
     PHASE(ST_PP_ROUTE, l, tiles);
     PHASE(ST_PP_SORT, l, moe);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "codelets/codelets.h"
+#include "codelets/dot.h"
 #include "codelets/quant.h"
 #include "common.h"
 #include "graph/batch.h"
@@ -334,7 +335,8 @@ static int submit_head(struct st_engine *e, struct batch *b, int row0, int T_out
     const int r0 = s * rows, r1 = r0 + rows < V ? r0 + rows : V;
     struct st_linear_args a = {.T = T_out, .in_row0 = row0, .n_in = 1, .has_norm = 1,
                                .r0 = r0, .r1 = r1, .eps = hp->rms_eps, .w = st_engine_wdesc(&e->model->output),
-                               .graph_key = graph_key(e, b->T, hp->n_layer, 0), .cublas_rows = e->cublas_rows};
+                               .graph_key = graph_key(e, b->T, hp->n_layer, 0), .cublas_rows = e->cublas_rows,
+                               .int8_dot = e->int8_dot, .dense_kind = ST_DENSE_HEAD};
     out[s] = st_engine_reg(slices + (size_t)T_out * r0, (uint64_t)T_out * (r1 - r0), 4);
     starpu_data_handle_t bufs[4] = {e->h_output, e->h_output_norm, b->x, out[s]};
     rc = st_submit_linear(&a, bufs, 4, traced(e, st_placement_dense_target(&e->placement, e->hp.n_layer)), e->head_names[s]);

@@ -170,9 +170,10 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(c->xq, uint8_t, q8_row_max(e, 0, dm) + q8_row_max(e, 1, dm) + 1);
   TAKE(c->aq, uint8_t, k * q8_row_max(e, 2, (int64_t)ff) + 1);
-  TAKE(c->xnq, uint8_t, st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)dm) + 1);
-  TAKE(c->xnr, uint8_t, st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)dm) + 1);
-  TAKE(c->attnq, uint8_t, st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)qw) + 1);
+  TAKE(c->xnq, uint8_t, st_q8_row_bytes_max((int64_t)dm) + 1); /* whichever layout st_lane_xn_act picks */
+  TAKE(c->xnr, uint8_t, st_q8_row_bytes_max((int64_t)dm) + 1);
+  TAKE(c->attnq, uint8_t, st_q8_row_bytes_max((int64_t)qw) + 1);
+  TAKE(c->attnr, uint8_t, st_q8_row_bytes_max((int64_t)qw) + 1);
   TAKE(c->scratch, float, (size_t)c->scratch_floats * starpu_worker_get_count());
   TAKE(c->sync, struct st_lane_sync, hp->n_layer + 1);
 #undef TAKE

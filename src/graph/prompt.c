@@ -90,11 +90,12 @@ static size_t carve(struct st_prompt_ctx *p, const struct st_engine *e, uint8_t 
   const uint64_t qg = q8_max(e, 0), qu = q8_max(e, 1), qa = q8_max(e, 2);
   size_t at = 0;
   CARVE(base, at, p->xn, float, cap * d);
-  CARVE(base, at, p->xnq, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)d) + 1);
-  CARVE(base, at, p->xnr, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)d) + 1);
+  CARVE(base, at, p->xnq, uint8_t, cap * st_q8_row_bytes_max((int64_t)d) + 1); /* st_lane_xn_act's layout */
+  CARVE(base, at, p->xnr, uint8_t, cap * st_q8_row_bytes_max((int64_t)d) + 1);
   CARVE(base, at, p->q, float, cap * qw_all);
   CARVE(base, at, p->kvnew, float, 2 * G * cap * hd);
-  CARVE(base, at, p->attnq, uint8_t, cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)qw_all) + 1);
+  CARVE(base, at, p->attnq, uint8_t, cap * st_q8_row_bytes_max((int64_t)qw_all) + 1); /* wo's layout */
+  CARVE(base, at, p->attnr, uint8_t, cap * st_q8_row_bytes_max((int64_t)qw_all) + 1);
   CARVE(base, at, p->rope, float, cap * hd);
   CARVE(base, at, p->qa, float, mla ? cap * hp->q_lora + 1 : 1);
   CARVE(base, at, p->qaq, uint8_t, mla ? cap * st_q8_row_bytes(ST_TYPE_Q8_0, (int64_t)hp->q_lora) + 1 : 1);
