@@ -162,33 +162,22 @@ void st_attend_head(const float *qh, int kv_type, const void *kc, const void *vc
   st_attend_tokens(qh, 1, 1, hd, n_keys - 1, kv_type, kc, vc, o, score, n_keys);
 }
 
-/* xn's int8 rows for a task's Q, K and V products (st_dense_terms): one activation layout, that of
- * the first of them taking int8 ones (`type`); a product of another layout takes float32 ones. q:
- * T first-term rows, then (have2) T second-term rows (rb bytes each). */
+/* xn's int8 rows for a task's Q, K and V products: st_dense_act's layout `type` (ST_TYPE_COUNT: none),
+ * T first-term rows, then, when a product takes two terms, T second-term rows (rb bytes each). */
 struct xn_q8 {
   uint32_t type;
   uint64_t rb;
   uint8_t *q;
 };
 
-/* Terms of product `kind` of `type` weights on z's rows (0: float32). */
-static int xn_terms(const struct xn_q8 *z, uint32_t type, int64_t d, int int8, int kind) {
-  const int t = st_dense_terms(type, d, int8, kind);
-  return t && z->q && st_q8_act_same(z->type, type, d) ? t : 0;
-}
-
-/* Quantises the T rows of xn [T][d] for the task's products: both terms when one of them takes
- * two. A CPU codelet has no error path: out of memory aborts with a message. */
+/* Quantises the T rows of xn [T][d] for the task's products. A CPU codelet has no error path: out
+ * of memory aborts with a message. */
 static struct xn_q8 xn_quantize(const struct st_attention_args *a, const float *xn, int T, int d) {
-  const struct st_wdesc *w[3] = {&a->wq, &a->wk, &a->wv};
-  const int kind[3] = {ST_DENSE_QO, ST_DENSE_KV, ST_DENSE_KV};
-  struct xn_q8 z = {0};
-  int two = 0;
-  for (int j = 0; j < 3; j++) {
-    const int t = st_dense_terms(w[j]->type, d, a->int8_dot, kind[j]);
-    if (t && !z.rb) z.type = w[j]->type, z.rb = st_q8_row_bytes(w[j]->type, d);
-    if (t == 2 && st_q8_act_same(z.type, w[j]->type, d)) two = 1;
-  }
+  const uint32_t types[3] = {a->wq.type, a->wk.type, a->wv.type};
+  const int kinds[3] = {ST_DENSE_QO, ST_DENSE_KV, ST_DENSE_KV};
+  int two;
+  struct xn_q8 z = {st_dense_act(3, types, kinds, d, a->int8_dot, &two), 0, NULL};
+  z.rb = st_q8_row_bytes(z.type, d);
   if (!z.rb) return z;
   z.q = malloc((size_t)z.rb * (size_t)T * (two ? 2 : 1));
   if (!z.q) {
@@ -242,14 +231,14 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
      * ones: their rounding stays in the cache for every later token (with one-term int8 K and V the
      * small Q4_K_M fixture's short prompt changed 6 of its 56 expert sets, the test allows 2); a
      * half cache gets them rounded after the norm and RoPE. */
-    st_dense_rows(xn_terms(&z, a->wq.type, d, a->int8_dot, ST_DENSE_QO), a->wq.type, wq, a->wq.row_bytes,
+    st_dense_rows(st_dense_terms_on(z.type, a->wq.type, d, a->int8_dot, ST_DENSE_QO), a->wq.type, wq, a->wq.row_bytes,
                   (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, z.q, zr, T, d, q, qw);
     float *kdst = half ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = half ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
     const struct st_wdesc *kvd[2] = {&a->wk, &a->wv};
     const void *kvw[2] = {wk, wv};
     float *kvdst[2] = {kdst, vdst};
     for (int j = 0; j < 2; j++)
-      st_dense_rows(xn_terms(&z, kvd[j]->type, d, a->int8_dot, ST_DENSE_KV), kvd[j]->type, kvw[j], kvd[j]->row_bytes,
+      st_dense_rows(st_dense_terms_on(z.type, kvd[j]->type, d, a->int8_dot, ST_DENSE_KV), kvd[j]->type, kvw[j], kvd[j]->row_bytes,
                     (int64_t)group * hd, (int64_t)group * hd + hd, xn, d, z.q, zr, T, d, kvdst[j], hd);
     for (int t = 0; t < T; t++) {
       float *cs = rope + (size_t)t * hd; /* token t's (cos, sin) pairs, shared by its heads */

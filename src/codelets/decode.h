@@ -235,6 +235,9 @@ uint32_t st_lane_xn_act(const struct st_decode_ctx *c, int l, int *two);
 /* Terms (st_dense_terms) of layer l's GQA product of w (kind ST_DENSE_QO or ST_DENSE_KV; the head
  * at l == n_layer: ST_DENSE_HEAD) on xn quantised as st_lane_xn_act says; 0: float32. */
 int st_lane_xn_terms(const struct st_decode_ctx *c, int l, const struct st_wdesc *w, int kind);
+/* Terms (st_dense_terms, ST_DENSE_QO) of layer l's output projection, its input attn quantised in
+ * wo's own layout. */
+int st_lane_o_terms(const struct st_decode_ctx *c, int l);
 
 /* The fixed FFN's int8 rule (both lanes, so that a token's bits do not depend on the path): gate
  * and up take int8 activations when st_matmul_q8 takes both types in one layout of n_embd, down

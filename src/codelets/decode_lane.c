@@ -55,34 +55,26 @@ static void rows(const struct st_wdesc *w, const void *W, int64_t r0, int64_t r1
 }
 
 /* Whether MLA's query matrix W takes q8_0 activations (st_dense_q8); the GQA and head products
- * follow st_lane_xn_terms, the output projection o_terms (st_dense_terms). */
+ * follow st_lane_xn_terms, the output projection st_lane_o_terms (st_dense_terms). */
 static int dense_q8(const struct st_decode_ctx *c, const struct st_wdesc *w) { return st_dense_q8(w->type, w->n, c->int8_dot); }
 
 uint32_t st_lane_xn_act(const struct st_decode_ctx *c, int l, int *two) {
   const int64_t d = c->n_embd;
   *two = 0;
   if (l >= c->n_layer) {
-    const int t = st_dense_terms(c->output_d.type, d, c->int8_dot, ST_DENSE_HEAD);
-    *two = t == 2;
-    return t ? c->output_d.type : ST_TYPE_COUNT;
+    const int head = ST_DENSE_HEAD;
+    return st_dense_act(1, &c->output_d.type, &head, d, c->int8_dot, two);
   }
   const struct st_decode_layer *L = &c->layers[l];
   if (c->mla) return dense_q8(c, st_q_in(L)) ? ST_TYPE_Q8_0 : ST_TYPE_COUNT;
-  const struct st_wdesc *w[3] = {&L->wq_d, &L->wk_d, &L->wv_d};
-  uint32_t act = ST_TYPE_COUNT;
-  for (int j = 0; j < 3; j++) {
-    const int t = st_dense_terms(w[j]->type, d, c->int8_dot, j ? ST_DENSE_KV : ST_DENSE_QO);
-    if (t && act == ST_TYPE_COUNT) act = w[j]->type;
-    if (t == 2 && st_q8_act_same(act, w[j]->type, d)) *two = 1;
-  }
-  return act;
+  const uint32_t types[3] = {L->wq_d.type, L->wk_d.type, L->wv_d.type};
+  const int kinds[3] = {ST_DENSE_QO, ST_DENSE_KV, ST_DENSE_KV};
+  return st_dense_act(3, types, kinds, d, c->int8_dot, two);
 }
 
 int st_lane_xn_terms(const struct st_decode_ctx *c, int l, const struct st_wdesc *w, int kind) {
   int two;
-  const uint32_t act = st_lane_xn_act(c, l, &two);
-  const int t = st_dense_terms(w->type, c->n_embd, c->int8_dot, kind);
-  return t && st_q8_act_same(act, w->type, c->n_embd) ? t : 0;
+  return st_dense_terms_on(st_lane_xn_act(c, l, &two), w->type, c->n_embd, c->int8_dot, kind);
 }
 
 /* xn quantised for layer l's products (the head's at l == n_layer) as st_lane_xn_act says (after
@@ -95,9 +87,9 @@ static void quantize_xn(const struct st_decode_ctx *c, int l) {
   if (two) st_quantize_act_residual(act, c->xn, c->n_embd, 1, c->n_embd, c->xnq, c->xnr);
 }
 
-/* Terms of layer l's output projection (its input attn quantised in wo's layout). */
-static int o_terms(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
-  return st_dense_terms(L->wo_d.type, L->wo_d.n, c->int8_dot, ST_DENSE_QO);
+int st_lane_o_terms(const struct st_decode_ctx *c, int l) {
+  const struct st_wdesc *w = &c->layers[l].wo_d;
+  return st_dense_terms(w->type, w->n, c->int8_dot, ST_DENSE_QO);
 }
 
 /* ---- the items ---------------------------------------------------------------------------- */
@@ -404,11 +396,11 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
   case ST_LP_ATTN: item_attn(s, l, i); break;
   case ST_LP_QATTN:
     st_quantize_act(L->wo_d.type, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq);
-    if (o_terms(c, L) == 2) st_quantize_act_residual(L->wo_d.type, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq, c->attnr);
+    if (st_lane_o_terms(c, l) == 2) st_quantize_act_residual(L->wo_d.type, c->attn, L->wo_d.n, 1, L->wo_d.n, c->attnq, c->attnr);
     break;
   case ST_LP_OPROJ: {
     const int64_t r0 = i * c->rows_o, r1 = r0 + c->rows_o < c->n_embd ? r0 + c->rows_o : c->n_embd;
-    st_dense_rows(o_terms(c, L), L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attn, L->wo_d.n, c->attnq, c->attnr, 1,
+    st_dense_rows(st_lane_o_terms(c, l), L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attn, L->wo_d.n, c->attnq, c->attnr, 1,
                   L->wo_d.n, c->xo + r0, r1 - r0);
     add_bias(c->xo + r0, L->bo ? L->bo + r0 : NULL, r1 - r0);
     break;
@@ -563,7 +555,7 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
     PHASE(ST_LP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), c->rows_qkv) : 0);
     PHASE(ST_LP_ROPE, l, c->mla ? c->n_head : c->n_head + c->n_head_kv);
     PHASE(ST_LP_ATTN, l, c->n_head);
-    PHASE(ST_LP_QATTN, l, o_terms(c, Ly) ? 1 : 0);
+    PHASE(ST_LP_QATTN, l, st_lane_o_terms(c, l) ? 1 : 0);
     PHASE(ST_LP_OPROJ, l, div_up64(c->n_embd, c->rows_o));
     PHASE(ST_LP_RESNORM, l, 1);
     PHASE(ST_LP_RLOGITS, l, moe ? div_up64(c->n_expert, c->rows_router) : 0);

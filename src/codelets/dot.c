@@ -559,6 +559,22 @@ int st_q8_act_same(uint32_t a, uint32_t b, int64_t n) {
   return q8_family(a) && q8_family(a) == q8_family(b) && st_q8_row_bytes(a, n) == st_q8_row_bytes(b, n);
 }
 
+uint32_t st_dense_act(int nw, const uint32_t *types, const int *kinds, int64_t n, int int8, int *two) {
+  uint32_t act = ST_TYPE_COUNT;
+  *two = 0;
+  for (int j = 0; j < nw; j++) {
+    const int t = st_dense_terms(types[j], n, int8, kinds[j]);
+    if (t && act == ST_TYPE_COUNT) act = types[j];
+    if (t == 2 && st_q8_act_same(act, types[j], n)) *two = 1;
+  }
+  return act;
+}
+
+int st_dense_terms_on(uint32_t act, uint32_t type, int64_t n, int int8, int kind) {
+  const int t = st_dense_terms(type, n, int8, kind);
+  return t && st_q8_act_same(act, type, n) ? t : 0;
+}
+
 uint64_t st_q8_row_bytes_max(int64_t n) {
   uint64_t most = 0;
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++) {

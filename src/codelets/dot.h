@@ -164,6 +164,16 @@ int st_dense_terms(uint32_t type, int64_t n, int int8, int kind);
 void st_dense_rows(int terms, uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,
                    int64_t ldx, const void *xq, const void *xr, int64_t T, int64_t n, float *out, int64_t ldo);
 
+/* The activation layout one quantised input row serves several dense products with (n weights a
+ * row): the type of the first of types[0 .. nw) that takes int8 activations by st_dense_terms
+ * (kinds[j] its kind), ST_TYPE_COUNT when none does; *two: whether a product of that layout takes
+ * two terms (then the row's second term is needed too). */
+uint32_t st_dense_act(int nw, const uint32_t *types, const int *kinds, int64_t n, int int8, int *two);
+
+/* Terms of a product of `type` weights (kind) on an input quantised in `act`'s layout
+ * (st_dense_act): st_dense_terms, or 0 (float32) when that layout does not serve it. */
+int st_dense_terms_on(uint32_t act, uint32_t type, int64_t n, int int8, int kind);
+
 /* Whether quantised activation rows made for `a` weights (st_quantize_act) serve `b` weights too,
  * rows of n: the same layout and length. */
 int st_q8_act_same(uint32_t a, uint32_t b, int64_t n);

@@ -88,11 +88,6 @@ static void quantize_xn(const struct st_prompt_ctx *p, int l, int t0, int t1) {
   if (two) st_quantize_act_residual(act, x, c->n_embd, t1 - t0, c->n_embd, p->xnq + (size_t)t0 * rb, p->xnr + (size_t)t0 * rb);
 }
 
-/* Terms of layer l's output projection (the decode lanes' o_terms). */
-static int o_terms(const struct st_decode_ctx *c, int l) {
-  return st_dense_terms(c->layers[l].wo_d.type, c->layers[l].wo_d.n, c->int8_dot, ST_DENSE_QO);
-}
-
 /* ---- attention (attention_cpu) -------------------------------------------------------------- */
 
 static void item_norm(const struct st_prompt_ctx *p, int64_t i) {
@@ -269,7 +264,7 @@ static void item_qattn(const struct st_prompt_ctx *p, int l, int64_t i) {
   tile_of(p, i, &t0, &t1);
   const float *a = p->attn + (size_t)t0 * n;
   st_quantize_act(w->type, a, n, t1 - t0, n, p->attnq + (size_t)t0 * rb);
-  if (o_terms(p->dc, l) == 2) st_quantize_act_residual(w->type, a, n, t1 - t0, n, p->attnq + (size_t)t0 * rb, p->attnr + (size_t)t0 * rb);
+  if (st_lane_o_terms(p->dc, l) == 2) st_quantize_act_residual(w->type, a, n, t1 - t0, n, p->attnq + (size_t)t0 * rb, p->attnr + (size_t)t0 * rb);
 }
 
 static void item_oproj(const struct st_prompt_ctx *p, int l, int64_t i) {
@@ -277,7 +272,7 @@ static void item_oproj(const struct st_prompt_ctx *p, int l, int64_t i) {
   const struct st_wdesc *w = &c->layers[l].wo_d;
   const int n = (int)w->n, d = c->n_embd;
   const int64_t r0 = i * p->rows_o, r1 = min64(d, r0 + p->rows_o);
-  st_dense_rows(o_terms(c, l), w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attn, n, p->attnq, p->attnr, p->T, n,
+  st_dense_rows(st_lane_o_terms(c, l), w->type, c->layers[l].wo, w->row_bytes, r0, r1, p->attn, n, p->attnq, p->attnr, p->T, n,
                 p->xo + r0, d);
   add_bias_rows(p->xo + r0, d, p->T, c->layers[l].bo ? c->layers[l].bo + r0 : NULL, r1 - r0);
 }
@@ -562,7 +557,7 @@ void st_prompt_plan(struct st_prompt_ctx *p) {
     PHASE(ST_PP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * mla_qk(c), p->rows_qkv) : 0);
     PHASE(ST_PP_ROPE, l, c->mla ? c->n_head : c->n_head + c->n_head_kv);
     PHASE(ST_PP_ATTN, l, (int64_t)c->n_head_kv * div_up64(T, p->tile_attn));
-    PHASE(ST_PP_QATTN, l, o_terms(c, l) ? tiles : 0);
+    PHASE(ST_PP_QATTN, l, st_lane_o_terms(c, l) ? tiles : 0);
     PHASE(ST_PP_OPROJ, l, div_up64(c->n_embd, p->rows_o));
     PHASE(ST_PP_ROUTE, l, tiles);
     PHASE(ST_PP_SORT, l, moe);
