@@ -13,8 +13,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: strata <command> [options]\n"
           "\n"
-          "Runs GGUF Mixture-of-Experts models (qwen3moe, gpt-oss; deepseek2, glm4moe on CPU workers) as\n"
-          "StarPU task graphs.\n"
+          "Runs GGUF Mixture-of-Experts models (qwen3moe, gpt-oss, deepseek2, glm4moe) as StarPU task\n"
+          "graphs, on the GPUs StarPU finds and the CPU worker pool.\n"
           "\n"
           "commands:\n"
           "  generate   generate text from a prompt, streaming it, then print speed and tier statistics\n"

@@ -707,7 +707,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* On a bigger machine keep one core for the thread that submits the graph and reads each
    * layer's routing: every wait there stalls the whole layer. STARPU_NCPU overrides. */
   if (!getenv("STARPU_NCPU") && sysconf(_SC_NPROCESSORS_ONLN) >= 8) conf.reserve_ncpus = 1;
-  /* an architecture the GPU kernels do not compute (deepseek2) runs on CPU workers: unless the user
+  /* an architecture whose GPU kernels are not checked (st_arch::gpu; none today) runs on CPU workers: unless the user
    * asks for GPUs (a GPU tier flag, or STARPU_NCUDA), StarPU starts without CUDA workers, and a note
    * says so. */
   const int gpu_asked = o->expert_cache > 0 || o->expert_cache == ST_CACHE_AUTO || o->helper_cache[0] || o->helper_cache[1] ||

@@ -1337,9 +1337,15 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
   });
 }
 
+int st_cuda_attend_regime(int hd, int kv_type, int keys) {
+  if (keys <= att_short_max(hd, kv_type == ST_TYPE_F16 ? 2 : 4)) return ST_ATT_REGIME_SHORT;
+  return att_chunk_keys(keys) >= ATT_MMA_CHUNK ? ST_ATT_REGIME_WIDE : ST_ATT_REGIME_SPLIT;
+}
+
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
-                               cudaStream_t st, const st_cuda_attn_ext *x) {
+                               cudaStream_t st, const st_cuda_attn_ext *x, int regime) {
+  if (after_short && regime == ST_ATT_REGIME_SHORT) return; // rope_append's launch attends
   const st_cuda_attn_ext xe = x ? *x : st_cuda_attn_ext{};
   const float scale = xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd);
   kv_ptrs p;
@@ -1358,10 +1364,12 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
         for (int g = 0; g < G; g++) kv[2 * g] = k[g], kv[2 * g + 1] = v[g];
         paired = att_mma_ok(kv_type, hd, q, hd, kv, 2 * G);
       }
-      st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st, pdl,
-                     q, nq, hd, p, pos_dev, scale, part, counters, out, nst, (int)paired, after_short, xe);
+      // a regime's graph launches the one kernel of the pair that computes its positions
+      if (!paired || regime != ST_ATT_REGIME_WIDE)
+        st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st,
+                       pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, nst, (int)paired, after_short, xe);
       if constexpr (std::is_same<KT, __half>::value && ND == 4)
-        if (paired)
+        if (paired && regime != ST_ATT_REGIME_SPLIT)
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
                          1, after_short, xe);
@@ -1464,9 +1472,10 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
     st_cuda_rope_table(tab, (int)rows, hd, 1e6f, 0);
     void *k0[ST_CUDA_MAX_KV_HEADS], *v0[ST_CUDA_MAX_KV_HEADS], *k1[ST_CUDA_MAX_KV_HEADS], *v1[ST_CUDA_MAX_KV_HEADS];
     for (int g = 0; g < G; g++) k0[g] = kv[0][2 * g], v0[g] = kv[0][2 * g + 1], k1[g] = kv[1][2 * g], v1[g] = kv[1][2 * g + 1];
-    // the decode step's pair
+    // the decode step's pair, as its graph of the position's regime launches them
     st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k0, v0, tab, out[0], 0, 0);
-    st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 1, 0, 0);
+    st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 1, 0, 0, NULL,
+                              st_cuda_attend_regime(hd, kv_type, pos + 1));
     // the per-task path's: q and the new rows first, then the attention of each KV group
     st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k1, v1, tab, NULL, 0, 0);
     kv_dispatch(kv_type, [&](auto tag) {

@@ -574,9 +574,19 @@ void st_cuda_attention_allow_smem();
 // kernels, bit for bit, in one launch; the grid does not depend on the position.
 // after_short: positions whose attention st_cuda_rope_append wrote (given out) are left alone.
 // pdl (both): launched as st_cuda_launch's programmatic dependents of the previous kernel.
+// regime: ST_ATT_REGIME_ANY, a launch (a CUDA graph) that serves every position; or the regime
+// (st_cuda_attend_regime) of every position the launch will see, so that it launches only the
+// kernel that computes them: nothing for SHORT with after_short (rope_append's launch attends),
+// of a half cache's pair (the tensor-core kernel from ATT_MMA_CHUNK keys a chunk) the plain kernel
+// for SPLIT and the tensor-core one for WIDE. The bits do not depend on it.
+enum { ST_ATT_REGIME_ANY = -1, ST_ATT_REGIME_SHORT = 0, ST_ATT_REGIME_SPLIT = 1, ST_ATT_REGIME_WIDE = 2 };
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
-                               cudaStream_t st, const st_cuda_attn_ext *x = NULL);
+                               cudaStream_t st, const st_cuda_attn_ext *x = NULL, int regime = ST_ATT_REGIME_ANY);
+// The regime of a decode token's attention over `keys` keys (a sliding window's: the window's) of
+// head_dim hd in a cache of kv_type: SHORT up to rope_append's short-context keys, WIDE where the
+// split-K chunks reach ATT_MMA_CHUNK keys, else SPLIT.
+int st_cuda_attend_regime(int hd, int kv_type, int keys);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

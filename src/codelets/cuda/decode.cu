@@ -114,6 +114,7 @@ struct layer_graph {
   const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
   const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
   const void *m[ST_MLA_W]; // MLA's matrices and norms (codelets/decode.h), else NULL
+  int regime;              // the attention's regime at the token's position (st_cuda_attend_regime; MLA: 0)
 };
 
 // The fixed FFN of layer l (a dense layer's FFN or a MoE layer's shared expert) on ffn_in into
@@ -272,7 +273,7 @@ void layer_body(const void *args, cudaStream_t st) {
                       L->k_norm ? (const float *)g->w[6] : NULL, c->eps, D.pos, c->kv_type, g->k, g->v, D.rope, D.attn,
                       pdl, st, X ? &ax : NULL);
   st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st,
-                            X ? &ax : NULL);
+                            X ? &ax : NULL, g->regime);
   }
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
   mv_launch(&o, 1, D.attn, o_in, c->mla ? 0 : pdl, st);
@@ -319,7 +320,8 @@ void head_body(const void *args, cudaStream_t st) {
                                      c->dmail.stamps + 1);
 }
 
-// Graph keys: graph_key0 + 3 l the task of layer l, graph_key0 + 3 n_layer the head.
+// Graph keys: graph_key0 + 3 l + r the task of layer l at positions of attention regime r (a
+// layer's graph launches only the attention kernels its regime needs), graph_key0 + 3 n_layer the head.
 int key_of(const st_decode_ctx *c, int layer, int kind) { return c->graph_key0 + 3 * layer + kind; }
 
 void decode_gpu_run(void *buffers[], void *cl_arg);
@@ -379,7 +381,11 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     sig.add(g.m[i]);
   }
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
-  st_cuda_graph_replay(st, key_of(c, a->layer, 0), sig.h, layer_body, &g);
+  if (!c->mla) { // the keys the token attends to: a sliding window's at most
+    const int n_all = a->pos + 1, win = c->layers[a->layer].swa ? c->attn_conf.window : 0;
+    g.regime = st_cuda_attend_regime(c->head_dim, c->kv_type, win && n_all > win ? win : n_all);
+  }
+  st_cuda_graph_replay(st, key_of(c, a->layer, g.regime), sig.h, layer_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -616,29 +616,39 @@ __device__ __forceinline__ void mmv_chunk_rows_q8(const uint8_t *const (&ch)[NR]
   }
 }
 
-// MXFP4's doubled E2M1 levels as int8 bytes (quant.c st_kvalues_mxfp4): codes 0..7, and 8..15 (their
-// negations), four to a word.
-#define MMV_MXFP4_POS0 0x03020100u /* 0 1 2 3 */
-#define MMV_MXFP4_POS1 0x0C080604u /* 4 6 8 12 */
-#define MMV_MXFP4_NEG0 0xFDFEFF00u /* 0 -1 -2 -3 */
-#define MMV_MXFP4_NEG1 0xF4F8FAFCu /* -4 -6 -8 -12 */
+// MXFP4's doubled E2M1 magnitudes as int8 bytes (quant.c st_kvalues_mxfp4, codes 0..7), four to a word;
+// codes 8..15 are their negations.
+#define MMV_MXFP4_LEV0 0x03020100u /* 0 1 2 3 */
+#define MMV_MXFP4_LEV1 0x0C080604u /* 4 6 8 12 */
 
-// The int8 levels of the four 4-bit codes in the low 16 bits of h, code i (nibble i) into byte i:
-// a byte permute picks each code's magnitude from the table (its low 3 bits), another its negation,
-// a third takes the negation where the code's bit 3 is set.
-__device__ __forceinline__ uint32_t mmv_mxfp4_i8(uint32_t h) {
-  const uint32_t m = h & 0x7777u;
-  const uint32_t pos = __byte_perm(MMV_MXFP4_POS0, MMV_MXFP4_POS1, m), neg = __byte_perm(MMV_MXFP4_NEG0, MMV_MXFP4_NEG1, m);
-  return __byte_perm(pos, neg, 0x3210u | ((h & 0x8888u) >> 1));
+// PTX prmt in its default mode: byte i of the result is byte (s >> 4i) & 7 of the pair (a, b), or,
+// where bit 3 of that nibble is set, that byte's sign bit replicated over all 8 bits. The table's
+// magnitudes are all below 128, so a code whose bit 3 (its sign) is set reads 0 here.
+__device__ __forceinline__ uint32_t mmv_prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
+// The exact integer sum of 8 MXFP4 codes c (nibble i: code i) times the int8 quants xa (bytes: the
+// quants of codes 0..3) and xb (codes 4..7), in two dp4a chains: the positive codes' magnitudes
+// (one prmt per four codes, the negative ones read 0) into sp, the negative codes' into sn (the
+// codes with their sign flipped), so that the sum is sp - sn.
+__device__ __forceinline__ void mmv_mxfp4_dot8(uint32_t c, uint32_t xa, uint32_t xb, int &sp, int &sn) {
+  const uint32_t f = c ^ 0x88888888u;
+  sp = __dp4a((int)mmv_prmt(MMV_MXFP4_LEV0, MMV_MXFP4_LEV1, c), (int)xa, sp);
+  sn = __dp4a((int)mmv_prmt(MMV_MXFP4_LEV0, MMV_MXFP4_LEV1, f), (int)xa, sn);
+  sp = __dp4a((int)mmv_prmt(MMV_MXFP4_LEV0, MMV_MXFP4_LEV1, c >> 16), (int)xb, sp);
+  sn = __dp4a((int)mmv_prmt(MMV_MXFP4_LEV0, MMV_MXFP4_LEV1, f >> 16), (int)xb, sn);
 }
 
 // mmv_chunk_rows_q8 for MXFP4 weights: lane l takes block l of the chunk (17 bytes: the E8M0 scale e,
 // then 16 bytes of codes, code j's low nibble weight j and high nibble weight j + 16, at any
 // alignment in shared memory: read as 4-byte words and funnel-shifted). A 16-bit half of the codes
-// holds the nibbles of weights (a, a + 16, a + 1, a + 17), which become four int8 levels
-// (mmv_mxfp4_i8) and meet the activation quants permuted into the same order (once per lane for
-// all NR rows); the exact integer sum s of the block's 32 products, then acc = fmaf(2^(e - 128) d_x,
-// s, acc), as the CPU's int8 MXFP4 kernel scales each block's sum (dot_b32.c).
+// holds the nibbles of weights (a, a + 16, a + 1, a + 17); the activation quants are permuted into
+// the same order once per lane for all NR rows, and mmv_mxfp4_dot8 gives the exact integer sum s of
+// the block's 32 products; then acc = fmaf(2^(e - 128) d_x, s, acc), as the CPU's int8 MXFP4
+// kernel scales each block's sum (dot_b32.c).
 template <int NR, bool XS>
 __device__ __forceinline__ void mmv_chunk_rows_q8_mxfp4(const uint8_t *const (&ch)[NR], int nw, const int8_t *xq,
                                                         const float *xd, float (&acc)[NR]) {
@@ -661,15 +671,11 @@ __device__ __forceinline__ void mmv_chunk_rows_q8_mxfp4(const uint8_t *const (&c
     uint32_t w[5];
 #pragma unroll
     for (int i = 0; i < 5; i++) w[i] = wp[i]; // the staging buffer holds the bytes past a chunk's last block
-    int sum = 0;
+    int sp = 0, sn = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t c = __funnelshift_r(w[i], w[i + 1], sh);
-      sum = __dp4a((int)mmv_mxfp4_i8(c), (int)xp[2 * i], sum);
-      sum = __dp4a((int)mmv_mxfp4_i8(c >> 16), (int)xp[2 * i + 1], sum);
-    }
+    for (int i = 0; i < 4; i++) mmv_mxfp4_dot8(__funnelshift_r(w[i], w[i + 1], sh), xp[2 * i], xp[2 * i + 1], sp, sn);
     const uint32_t e = blk[0];
-    acc[q] = fmaf(mmv_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23) * dx, (float)sum, acc[q]);
+    acc[q] = fmaf(mmv_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23) * dx, (float)(sp - sn), acc[q]);
   }
 }
 
@@ -881,9 +887,12 @@ template <int PER> struct mmv_segmap {
   int r[PER], s[PER];
 };
 
-// Starts the copies of buffer `stage`'s rows (len bytes each; row r at 16 rs r + its misalignment).
-// A 16-byte aligned row's whole segments take the short path (the usual case: block formats whose
-// rows are whole 16-byte multiples, in 16-byte aligned tensors and cache slots).
+// Starts the copies of buffer `stage`'s rows (len bytes each; row r at 16 rs r + its misalignment):
+// every 16-byte aligned segment that holds bytes of the row, whole, with cp.async. A misaligned
+// row's first and last segments also carry up to 15 bytes before and after it, which no decoder
+// reads: they lie in the same allocation (device allocations are at least 256-byte aligned, and
+// mapped in granules that end on 16-byte boundaries), so the copies never fault, and no thread
+// waits on a load here (a byte-wise copy of the partial ends cost a memory round trip a group).
 template <uint32_t TYPE, int PER>
 __device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage, int b, int len, int rs,
                                           const mmv_segmap<PER> &map) {
@@ -894,18 +903,7 @@ __device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage
     if (r >= nr) continue;
     const uint8_t *src = sm.rows[b][r];
     const int a = (int)((uintptr_t)src & 15);
-    uint4 *dst = stage + r * rs + sg;
-    if (a == 0 && 16 * sg + 16 <= len) {
-      st_dev_cp16(dst, (const uint4 *)src + sg);
-      continue;
-    }
-    const uint8_t *base = src - a;
-    if (16 * sg >= a && 16 * sg + 16 <= a + len) {
-      st_dev_cp16(dst, (const uint4 *)base + sg);
-    } else if (16 * sg < a + len && 16 * sg + 16 > a) {
-      uint16_t *d16 = (uint16_t *)dst;
-      for (int k = max(16 * sg, a); k < min(16 * sg + 16, a + len); k += 2) d16[(k - 16 * sg) / 2] = *(const uint16_t *)(base + k);
-    }
+    if (16 * sg < a + len) st_dev_cp16(stage + r * rs + sg, (const uint4 *)(src - a) + sg);
   }
 }
 
