@@ -13,8 +13,9 @@
  * - decode GPU tasks (cuda/decode.cu): a layer's dense work (the previous layer's combine,
  *   attention with the KV append, the output projection, the FFN norm, router and top-k) and its
  *   cached experts (two kernels that read the routing and the pair -> slot table on the device) as
- *   one CUDA graph of eight fused kernels instantiated once and replayed, the position and the step
- *   number read from device memory; the output head.
+ *   one CUDA graph of eight fused kernels instantiated once per attention regime of the token's
+ *   position and replayed, the position and the step number read from device memory; the output
+ *   head.
  *
  * The mailbox: host memory the GPU maps (pinned, cudaHostAllocMapped), through which a layer's
  * routing and FFN input go to the CPU pool and its rows come back, each half announced by a flag

@@ -7,7 +7,9 @@
 //
 // A layer is eight kernels: dk_pre (the previous layer's combine and the attention norm), dk_mv
 // (Q, K and V in one launch when their types agree), rope_append (with up to 128 keys also the
-// attention itself) and attend_decode_all (the longer contexts) (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
+// attention itself) and attend_decode_all (the longer contexts; a layer's graph is captured per
+// attention regime, st_cuda_attend_regime, so a short context's graph has seven kernels)
+// (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
 // dk_gateup (each block the top-k for itself, block 0 also the weights, the layer's routing table and
 // the mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted), in
 // decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
