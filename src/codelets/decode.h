@@ -182,6 +182,8 @@ struct st_decode_ctx {
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
   int mxfp4_int8;                      /* STRATA_MXFP4_INT8: cached MXFP4 experts on int8 activations (GPU) */
+  int presubmit;                       /* STRATA_PRESUBMIT: layer 0's first kernel waits for the mailbox's
+                                          step number to move past the last step's (graph/token.c) */
   const struct st_decode_layer *layers; /* [n_layer] */
   const void *const *expert_src;       /* [n_layer][n_expert][3] host gate/up/down of each pair */
   const uint8_t *tier;                 /* [n_layer][n_expert]: 0 = the CPU pool computes the pair */

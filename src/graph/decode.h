@@ -48,6 +48,11 @@ struct st_decode {
   int pool_lanes;                   /* GPU mode: the last step submitted the CPU pool's lanes */
   uint64_t last_end_ns;             /* GPU mode: the last step's head end (GPU clock), 0 before one */
   double last_return_s;             /* host clock (st_now) as the last step returned, 0 before one */
+  int pending;                      /* STRATA_PRESUBMIT: a step is submitted whose token the host has not written */
+  int pending_broken;               /* its submission failed part way (settle it, then report) */
+  int32_t pending_pos;              /* its position */
+  uint32_t pending_seq;             /* its step number */
+  uint64_t pending_tasks;           /* its tasks (counted in the engine's statistics once it runs for a token) */
   int smem_set;                     /* ctx.smem_set's home */
 };
 
@@ -76,7 +81,15 @@ int st_decode_submit_lanes(struct st_engine *e);
 /* One decode step (token.c): token `id` at position e->n_past through every layer and the head;
  * the logits (n_vocab floats) into `logits`; the routing counted as the per-task path counts it.
  * Does not advance n_past. Errors: ST_ERUNTIME when a router's input is not finite or a
- * submission fails. */
+ * submission fails. With STRATA_PRESUBMIT (a GPU step without CPU-pool lanes, not recording, room
+ * in the context) it submits the step at e->n_past + 1 before it waits for this one's logits: that
+ * step's first kernel waits for the mailbox, which the next call fills with its token. */
 int st_decode_step(struct st_engine *e, int32_t id, float *logits);
+
+/* Ends a step st_decode_step submitted ahead (if any) before anything else uses the engine: it runs
+ * for a zero embedding at its position (its KV row is rewritten before any step reads it, since
+ * n_past does not advance) and every task is waited for. Every engine entry point but
+ * st_decode_step calls it (engine.c). */
+void st_decode_settle(struct st_engine *e);
 
 #endif

@@ -259,11 +259,13 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
   struct st_decode_ctx *c = &d->ctx;
   const int L = (int)hp->n_layer;
-  /* the route table starts at zero: a dense layer's entries stay (expert 0, weight 0) */
+  /* the route table starts at zero: a dense layer's entries stay (expert 0, weight 0); so do the
+   * position and step number (step 0: the mailbox's first step, 1, is past it for dk_pre's wait) */
   {
     const size_t n = sizeof(struct st_route) * hp->n_layer * hp->n_expert_used;
-    void *z = calloc(1, n);
-    const int rc = z ? to_primary(d, (uintptr_t)c->dev.route, z, n) : st_set_error(ST_ENOMEM, "out of memory");
+    void *z = calloc(1, n > 2 * sizeof(int32_t) ? n : 2 * sizeof(int32_t));
+    int rc = z ? to_primary(d, (uintptr_t)c->dev.route, z, n) : st_set_error(ST_ENOMEM, "out of memory");
+    if (!rc) rc = to_primary(d, (uintptr_t)c->dev.pos, z, 2 * sizeof(int32_t));
     free(z);
     if (rc) return rc;
   }
@@ -329,6 +331,7 @@ int st_decode_init(struct st_engine *e) {
                               .k = (int)hp->n_expert_used, .n_ff = (int)hp->n_ff_exp, .n_vocab = (int)hp->n_vocab,
                               .n_ctx = e->n_ctx, .eps = hp->rms_eps, .rope_theta = hp->rope_theta,
                               .kv_type = e->kv_type, .int8_dot = e->int8_dot, .pdl = e->pdl, .mxfp4_int8 = e->mxfp4_int8,
+                              .presubmit = e->presubmit,
                               .tier = e->placement.tier,
                               .output = e->model->output.data, .output_norm = e->model->output_norm.data,
                               .output_d = desc_of(&e->model->output)};

@@ -45,6 +45,7 @@ struct env_conf {
   long pdl;            /* STRATA_PDL: 0 or 1 */
   long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
   long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
+  long presubmit;      /* STRATA_PRESUBMIT: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -100,6 +101,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 1, &c->mxfp4_int8);
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
+  if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 0, &c->presubmit);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
@@ -618,6 +620,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
   e->mxfp4_int8 = (int)env.mxfp4_int8;
+  e->presubmit = (int)env.presubmit;
   e->step_wait = (int)env.step_wait;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);
@@ -857,6 +860,7 @@ void st_engine_destroy(struct st_engine *e) {
   if (e->started) {
     const struct st_hparams *hp = &e->hp;
     st_engine_pause(e, 0);
+    st_decode_settle(e); /* a step submitted ahead waits for the host */
     starpu_task_wait_for_all();
 #ifdef ST_HAVE_CUDA
     /* StarPU resets the devices at shutdown: drop the CUDA graphs cached for them first */
@@ -908,10 +912,14 @@ void st_engine_destroy(struct st_engine *e) {
   free(e);
 }
 
-void st_engine_reset(struct st_engine *e) { e->n_past = 0; }
+void st_engine_reset(struct st_engine *e) {
+  st_decode_settle(e);
+  e->n_past = 0;
+}
 
 void st_engine_pause(struct st_engine *e, int paused) {
   if (!e->started || !paused == !e->paused) return;
+  if (paused) st_decode_settle(e);
   if (paused) starpu_pause();
   else starpu_resume();
   e->paused = paused;
@@ -1038,6 +1046,7 @@ static int adapt_cache(struct st_engine *e, int c, int swaps, struct pair_count 
 }
 
 int st_engine_adapt(struct st_engine *e) {
+  st_decode_settle(e); /* the swaps change what a step submitted ahead would read */
   struct st_placement *pl = &e->placement;
   const int n_pairs = (int)(pl->n_layer * pl->n_expert);
   e->tokens_since_adapt = 0;
@@ -1162,6 +1171,7 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     /* a decode step writes its logits where they go (no copy through e->logits) */
     const int step = T == 1 && e->dec;
     float *out = step && all_logits ? logits + (size_t)done * V : step && last ? logits : e->logits;
+    if (!step) st_decode_settle(e); /* a prompt chunk after a step submitted ahead */
     int rc = step        ? st_decode_step(e, ids[done], out)
              : e->prompt ? st_prompt_eval(e, ids + done, T, all_logits || last, all_logits)
                          : st_batch_eval(e, ids + done, T, all_logits || last, all_logits);

@@ -32,8 +32,7 @@ static int submit_lanes(struct st_engine *e, int l, int kind) {
     const struct st_lane_args a = {&d->ctx, kind, l};
     rc = st_submit_decode_lane(&a, NULL, 0, on_worker(e, STARPU_CPU, d->lane_worker[i], 0),
                                d->lane_names[(size_t)l * d->n_lanes + i]);
-    e->stats.tasks++;
-    d->tasks_last++;
+    d->tasks_last++; /* counted in e->stats by st_decode_step once the step runs for a token */
   }
   return rc;
 }
@@ -54,7 +53,7 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   (void)L, (void)G;
   return st_set_error(ST_ERUNTIME, "a GPU decode step in a build without CUDA"); /* d->gpu needs a CUDA worker */
 #else
-  const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = e->n_past,
+  const struct st_decode_gpu_args a = {.ctx = &d->ctx, .layer = l, .pos = d->ctx.pos,
                                        .combine = l > 0, .has_cpu_in = l > 0 && d->layer_cpu[l - 1],
                                        .has_xin = l < L && d->layer_cpu[l]};
   starpu_data_handle_t bufs[W_COUNT + 2 * 32 + 4 + ST_MLA_W];
@@ -85,7 +84,6 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
   }
   const int rc = st_submit_decode_gpu(&a, sizeof a, bufs, nb, on_worker(e, STARPU_CUDA, d->primary_worker, ++d->order),
                                       d->layer_names[l]);
-  e->stats.tasks++;
   d->tasks_last++;
   return rc;
 #endif

@@ -38,44 +38,104 @@ static int count_routing(struct st_engine *e, const struct st_route *route, int 
   return 0;
 }
 
+/* The next step number (never 0: the mailbox's flags start at 0). */
+static uint32_t next_seq(uint32_t seq) { return seq + 1 ? seq + 1 : 1; }
+
+/* Submits the step at position pos, number seq: the CPU pool's lanes (GPU mode, when it owns a
+ * pair), every layer and the head. The tasks submitted go into d->tasks_last. */
+static int submit_step(struct st_engine *e, int32_t pos, uint32_t seq) {
+  struct st_decode *d = e->dec;
+  struct st_decode_ctx *c = &d->ctx;
+  c->pos = pos;
+  c->seq = seq;
+  memset(c->sync, 0, sizeof *c->sync * (e->hp.n_layer + 1));
+  d->tasks_last = 0;
+  int rc = d->gpu ? st_decode_submit_lanes(e) : 0;
+  for (int l = 0; l <= (int)e->hp.n_layer && !rc; l++) rc = st_decode_submit_layer(e, l);
+  return rc;
+}
+
+/* GPU mode: the mailbox's input of step seq at position pos (the embedding row is written first),
+ * the step number last, with release order: layer 0's first kernel reads them (and, for a step
+ * submitted ahead, waits for the number). */
+static void post_step(struct st_decode_ctx *c, int32_t pos, uint32_t seq) {
+  c->mail.pos_seq[0] = pos;
+  __atomic_store_n(&c->mail.pos_seq[1], (int32_t)seq, __ATOMIC_RELEASE);
+}
+
+/* Whether step `pos` may be submitted before its token is known (STRATA_PRESUBMIT): a GPU step
+ * whose layers hand nothing to the CPU pool (a lane would wait on a step the host cannot finish),
+ * not recorded, inside the context. */
+static int may_presubmit(const struct st_engine *e, int32_t pos) {
+  const struct st_decode *d = e->dec;
+  return e->presubmit && d->gpu && !d->pool_lanes && !e->rec && pos < e->n_ctx;
+}
+
+void st_decode_settle(struct st_engine *e) {
+  struct st_decode *d = e->dec;
+  if (!d || !d->pending) return;
+  struct st_decode_ctx *c = &d->ctx;
+  memset(c->mail.emb, 0, sizeof(float) * e->hp.n_embd);
+  post_step(c, d->pending_pos, d->pending_seq);
+  starpu_task_wait_for_all();
+  d->pending = d->pending_broken = 0;
+}
+
 int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   struct st_decode *d = e->dec;
   struct st_decode_ctx *c = &d->ctx;
   const struct st_hparams *hp = &e->hp;
+  if (d->pending && (d->pending_broken || d->pending_pos != e->n_past)) st_decode_settle(e); /* not this step */
   const double t_in = st_now();
   const int back_to_back = d->last_return_s > 0 && t_in - d->last_return_s < 0.01; /* a decode loop */
   st_engine_embed(e, &id, 1, d->gpu ? c->mail.emb : c->x);
   const double t_step = st_now();
-  c->pos = e->n_past;
-  c->seq = c->seq + 1 ? c->seq + 1 : 1; /* never 0: the mailbox's flags start at 0 */
-  if (d->gpu) {
-    c->mail.pos_seq[0] = c->pos;
-    c->mail.pos_seq[1] = (int32_t)c->seq;
+  uint32_t seq;
+  int rc = 0;
+  if (d->pending) { /* submitted ahead: its first kernel waits for this */
+    seq = d->pending_seq;
+    post_step(c, d->pending_pos, seq);
+    e->stats.tasks += d->pending_tasks;
+    d->pending = 0;
+  } else {
+    seq = next_seq(c->seq);
+    if (d->gpu) post_step(c, e->n_past, seq);
+    rc = submit_step(e, e->n_past, seq);
+    e->stats.tasks += d->tasks_last;
   }
-  memset(c->sync, 0, sizeof *c->sync * (hp->n_layer + 1));
-  d->tasks_last = 0;
-  int rc = d->gpu ? st_decode_submit_lanes(e) : 0;
-  for (int l = 0; l <= (int)hp->n_layer && !rc; l++) rc = st_decode_submit_layer(e, l);
   if (rc && d->gpu) { /* release whatever was submitted: lanes leave, the GPU's waits end */
-    __atomic_store_n(c->mail.abort_seq, c->seq, __ATOMIC_RELEASE);
+    __atomic_store_n(c->mail.abort_seq, seq, __ATOMIC_RELEASE);
     for (uint32_t l = 0; l < hp->n_layer; l++)
-      __atomic_store_n(&c->mail.cpu_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], c->seq, __ATOMIC_RELEASE);
+      __atomic_store_n(&c->mail.cpu_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], seq, __ATOMIC_RELEASE);
+  }
+  if (!rc && may_presubmit(e, e->n_past + 1)) { /* the next step's tasks while this one computes */
+    const uint32_t ahead = next_seq(seq);
+    d->pending = 1;
+    d->pending_pos = e->n_past + 1;
+    d->pending_seq = ahead;
+    d->pending_broken = submit_step(e, d->pending_pos, ahead) != 0; /* settled below, after this step's head */
+    d->pending_tasks = d->tasks_last;
   }
   const double t_wait = st_now();
   e->stats.submit_s += t_wait - t_step;
   const struct st_route *route = c->route;
   double t_head = t_wait;
   if (d->gpu && !rc) { /* the head raises head_seq once the logits and the routing are in the mailbox */
-    st_mail_wait(c->mail.head_seq, c->seq, c->mail.abort_seq);
+    st_mail_wait(c->mail.head_seq, seq, c->mail.abort_seq);
     t_head = st_now();
     memcpy(logits, c->mail.logits, sizeof(float) * hp->n_vocab);
     memcpy(c->route, c->mail.route, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
   }
+  if (d->pending_broken) { /* its lanes and kernels run out on a zero embedding; then the error */
+    st_decode_settle(e);
+    if (!rc) rc = st_set_error(ST_ERUNTIME, "submitting the decode step of position %d ahead failed", e->n_past + 1);
+  }
   /* every lane has left its loop: the counters may be reset. A GPU step without lanes may leave
-   * StarPU retiring its tasks (STRATA_STEP_WAIT=0): the GPU's work is done at the head's flag (the
-   * last kernel on CUDA0's stream), the next step's tasks depend on these through their handles, and
-   * the prompt paths, the adaptive swaps and shutdown wait for every task themselves */
-  if (!d->gpu || d->pool_lanes || rc || e->step_wait || e->rec) starpu_task_wait_for_all();
+   * StarPU retiring its tasks (STRATA_STEP_WAIT=0; with a step submitted ahead it must, that step
+   * waiting for the host): the GPU's work is done at the head's flag (the last kernel on CUDA0's
+   * stream), the next step's tasks depend on these through their handles, and the prompt paths,
+   * the adaptive swaps and shutdown wait for every task themselves (st_decode_settle first) */
+  if (!d->pending && (!d->gpu || d->pool_lanes || rc || e->step_wait || e->rec)) starpu_task_wait_for_all();
   e->stats.wait_end_s += st_now() - t_wait;
   if (d->gpu && !rc) {
     const uint64_t t0 = __atomic_load_n(&c->mail.stamps[0], __ATOMIC_ACQUIRE), t1 = __atomic_load_n(&c->mail.stamps[1], __ATOMIC_ACQUIRE);

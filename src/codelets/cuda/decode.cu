@@ -207,7 +207,7 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
                  (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
                  c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, n_routed, c->n_embd,
                  combine, (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x,
-                 w, c->eps, D.xn, fixed, combine ? (uint64_t *)NULL : c->dmail.stamps);
+                 w, c->eps, D.xn, fixed, combine ? (uint64_t *)NULL : c->dmail.stamps, !combine && c->presubmit);
 }
 
 // MLA's attention of a layer (mla.cuh) from xn to D.attn ([n_head][head_dim_v]): q (wq, or q_a,

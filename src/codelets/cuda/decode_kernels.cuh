@@ -33,14 +33,16 @@ __device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
 // cache, slot_ptr != NULL, from gpu_out, the others from the mailbox's rows cpu_out, once the CPU
 // pool has raised *cpu_flag to the step number *seq when a slot is the CPU pool's and cpu_flag is
 // set; plain adds, as combine_token), else (layer 0) x = the mailbox's embedding row `emb`, with
-// the step's position and number copied from the mailbox to pos[0..1] and the n_counters fused
+// the step's position and number copied from the mailbox to pos[0..1] (wait_mail: once the
+// mailbox's step number pos_seq[1] has moved past the last step's, *seq: a step submitted before
+// the host knew its token, STRATA_PRESUBMIT) and the n_counters fused
 // kernels' counters zeroed and the GPU's clock written to *stamp (when set); then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
 // dynamic shared memory: d floats.
 __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
            int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
-           float *x, const float *w, float eps, float *xn, const float *fixed, uint64_t *stamp) {
+           float *x, const float *w, float eps, float *xn, const float *fixed, uint64_t *stamp, int wait_mail) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
   __shared__ int any_cpu;
@@ -86,6 +88,11 @@ __global__ void __launch_bounds__(PRE_THREADS)
       if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h[i1]);
     }
   } else {
+    if (wait_mail) { // the host writes the embedding row and the position, then the step number (release)
+      if (threadIdx.x == 0)
+        for (const uint32_t last = *seq; dk_flag_load((const uint32_t *)(pos_seq + 1)) == last;) __nanosleep(256);
+      __syncthreads();
+    }
     if (threadIdx.x < 2) pos[threadIdx.x] = __ldcv(pos_seq + threadIdx.x);
     if (threadIdx.x == 0 && stamp) *(volatile uint64_t *)stamp = st_dev_globaltimer();
     for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
