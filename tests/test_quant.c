@@ -820,6 +820,54 @@ static void test_attend_tokens(void) {
   }
 }
 
+/* MXFP4 blocks whose E8M0 scales run over the byte's range that keeps the products finite here
+ * (0, 1: the subnormal halves; 2..200), in whole quads and a partial last one (the VNNI kernel
+ * converts a whole quad's four scales at once): st_matmul_q8 at every ISA level bitwise equal to the
+ * scalar kernel, and the scalar kernel against float64 of the dequantised rows (1e-6 of Σ|w·x|). */
+static void test_mxfp4_scales(void) {
+  enum { ROWS = 5, T = 2 };
+  const int n = 32 * 203; /* 203 blocks a row: 50 whole quads and 3 blocks */
+  const uint64_t rb = st_row_bytes(ST_TYPE_MXFP4, (uint64_t)n), qb = st_q8_row_bytes(ST_TYPE_MXFP4, n);
+  uint8_t *w = malloc(rb * ROWS), *xq = malloc(qb * T);
+  float *x = malloc(sizeof(float) * T * n), *deq = malloc(sizeof(float) * n), *xd = malloc(sizeof(float) * n);
+  for (int r = 0; r < ROWS; r++)
+    for (int b = 0; b < n / 32; b++) {
+      st_block_mxfp4 *blk = (st_block_mxfp4 *)(void *)(w + r * rb) + b;
+      const int k = (b + 7 * r) % 203;
+      blk->e = (uint8_t)(k <= 200 ? k : k - 100); /* 0 .. 200 */
+      for (int j = 0; j < 16; j++) blk->qs[j] = (uint8_t)(urand() * 128 + 128);
+    }
+  for (int i = 0; i < T * n; i++) x[i] = (float)urand();
+  st_dot_force_isa(0);
+  st_quantize_act(ST_TYPE_MXFP4, x, n, T, n, xq);
+  float scalar[T * ROWS];
+  st_matmul_q8(ST_TYPE_MXFP4, w, rb, 0, ROWS, xq, T, n, scalar, ROWS);
+  double worst = 0;
+  for (int t = 0; t < T; t++) {
+    st_dequantize_act(ST_TYPE_MXFP4, xq + qb * (size_t)t, xd, n);
+    for (int r = 0; r < ROWS; r++) {
+      st_dequantize_row(ST_TYPE_MXFP4, w + r * rb, deq, n);
+      double ref = 0, mag = 0;
+      for (int i = 0; i < n; i++) ref += (double)deq[i] * xd[i], mag += fabs((double)deq[i] * xd[i]);
+      worst = fmax(worst, fabs(scalar[t * ROWS + r] - ref) / (mag + 1e-300));
+    }
+  }
+  const int top = st_dot_force_isa(3);
+  int same = 1;
+  for (int level = 1; level <= top; level++) {
+    st_dot_force_isa(level);
+    float out[T * ROWS];
+    st_matmul_q8(ST_TYPE_MXFP4, w, rb, 0, ROWS, xq, T, n, out, ROWS);
+    same &= !memcmp(out, scalar, sizeof out);
+  }
+  st_dot_force_isa(top);
+  CHECK(same && worst <= 1e-6,
+        "int8 matmul mxfp4, scales e = 0..200 (subnormal halves included), %d blocks a row: levels 1..%d bitwise equal "
+        "to scalar; scalar vs float64 max |Δ|/Σ|w·x| = %.2e (≤ 1e-6)",
+        n / 32, top, worst);
+  free(w), free(xq), free(x), free(deq), free(xd);
+}
+
 int main(void) {
   printf("CPU kernels: %s\n", st_dot_isa());
   test_conversions();
@@ -933,6 +981,7 @@ int main(void) {
   test_int8(ST_TYPE_Q5_0, 4192, 1, 4);
   /* IQ4_XS rows of more than 16 super-blocks (VNNI: offsets per row instead of per group of rows) */
   test_int8(ST_TYPE_IQ4_XS, 4352, 1, 4);
+  test_mxfp4_scales();
   test_iq3_packed_grids();
   test_grid_planes();
   test_grid_every_index();

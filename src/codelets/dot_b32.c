@@ -351,14 +351,29 @@ static inline __attribute__((always_inline)) VNNI __m128 quad_half4(const uint8_
       (short)quad_field(bb, bs, 2, cnt, at, 2), (short)quad_field(bb, bs, 3, cnt, at, 2), 0, 0, 0, 0));
 }
 
+/* The E8M0 scales of a whole quad of MXFP4 blocks (bytes 0, 17, 34 and 51: one in each 128-bit lane
+ * of the quad's first 64 bytes) as four floats, st_e8m0_to_f32_half's bits: (e - 1) << 23, or
+ * 0x00200000 << e below e = 2. */
+static inline __attribute__((always_inline)) VNNI __m128 mxfp4_quad_scales(const uint8_t *bb) {
+  const __m512i v = _mm512_loadu_si512((const void *)bb);
+  const __m512i at = _mm512_setr_epi32(0xFFFFFF00, -1, -1, -1, 0xFFFFFF01, -1, -1, -1, 0xFFFFFF02, -1, -1, -1,
+                                       0xFFFFFF03, -1, -1, -1);
+  const __m128i e = _mm512_castsi512_si128(
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_shuffle_epi8(v, at)));
+  const __m128i big = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+  const __m128i small = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+  return _mm_castsi128_ps(_mm_mask_blend_epi32(_mm_cmplt_epu32_mask(e, _mm_set1_epi32(2)), big, small));
+}
+
 static inline __attribute__((always_inline)) VNNI struct b32_quad b32_quad_vnni(uint32_t type,
                                                                                 const uint8_t *bb, int cnt) {
   const uint64_t bs = b32_bytes(type);
   struct b32_quad q;
-  q.d = type == ST_TYPE_MXFP4 ? _mm_setr_ps(st_e8m0_to_f32_half(bb[0]), cnt > 1 ? st_e8m0_to_f32_half(bb[bs]) : 0.0f,
-                                            cnt > 2 ? st_e8m0_to_f32_half(bb[2 * bs]) : 0.0f,
-                                            cnt > 3 ? st_e8m0_to_f32_half(bb[3 * bs]) : 0.0f)
-                               : quad_half4(bb, bs, cnt, 0);
+  q.d = type == ST_TYPE_MXFP4
+            ? (cnt == 4 ? mxfp4_quad_scales(bb)
+                        : _mm_setr_ps(st_e8m0_to_f32_half(bb[0]), cnt > 1 ? st_e8m0_to_f32_half(bb[bs]) : 0.0f,
+                                      cnt > 2 ? st_e8m0_to_f32_half(bb[2 * bs]) : 0.0f, 0.0f))
+            : quad_half4(bb, bs, cnt, 0);
   q.m = b32_has_min(type) ? quad_half4(bb, bs, cnt, 2) : _mm_setzero_ps();
   const __m512i qs = lanes4(bb + b32_qs_at(type), bs, cnt), m4 = _mm512_set1_epi8(0xF);
   q.lo = _mm512_and_si512(qs, m4);
