@@ -44,15 +44,13 @@ struct st_decode {
   unsigned order;                   /* the primary worker's last starpu_task::workerorder */
   char *names;                      /* task names (StarPU keeps the pointers) */
   const char **layer_names, **lane_names; /* [n_layer + 1], [(n_layer + 1) * n_lanes] */
-  uint64_t tasks_last;              /* tasks of the last step */
+  uint64_t tasks_last;              /* tasks of the last step submitted */
   int pool_lanes;                   /* GPU mode: the last step submitted the CPU pool's lanes */
   uint64_t last_end_ns;             /* GPU mode: the last step's head end (GPU clock), 0 before one */
   double last_return_s;             /* host clock (st_now) as the last step returned, 0 before one */
-  int pending;                      /* STRATA_PRESUBMIT: a step is submitted whose token the host has not written */
+  int pending;                      /* STRATA_PRESUBMIT: a step is submitted whose token the host has not written
+                                       (its position, number and tasks: ctx.pos, ctx.seq, tasks_last) */
   int pending_broken;               /* its submission failed part way (settle it, then report) */
-  int32_t pending_pos;              /* its position */
-  uint32_t pending_seq;             /* its step number */
-  uint64_t pending_tasks;           /* its tasks (counted in the engine's statistics once it runs for a token) */
   int smem_set;                     /* ctx.smem_set's home */
 };
 

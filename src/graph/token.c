@@ -76,7 +76,7 @@ void st_decode_settle(struct st_engine *e) {
   if (!d || !d->pending) return;
   struct st_decode_ctx *c = &d->ctx;
   memset(c->mail.emb, 0, sizeof(float) * e->hp.n_embd);
-  post_step(c, d->pending_pos, d->pending_seq);
+  post_step(c, c->pos, c->seq);
   starpu_task_wait_for_all();
   d->pending = d->pending_broken = 0;
 }
@@ -85,7 +85,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   struct st_decode *d = e->dec;
   struct st_decode_ctx *c = &d->ctx;
   const struct st_hparams *hp = &e->hp;
-  if (d->pending && (d->pending_broken || d->pending_pos != e->n_past)) st_decode_settle(e); /* not this step */
+  if (d->pending && (d->pending_broken || c->pos != e->n_past)) st_decode_settle(e); /* not this step */
   const double t_in = st_now();
   const int back_to_back = d->last_return_s > 0 && t_in - d->last_return_s < 0.01; /* a decode loop */
   st_engine_embed(e, &id, 1, d->gpu ? c->mail.emb : c->x);
@@ -93,28 +93,23 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   uint32_t seq;
   int rc = 0;
   if (d->pending) { /* submitted ahead: its first kernel waits for this */
-    seq = d->pending_seq;
-    post_step(c, d->pending_pos, seq);
-    e->stats.tasks += d->pending_tasks;
+    seq = c->seq;
+    post_step(c, c->pos, seq);
     d->pending = 0;
   } else {
     seq = next_seq(c->seq);
     if (d->gpu) post_step(c, e->n_past, seq);
     rc = submit_step(e, e->n_past, seq);
-    e->stats.tasks += d->tasks_last;
   }
+  e->stats.tasks += d->tasks_last;
   if (rc && d->gpu) { /* release whatever was submitted: lanes leave, the GPU's waits end */
     __atomic_store_n(c->mail.abort_seq, seq, __ATOMIC_RELEASE);
     for (uint32_t l = 0; l < hp->n_layer; l++)
       __atomic_store_n(&c->mail.cpu_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], seq, __ATOMIC_RELEASE);
   }
   if (!rc && may_presubmit(e, e->n_past + 1)) { /* the next step's tasks while this one computes */
-    const uint32_t ahead = next_seq(seq);
     d->pending = 1;
-    d->pending_pos = e->n_past + 1;
-    d->pending_seq = ahead;
-    d->pending_broken = submit_step(e, d->pending_pos, ahead) != 0; /* settled below, after this step's head */
-    d->pending_tasks = d->tasks_last;
+    d->pending_broken = submit_step(e, e->n_past + 1, next_seq(seq)) != 0; /* settled below, after this step's head */
   }
   const double t_wait = st_now();
   e->stats.submit_s += t_wait - t_step;

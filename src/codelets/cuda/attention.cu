@@ -1337,7 +1337,8 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
   });
 }
 
-int st_cuda_attend_regime(int hd, int kv_type, int keys) {
+int st_cuda_attend_regime(int hd, int kv_type, int pos, int window) {
+  const int keys = window && pos + 1 > window ? window : pos + 1; // attend_decode_all's n_keys
   if (keys <= att_short_max(hd, kv_type == ST_TYPE_F16 ? 2 : 4)) return ST_ATT_REGIME_SHORT;
   return att_chunk_keys(keys) >= ATT_MMA_CHUNK ? ST_ATT_REGIME_WIDE : ST_ATT_REGIME_SPLIT;
 }
@@ -1475,7 +1476,7 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
     // the decode step's pair, as its graph of the position's regime launches them
     st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k0, v0, tab, out[0], 0, 0);
     st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 1, 0, 0, NULL,
-                              st_cuda_attend_regime(hd, kv_type, pos + 1));
+                              st_cuda_attend_regime(hd, kv_type, pos, 0));
     // the per-task path's: q and the new rows first, then the attention of each KV group
     st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k1, v1, tab, NULL, 0, 0);
     kv_dispatch(kv_type, [&](auto tag) {

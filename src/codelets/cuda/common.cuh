@@ -583,10 +583,10 @@ enum { ST_ATT_REGIME_ANY = -1, ST_ATT_REGIME_SHORT = 0, ST_ATT_REGIME_SPLIT = 1,
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
                                cudaStream_t st, const st_cuda_attn_ext *x = NULL, int regime = ST_ATT_REGIME_ANY);
-// The regime of a decode token's attention over `keys` keys (a sliding window's: the window's) of
-// head_dim hd in a cache of kv_type: SHORT up to rope_append's short-context keys, WIDE where the
-// split-K chunks reach ATT_MMA_CHUNK keys, else SPLIT.
-int st_cuda_attend_regime(int hd, int kv_type, int keys);
+// The regime of a decode token's attention at position pos (window: a sliding window's keys, or
+// 0) of head_dim hd in a cache of kv_type: SHORT up to rope_append's short-context keys, WIDE where
+// the split-K chunks reach ATT_MMA_CHUNK keys, else SPLIT.
+int st_cuda_attend_regime(int hd, int kv_type, int pos, int window);
 // The router's softmax and top-k (router.cu) over T rows of E logits into routing [T][k].
 void st_cuda_softmax_topk(const float *logits, int T, int E, int k, st_route *routing, cudaStream_t st);
 

@@ -383,10 +383,8 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     sig.add(g.m[i]);
   }
   sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
-  if (!c->mla) { // the keys the token attends to: a sliding window's at most
-    const int n_all = a->pos + 1, win = c->layers[a->layer].swa ? c->attn_conf.window : 0;
-    g.regime = st_cuda_attend_regime(c->head_dim, c->kv_type, win && n_all > win ? win : n_all);
-  }
+  if (!c->mla)
+    g.regime = st_cuda_attend_regime(c->head_dim, c->kv_type, a->pos, c->layers[a->layer].swa ? c->attn_conf.window : 0);
   st_cuda_graph_replay(st, key_of(c, a->layer, g.regime), sig.h, layer_body, &g);
   ST_CUDA_CHECK(cudaGetLastError());
 }
