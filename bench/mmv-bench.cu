@@ -121,7 +121,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
       st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * D, c.st, pdl, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
              (const float *)c.out, (const uint32_t *)NULL, (const uint32_t *)(c.pos + 1), (const float *)c.h, K, D, 1,
              (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn,
-             (const float *)NULL, (uint64_t *)NULL);
+             (const float *)NULL, (uint64_t *)NULL, 0);
   } else {
     const int R = mmv_stream_rows<TY>(FF), per = (D + R - 1) / R;
     const down_job<Q8> j = {c.route, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # On a GPU host after scripts/gather-libs (builds nothing): Nsight Compute's source-level counters
 # (SASS with stall reasons per instruction) for one instance of a decode kernel (KERNEL: a regex,
-# default dk_router) on an 8-layer model of the qwen3-30b-a3b shape (Q8_0, every expert cached);
-# writes $OUT/src.csv and prints the details page's main lines and the instructions with the most
-# stall samples.
+# default dk_router; SKIP launches of it first, default 40) on an 8-layer model of the qwen3-30b-a3b
+# shape (PRESET: another preset's, e.g. gpt-oss-20b; Q8_0, every expert cached); writes
+# $OUT/src.csv and prints the details page's main lines and the instructions with the most stall
+# samples.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
-m8=$(gpu_model m8 --preset qwen3-30b-a3b --layers 8 --type q8_0)
+P=${PRESET:-qwen3-30b-a3b}
+mname=$([ "$P" = qwen3-30b-a3b ] && echo m8 || echo "$P-8")
+m8=$(gpu_model "$mname" --preset "$P" --layers 8 --type q8_0)
 timeout 300 ncu --clock-control none --cache-control none --graph-profiling node -k "regex:${KERNEL:-dk_router}" \
   --launch-skip "${SKIP:-40}" --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
-  --section SourceCounters --section LaunchStats --import-source no -o "$out/k" \
-  "$S" generate -m "$m8" -p "Hi" -n 24 --temp 0 --ignore-eos --expert-profile "$W/m8.profile" --expert-cache auto \
+  --section SourceCounters --section LaunchStats --import-source no -o "$out/k${TAG:-}" \
+  "$S" generate -m "$m8" -p "Hi" -n 24 --temp 0 --ignore-eos --expert-profile "$W/$mname.profile" --expert-cache auto \
   > "$out/ncu.log" 2>&1
 echo "ncu exit $?"
-ncu -i "$out/k.ncu-rep" --page details > "$out/details.txt" 2>&1
-ncu -i "$out/k.ncu-rep" --page source --print-source sass --csv > "$out/src.csv" 2>&1
-grep -E "Duration|Elapsed Cycles|SM Active|Registers|Achieved Occ|Warp Cycles Per Issued|Block Size|Grid Size|Stall|stall" "$out/details.txt" | cut -c1-160 | head -30
-python3 - "$out/src.csv" <<'PY'
+ncu -i "$out/k${TAG:-}.ncu-rep" --page details > "$out/details${TAG:-}.txt" 2>&1
+ncu -i "$out/k${TAG:-}.ncu-rep" --page source --print-source sass --csv > "$out/src${TAG:-}.csv" 2>&1
+grep -E "Duration|Elapsed Cycles|SM Active|Registers|Achieved Occ|Warp Cycles Per Issued|Block Size|Grid Size|Stall|stall" "$out/details${TAG:-}.txt" | cut -c1-160 | head -30
+python3 - "$out/src${TAG:-}.csv" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], errors='replace')))
 h = next(i for i, r in enumerate(rows) if 'Source' in r)

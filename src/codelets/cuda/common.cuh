@@ -293,6 +293,64 @@ __device__ __forceinline__ void st_dev_cp_wait_all() {
 #endif
 }
 
+// Bulk copies global -> shared that complete on an mbarrier (sm_90: the copy engine of
+// cp.async.bulk, one instruction for a whole range; PTX ISA, "Data Movement and Conversion
+// Instructions: cp.async.bulk" and "mbarrier"). ST_DEV_BULK says whether this device code has
+// them; without them the callers copy with st_dev_cp16 and wait at a block barrier.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ST_DEV_BULK 1
+#else
+#define ST_DEV_BULK 0
+#endif
+// An mbarrier in shared memory expecting one arrival a phase, made visible to the copy engine
+// (one thread calls it; a block barrier must follow before any other thread uses it).
+__device__ __forceinline__ void st_dev_mbar_init(uint64_t *bar) {
+#if ST_DEV_BULK
+  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(a) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  (void)bar;
+#endif
+}
+// The phase's one arrival, announcing `bytes` of bulk copies that complete it (release: this
+// thread's earlier shared-memory writes are seen by the threads its completion wakes).
+__device__ __forceinline__ void st_dev_mbar_arrive_tx(uint64_t *bar, unsigned bytes) {
+#if ST_DEV_BULK
+  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+#else
+  (void)bar, (void)bytes;
+#endif
+}
+// bytes (a multiple of 16) from src to dst (both 16-byte aligned), counted on bar.
+__device__ __forceinline__ void st_dev_bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if ST_DEV_BULK
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst), b = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(d),
+               "l"(src), "r"(bytes), "r"(b)
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+// Waits until the phase of parity `parity` of bar has completed (acquire: the copies' bytes and
+// the arriving thread's earlier writes are then seen).
+__device__ __forceinline__ void st_dev_mbar_wait(uint64_t *bar, unsigned parity) {
+#if ST_DEV_BULK
+  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned done = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+  } while (!done);
+#else
+  (void)bar, (void)parity;
+#endif
+}
+
 // Programmatic dependent launch (sm_90; no-ops before): a kernel launched with st_cuda_launch's
 // pdl flag may start before the previous kernel of its stream has finished; it must call
 // st_dev_griddep_wait() before it touches memory any earlier kernel writes or reads (only constant

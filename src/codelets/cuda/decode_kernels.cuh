@@ -148,9 +148,12 @@ struct mv_job {
     return g->s[i].W + (uint64_t)(grp * R + r) * g->s[i].row_bytes;
   }
   __device__ const void *x(int) const { return xv; }
-  template <typename Sum> __device__ void put(int grp, Sum sum, int nr) const {
+  struct pre_t {};
+  __device__ pre_t pre(int, int) const { return {}; }
+  template <typename Sum> __device__ void put(int grp, Sum sum, int nr, int t, const pre_t &) const {
+    if (t >= nr) return;
     const int i = seg(grp);
-    if ((int)threadIdx.x < nr) g->s[i].out[(int64_t)grp * R + threadIdx.x] = sum(threadIdx.x);
+    g->s[i].out[(int64_t)grp * R + t] = sum(t);
   }
 };
 
@@ -181,9 +184,15 @@ struct router_job {
   __device__ int count(int g) const { return min(R, E - g * R); }
   __device__ const uint8_t *row(int g, int r) const { return W + (uint64_t)(g * R + r) * row_bytes; }
   __device__ const void *x(int) const { return xs; }
-  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
-    const int r = g * R + threadIdx.x;
-    if ((int)threadIdx.x < nr) logits[r] = bias ? sum(threadIdx.x) + bias[r] : sum(threadIdx.x);
+  struct pre_t {
+    float b; // this thread's row's bias
+  };
+  __device__ pre_t pre(int g, int t) const {
+    const int r = g * R + t;
+    return {bias && t < R && r < E ? bias[r] : 0.0f};
+  }
+  template <typename Sum> __device__ void put(int g, Sum sum, int nr, int t, const pre_t &p) const {
+    if (t < nr) logits[g * R + t] = bias ? sum(t) + p.b : sum(t);
   }
 };
 
@@ -386,18 +395,32 @@ template <bool Q8> struct gateup_job {
     return p + (r < H ? 0 : up_off) + (uint64_t)rr * row_bytes;
   }
   __device__ const void *x(int) const { return xv; }
-  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
-    const int j = g / per, r0 = (g - j * per) * H;
-    if (nr && (int)threadIdx.x < H && r0 + threadIdx.x < ff) {
-      float gv = sum(threadIdx.x), uv = sum(H + threadIdx.x);
-      const int64_t eb = (int64_t)min(max(route[j].expert, 0), n_expert - 1) * ff + r0 + threadIdx.x;
-      if (gate_b) gv += gate_b[eb];
-      if (up_b) uv += up_b[eb];
+  struct pre_t {
+    float gb, ub; // this thread's output's gate and up biases
+  };
+  __device__ pre_t pre(int g, int t) const {
+    pre_t p = {0.0f, 0.0f};
+    if (!(gate_b || up_b) || t >= H) return p;
+    const int j = g / per, r = (g - j * per) * H + t;
+    if (r < ff) {
+      const int64_t eb = (int64_t)min(max(route[j].expert, 0), n_expert - 1) * ff + r;
+      if (gate_b) p.gb = gate_b[eb];
+      if (up_b) p.ub = up_b[eb];
+    }
+    return p;
+  }
+  template <typename Sum> __device__ void put(int g, Sum sum, int nr, int t, const pre_t &p) const {
+    if (!nr || t >= H) return;
+    const int j = g / per, r = (g - j * per) * H + t;
+    if (r < ff) {
+      float gv = sum(t), uv = sum(H + t);
+      if (gate_b) gv += p.gb;
+      if (up_b) uv += p.ub;
       if (oai) { // x sigma(1.702 x) (y + 1), x clamped above at 7, y to [-7, 7]
         const float xg = fminf(gv, 7.0f), yu = fmaxf(fminf(uv, 7.0f), -7.0f);
-        act[j * ff + r0 + threadIdx.x] = xg / (1.0f + expf(-1.702f * xg)) * (yu + 1.0f);
+        act[j * ff + r] = xg / (1.0f + expf(-1.702f * xg)) * (yu + 1.0f);
       } else {
-        act[j * ff + r0 + threadIdx.x] = gv / (1.0f + expf(-gv)) * uv;
+        act[j * ff + r] = gv / (1.0f + expf(-gv)) * uv;
       }
     }
   }
@@ -446,13 +469,23 @@ template <bool Q8> struct down_job {
     return dk_slot(route, slot_ptr, n_expert, slot(g)) + down_off + (uint64_t)(part(g) * R + r) * row_bytes;
   }
   __device__ const void *x(int g) const { return Q8 ? (const void *)xq : (const void *)(act + (int64_t)slot(g) * ff); }
-  template <typename Sum> __device__ void put(int g, Sum sum, int nr) const {
-    const int j = slot(g);
-    const int r = part(g) * R + threadIdx.x;
-    if ((int)threadIdx.x < nr)
-      out[(int64_t)j * d + r] =
-          (down_b ? sum(threadIdx.x) + down_b[(int64_t)min(max(route[j].expert, 0), n_expert - 1) * d + r] : sum(threadIdx.x)) *
-          route[j].weight;
+  struct pre_t {
+    float b, w; // this thread's row's bias, and the slot's weight
+  };
+  __device__ pre_t pre(int g, int t) const {
+    pre_t p = {0.0f, 0.0f};
+    if (t >= R) return p;
+    const int j = slot(g), r = part(g) * R + t;
+    if (r < d) {
+      const st_route rt = route[j];
+      p.w = rt.weight;
+      if (down_b) p.b = down_b[(int64_t)min(max(rt.expert, 0), n_expert - 1) * d + r];
+    }
+    return p;
+  }
+  template <typename Sum> __device__ void put(int g, Sum sum, int nr, int t, const pre_t &p) const {
+    if (t >= nr) return;
+    out[(int64_t)slot(g) * d + part(g) * R + t] = (down_b ? sum(t) + p.b : sum(t)) * p.w;
   }
 };
 

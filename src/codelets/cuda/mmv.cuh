@@ -828,10 +828,13 @@ __device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_
 }
 
 // ---- the streaming core (one token, rows of at most MMV_ITEMS chunks: one round) -------------
-// A persistent block walks row groups g = blockIdx.x, + gridDim.x, ... (mmv_block_rows(n) rows each)
-// and copies the next group's bytes into the second of two staging buffers with cp.async while it
-// computes the current one, so that every block keeps loads in flight from start to end. Each
-// row's sum is mmv_block's (the same chunks, chains, warp sums and slot order), bit for bit.
+// A persistent block walks row groups g = blockIdx.x, + gridDim.x, ... (mmv_stream_rows(n) rows
+// each) through two staging buffers: while its warps compute one group, the next one's bytes are in
+// flight into the other buffer. One warp looks a group's rows up and starts their copies (on sm_90 one
+// bulk copy a row, counted on the buffer's mbarrier, on which the warps then wait; before sm_90
+// cp.async, and a block barrier), the last warp writes the results; one block barrier a group
+// (every warp done with its buffer and its sums) is all the warps wait for together. Each row's sum
+// is mmv_block's (the same chunks, chains, warp sums and slot order), bit for bit.
 
 // Rows a warp takes in the streaming core: two for the packed formats (they share every activation
 // load and the block's fixed costs), one for the float formats (their bytes fill the buffers).
@@ -847,11 +850,14 @@ template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_segs() {
 // The dynamic shared memory of mmv_stream: two buffers of rows.
 template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() { return 2 * 16 * (size_t)mmv_stream_segs<TYPE>(); }
 
+// The streaming core's shared state, per buffer b: the group's rows, input row and row count, the
+// mbarrier its copies complete on, and its warps' sums.
 template <uint32_t TYPE> struct mmv_pipe {
+  uint64_t full[2];
   const uint8_t *rows[2][2 * MMV_ITEMS];
   const void *x[2]; // float32 rows, or (Job::x_q8) quantised ones (common.cuh st_q8_stride)
   int nr[2];
-  float red[2 * MMV_ITEMS];
+  float red[2][2 * MMV_ITEMS];
   float kv[16];
 };
 
@@ -860,51 +866,67 @@ template <uint32_t TYPE> struct mmv_pipe {
 //   const uint8_t *row(int g, int r)   row r < count(g)
 //   const void *x(int g)            the group's input row: n floats (16-byte aligned), or (x_q8) a
 //                                   quantised row of st_q8_stride(n) bytes
-//   void put(int g, Sum sum, int nr)   every thread calls it; sum(r) is row r's result (r < nr),
-//                                   which any thread may ask for, any number of times
+//   pre_t pre(int g, int t)         the last warp's lane t calls it a group ahead of put(g) (after
+//                                   wait()): the values its put reads from global memory (biases,
+//                                   weights), so that their loads overlap a group's compute
+//   void put(int g, Sum sum, int nr, int t, const pre_t &p)   the last warp's lane t (0..31)
+//                                   calls it; sum(r) is row r's result (r < nr), which any lane
+//                                   may ask for, any number of times; p: the lane's pre(g, t)
 //   static constexpr bool static_rows   rows never written by an earlier kernel (may be fetched
 //                                       before st_dev_griddep_wait)
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
 //   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 or MXFP4 weights
 //                                       only: mmv_chunk_rows_q8, mmv_chunk_rows_q8_mxfp4)
+// count, row and x are called by one warp's lanes r < R (count and x by every one of them).
 
-// Group g's rows and input into buffer b (threads r < R).
+// One warp: group g's rows and input into buffer b (lanes r < R), and its copies started: every
+// 16-byte aligned segment that holds bytes of row r, whole, at segment rs r of the buffer (so the
+// row's byte i lies at 16 rs r + (its address & 15) + i). A misaligned row's first and last
+// segments also carry up to 15 bytes before and after it, which no decoder reads: they lie in the
+// same allocation (device allocations are at least 256-byte aligned, and mapped in granules that
+// end on 16-byte boundaries), so the copies never fault. sm_90: one bulk copy a row, lane 0
+// announcing their bytes on full[b] first (0 when the group has no rows); before: cp.async by the
+// warp's lanes, one commit.
 template <uint32_t TYPE, typename Job>
-__device__ __forceinline__ void mmv_meta(mmv_pipe<TYPE> &sm, const Job &job, int g, int b, int R) {
-  if ((int)threadIdx.x < R) {
-    const int nr = job.count(g);
-    if ((int)threadIdx.x < nr) sm.rows[b][threadIdx.x] = job.row(g, threadIdx.x);
-    if (threadIdx.x == 0) {
-      sm.nr[b] = nr;
-      sm.x[b] = job.x(g);
-    }
+__device__ __forceinline__ void mmv_fetch(mmv_pipe<TYPE> &sm, uint4 *stage, const Job &job, int g, int b, int R, int len,
+                                          int rs) {
+  const int lane = threadIdx.x & 31;
+  const int nr = job.count(g);
+  const uint8_t *src = lane < nr && lane < R ? job.row(g, lane) : (const uint8_t *)NULL;
+  if (src) sm.rows[b][lane] = src;
+  if (lane == 0) {
+    sm.nr[b] = nr;
+    sm.x[b] = job.x(g);
   }
+#if ST_DEV_BULK
+  const int a = (int)((uintptr_t)src & 15), bytes = src ? (a + len + 15) / 16 * 16 : 0;
+  const unsigned total = __reduce_add_sync(0xffffffffu, (unsigned)bytes);
+  __syncwarp(); // the rows above are written before the arrival releases them
+  if (lane == 0) st_dev_mbar_arrive_tx(&sm.full[b], total);
+  __syncwarp();
+  if (src) st_dev_bulk_copy(stage + lane * rs, src - a, (unsigned)bytes, &sm.full[b]);
+#else
+  __syncwarp();
+  for (int r = 0; r < nr && r < R; r++) {
+    const uint8_t *s = sm.rows[b][r];
+    const int nseg = ((int)((uintptr_t)s & 15) + len + 15) / 16;
+    for (int sg = lane; sg < nseg; sg += 32) st_dev_cp16(stage + r * rs + sg, (const uint4 *)(s - ((uintptr_t)s & 15)) + sg);
+  }
+  st_dev_cp_commit();
+#endif
 }
 
-// This thread's staging segments: segment j of the thread is (row seg_r[j], segment seg_s[j]) of
-// the buffer, rows rs segments apart; seg_r is R or more when the thread has no j-th segment.
-template <int PER> struct mmv_segmap {
-  int r[PER], s[PER];
-};
-
-// Starts the copies of buffer `stage`'s rows (len bytes each; row r at 16 rs r + its misalignment):
-// every 16-byte aligned segment that holds bytes of the row, whole, with cp.async. A misaligned
-// row's first and last segments also carry up to 15 bytes before and after it, which no decoder
-// reads: they lie in the same allocation (device allocations are at least 256-byte aligned, and
-// mapped in granules that end on 16-byte boundaries), so the copies never fault, and no thread
-// waits on a load here (a byte-wise copy of the partial ends cost a memory round trip a group).
-template <uint32_t TYPE, int PER>
-__device__ __forceinline__ void mmv_issue(const mmv_pipe<TYPE> &sm, uint4 *stage, int b, int len, int rs,
-                                          const mmv_segmap<PER> &map) {
-  const int nr = sm.nr[b];
-#pragma unroll
-  for (int j = 0; j < PER; j++) {
-    const int r = map.r[j], sg = map.s[j];
-    if (r >= nr) continue;
-    const uint8_t *src = sm.rows[b][r];
-    const int a = (int)((uintptr_t)src & 15);
-    if (16 * sg < a + len) st_dev_cp16(stage + r * rs + sg, (const uint4 *)(src - a) + sg);
-  }
+// Every thread: waits until buffer b's copies of its use `use` (0, 1, ...) have landed (fetcher:
+// the warp that started them).
+template <uint32_t TYPE> __device__ __forceinline__ void mmv_landed(mmv_pipe<TYPE> &sm, int b, int use, bool fetcher) {
+#if ST_DEV_BULK
+  (void)fetcher;
+  st_dev_mbar_wait(&sm.full[b], (unsigned)use & 1u);
+#else
+  (void)use;
+  if (fetcher) st_dev_cp_wait_prev(); // its newest group (the other buffer's) may fly on
+  __syncthreads();
+#endif
 }
 
 // mmv_chunk for NR rows sharing the activation loads, one token (the same chain per row).
@@ -938,42 +960,44 @@ __device__ __forceinline__ void mmv_chunk_rows(const uint8_t *const (&ch)[NR], i
 // Runs the job's n_groups groups of rows of n (<= MMV_ITEMS * MMV_CH) weights. Every thread of the
 // block calls it; stage: mmv_pipe_bytes of dynamic shared memory. wait() runs once before the first
 // group is computed (and before the first group's rows are looked up unless Job::static_rows):
-// st_dev_griddep_wait and the kernel's own prologue; started() right after the first group's
-// copies are issued (work that may overlap them; a barrier follows before the first compute).
+// st_dev_griddep_wait and the kernel's own prologue; started() right after the first groups'
+// copies are started (work that may overlap them; a block barrier follows before the first compute).
 template <uint32_t TYPE, typename Job, typename Wait, typename Started>
 __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, const Job &job, int n_groups, int64_t n,
                                            Wait wait, Started started) {
-  constexpr int QK = mmv_format<TYPE>::QK, BS = mmv_format<TYPE>::BS, CB = mmv_chunk_bytes<TYPE>();
-  constexpr int NR = mmv_stream_nr<TYPE>(), SEGS = mmv_stream_segs<TYPE>();
-  constexpr int PER = (SEGS + MMV_THREADS - 1) / MMV_THREADS;
-  const int S = mmv_slots(n), R = NR * (MMV_ITEMS / S), rs = (S * CB + 15) / 16 + 2, len = (int)(n / QK * BS);
+  constexpr int CB = mmv_chunk_bytes<TYPE>();
+  constexpr int NR = mmv_stream_nr<TYPE>(), SEGS = mmv_stream_segs<TYPE>(), PUT = MMV_ITEMS - 1;
+  const int S = mmv_slots(n), R = NR * (MMV_ITEMS / S), rs = (S * CB + 15) / 16 + 2;
+  const int len = (int)(n / mmv_format<TYPE>::QK * mmv_format<TYPE>::BS);
   const int nch = (int)((n + MMV_CH - 1) / MMV_CH);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, my_r = NR * (warp / S), my_s = warp % S;
-  mmv_segmap<PER> map;
-#pragma unroll
-  for (int j = 0; j < PER; j++) {
-    const int i = threadIdx.x + MMV_THREADS * j;
-    map.r[j] = i / rs;
-    map.s[j] = i - map.r[j] * rs;
-    if (map.r[j] >= R) map.r[j] = 2 * MMV_ITEMS; // never a row
-  }
+  const int G = gridDim.x;
+  // the warp that looks rows up and starts copies: one with no chunk to compute where there is one
+  // (slot S - 1 when the rows have fewer chunks than slots), else warp 0; the last warp, PUT,
+  // writes the results (it has no chunk either in that case)
+  const int FETCH = nch < S ? S - 1 : 0;
   int g = blockIdx.x;
+  if (threadIdx.x == 0) {
+    st_dev_mbar_init(&sm.full[0]);
+    st_dev_mbar_init(&sm.full[1]);
+  }
   if (!Job::static_rows) wait();
-  if (g < n_groups) mmv_meta(sm, job, g, 0, R);
-  __syncthreads();
-  if (g < n_groups) mmv_issue(sm, stage, 0, len, rs, map);
-  st_dev_cp_commit();
+  __syncthreads(); // the mbarriers are set up
+  if (warp == FETCH) {
+    if (g < n_groups) mmv_fetch(sm, stage, job, g, 0, R, len, rs);
+    if (g + G < n_groups) mmv_fetch(sm, stage + SEGS, job, g + G, 1, R, len, rs);
+#if !ST_DEV_BULK
+    else st_dev_cp_commit(); // an empty group: mmv_landed waits for all but the newest
+#endif
+  }
   if (Job::static_rows) wait();
   started();
-  for (int it = 0; g < n_groups; it++, g += gridDim.x) {
+  __syncthreads(); // what wait() and started() wrote to shared memory is seen
+  typename Job::pre_t pc{};
+  if (warp == PUT && g < n_groups) pc = job.pre(g, lane);
+  for (int it = 0; g < n_groups; it++, g += G) {
     const int b = it & 1;
-    const int gn = g + gridDim.x;
-    if (gn < n_groups) mmv_meta(sm, job, gn, b ^ 1, R);
-    __syncthreads(); // the next group's rows are set; every warp is done with buffer b ^ 1
-    if (gn < n_groups) mmv_issue(sm, stage + (b ^ 1) * SEGS, b ^ 1, len, rs, map);
-    st_dev_cp_commit();
-    st_dev_cp_wait_prev();
-    __syncthreads(); // buffer b is complete
+    mmv_landed(sm, b, it >> 1, warp == FETCH);
     const int nr = sm.nr[b];
     float acc[NR];
 #pragma unroll
@@ -1002,19 +1026,27 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
 #pragma unroll
     for (int q = 0; q < NR; q++) {
       const float v = st_warp_sum(acc[q]);
-      if (lane == 0) sm.red[(warp / S) * NR * S + q * S + my_s] = v;
+      if (lane == 0) sm.red[b][(warp / S) * NR * S + q * S + my_s] = v;
     }
-    __syncthreads(); // red is complete; it is next written after the next two barriers
-    const float *red = sm.red;
-    job.put(g, [red, S](int r) {
-      const float *rr = red + r * S;
-      float sum = rr[0];
-      for (int sl = 1; sl < S; sl++) sum += rr[sl];
-      return sum;
-    }, nr);
+    // every warp is done with buffer b, and its sums are in red[b] (next written two groups on,
+    // after the next barrier, which the last warp reaches once it has read them)
+    __syncthreads();
+    if (warp == FETCH && g + 2 * G < n_groups) mmv_fetch(sm, stage + b * SEGS, job, g + 2 * G, b, R, len, rs);
+#if !ST_DEV_BULK
+    else if (warp == FETCH) st_dev_cp_commit(); // an empty group: mmv_landed waits for all but the newest
+#endif
+    if (warp == PUT) {
+      const float *red = sm.red[b];
+      job.put(g, [red, S](int r) {
+        const float *rr = red + r * S;
+        float sum = rr[0];
+        for (int sl = 1; sl < S; sl++) sum += rr[sl];
+        return sum;
+      }, nr, lane, pc);
+      if (g + G < n_groups) pc = job.pre(g + G, lane);
+    }
   }
 }
-
 // Persistent blocks of `kernel` (MMV_THREADS threads, `smem` dynamic bytes) the device holds at once.
 template <typename K> static int mmv_resident_blocks(K kernel, size_t smem) {
   int dev = 0, sms = 0, per = 0;
