@@ -101,7 +101,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 0, &c->pdl);
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 1, &c->mxfp4_int8);
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
-  if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 0, &c->presubmit);
+  if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
