@@ -28,6 +28,11 @@
 int st_cuda_grouped_rows(uint32_t type, const void *const *W, uint64_t row_bytes, int n_groups, const int32_t *n_rows,
                          int64_t n_out, const float *x, int64_t n, const float *scale, float *out, int int8);
 
+/* decode.cu: `rows` rows of n weights times one activation row (host data) through the decode step's
+ * streaming core (dk_mv) on `grid` blocks. 0, or -1 on a CUDA error. */
+int st_cuda_stream_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x, int64_t n,
+                        int grid, float *out);
+
 double st_cuda_mmq_seconds(int n_groups, int rows, int64_t n_out, int64_t n, int reps);
 
 static double uniform(uint64_t *rng) { /* in [-1, 1) */
@@ -242,6 +247,40 @@ int main(void) {
            "differs: %d); a second T = 8 launch %s\n",
            same ? "PASS" : "FAIL", name, TM, differ, repeat ? "repeats its bits" : "DIFFERS");
     same ? pass++ : fail++;
+
+    /* The decode step's streaming core (mmv.cuh mmv_stream: bulk copies on sm_90) against the block
+     * core above at T = 1, bitwise (the same chunks, chains, warp sums and slot order): rows of K
+     * weights (two chunks, two slots) and of N3 (three chunks in four slots, where the warp of the
+     * empty slot looks the rows up and starts their copies), 37 rows on 3 blocks, so that each
+     * block walks several groups through both staging buffers and both phases of their barriers. */
+    {
+      const int N3 = st_type_info(t)->blck_size == 32 ? 2880 : 2816;
+      const uint64_t rb3 = st_row_bytes(t, N3);
+      uint8_t *w3 = malloc(rb3 * R);
+      float *x3 = malloc(sizeof(float) * N3), *blk = malloc(sizeof(float) * R), *str = malloc(sizeof(float) * R);
+      tu_random_row(t, w3, (int64_t)R * N3, &rng);
+      for (int i = 0; i < N3; i++) x3[i] = (float)((i * 7919) % 200 - 100) / 100.0f;
+      for (int v = 0; v < 2; v++) {
+        const int nn = v ? N3 : K;
+        const uint64_t rbv = v ? rb3 : rb;
+        const uint8_t *wv = v ? w3 : w;
+        const float *xv = v ? x3 : x;
+        int ok = st_cuda_matmul_rows(t, wv, rbv, R, xv, 1, nn, blk, 0) == 0 &&
+                 st_cuda_stream_rows(t, wv, rbv, R, xv, nn, 3, str) == 0;
+        int first = -1;
+        for (int r = 0; ok && first < 0 && r < R; r++)
+          if (memcmp(&blk[r], &str[r], sizeof(float))) first = r;
+        ok = ok && first < 0;
+        printf("%s %s: the decode step's streaming core (dk_mv, 3 blocks) vs the block core, %d rows of %d, "
+               "bitwise (first row that differs: %d)\n",
+               ok ? "PASS" : "FAIL", name, R, nn, first);
+        ok ? pass++ : fail++;
+      }
+      free(w3);
+      free(x3);
+      free(blk);
+      free(str);
+    }
 
     /* The grouped expert product: three experts (the rows of w rotated) with 1, 8 and 3 activation
      * rows and a routing weight per row, against the CPU (times the weight); then expert 1 launched

@@ -458,6 +458,40 @@ extern "C" int st_cuda_mla_check(int n_head, int qk_nope, int n_rot, int kv_lora
   return ok ? 0 : -1;
 }
 
+// For tests (declared in tests/test_cuda_kernels.c): out[r] = W[r] . x for `rows` rows of n weights
+// (row_bytes apart) and one float32 activation row, all in host memory, through the decode step's
+// streaming core (dk_mv, mmv.cuh mmv_stream) on `grid` blocks, fewer than the groups so that each
+// block walks several of them through both staging buffers. 0, or -1 on a CUDA error or a type
+// without a specialised kernel.
+extern "C" int st_cuda_stream_rows(uint32_t type, const void *W, uint64_t row_bytes, int64_t rows, const float *x,
+                                   int64_t n, int grid, float *out) {
+  uint8_t *dw = NULL;
+  float *dx = NULL, *dout = NULL;
+  const size_t wb = row_bytes * (size_t)rows;
+  bool ok = cudaMalloc(&dw, wb) == cudaSuccess && cudaMalloc(&dx, sizeof(float) * (size_t)n) == cudaSuccess &&
+            cudaMalloc(&dout, sizeof(float) * (size_t)rows) == cudaSuccess &&
+            cudaMemcpy(dw, W, wb, cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(dx, x, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice) == cudaSuccess;
+  const bool typed = mmv_dispatch(type, [&](auto ty) {
+    constexpr uint32_t TY = decltype(ty)::value;
+    if (!ok) return;
+    const size_t smem = mmv_pipe_bytes<TY>();
+    ok = cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
+    const int R = mmv_stream_rows<TY>(n);
+    dk_segs g = {};
+    g.s[0] = dk_seg{dw, row_bytes, rows, dout, (rows + R - 1) / R};
+    g.n = 1;
+    if (ok) dk_mv<TY><<<grid, MMV_THREADS, smem>>>(g, (int)g.s[0].groups, (const float *)dx, n);
+  });
+  ok = ok && typed && cudaGetLastError() == cudaSuccess &&
+       cudaMemcpy(out, dout, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(dw);
+  cudaFree(dx);
+  cudaFree(dout);
+  cudaGetLastError();
+  return ok ? 0 : -1;
+}
+
 extern "C" int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n) {
   bool ok = false;
   mmv_dispatch(type, [&](auto ty) {
