@@ -877,7 +877,7 @@ template <uint32_t TYPE> struct mmv_pipe {
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
 //   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 or MXFP4 weights
 //                                       only: mmv_chunk_rows_q8, mmv_chunk_rows_q8_mxfp4)
-// count, row and x are called by one warp's lanes r < R (count and x by every one of them).
+// count is called by every lane of one warp, row by its lanes r < count(g), x by its lane 0.
 
 // One warp: group g's rows and input into buffer b (lanes r < R), and its copies started: every
 // 16-byte aligned segment that holds bytes of row r, whole, at segment rs r of the buffer (so the
