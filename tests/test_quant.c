@@ -820,6 +820,48 @@ static void test_attend_tokens(void) {
   }
 }
 
+/* MXFP4's quantiser against its definition (ggml's quantize_row_mxfp4_ref): the scale exponent
+ * floor(log2 max|x|) - 2 + 127, then each weight the level whose float error |level d - x| is
+ * smallest, the first on a tie, found here by a plain search weight by weight; the quantiser
+ * searches four weights at a time (quant.c). Blocks of uniform values at four magnitudes and of
+ * multiples of 1/4, which fall on levels and midpoints (ties). Bitwise. */
+static void test_mxfp4_quantize(void) {
+  enum { NB = 20000 };
+  float *x = malloc(sizeof(float) * 32 * NB);
+  st_block_mxfp4 *got = malloc(sizeof *got * NB);
+  for (int i = 0; i < 32 * NB; i++) {
+    const double u = urand();
+    const int kind = i / 32 % 4;
+    x[i] = kind == 0 ? (float)u : kind == 1 ? (float)(u * 1e-3) : kind == 2 ? (float)(int)(u * 24) * 0.25f : (float)(u * 37.5);
+  }
+  st_quantize_row(ST_TYPE_MXFP4, x, got, 32 * NB);
+  int differ = -1;
+  for (int k = 0; k < NB && differ < 0; k++) {
+    const float *v = x + 32 * k;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+    st_block_mxfp4 want;
+    want.e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+    const float d = st_e8m0_to_f32_half(want.e);
+    int q[32];
+    for (int j = 0; j < 32; j++) {
+      int best = 0;
+      float best_err = fabsf((float)st_kvalues_mxfp4[0] * d - v[j]);
+      for (int l = 1; l < 16; l++) {
+        const float err = fabsf((float)st_kvalues_mxfp4[l] * d - v[j]);
+        if (err < best_err) best = l, best_err = err;
+      }
+      q[j] = best;
+    }
+    for (int j = 0; j < 16; j++) want.qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+    if (memcmp(&want, got + k, sizeof want)) differ = k;
+  }
+  CHECK(differ < 0, "quantize mxfp4: %d blocks (ties at levels and midpoints included) bitwise equal to the nearest-level "
+                    "search weight by weight (first block that differs: %d)",
+        NB, differ);
+  free(x), free(got);
+}
+
 /* MXFP4 blocks whose E8M0 scales run over the byte's range that keeps the products finite here
  * (0, 1: the subnormal halves; 2..200), in whole quads and a partial last one (the VNNI kernel
  * converts a whole quad's four scales at once): st_matmul_q8 at every ISA level bitwise equal to the
@@ -982,6 +1024,7 @@ int main(void) {
   /* IQ4_XS rows of more than 16 super-blocks (VNNI: offsets per row instead of per group of rows) */
   test_int8(ST_TYPE_IQ4_XS, 4352, 1, 4);
   test_mxfp4_scales();
+  test_mxfp4_quantize();
   test_iq3_packed_grids();
   test_grid_planes();
   test_grid_every_index();

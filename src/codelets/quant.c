@@ -1044,26 +1044,40 @@ static void quant_iq_grid(uint32_t type, const float *x, uint8_t *out) {
 }
 
 /* MXFP4 as ggml's quantize_row_mxfp4_ref: e = floor(log2(max |x|)) - 2 + 127, each weight the
- * nearest of the 16 levels (the first on a tie). */
+ * nearest of the 16 levels (the first on a tie: a level replaces the best only when its error is
+ * strictly smaller). The search runs level by level over four weights at a time in GCC's generic
+ * vectors (SSE2 or NEON): the same float errors |level d - x| and the same choices as a search
+ * weight by weight, about four times faster (strata mkmodel's gpt-oss experts). */
+typedef float mx_v4f __attribute__((vector_size(16)));
+typedef int32_t mx_v4i __attribute__((vector_size(16)));
 static void quant_mxfp4(const float *x, st_block_mxfp4 *b) {
   float amax = 0.0f;
   for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
   b->e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
   const float d = st_e8m0_to_f32_half(b->e);
-  for (int j = 0; j < 16; j++) {
-    int q[2];
-    for (int h = 0; h < 2; h++) {
-      const float v = x[j + 16 * h];
-      int best = 0;
-      float best_err = fabsf((float)st_kvalues_mxfp4[0] * d - v);
-      for (int i = 1; i < 16; i++) {
-        const float err = fabsf((float)st_kvalues_mxfp4[i] * d - v);
-        if (err < best_err) best = i, best_err = err;
-      }
-      q[h] = best;
-    }
-    b->qs[j] = (uint8_t)(q[0] | q[1] << 4);
+  const mx_v4i nosign = {INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX};
+  mx_v4f xv[8], best_err[8];
+  mx_v4i best[8];
+  for (int v = 0; v < 8; v++) {
+    memcpy(&xv[v], x + 4 * v, sizeof xv[v]);
+    const float l0 = (float)st_kvalues_mxfp4[0] * d;
+    best_err[v] = (mx_v4f)((mx_v4i)((mx_v4f){l0, l0, l0, l0} - xv[v]) & nosign);
+    best[v] = (mx_v4i){0, 0, 0, 0};
   }
+  for (int i = 1; i < 16; i++) {
+    const float l = (float)st_kvalues_mxfp4[i] * d;
+    const mx_v4f lv = {l, l, l, l};
+    const mx_v4i iv = {i, i, i, i};
+    for (int v = 0; v < 8; v++) {
+      const mx_v4f err = (mx_v4f)((mx_v4i)(lv - xv[v]) & nosign);
+      const mx_v4i better = err < best_err[v]; /* -1 where strictly smaller (never for a NaN) */
+      best_err[v] = (mx_v4f)(((mx_v4i)err & better) | ((mx_v4i)best_err[v] & ~better));
+      best[v] = (iv & better) | (best[v] & ~better);
+    }
+  }
+  int32_t q[32];
+  memcpy(q, best, sizeof q);
+  for (int j = 0; j < 16; j++) b->qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
 }
 
 /* ---- IQ1_S and IQ1_M: a search over the iq1s grid (not llama.cpp's: theirs needs an importance
