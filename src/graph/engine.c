@@ -919,9 +919,12 @@ void st_engine_reset(struct st_engine *e) {
 
 void st_engine_pause(struct st_engine *e, int paused) {
   if (!e->started || !paused == !e->paused) return;
-  if (paused) st_decode_settle(e);
-  if (paused) starpu_pause();
-  else starpu_resume();
+  if (paused) {
+    st_decode_settle(e);
+    starpu_pause();
+  } else {
+    starpu_resume();
+  }
   e->paused = paused;
 }
 
