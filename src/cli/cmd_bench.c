@@ -88,6 +88,9 @@ static struct st_engine_stats stats_delta(const struct st_engine_stats *a, const
   }
   d.tasks -= a->tasks;
   d.h2d_bytes -= a->h2d_bytes;
+  d.stream_tasks -= a->stream_tasks;
+  d.stream_entries -= a->stream_entries;
+  d.stream_bytes -= a->stream_bytes;
   d.swaps -= a->swaps;
   d.wait_routing_s -= a->wait_routing_s;
   d.wait_end_s -= a->wait_end_s;
@@ -445,7 +448,7 @@ int st_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
-             "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"swaps\": %llu, "
+             "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"stream_tasks\": %llu, \"stream_mib\": %.2f, \"swaps\": %llu, "
              "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"submit_s\": %.4f, \"step_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
@@ -455,6 +458,7 @@ int st_cmd_bench(int argc, char **argv) {
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
+             (unsigned long long)r->delta.stream_tasks, r->delta.stream_bytes / 1048576.0,
              (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, r->delta.submit_s, r->delta.step_s, ROOFLINE(r),
              r->graphs < 0 ? "" : "\"", r->graphs < 0 ? "null" : graphs_word(r->graphs), r->graphs < 0 ? "" : "\"",
              (unsigned long long)r->gd.captures, (unsigned long long)r->gd.updates,
@@ -522,6 +526,11 @@ int st_cmd_bench(int argc, char **argv) {
                off->seconds / r->seconds * r->tokens / off->tokens, dense_us(off), dense_us(r));
       }
     }
+    for (int i = 0; i < n_res; i++)
+      if (res[i].delta.stream_tasks)
+        printf("prompt of %ld: %llu uncached experts streamed to CUDA0 for %llu rows, %.1f MiB of weights (H2D MiB counts "
+               "every host->device copy)\n", res[i].tokens, (unsigned long long)res[i].delta.stream_tasks,
+               (unsigned long long)res[i].delta.stream_entries, res[i].delta.stream_bytes / 1048576.0);
     for (int i = 0; i < n_res && e->placement.n_caches > 1; i++) { /* per card, with helpers, a peer or a split */
       char tiers[1024];
       st_engine_tier_report(e, &res[i].delta, NULL, tiers, sizeof tiers);

@@ -203,9 +203,12 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
   case OPT_CACHE_TYPE_K: return parse_cache_type("--cache-type-k", arg, &eo->kv_type);
   case OPT_CACHE_TYPE_V: return parse_cache_type("--cache-type-v", arg, &eo->kv_type_v);
   case OPT_STREAM:
-    if (strcmp(arg, "auto") && strcmp(arg, "off"))
-      return st_set_error(ST_EINVAL, "--prompt-stream expects auto or off, got '%s'", arg);
     eo->prompt_stream_off = !strcmp(arg, "off");
+    eo->prompt_stream_rows = 0;
+    if (!eo->prompt_stream_off && strcmp(arg, "auto")) {
+      if ((rc = st_parse_int("--prompt-stream (auto, off or rows)", arg, 1, 1000000, &v))) return rc;
+      eo->prompt_stream_rows = (int)v;
+    }
     return 1;
   case OPT_GRAPHS:
     if (!strcmp(arg, "on")) eo->cuda_graphs = ST_CUDA_GRAPHS_ON;
@@ -281,8 +284,9 @@ void st_engine_opts_help(FILE *f) {
           "                         round (default 0 = static cache)\n"
           "      --adapt-interval N tokens between adaptive rounds (default 32)\n"
           "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n"
-          "      --prompt-stream auto|off  prompt path: let a model-based scheduler (STARPU_SCHED=dmda, dmdas,\n"
-          "                         heteroprio) run an uncached expert on CUDA0, streaming its weights (default auto)\n"
+          "      --prompt-stream auto|off|N  prompt path: an expert outside the GPU caches with N rows or more in a\n"
+          "                         chunk runs on CUDA0, its weights streamed from pinned RAM once for the chunk;\n"
+          "                         auto = 16 rows; off = the CPU pool computes every uncached expert (default auto)\n"
           "      --cuda-graphs on|off  decode steps: capture each dense task's kernels on CUDA0 (attention,\n"
           "                         attn_output, router, combine, head) as a CUDA graph and replay it; same\n"
           "                         logits either way; no effect without a GPU (default off; bench: also both)\n"

@@ -35,8 +35,10 @@ struct batch {
 
 /* The experts of one layer: submits the expert-row tasks and the combine. Reads the routing
  * table (the host waits for the router here), so it is called after the layer's router is
- * submitted. The primary cache's experts go to CUDA0 in one grouped task; each CPU-pool expert
- * gets its own task (sliced into ROWS_PER_EXPERT_TASK rows). Output rows are laid out task after
+ * submitted. The primary cache's experts go to CUDA0 in one grouped task; an uncached expert with
+ * --prompt-stream's rows or more in a prompt chunk gets a task of its own on CUDA0 (StarPU copies
+ * its weights there); each other CPU-pool expert gets its own task (sliced into
+ * ROWS_PER_EXPERT_TASK rows). Output rows are laid out task after
  * task in expert_out; the combine finds each (token, slot) through its source table. */
 static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_hparams *hp = &e->hp;
@@ -205,24 +207,42 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     row_cursor += n;
     n_out++;
   }
-  /* 3. the CPU pool: per expert (or slice of its rows), one task per FFN slice */
+  /* 3. experts outside the caches: one with e->prompt_stream rows or more in a prompt chunk runs on CUDA0,
+   *    its weights streamed there from the pinned arena once for all its rows; the others on the CPU
+   *    pool, per expert (or slice of its rows), one task per FFN slice */
   for (int x = 0; x < E && !rc; x++) {
-    if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL) continue;
+    if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL || count[x + 1] == count[x]) continue;
+    const starpu_data_handle_t *he = st_engine_expert_handles(e, l, (uint32_t)x);
+    const int n_x = count[x + 1] - count[x];
+    if (e->prompt_stream && T > 1 && n_x >= e->prompt_stream && st_host_arena_streamable(&e->arena, l, (uint32_t)x)) {
+      *ea = base;
+      ADD_EXPERT(x, count[x], n_x);
+      memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n_x);
+      outs[1 + n_out] = st_engine_reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n_x * d, 4);
+      starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
+      const struct st_target tgt = {STARPU_CUDA, pl->cuda0_worker, NULL, NULL, 0};
+      rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->expert_names[(size_t)l * E + x]);
+      e->stats.stream_tasks++;
+      e->stats.stream_entries += (uint64_t)n_x;
+      e->stats.stream_bytes += st_pair_bytes_layer(e->model, l);
+      e->stats.tasks++;
+      row_cursor += n_x;
+      n_out++;
+      continue;
+    }
     for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
       const int n = count[x + 1] - s < ROWS_PER_EXPERT_TASK ? count[x + 1] - s : ROWS_PER_EXPERT_TASK;
       *ea = base;
       ADD_EXPERT(x, s, n);
       for (int r = 0; r < n; r++) ca->src[order[s + r]].parts = parts;
       memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n);
-      const starpu_data_handle_t *he = st_engine_expert_handles(e, l, (uint32_t)x);
       for (int p = 0; p < parts && !rc; p++) {
         ea->ff0 = p * (int)hp->n_ff_exp / parts;
         ea->ff1 = (p + 1) * (int)hp->n_ff_exp / parts;
         outs[1 + n_out] = st_engine_reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n * d, 4);
         starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
-        struct st_target tgt = st_placement_expert_target(pl, ST_TIER_CPU_POOL);
-        if (e->prompt_stream && T > 1 && st_host_arena_streamable(&e->arena, l, (uint32_t)x)) tgt.where |= STARPU_CUDA;
-        rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->expert_names[(size_t)l * E + x]);
+        rc = st_submit_expert_rows(ea, tb, traced(e, st_placement_expert_target(pl, ST_TIER_CPU_POOL)),
+                                   e->expert_names[(size_t)l * E + x]);
         e->stats.expert_tasks[ST_TIER_CPU_POOL]++;
         e->stats.tasks++;
         row_cursor += n;

@@ -770,15 +770,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     while (hp->n_embd % e->n_slices_o) e->n_slices_o++;
     e->n_slices_head = st_div_up((int)hp->n_vocab, HEAD_SLICE_ROWS);
   }
-  /* --prompt-stream auto: on the prompt path an uncached expert may run on CUDA0, its weights
-   * streamed there by StarPU, when the scheduler's performance models say it is faster. Only the
-   * model-based schedulers (dm*, heteroprio) decide that way; under the others it stays off. */
-  {
-    struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0);
-    const char *name = pol && pol->policy_name ? pol->policy_name : "";
-    e->prompt_stream = !o->prompt_stream_off && e->placement.cuda0_worker >= 0 &&
-                       (!strncmp(name, "dm", 2) || !strcmp(name, "heteroprio"));
-  }
+  /* --prompt-stream: on the prompt path an uncached expert with enough rows in the chunk runs on
+   * CUDA0, its weights streamed there by StarPU from the pinned host arena; a rule on the chunk's
+   * routing alone, so the same prompt runs the same tasks in the same places under any scheduler */
+  e->prompt_stream = o->prompt_stream_off || e->placement.cuda0_worker < 0 ? 0
+                     : o->prompt_stream_rows > 0                          ? o->prompt_stream_rows
+                                                                          : ST_STREAM_ROWS;
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
   /* deepseek2 runs on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
   const char *why_arch = NULL;
@@ -938,7 +935,7 @@ int st_engine_set_prefill(struct st_engine *e, int prefill) {
 uint64_t st_stats_gpu_entries(const struct st_engine_stats *s) {
   uint64_t n = 0;
   for (int t = ST_TIER_PRIMARY; t < ST_TIER_MAX; t++) n += s->expert_entries[t];
-  return n;
+  return n + s->stream_entries;
 }
 
 void st_engine_tier_report(const struct st_engine *e, const struct st_engine_stats *now,

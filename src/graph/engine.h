@@ -29,6 +29,8 @@ struct st_engine_opts {
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
   const char *trace_dir;      /* record the run there (events.tsv + StarPU's FxT files), or NULL */
   int prompt_stream_off;      /* --prompt-stream off: uncached experts never stream to CUDA0 */
+  int prompt_stream_rows;     /* --prompt-stream N: an uncached expert with N or more rows in a prompt
+                                 chunk runs on CUDA0; 0 = auto (ST_STREAM_ROWS) */
   /* the second-GPU tiers (the seeds' SECOND_GPU.md; placement.h) */
   int helper_cache[3];        /* --expert-cache-device1..3: slots on the 1st..3rd visible device after
                                  the primary, ST_CACHE_AUTO, or 0 = off */
@@ -49,6 +51,10 @@ struct st_engine_opts {
   int no_learn;               /* --no-learn (the commands, io/learned.h): no learned expert profile is
                                  read or written; the engine itself never reads it */
 };
+/* --prompt-stream auto's rows: an uncached expert with this many rows or more in a prompt chunk
+ * runs on CUDA0 (its three matrices cross the bus once for the chunk's rows) rather than on the
+ * CPU pool; measured on the qwen3-30b-a3b preset (bench/RESULTS.md, 2026-12-05) */
+#define ST_STREAM_ROWS 16
 #define ST_CACHE_AUTO (-1)
 #define ST_CACHE_DEFAULT (-2)
 enum { ST_CUDA_GRAPHS_OFF = 0, ST_CUDA_GRAPHS_ON, ST_CUDA_GRAPHS_BOTH };
@@ -66,6 +72,9 @@ struct st_engine_stats {
   uint64_t tier_bytes_unpacked[ST_TIER_MAX]; /* the same with full rows: T x top-k rows back per launch */
   uint64_t tasks;                         /* all tasks submitted */
   uint64_t h2d_bytes;                     /* bytes StarPU moved from main RAM to CUDA devices */
+  uint64_t stream_tasks;                  /* prompt-path expert tasks of uncached experts run on CUDA0 */
+  uint64_t stream_entries;                /* their (token, expert) rows (counted as GPU rows) */
+  uint64_t stream_bytes;                  /* their experts' weight bytes (each crosses the bus once a task) */
   uint64_t swaps;                         /* adaptive-cache swaps so far */
   double wait_routing_s;                  /* host time blocked reading routing tables, s */
   double wait_end_s;                      /* host time waiting for a batch's last tasks, s */
@@ -122,7 +131,8 @@ struct st_engine {
   int adapt_swaps, adapt_interval, tokens_since_adapt;
   double cache_mass_share; /* share of the profile's routed mass the primary cache holds at start */
   struct st_recorder *rec; /* --trace, or NULL */
-  int prompt_stream;       /* uncached experts of prompt chunks may run on CUDA0 (see engine.c) */
+  int prompt_stream;       /* rows from which an uncached expert of a prompt chunk runs on CUDA0, its
+                              weights streamed there from the pinned host arena; 0 = never (engine.c) */
   int remote_opt;          /* --remote-expert-opt with a helper cache */
   int peer_adapt_swaps, peer_prefill_rows;
   double cache_mass[ST_MAX_CACHES]; /* share of the profile's routed mass each cache holds at start */
