@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The prompt path's streamed experts (issue #22) on the GPU host, strata alone: in the 24 GB class
-# (--gpu-mem, the profile's most routed pairs cached), prompt tok/s and host->device MiB with
+# (--gpu-mem, the profile's most routed pairs cached), prompt tok/s and host->device MiB, then 16 decode tokens (whether the dense weights stayed) with
 # --prompt-stream off (the CPU pool computes every uncached expert) against row thresholds, at
 # 512- and 4096-token chunks; then the greedy continuation of a long prompt twice with streaming
 # (the same bits) and once with it off (other bits allowed: other kernels).
 # Run there from the repository root with carry/ unpacked (scripts/gather-libs). Environment: W
 # work folder with the model (default /tmp/vs-llama: bench/vs-llama.sh model makes it), GPU_MEM
-# (21.25 GiB), MODES (the --prompt-stream values, default "off 4 16 64"), PREFILLS ("512 4096"),
+# (21.25 GiB), MODES (the --prompt-stream values, default "off 4 16 64"; a suffix nowu sets
+# STRATA_STREAM_WONT_USE=0), PREFILLS ("512 4096"),
 # PROMPT (4096 tokens), R repetitions (2).
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,13 +39,15 @@ head -c 300 "$W/gen-stream1.txt"; echo; head -c 300 "$W/gen-off.txt"; echo
 
 for pf in $PREFILLS; do
   for ps in $MODES; do
-    echo "== bench --prefill $pf --prompt-stream $ps"
-    timeout 400 "$S" bench "${common[@]}" --prefill "$pf" --prompt-stream "$ps" --prompt "$PROMPT" --decode 0 -r "$R" \
-      > "$W/b-$pf-$ps.txt" 2> "$W/b-$pf-$ps.err"
+    wu=1
+    case $ps in *nowu) wu=0 ;; esac
+    echo "== bench --prefill $pf --prompt-stream ${ps%nowu} (STRATA_STREAM_WONT_USE=$wu)"
+    STRATA_STREAM_WONT_USE=$wu timeout 400 "$S" bench "${common[@]}" --prefill "$pf" --prompt-stream "${ps%nowu}" \
+      --prompt "$PROMPT" --decode 16 -r "$R" > "$W/b-$pf-$ps.txt" 2> "$W/b-$pf-$ps.err"
     echo "exit $?"
-    grep -hE "^(test|prompt) |runs \(tok/s\)|peak GPU|expert-cache auto" "$W/b-$pf-$ps.txt" "$W/b-$pf-$ps.err" | head -n 8
-    line=$(grep -E "^prompt " "$W/b-$pf-$ps.txt" | head -n 1)
-    echo "prefill $pf, stream $ps: $line" >> "$table"
+    grep -hE "^(test|prompt|decode) |streamed|runs \(tok/s\)|peak GPU|expert-cache auto" "$W/b-$pf-$ps.txt" "$W/b-$pf-$ps.err" | head -n 8
+    echo "prefill $pf, stream $ps:" >> "$table"
+    grep -E "^(prompt|decode) " "$W/b-$pf-$ps.txt" >> "$table"
   done
 done
 echo "== table"

@@ -28,10 +28,24 @@ static int graph_key(const struct st_engine *e, int T, uint32_t l, int site) {
 /* Handles of one batch: registered over the engine's buffers for T rows. */
 struct batch {
   int T;
+  uint8_t *streamed;        /* [n_expert]: the experts of layer streamed_layer streamed to CUDA0 */
+  uint32_t streamed_layer;
+  int wont_use;
   starpu_data_handle_t x, h, ffn_in, routing;
   starpu_data_handle_t *attn; /* [n_head_kv] */
   starpu_data_handle_t *xo;   /* [n_slices_o] */
 };
+
+/* Tells StarPU that the experts streamed for b->streamed_layer will not be used again soon (their
+ * tasks have run), so that their replicas on CUDA0 are the first it frees. */
+static void forget_streamed(struct st_engine *e, struct batch *b) {
+  for (uint32_t x = 0; x < e->hp.n_expert; x++) {
+    if (!b->streamed[x]) continue;
+    b->streamed[x] = 0;
+    const starpu_data_handle_t *he = st_engine_expert_handles(e, b->streamed_layer, x);
+    for (int m = 0; m < 3 && b->wont_use; m++) starpu_data_wont_use(he[m]);
+  }
+}
 
 /* The experts of one layer: submits the expert-row tasks and the combine. Reads the routing
  * table (the host waits for the router here), so it is called after the layer's router is
@@ -51,6 +65,9 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   starpu_data_acquire(b->routing, STARPU_R);
   e->stats.wait_routing_s += st_now() - t_wait;
   const struct st_route *route = e->routing;
+  /* the previous layer's tasks have run (this layer's routing needs its combine): its streamed
+   * experts' replicas on CUDA0 go first when StarPU needs room, before a dense weight or the KV */
+  forget_streamed(e, b);
   if (e->routing_trace)
     for (int i = 0; i < T * k; i++)
       e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + i] = route[i].expert;
@@ -222,6 +239,8 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
       const struct st_target tgt = {STARPU_CUDA, pl->cuda0_worker, NULL, NULL, 0};
       rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->expert_names[(size_t)l * E + x]);
+      b->streamed[x] = 1;
+      b->streamed_layer = l;
       e->stats.stream_tasks++;
       e->stats.stream_entries += (uint64_t)n_x;
       e->stats.stream_bytes += st_pair_bytes_layer(e->model, l);
@@ -382,7 +401,10 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
   const size_t qg = (size_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
   st_engine_embed(e, ids, T, e->x);
 
-  struct batch b = {.T = T};
+  uint8_t streamed[hp->n_expert];
+  memset(streamed, 0, sizeof streamed);
+  const char *wu = getenv("STRATA_STREAM_WONT_USE");
+  struct batch b = {.T = T, .streamed = streamed, .wont_use = !wu || atoi(wu)};
   starpu_data_handle_t attn[hp->n_head_kv], xo[e->n_slices_o];
   b.attn = attn;
   b.xo = xo;
@@ -399,6 +421,7 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
   if (!rc && want_logits) rc = all_logits ? submit_head(e, &b, 0, T) : submit_head(e, &b, T - 1, 1);
   const double t_wait = st_now();
   starpu_task_wait_for_all();
+  forget_streamed(e, &b);
   starpu_data_unregister(b.x);
   starpu_data_unregister(b.h);
   starpu_data_unregister(b.ffn_in);
