@@ -6,8 +6,7 @@
 # (the same bits) and once with it off (other bits allowed: other kernels).
 # Run there from the repository root with carry/ unpacked (scripts/gather-libs). Environment: W
 # work folder with the model (default /tmp/vs-llama: bench/vs-llama.sh model makes it), GPU_MEM
-# (21.25 GiB), MODES (the --prompt-stream values, default "off 4 16 64"; a suffix nowu sets
-# STRATA_STREAM_WONT_USE=0), PREFILLS ("512 4096"),
+# (21.25 GiB), MODES (the --prompt-stream values, default "off 4 16 64"), PREFILLS ("512 4096"),
 # PROMPT (4096 tokens), R repetitions (2), DET=0 skips the greedy runs. The rows are appended to
 # $OUT/stream-table.txt (or $W's).
 set -u
@@ -42,10 +41,8 @@ fi
 
 for pf in $PREFILLS; do
   for ps in $MODES; do
-    wu=1
-    case $ps in *nowu) wu=0 ;; esac
-    echo "== bench --prefill $pf --prompt-stream ${ps%nowu} (STRATA_STREAM_WONT_USE=$wu)"
-    STRATA_STREAM_WONT_USE=$wu timeout 400 "$S" bench "${common[@]}" --prefill "$pf" --prompt-stream "${ps%nowu}" \
+    echo "== bench --prefill $pf --prompt-stream $ps"
+    timeout 400 "$S" bench "${common[@]}" --prefill "$pf" --prompt-stream "$ps" \
       --prompt "$PROMPT" --decode 16 -r "$R" > "$W/b-$pf-$ps.txt" 2> "$W/b-$pf-$ps.err"
     echo "exit $?"
     grep -hE "^(test|prompt|decode) |streamed|runs \(tok/s\)|peak GPU|expert-cache auto" "$W/b-$pf-$ps.txt" "$W/b-$pf-$ps.err" | head -n 8

@@ -30,20 +30,22 @@ struct batch {
   int T;
   uint8_t *streamed;        /* [n_expert]: the experts of layer streamed_layer streamed to CUDA0 */
   uint32_t streamed_layer;
-  int wont_use;
   starpu_data_handle_t x, h, ffn_in, routing;
   starpu_data_handle_t *attn; /* [n_head_kv] */
   starpu_data_handle_t *xo;   /* [n_slices_o] */
 };
 
 /* Tells StarPU that the experts streamed for b->streamed_layer will not be used again soon (their
- * tasks have run), so that their replicas on CUDA0 are the first it frees. */
+ * tasks have run), so that their replicas on CUDA0 are the first it frees. Without it StarPU's LRU
+ * dropped the dense weights and the KV cache instead: on an H100 in the 24 GB class, prompt 4096
+ * fell from 1,980 to 1,169 tok/s and the decode after it from 188 to 11 (bench/RESULTS.md,
+ * 2026-12-05). */
 static void forget_streamed(struct st_engine *e, struct batch *b) {
   for (uint32_t x = 0; x < e->hp.n_expert; x++) {
     if (!b->streamed[x]) continue;
     b->streamed[x] = 0;
     const starpu_data_handle_t *he = st_engine_expert_handles(e, b->streamed_layer, x);
-    for (int m = 0; m < 3 && b->wont_use; m++) starpu_data_wont_use(he[m]);
+    for (int m = 0; m < 3; m++) starpu_data_wont_use(he[m]);
   }
 }
 
@@ -403,8 +405,7 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
 
   uint8_t streamed[hp->n_expert];
   memset(streamed, 0, sizeof streamed);
-  const char *wu = getenv("STRATA_STREAM_WONT_USE");
-  struct batch b = {.T = T, .streamed = streamed, .wont_use = !wu || atoi(wu)};
+  struct batch b = {.T = T, .streamed = streamed};
   starpu_data_handle_t attn[hp->n_head_kv], xo[e->n_slices_o];
   b.attn = attn;
   b.xo = xo;

@@ -246,9 +246,13 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
   const struct st_expert_cache *C = &e->placement.cache[c];
   const uint64_t slot_bytes = st_pair_bytes(e->model), dense = dense_bytes(e, l0, l1, head);
   const uint64_t kv = (uint64_t)(l1 - l0) * hp->n_head_kv * 2 * (uint64_t)e->n_ctx * st_kv_row_bytes(e->kv_type, (int)hp->head_dim);
+  /* a chunk's activations, attention rows, expert rows and intermediates; the logits of one token
+   * (a chunk's head computes the last token's; --all-logits chunks hold more for a moment, and StarPU
+   * makes room by dropping weight replicas it copies back later) */
   const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
-                           (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
-                            (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp) + hp->n_vocab);
+                               (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
+                                (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp)) +
+                           4ull * hp->n_vocab;
   /* with --gpu-mem half the reserve is outside StarPU's limit (kernel scratch) and half inside it:
    * StarPU's transient replicas (a batch's handles on the prompt path and the per-task path) need room
    * there, or every allocation evicts a dense weight or a KV replica and the run thrashes
