@@ -530,6 +530,17 @@ uint64_t st_engine_kv_bytes(const struct st_engine *e) {
   return b;
 }
 
+/* --prefill's default: ST_PREFILL_GPU tokens where a GPU computes the prompt (its uncached experts
+ * cross the bus once a chunk, and its tensor-core products take bigger tiles), ST_PREFILL_CPU on CPU
+ * workers alone (a GPU build on a host without a card, or STARPU_NCUDA=0). */
+static int default_prefill(void) {
+#ifdef ST_HAVE_CUDA
+  const char *nc = getenv("STARPU_NCUDA");
+  if (st_cuda_device_count() > 0 && !(nc && atoi(nc) == 0)) return ST_PREFILL_GPU;
+#endif
+  return ST_PREFILL_CPU;
+}
+
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
   *out = NULL;
   struct st_engine *e = calloc(1, sizeof *e);
@@ -541,9 +552,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (hp->n_ctx_train && (uint64_t)e->n_ctx > hp->n_ctx_train)
     fprintf(stderr, "strata: warning: a context of %d tokens is longer than the model was trained for (%llu): "
             "positions past it are extrapolated\n", e->n_ctx, (unsigned long long)hp->n_ctx_train);
-  e->prefill = o->prefill > 0 ? o->prefill : 512;
+  e->prefill = o->prefill > 0 ? o->prefill : default_prefill();
   if (e->prefill > e->n_ctx) e->prefill = e->n_ctx;
   e->prefill_cap = e->prefill;
+  e->logits_rows = e->prefill < ST_LOGITS_ROWS ? e->prefill : ST_LOGITS_ROWS;
 
   struct env_conf env;
   int rc = read_env(&env);
@@ -574,7 +586,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     e->attn = malloc(sizeof(float) * T * qw);
     e->ff_parts = ff_parts_for(hp, env.ff_slice);
     e->expert_out = malloc(sizeof(float) * T * k * d * (size_t)e->ff_parts);
-    e->logits = malloc(sizeof(float) * T * hp->n_vocab);
+    e->logits = malloc(sizeof(float) * (size_t)e->logits_rows * hp->n_vocab);
     e->routing = malloc(sizeof(struct st_route) * T * k);
     e->h_layer = calloc((size_t)hp->n_layer * W_COUNT, sizeof(starpu_data_handle_t));
     e->h_fixed = calloc((size_t)hp->n_layer * 3, sizeof(starpu_data_handle_t));
@@ -1169,7 +1181,9 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
   for (int done = 0; done < n;) {
     /* the per-task path computes qwen3moe only: without the prompt lanes another architecture
      * takes its prompt a token at a time (decode steps) */
-    const int T = e->hp.arch != ST_ARCH_QWEN3MOE && !e->prompt ? 1 : n - done < e->prefill ? n - done : e->prefill;
+    /* every token's logits: chunks of at most e->logits_rows tokens (the buffer's rows) */
+    const int chunk = all_logits && e->logits_rows < e->prefill ? e->logits_rows : e->prefill;
+    const int T = e->hp.arch != ST_ARCH_QWEN3MOE && !e->prompt ? 1 : n - done < chunk ? n - done : chunk;
     const int last = done + T == n;
     const double t_start = starpu_timing_now();
     /* a decode step writes its logits where they go (no copy through e->logits) */

@@ -19,7 +19,7 @@ struct st_engine_opts {
   int kv_type;                /* --cache-type-k: the KV cache's element, ST_TYPE_F16 (what
                                  st_engine_opts_init sets) or ST_TYPE_F32 (0: a zeroed struct) */
   int kv_type_v;              /* --cache-type-v: must equal kv_type (st_engine_opts_check) */
-  int prefill;                /* prompt chunk in tokens; 0 = 512 */
+  int prefill;                /* prompt chunk in tokens; 0 = ST_PREFILL_GPU with a GPU, else ST_PREFILL_CPU */
   const char *expert_profile; /* ranked expert pairs (io/profile.h) for the caches, or NULL */
   int expert_cache;           /* primary-cache slots on CUDA0; 0 = none, ST_CACHE_AUTO = what fits,
                                  ST_CACHE_DEFAULT (flag not given) = auto when StarPU has a CUDA worker
@@ -54,7 +54,16 @@ struct st_engine_opts {
 /* --prompt-stream auto's rows: an uncached expert with this many rows or more in a prompt chunk
  * runs on CUDA0 (its three matrices cross the bus once for the chunk's rows) rather than on the
  * CPU pool; measured on the qwen3-30b-a3b preset (bench/RESULTS.md, 2026-12-05) */
-#define ST_STREAM_ROWS 16
+#define ST_STREAM_ROWS 32
+/* --prefill's defaults, tokens: with a GPU (4096: on an H100, prompt 4096 of the qwen3-30b-a3b
+ * preset ran at 3,702-4,017 tok/s in the 24 GB class with streamed experts against 1,910-1,980 with
+ * 512-token chunks, and with every expert on the GPU at 5,631 against 2,798; bench/RESULTS.md,
+ * 2026-12-05) and on CPU workers alone */
+#define ST_PREFILL_GPU 4096
+#define ST_PREFILL_CPU 512
+/* rows of the logits buffer: a run that wants every token's logits takes chunks of at most this
+ * many tokens (n_vocab floats a token: 0.6 GiB for Qwen3's 151,680 at 1,024) */
+#define ST_LOGITS_ROWS 512
 #define ST_CACHE_AUTO (-1)
 #define ST_CACHE_DEFAULT (-2)
 enum { ST_CUDA_GRAPHS_OFF = 0, ST_CUDA_GRAPHS_ON, ST_CUDA_GRAPHS_BOTH };
@@ -93,6 +102,7 @@ struct st_engine {
   struct st_hparams hp;
   int n_ctx, prefill, n_past;
   int prefill_cap; /* batch buffers hold this many tokens */
+  int logits_rows; /* e->logits holds this many tokens' logits: min(prefill_cap, ST_LOGITS_ROWS) */
   int started;     /* StarPU is initialised (and must be shut down) */
   int paused;      /* st_engine_pause */
   int n_slices_o, n_slices_head; /* row slices of attn_output and of the output head */
