@@ -474,11 +474,20 @@ int main(void) {
           const double d_both = max_diff(fl, skd, qn, NULL), tol = 1e-4 * mag;
           const double tol_split = tol + (kt ? (2 * 0x1p-11 * abs_score + 0x1p-10) * vmax : 0);
           const int same = ok && !memcmp(fl, fl2, sizeof(float) * qn);
-          const double tol_flash = T > 1 ? tol : tol_split; /* one token: both launches are the split-K kernels */
-          ok = ok && d_flash <= tol_flash && d_split <= tol_split && d_both <= tol_split;
-          printf("%s attention T=%d pos0=%d nq=%d hd=%d %s KV: max |Δ| flash vs float64 %.2e (≤ %.2e), "
-                 "split-K vs float64 %.2e, flash vs split-K %.2e (each ≤ %.2e)\n",
-                 ok ? "PASS" : "FAIL", T, pos0, nq, hd, kvn, d_flash, tol_flash, d_split, d_both, tol_split);
+          /* one token: both launches are the split-K kernels; a half cache of head_dim 64 or 128 on sm_80 and
+           * later: the flash kernel on the tensor cores (attend_flash_mma), Q and P rounded to half as the
+           * split-K tensor-core kernels round them, and each kernel's error may add to the other's */
+          int dev = 0, major = 0;
+          cudaGetDevice(&dev);
+          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+          const char *fm_env = getenv("STRATA_FLASH_MMA");
+          const int flash_mma = kt && (hd == 64 || hd == 128) && major >= 8 && T > 1 && !(fm_env && atoi(fm_env) == 0);
+          const double tol_flash = T > 1 && !flash_mma ? tol : tol_split, tol_both = flash_mma ? 2 * tol_split : tol_split;
+          ok = ok && d_flash <= tol_flash && d_split <= tol_split && d_both <= tol_both;
+          printf("%s attention T=%d pos0=%d nq=%d hd=%d %s KV: max |Δ| flash%s vs float64 %.2e (≤ %.2e), "
+                 "split-K vs float64 %.2e (≤ %.2e), flash vs split-K %.2e (≤ %.2e)\n",
+                 ok ? "PASS" : "FAIL", T, pos0, nq, hd, kvn, flash_mma ? " (tensor cores)" : "", d_flash, tol_flash, d_split,
+                 tol_split, d_both, tol_both);
           ok ? pass++ : fail++;
           printf("%s attention T=%d pos0=%d nq=%d hd=%d %s KV: a second flash launch %s\n", same ? "PASS" : "FAIL", T,
                  pos0, nq, hd, kvn, same ? "repeats its bits" : "DIFFERS");
@@ -629,6 +638,22 @@ int main(void) {
     printf("TIME attention T=%d pos0=%d nq=%d hd=%d (one KV group): split-K (decode kernels) %.3f ms, flash %.3f ms, "
            "speed-up %.1fx (mean of %d launches)\n",
            T, POS0, NQ, HD, ms_split, ms_flash, ms_flash > 0 ? ms_split / ms_flash : 0.0, REPS);
+    /* the prompt's flash kernel on a half cache (the default cache type: on sm_80 and later, head_dim
+     * 64 or 128, attend_flash_mma on the tensor cores unless STRATA_FLASH_MMA=0), against the float32
+     * cache's, here and on a whole 4,096-token prompt's chunk (T = 4096 at position 0) */
+    double ms_half = 0, ms32_p = 0, ms16_p = 0;
+    const size_t qn4 = (size_t)4096 * NQ * HD; /* k and v hold 4,096 rows and more */
+    float *q4 = malloc(sizeof(float) * qn4), *o4 = malloc(sizeof(float) * qn4);
+    for (size_t i = 0; i < qn4; i++) q4[i] = (float)(8.0 * uniform(&rng));
+    ok = st_cuda_attention_rows(q, k, v, T, POS0, NQ, HD, ST_TYPE_F16, 1, REPS, fl, &ms_half) == 0 &&
+         st_cuda_attention_rows(q4, k, v, 4096, 0, NQ, HD, ST_TYPE_F32, 1, REPS, o4, &ms32_p) == 0 &&
+         st_cuda_attention_rows(q4, k, v, 4096, 0, NQ, HD, ST_TYPE_F16, 1, REPS, o4, &ms16_p) == 0;
+    free(q4);
+    free(o4);
+    printf("%s TIME attention, flash, f32 KV against f16 KV (one KV group, nq=%d hd=%d): T=%d pos0=%d %.3f -> %.3f ms "
+           "(%.1fx); T=4096 pos0=0 %.3f -> %.3f ms (%.1fx) (mean of %d launches)\n", ok ? "PASS" : "FAIL", NQ, HD, T, POS0,
+           ms_flash, ms_half, ms_half > 0 ? ms_flash / ms_half : 0.0, ms32_p, ms16_p, ms16_p > 0 ? ms32_p / ms16_p : 0.0, REPS);
+    ok ? pass++ : fail++;
     free(q);
     free(k);
     free(v);

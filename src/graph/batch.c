@@ -54,8 +54,8 @@ static void forget_streamed(struct st_engine *e, struct batch *b) {
  * submitted. The primary cache's experts go to CUDA0 in one grouped task; an uncached expert with
  * --prompt-stream's rows or more in a prompt chunk gets a task of its own on CUDA0 (StarPU copies
  * its weights there); each other CPU-pool expert gets its own task (sliced into
- * ROWS_PER_EXPERT_TASK rows). Output rows are laid out task after
- * task in expert_out; the combine finds each (token, slot) through its source table. */
+ * ROWS_PER_EXPERT_TASK rows). Output rows are laid out task after task in expert_out; the combine
+ * finds each (token, slot) through its source table. */
 static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   const struct st_hparams *hp = &e->hp;
   const struct st_layer *L = &e->model->layers[l];
@@ -226,9 +226,9 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     row_cursor += n;
     n_out++;
   }
-  /* 3. experts outside the caches: one with e->prompt_stream rows or more in a prompt chunk runs on CUDA0,
-   *    its weights streamed there from the pinned arena once for all its rows; the others on the CPU
-   *    pool, per expert (or slice of its rows), one task per FFN slice */
+  /* 3. experts outside the caches: one with e->prompt_stream rows or more in a prompt chunk runs
+   *    on CUDA0, its weights streamed there from the pinned arena once for all its rows; the others
+   *    on the CPU pool, per expert (or slice of its rows), one task per FFN slice */
   for (int x = 0; x < E && !rc; x++) {
     if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL || count[x + 1] == count[x]) continue;
     const starpu_data_handle_t *he = st_engine_expert_handles(e, l, (uint32_t)x);

@@ -1166,6 +1166,219 @@ __global__ static void __launch_bounds__(FA_THREADS, 2)
   }
 }
 
+// ---- the prompt path's flash attention on the tensor cores (a half cache, sm_80 and later) ------
+// attend_flash's tiling (64 query rows a block, tiles of 64 keys, the same chunks and partials, so
+// attend_combine merges either), with both products as mma.sync m16n8k16 (f16 inputs, f32
+// accumulators; PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point type"), as in
+// FlashAttention-2 (Dao, 2023). Warp w owns rows 16w..16w+15; lane 4g + t holds rows g and g + 8.
+// Each tile's K and V rows are copied to shared memory (cp.async, two stages: the next tile lands
+// while this one computes); S = Q K^T takes Q's A fragments from registers (the queries times
+// scale x log2(e), rounded to half once) and K's B fragments by ldmatrix; the online softmax runs
+// in log2 units (exp2) on S's accumulators, which are laid out as the A fragments of P V (P rounded
+// to half); V's B fragments come by ldmatrix.trans. A row's sum is kept per lane and added over its
+// four lanes at the end. The partial's max goes out in natural units, as attend_flash's. Q and P
+// in half: a rounding of 2^-11 relative that attend_flash does not have (bounded in
+// tests/test_cuda_kernels). Fixed order throughout: the same bits every run.
+#define FM_THREADS 128 /* 4 warps of 16 query rows: FA_ROWS rows a block */
+#define FM_PAD 8       /* halves after each shared row: ldmatrix's eight row addresses hit distinct banks */
+static_assert(FA_ROWS == 16 * (FM_THREADS / 32) && FA_KEYS % 16 == 0, "attend_flash_mma: 16 rows a warp, 16 keys a step");
+
+__device__ __forceinline__ static void fm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+// Four 8 x 8 matrices of halves from shared memory (ldmatrix; lanes 8i..8i+7 give matrix i's row
+// addresses), plain or transposed.
+__device__ __forceinline__ static void fm_ldsm4(uint32_t (&r)[4], const __half *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ static void fm_ldsm4_trans(uint32_t (&r)[4], const __half *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Dynamic shared memory of attend_flash_mma: two stages of a tile's K and V rows.
+static size_t fm_smem_bytes(int hd) { return sizeof(__half) * 2 * 2 * FA_KEYS * (size_t)(hd + FM_PAD); }
+
+template <int HD>
+__global__ static void __launch_bounds__(FM_THREADS)
+    attend_flash_mma(const float *q, int64_t ldq, const __half *kc, const __half *vc, int nq, int T, int pos0,
+                     float scale, int chunk, float *part, float *out, int64_t ldo) {
+  static_assert(HD % 16 == 0 && HD <= 128, "attend_flash_mma: head_dim a multiple of 16, at most 128");
+  constexpr int LD = HD + FM_PAD, KS = HD / 16, NT = HD / 8, NK = FA_KEYS / 8, CH = HD / 8;
+  extern __shared__ __align__(16) unsigned char fm_smem[];
+  __half *ks = (__half *)fm_smem, *vs = ks + 2 * FA_KEYS * LD; // [stage][key][LD]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rows = T * nq, row0 = blockIdx.x * FA_ROWS, c = blockIdx.y, n_split = gridDim.y;
+  const int kbeg = c * chunk, kend = min(kbeg + chunk, pos0 + (min(row0 + FA_ROWS, rows) - 1) / nq + 1);
+  if (kbeg >= kend) return; // the chunk starts after the block's last token: no partial is read
+  const int ra = row0 + 16 * warp + g, rb = ra + 8; // this lane's two rows
+  const int last_a = ra < rows ? pos0 + ra / nq : -1, last_b = rb < rows ? pos0 + rb / nq : -1;
+  const int wr = min(row0 + 16 * warp + 15, rows - 1);
+  const int w_last = wr >= row0 + 16 * warp ? pos0 + wr / nq : -1; // the warp's last key (-1: no rows)
+  const float sl2 = scale * 1.4426950408889634f;                    // log2(e): scores in log2 units
+  uint32_t qa[KS][4]; // A fragments of Q: rows g, g + 8; dimensions 16 s + 2t, + 1 and 16 s + 8 + 2t, + 1
+  {
+    const float *qa_row = ra < rows ? q + (int64_t)(ra / nq) * ldq + (int64_t)(ra % nq) * HD : NULL;
+    const float *qb_row = rb < rows ? q + (int64_t)(rb / nq) * ldq + (int64_t)(rb % nq) * HD : NULL;
+    const float2 z = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+      const float2 a0 = qa_row ? *(const float2 *)(qa_row + 16 * s + 2 * t) : z;
+      const float2 a1 = qb_row ? *(const float2 *)(qb_row + 16 * s + 2 * t) : z;
+      const float2 a2 = qa_row ? *(const float2 *)(qa_row + 16 * s + 8 + 2 * t) : z;
+      const float2 a3 = qb_row ? *(const float2 *)(qb_row + 16 * s + 8 + 2 * t) : z;
+      qa[s][0] = att_h2(a0.x * sl2, a0.y * sl2), qa[s][1] = att_h2(a1.x * sl2, a1.y * sl2);
+      qa[s][2] = att_h2(a2.x * sl2, a2.y * sl2), qa[s][3] = att_h2(a3.x * sl2, a3.y * sl2);
+    }
+  }
+  float o[NT][4]; // output tile n: [0], [1] row g, dimensions 8n + 2t, + 1; [2], [3] row g + 8
+#pragma unroll
+  for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f; // running max (log2 units), this lane's sums
+  // Copies keys [k0, k0 + FA_KEYS) to stage st; rows past kend are zeros (the cache may hold NaN there).
+  auto load = [&](int k0, int st) {
+    for (int e = threadIdx.x; e < FA_KEYS * CH; e += FM_THREADS) {
+      const int j = e / CH, d = 8 * (e % CH), key = k0 + j;
+      __half *kd = ks + (st * FA_KEYS + j) * LD + d, *vd = vs + (st * FA_KEYS + j) * LD + d;
+      if (key < kend) {
+        st_dev_cp16(kd, kc + (int64_t)key * HD + d);
+        st_dev_cp16(vd, vc + (int64_t)key * HD + d);
+      } else {
+        *(uint4 *)kd = make_uint4(0u, 0u, 0u, 0u);
+        *(uint4 *)vd = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    st_dev_cp_commit();
+  };
+  const int n_tiles = (kend - kbeg + FA_KEYS - 1) / FA_KEYS, mi = lane >> 3, ri = lane & 7;
+  load(kbeg, 0);
+  for (int it = 0; it < n_tiles; it++) {
+    const int st = it & 1, k0 = kbeg + it * FA_KEYS;
+    if (it + 1 < n_tiles) {
+      load(k0 + FA_KEYS, st ^ 1);
+      st_dev_cp_wait_prev();
+    } else {
+      st_dev_cp_wait_all();
+    }
+    __syncthreads(); // this stage's rows (every thread's copies and zeros) are in shared memory
+    if (k0 <= w_last) {
+      const __half *kt = ks + st * FA_KEYS * LD, *vt = vs + st * FA_KEYS * LD;
+      float sc[NK][4]; // S tile n: [0], [1] row g, keys k0 + 8n + 2t, + 1; [2], [3] row g + 8
+#pragma unroll
+      for (int n = 0; n < NK; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int n2 = 0; n2 < NK / 2; n2++) { // keys 16 n2 .. + 16: matrices (keys +0, +8) x (dims +0, +8)
+          uint32_t b[4];
+          fm_ldsm4(b, kt + (16 * n2 + (mi >> 1) * 8 + ri) * LD + 16 * s + (mi & 1) * 8);
+          fm_mma(sc[2 * n2], qa[s], b[0], b[1]);
+          fm_mma(sc[2 * n2 + 1], qa[s], b[2], b[3]);
+        }
+      float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NK; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int key = k0 + 8 * n + 2 * t + e;
+          if (key > last_a || key >= kend) sc[n][e] = -INFINITY;
+          if (key > last_b || key >= kend) sc[n][2 + e] = -INFINITY;
+          xa = fmaxf(xa, sc[n][e]);
+          xb = fmaxf(xb, sc[n][2 + e]);
+        }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) { // the four lanes of a row
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, off));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, off));
+      }
+      const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+      const float ba = na == -INFINITY ? 0.0f : na, bb = nb == -INFINITY ? 0.0f : nb; // no -inf - -inf
+      const float ca = exp2f(ma - ba), cb = exp2f(mb - bb);
+      ma = na, mb = nb;
+      la *= ca, lb *= cb;
+#pragma unroll
+      for (int n = 0; n < NT; n++) o[n][0] *= ca, o[n][1] *= ca, o[n][2] *= cb, o[n][3] *= cb;
+      uint32_t pa[NK / 2][4]; // A fragments of P: keys 16 j + 2t, + 1 and 16 j + 8 + 2t, + 1
+#pragma unroll
+      for (int n = 0; n < NK; n++) {
+        const float p0 = exp2f(sc[n][0] - ba), p1 = exp2f(sc[n][1] - ba);
+        const float p2 = exp2f(sc[n][2] - bb), p3 = exp2f(sc[n][3] - bb);
+        la += p0 + p1, lb += p2 + p3;
+        pa[n >> 1][(n & 1) * 2] = att_h2(p0, p1);
+        pa[n >> 1][(n & 1) * 2 + 1] = att_h2(p2, p3);
+      }
+#pragma unroll
+      for (int j = 0; j < NK / 2; j++)
+#pragma unroll
+        for (int n2 = 0; n2 < NT / 2; n2++) { // dimensions 16 n2 .. + 16: matrices (keys +0, +8) x (dims +0, +8)
+          uint32_t b[4];
+          fm_ldsm4_trans(b, vt + (16 * j + (mi & 1) * 8 + ri) * LD + 16 * n2 + (mi >> 1) * 8);
+          fm_mma(o[2 * n2], pa[j], b[0], b[1]);
+          fm_mma(o[2 * n2 + 1], pa[j], b[2], b[3]);
+        }
+    }
+    __syncthreads(); // every warp is done with this stage before the next iteration's copies reuse it
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    la += __shfl_xor_sync(0xffffffffu, la, off);
+    lb += __shfl_xor_sync(0xffffffffu, lb, off);
+  }
+#pragma unroll
+  for (int h2 = 0; h2 < 2; h2++) {
+    const int r = h2 ? rb : ra;
+    if (r >= rows) continue;
+    const float m = h2 ? mb : ma, l = h2 ? lb : la;
+    if (n_split == 1) { // every key of the row: l >= 1 (the max's own term)
+      float *orow = out + (int64_t)(r / nq) * ldo + (int64_t)(r % nq) * HD;
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+        *(float2 *)(orow + 8 * n + 2 * t) = make_float2(o[n][2 * h2] / l, o[n][2 * h2 + 1] / l);
+    } else { // a row whose keys end before the chunk writes (-inf, 0); attend_combine skips it
+      float *pr = part + ((int64_t)r * n_split + c) * (HD + 2);
+      if (t == 0) pr[0] = m == -INFINITY ? -INFINITY : m * 0.6931471805599453f, pr[1] = l;
+#pragma unroll
+      for (int n = 0; n < NT; n++) pr[2 + 8 * n + 2 * t] = o[n][2 * h2], pr[3 + 8 * n + 2 * t] = o[n][2 * h2 + 1];
+    }
+  }
+}
+
+// Whether attend_flash_mma takes this prompt attention: a half cache, head_dim 64 or 128, 16-byte
+// aligned cache rows, 8-byte aligned query and output rows, sm_80 or later, and STRATA_FLASH_MMA not 0.
+static bool fm_ok(int hd, const void *q, int64_t ldq, const void *kc, const void *vc, const void *out, int64_t ldo) {
+  static int on = -1;
+  if (on < 0) {
+    const char *v = getenv("STRATA_FLASH_MMA");
+    on = !v || atoi(v) != 0;
+  }
+  if (!on || (hd != 64 && hd != 128) || (((uintptr_t)kc | (uintptr_t)vc) & 15) || (((uintptr_t)q | (uintptr_t)out) & 7) ||
+      (ldq & 1) || (ldo & 1))
+    return false;
+  return st_cuda_compute_capability() >= 80;
+}
+
 // Keys per block of attend_flash: one tile, doubled while the grid would exceed FA_MAX_BLOCKS
 // (several waves of an H200's 132 SMs), so that long contexts spread over the SMs even for a few
 // tokens, with no more partials than that needs. A function of the shape only: deterministic.
@@ -1194,8 +1407,9 @@ static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
 
 // Causal attention of T tokens' nq query heads (q [T][ldq], head h at h * hd) over the keys and
 // values kc, vc [pos0 + T][hd] of KT, into out [T][ldo]; part holds attention_part_floats. flash != 0
-// (the caller checked flash_fits) takes attend_flash, else the split-K kernels (attend_split and
-// attend_split_combine: the decode step's arithmetic).
+// (the caller checked flash_fits) takes attend_flash_mma where fm_ok says so (a half cache), else
+// attend_flash, and otherwise the split-K kernels (attend_split and attend_split_combine: the decode
+// step's arithmetic).
 template <typename KT>
 static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
@@ -1232,6 +1446,20 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
   }
   const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
   const dim3 grid((T * nq + FA_ROWS - 1) / FA_ROWS, n_split);
+  if constexpr (std::is_same<KT, __half>::value) {
+    if (fm_ok(hd, q, ldq, kc, vc, out, ldo)) {
+      const size_t bytes = fm_smem_bytes(hd);
+      if (hd == 128) {
+        cudaFuncSetAttribute(attend_flash_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        attend_flash_mma<128><<<grid, FM_THREADS, bytes, st>>>(q, ldq, kc, vc, nq, T, pos0, scale, chunk, part, out, ldo);
+      } else {
+        cudaFuncSetAttribute(attend_flash_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        attend_flash_mma<64><<<grid, FM_THREADS, bytes, st>>>(q, ldq, kc, vc, nq, T, pos0, scale, chunk, part, out, ldo);
+      }
+      if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
+      return;
+    }
+  }
   if (hd <= 128)
     attend_flash<1, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
   else
