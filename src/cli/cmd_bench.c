@@ -134,8 +134,8 @@ static double busy_share(int w, double wall) {
 /* Synthetic prompt ids: ordinary word pieces cycled (the speed does not depend on the text). */
 /* Share of routed entries the GPU caches served in a measurement. */
 static double share(const struct result *r) {
-  const double g = (double)st_stats_gpu_entries(&r->delta), c = (double)r->delta.expert_entries[ST_TIER_CPU_POOL];
-  return g + c > 0 ? g / (g + c) : 0.0;
+  const double g = (double)st_stats_gpu_entries(&r->delta), all = (double)st_stats_routed_entries(&r->delta);
+  return all > 0 ? g / all : 0.0;
 }
 
 /* FLOPs (two per multiply-add) of n tokens at positions depth..depth+n-1: per token and layer the
@@ -448,7 +448,7 @@ int st_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
-             "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"stream_tasks\": %llu, \"stream_mib\": %.2f, \"swaps\": %llu, "
+             "\"entries_cpu\": %llu, \"entries_gpu\": %llu, \"h2d_mib\": %.2f, \"stream_tasks\": %llu, \"entries_stream\": %llu, \"stream_mib\": %.2f, \"swaps\": %llu, "
              "\"wait_routing_s\": %.4f, \"wait_end_s\": %.4f, \"submit_s\": %.4f, \"step_s\": %.4f, \"roofline_tok_s\": %.2f, \"cuda_graphs\": %s%s%s, "
              "\"graph_captures\": %llu, \"graph_updates\": %llu, \"graph_instantiations\": %llu, "
              "\"graph_reinstantiations\": %llu, \"graph_launches\": %llu, \"graph_fallbacks\": %llu, "
@@ -458,7 +458,8 @@ int st_cmd_bench(int argc, char **argv) {
              i ? "," : "", r->test, r->tokens, r->depth, r->seconds, r->tokens / r->seconds,
              (unsigned long long)r->delta.expert_entries[ST_TIER_CPU_POOL],
              (unsigned long long)st_stats_gpu_entries(&r->delta), r->delta.h2d_bytes / 1048576.0,
-             (unsigned long long)r->delta.stream_tasks, r->delta.stream_bytes / 1048576.0,
+             (unsigned long long)r->delta.stream_tasks, (unsigned long long)r->delta.stream_entries,
+             r->delta.stream_bytes / 1048576.0,
              (unsigned long long)r->delta.swaps, r->delta.wait_routing_s, r->delta.wait_end_s, r->delta.submit_s, r->delta.step_s, ROOFLINE(r),
              r->graphs < 0 ? "" : "\"", r->graphs < 0 ? "null" : graphs_word(r->graphs), r->graphs < 0 ? "" : "\"",
              (unsigned long long)r->gd.captures, (unsigned long long)r->gd.updates,
@@ -503,7 +504,7 @@ int st_cmd_bench(int argc, char **argv) {
       if (ROOFLINE(r) > 0) snprintf(rl, sizeof rl, "%.1f", ROOFLINE(r));
       printf("%-8s %8ld %8ld %10.3f %10.2f %12llu %12llu %9.1f %10.1f %10.3f %10s %6s %10.1f %8.1f %7.1f %8.3f\n", r->test,
              r->tokens, r->depth, r->seconds, r->tokens / r->seconds, (unsigned long long)g, (unsigned long long)cpu,
-             g + cpu ? 100.0 * g / (g + cpu) : 0.0, r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, rl,
+             100.0 * share(r), r->delta.h2d_bytes / 1048576.0, r->delta.wait_routing_s, rl,
              graphs_word(r->graphs), r->graphs < 0 ? 0.0 : dense_us(r), (double)r->delta.tasks / (double)r->tokens,
              100.0 * r->gpu_busy, TFLOPS(r));
     }

@@ -63,7 +63,8 @@ static void generate_help(FILE *f, const char *cmd) {
             "      --chat             wrap the prompt as one user turn in the model's chat template family, then\n"
             "                         the assistant's reply (as strata generate --chat)\n"
             "      --logits-out FILE  write the last position's logits (float32, little-endian, n_vocab values)\n"
-            "      --all-logits       write every position's logits instead ([n_prompt][n_vocab])\n");
+            "      --all-logits       write every position's logits instead ([n_prompt][n_vocab]); the prompt then\n"
+            "                         runs in chunks of at most 512 tokens (the logits buffer's rows)\n");
   fprintf(f,
           "  -h, --help             this help\n\n"
           "StarPU's environment variables choose the scheduler and workers (STARPU_SCHED, STARPU_NCPU,\n"
@@ -237,7 +238,7 @@ static void report(const struct session *s, size_t n_prompt, double t_prompt, si
   char tiers[1024];
   st_engine_tier_report(s->engine, NULL, NULL, tiers, sizeof tiers);
   fprintf(stderr, "%s\n", tiers);
-  const uint64_t gpu = st_stats_gpu_entries(st), all = gpu + st->expert_entries[ST_TIER_CPU_POOL];
+  const uint64_t gpu = st_stats_gpu_entries(st), all = st_stats_routed_entries(st);
   if (st_engine_n_cuda_workers(s->engine) > 0)
     fprintf(stderr, "routed entries served by the GPU caches: %.1f%% (%llu of %llu); host->device %.1f MiB; adaptive swaps %llu\n",
             all ? 100.0 * gpu / all : 0.0, (unsigned long long)gpu, (unsigned long long)all,

@@ -206,7 +206,10 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
     eo->prompt_stream_off = !strcmp(arg, "off");
     eo->prompt_stream_rows = 0;
     if (!eo->prompt_stream_off && strcmp(arg, "auto")) {
-      if ((rc = st_parse_int("--prompt-stream (auto, off or rows)", arg, 1, 1000000, &v))) return rc;
+      char *end;
+      v = strtol(arg, &end, 10);
+      if (end == arg || *end || v < 1 || v > 1000000)
+        return st_set_error(ST_EINVAL, "--prompt-stream expects auto, off or a row count from 1 to 1000000, got '%s'", arg);
       eo->prompt_stream_rows = (int)v;
     }
     return 1;
@@ -262,9 +265,10 @@ void st_engine_opts_help(FILE *f) {
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
           "  -ctk, --cache-type-k T KV cache element type T, f32 or f16 (default f16, as llama.cpp; f32: the\n"
           "  -ctv, --cache-type-v T exact float32 path); K and V must be given the same type. f16 halves the\n"
-          "                         cache's memory, and on sm_80+ GPUs the decode attention past about 16,000\n"
-          "                         tokens runs on the tensor cores (queries and softmax weights in half there);\n"
-          "                         rows are computed in float32 and rounded on the way in\n"
+          "                         cache's memory, and on sm_80+ GPUs the prompt's attention and the decode\n"
+          "                         attention past about 16,000 tokens run on the tensor cores (queries and\n"
+          "                         softmax weights in half there); rows are computed in float32 and rounded\n"
+          "                         on the way in\n"
           "      --prefill N        prompt chunk in tokens (default 4096 with a GPU, 512 on CPU workers alone)\n"
           "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
           "                         the profile learned on this model file by earlier runs, else a prior that gives\n"
@@ -285,7 +289,8 @@ void st_engine_opts_help(FILE *f) {
           "      --adapt-interval N tokens between adaptive rounds (default 32)\n"
           "      --trace DIR        record the run into DIR: events.tsv and StarPU's FxT trace (see strata trace)\n"
           "      --prompt-stream auto|off|N  prompt path: an expert outside the GPU caches with N rows or more in a\n"
-          "                         chunk runs on CUDA0, its weights streamed from pinned RAM once for the chunk;\n"
+          "                         chunk runs on CUDA0, its weights copied there once for the chunk (from the\n"
+          "                         pinned host arena, or the mapped file with STRATA_HOST_ARENA=0);\n"
           "                         auto = 32 rows; off = the CPU pool computes every uncached expert (default auto)\n"
           "      --cuda-graphs on|off  decode steps: capture each dense task's kernels on CUDA0 (attention,\n"
           "                         attn_output, router, combine, head) as a CUDA graph and replay it; same\n"

@@ -97,7 +97,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
   const int queued = s->n_queued, open_conns = s->n_conns;
   const uint64_t refused = s->refused_conns;
   pthread_mutex_unlock(&s->mu);
-  const uint64_t routed = st.expert_entries[ST_TIER_CPU_POOL] + st_stats_gpu_entries(&st);
+  const uint64_t routed = st_stats_routed_entries(&st);
 #define METRIC(name, type, help, fmt, ...)                                                              \
   do {                                                                                                  \
     snprintf(line, sizeof line, "# HELP " name " " help "\n# TYPE " name " " type "\n" name fmt "\n", \
@@ -123,6 +123,9 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
                (unsigned long long)st.expert_entries[t]);
       st_serve_buf_add(&b, line, strlen(line));
     }
+    /* a prompt chunk's uncached experts that ran on CUDA0 (--prompt-stream) */
+    snprintf(line, sizeof line, "strata_expert_entries_total{tier=\"stream\"} %llu\n", (unsigned long long)st.stream_entries);
+    st_serve_buf_add(&b, line, strlen(line));
   }
   METRIC("strata_cache_routed_share", "gauge", "Share of routed expert entries served by the GPU expert caches.",
          " %.6f", routed ? (double)st_stats_gpu_entries(&st) / routed : 0.0);

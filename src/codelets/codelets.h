@@ -72,6 +72,8 @@ struct st_attention_args {
   int32_t kv_type;  /* the KV cache's element: ST_TYPE_F32, or ST_TYPE_F16 (the new rows computed in
                      * float32, rounded to nearest even into the cache; attention reads them back
                      * to float32) */
+  int32_t flash_mma; /* STRATA_FLASH_MMA: a prompt chunk's attention over a half cache on the tensor
+                      * cores where the GPU and head_dim allow (attention.cu's fm_ok) */
   float eps, rope_theta;
   struct st_wdesc wq, wk, wv;
 };

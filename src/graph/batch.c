@@ -240,7 +240,8 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
       outs[1 + n_out] = st_engine_reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n_x * d, 4);
       starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
       const struct st_target tgt = {STARPU_CUDA, pl->cuda0_worker, NULL, NULL, 0};
-      rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->expert_names[(size_t)l * E + x]);
+      rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->stream_names[(size_t)l * E + x]);
+      if (rc) break;
       b->streamed[x] = 1;
       b->streamed_layer = l;
       e->stats.stream_tasks++;
@@ -312,7 +313,7 @@ static int submit_layer(struct st_engine *e, struct batch *b, uint32_t l) {
                                   .rope_theta = hp->rope_theta, .wq = st_engine_wdesc(&L->wq),
                                   .wk = st_engine_wdesc(&L->wk), .wv = st_engine_wdesc(&L->wv),
                                   .graph_key = graph_key(e, b->T, l, GRAPH_ATTENTION), .cublas_rows = e->cublas_rows,
-                                  .int8_dot = e->int8_dot, .kv_type = e->kv_type};
+                                  .int8_dot = e->int8_dot, .kv_type = e->kv_type, .flash_mma = e->flash_mma};
     starpu_data_handle_t bufs[7 + 3 * per_task];
     const starpu_data_handle_t fixed[7] = {b->x, hw[W_ATTN_NORM], hw[W_Q], hw[W_K], hw[W_V], hw[W_Q_NORM], hw[W_K_NORM]};
     memcpy(bufs, fixed, sizeof fixed);
@@ -401,6 +402,8 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
   const struct st_hparams *hp = &e->hp;
   const size_t d = hp->n_embd, k = hp->n_expert_used;
   const size_t qg = (size_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
+  const int fit = st_engine_chunk_fits(e, T, e->prefill_cap, all_logits);
+  if (fit) return fit;
   st_engine_embed(e, ids, T, e->x);
 
   uint8_t streamed[hp->n_expert];

@@ -39,6 +39,7 @@ struct env_conf {
   long cublas_tf32;    /* STRATA_CUBLAS_TF32: 0 (float32 GEMMs, CUBLAS_COMPUTE_32F_PEDANTIC) or 1 (TF32 tensor cores) */
   long int8_dot;       /* STRATA_INT8_DOT: 0 or 1 */
   long mmq;            /* STRATA_MMQ: 0 or 1 */
+  long flash_mma;      /* STRATA_FLASH_MMA: 0 or 1 */
   long primary_device; /* STRATA_PRIMARY_DEVICE: CUDA ordinal of the primary */
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   long prompt_lanes;   /* STRATA_PROMPT_LANES: 0 or 1 */
@@ -95,6 +96,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_CUBLAS_TF32", 0, 1, 1, &c->cublas_tf32);
   if (!rc) rc = env_long("STRATA_INT8_DOT", 0, 1, 1, &c->int8_dot);
   if (!rc) rc = env_long("STRATA_MMQ", 0, 1, 1, &c->mmq);
+  if (!rc) rc = env_long("STRATA_FLASH_MMA", 0, 1, 1, &c->flash_mma);
   if (!rc) rc = env_long("STRATA_PRIMARY_DEVICE", 0, 63, 0, &c->primary_device);
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
   if (!rc) rc = env_long("STRATA_PROMPT_LANES", 0, 1, 1, &c->prompt_lanes);
@@ -149,27 +151,31 @@ struct st_wdesc st_engine_wdesc(const struct st_weight *w) {
  * attention group, one per attn_output slice. */
 int st_engine_names_per_layer(const struct st_engine *e) { return NAME_ATTN + (int)e->hp.n_head_kv + e->n_slices_o; }
 
-/* Every task name the graph uses, made once (StarPU keeps the pointer, not a copy). */
+/* Every task name the graph uses, made once (StarPU keeps the pointer, not a copy), NAME_BYTES each. */
+#define NAME_BYTES 56
 static int make_names(struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
   const int per_layer = st_engine_names_per_layer(e);
-  const size_t n_names = (size_t)hp->n_layer * hp->n_expert + (size_t)hp->n_layer * per_layer + e->n_slices_head;
-  e->names = malloc(n_names * 40);
+  const size_t n_names = 2 * (size_t)hp->n_layer * hp->n_expert + (size_t)hp->n_layer * per_layer + e->n_slices_head;
+  e->names = malloc(n_names * NAME_BYTES);
   e->expert_names = malloc(sizeof(char *) * (size_t)hp->n_layer * hp->n_expert);
+  e->stream_names = malloc(sizeof(char *) * (size_t)hp->n_layer * hp->n_expert);
   e->layer_names = malloc(sizeof(char *) * (size_t)hp->n_layer * per_layer);
   e->head_names = malloc(sizeof(char *) * (size_t)e->n_slices_head);
-  if (!e->names || !e->expert_names || !e->layer_names || !e->head_names)
+  if (!e->names || !e->expert_names || !e->stream_names || !e->layer_names || !e->head_names)
     return st_set_error(ST_ENOMEM, "out of memory for task names");
   char *p = e->names;
 #define NAME(dst, ...)               \
   do {                               \
-    snprintf(p, 40, __VA_ARGS__);    \
+    snprintf(p, NAME_BYTES, __VA_ARGS__); \
     (dst) = p;                       \
-    p += 40;                         \
+    p += NAME_BYTES;                 \
   } while (0)
   for (uint32_t l = 0; l < hp->n_layer; l++) {
-    for (uint32_t x = 0; x < hp->n_expert; x++)
+    for (uint32_t x = 0; x < hp->n_expert; x++) {
       NAME(e->expert_names[l * hp->n_expert + x], "expert_rows L%u E%u CPU", l, x);
+      NAME(e->stream_names[l * hp->n_expert + x], "expert_rows L%u E%u CUDA0 stream", l, x);
+    }
     const char **ln = e->layer_names + (size_t)l * per_layer;
     NAME(ln[0], "router L%u", l);
     NAME(ln[1], "combine L%u", l);
@@ -632,6 +638,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   const int cublas_rows = env.cublas == 1 ? CUBLAS_ROWS : (int)env.cublas;
   e->int8_dot = (int)env.int8_dot;
   e->mmq = (int)env.mmq;
+  e->flash_mma = (int)env.flash_mma;
   e->decode_graph = (int)env.decode_graph;
   e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
@@ -792,6 +799,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->prompt_stream = o->prompt_stream_off || e->placement.cuda0_worker < 0 ? 0
                      : o->prompt_stream_rows > 0                          ? o->prompt_stream_rows
                                                                           : ST_STREAM_ROWS;
+  /* default_prefill saw a card, but StarPU runs no CUDA worker (STARPU_WORKERS_CUDAID, a failed
+   * start, an architecture kept on CPU workers): chunks of the CPU's default in the larger buffers */
+  if (o->prefill <= 0 && e->placement.cuda0_worker < 0 && e->prefill > ST_PREFILL_CPU) e->prefill = ST_PREFILL_CPU;
   st_engine_set_cuda_graphs(e, o->cuda_graphs != ST_CUDA_GRAPHS_OFF);
   /* deepseek2 runs on the CPU lanes only so far (graph/decode.h, decode_lane.c) */
   const char *why_arch = NULL;
@@ -918,6 +928,7 @@ void st_engine_destroy(struct st_engine *e) {
   free(e->h_kv);
   free(e->names);
   free(e->expert_names);
+  free(e->stream_names);
   free(e->layer_names);
   free(e->head_names);
   free(e->route_counts);
@@ -951,7 +962,17 @@ int st_engine_set_prefill(struct st_engine *e, int prefill) {
 uint64_t st_stats_gpu_entries(const struct st_engine_stats *s) {
   uint64_t n = 0;
   for (int t = ST_TIER_PRIMARY; t < ST_TIER_MAX; t++) n += s->expert_entries[t];
-  return n + s->stream_entries;
+  return n;
+}
+
+int st_engine_chunk_fits(const struct st_engine *e, int T, int cap, int all_logits) {
+  if (T <= cap && (!all_logits || T <= e->logits_rows)) return 0;
+  return st_set_error(ST_EINVAL, "a prompt chunk of %d tokens is over its buffers' %d tokens (%d with every token's logits)",
+                      T, cap, e->logits_rows);
+}
+
+uint64_t st_stats_routed_entries(const struct st_engine_stats *s) {
+  return st_stats_gpu_entries(s) + s->expert_entries[ST_TIER_CPU_POOL] + s->stream_entries;
 }
 
 void st_engine_tier_report(const struct st_engine *e, const struct st_engine_stats *now,
@@ -964,6 +985,11 @@ void st_engine_tier_report(const struct st_engine *e, const struct st_engine_sta
   for (int t = 0; t <= pl->n_caches && n < len; t++)
     n += (size_t)snprintf(buf + n, len - n, "%s %s %llu", t ? "," : "", st_placement_tier_name(pl, t),
                           (unsigned long long)(s->expert_entries[t] - b->expert_entries[t]));
+  if (s->stream_tasks > b->stream_tasks && n < len) /* uncached experts a prompt chunk streamed to CUDA0 */
+    n += (size_t)snprintf(buf + n, len - n, ", streamed to CUDA0 %llu (%llu expert tasks, %.1f MiB of weights)",
+                          (unsigned long long)(s->stream_entries - b->stream_entries),
+                          (unsigned long long)(s->stream_tasks - b->stream_tasks),
+                          (s->stream_bytes - b->stream_bytes) / 1048576.0);
   for (int t = 2; t <= pl->n_caches && n < len; t++)
     n += (size_t)snprintf(buf + n, len - n, "; %s %.2f MiB transferred (unpacked rows: %.2f MiB), %llu layer launches",
                           st_placement_tier_name(pl, t), (s->tier_bytes[t] - b->tier_bytes[t]) / 1048576.0,

@@ -82,7 +82,7 @@ struct st_engine_stats {
   uint64_t tasks;                         /* all tasks submitted */
   uint64_t h2d_bytes;                     /* bytes StarPU moved from main RAM to CUDA devices */
   uint64_t stream_tasks;                  /* prompt-path expert tasks of uncached experts run on CUDA0 */
-  uint64_t stream_entries;                /* their (token, expert) rows (counted as GPU rows) */
+  uint64_t stream_entries;                /* their (token, expert) rows (neither a cache's nor the CPU pool's) */
   uint64_t stream_bytes;                  /* their experts' weight bytes (each crosses the bus once a task) */
   uint64_t swaps;                         /* adaptive-cache swaps so far */
   double wait_routing_s;                  /* host time blocked reading routing tables, s */
@@ -126,12 +126,13 @@ struct st_engine {
   void *kv;                        /* [n_layer][n_head_kv][2][n_ctx][head_dim] of kv_type */
   starpu_data_handle_t *h_kv;      /* [n_layer][n_head_kv][2] */
 
-  /* batch buffers, sized for `prefill` tokens; registered per batch */
+  /* batch buffers, sized for prefill_cap tokens (logits: logits_rows); registered per batch */
   float *x, *h, *ffn_in, *attn, *xo, *expert_out, *logits;
   struct st_route *routing; /* [prefill][k] */
 
   char *names;                 /* task-name arena */
   const char **expert_names;   /* [n_layer][n_expert] "expert_rows L12 E87 CPU" */
+  const char **stream_names;   /* [n_layer][n_expert] "expert_rows L12 E87 CUDA0 stream" (--prompt-stream) */
   const char **layer_names;    /* [n_layer][4 + n_head_kv + n_slices_o] */
   const char **head_names;     /* [n_slices_head] */
 
@@ -150,6 +151,7 @@ struct st_engine {
   int cublas_rows;         /* STRATA_CUBLAS: batches (experts) of >= this many rows use cuBLAS on a GPU; 0 off */
   int cublas_tf32;         /* STRATA_CUBLAS_TF32: those GEMMs on TF32 tensor cores (with cublas_rows > 0) */
   int mmq;                 /* STRATA_MMQ: the GPU's prompt-path Q8_0 experts on the tensor-core kernels */
+  int flash_mma;           /* STRATA_FLASH_MMA: the GPU's prompt attention on the tensor cores (half cache) */
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
   int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
@@ -198,7 +200,8 @@ uint64_t st_engine_kv_layer_bytes(const struct st_engine *e, uint32_t l);
 /* Forgets the KV cache (next eval starts at position 0). */
 void st_engine_reset(struct st_engine *e);
 
-/* Runs `n` tokens at positions n_past.. in prompt chunks of at most `prefill` tokens and advances
+/* Runs `n` tokens at positions n_past.. in prompt chunks of at most `prefill` tokens (logits_rows
+ * with all_logits) and advances
  * n_past. Writes the logits (float32, n_vocab each) of the last token to `logits`, or of every
  * token to `logits` ([n][n_vocab]) when all_logits != 0. Errors: ST_EINVAL when the tokens
  * would run past the context (nothing is computed then), or an id is out of range. */
@@ -221,8 +224,14 @@ void st_engine_pause(struct st_engine *e, int paused);
 void st_engine_tier_report(const struct st_engine *e, const struct st_engine_stats *now,
                            const struct st_engine_stats *before, char *buf, size_t len);
 
-/* Expert entries computed on GPU caches (every tier but the CPU pool). */
+/* Expert entries computed on GPU caches (every tier but the CPU pool; not the streamed ones). */
 uint64_t st_stats_gpu_entries(const struct st_engine_stats *s);
+/* 0 when a prompt chunk of T tokens fits buffers of cap tokens and, with every token's logits
+ * (all_logits), the logits buffer's e->logits_rows; else ST_EINVAL with a message. st_engine_eval's
+ * chunking keeps to both; the prompt paths check. */
+int st_engine_chunk_fits(const struct st_engine *e, int T, int cap, int all_logits);
+/* Every routed expert entry computed: the GPU caches', the CPU pool's and the streamed ones. */
+uint64_t st_stats_routed_entries(const struct st_engine_stats *s);
 /* Turns CUDA graphs for the decode path's dense tasks on (on != 0) or off for later evals.
  * Returns whether they are on: never without a CUDA worker for the dense work. */
 int st_engine_set_cuda_graphs(struct st_engine *e, int on);

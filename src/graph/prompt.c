@@ -222,6 +222,8 @@ int st_prompt_eval(struct st_engine *e, const int32_t *ids, int T, int want_logi
   struct st_prompt_ctx *p = &pr->ctx;
   const struct st_hparams *hp = &e->hp;
   const int L = (int)hp->n_layer;
+  const int fit = st_engine_chunk_fits(e, T, p->cap, all_logits);
+  if (fit) return fit;
   st_engine_embed(e, ids, T, p->x);
   p->T = T;
   p->pos0 = e->n_past;

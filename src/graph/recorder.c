@@ -100,7 +100,7 @@ static void describe(const char *name, char *kind, size_t kind_cap, int *layer, 
   if (!strcmp(k, "expert_rows")) {
     if (sscanf(name, "%*s L%*u E%u %31s", &x, rest) == 2) {
       *expert = (int)x;
-      *tier = strstr(name, " CPU") ? "CPU" : "-";
+      *tier = strstr(name, " CPU") ? "CPU" : strstr(name, " CUDA0") ? "CUDA0" : "-"; /* CUDA0: --prompt-stream */
     } else if (strstr(name, " CUDA0")) {
       *tier = "CUDA0";
     } else if (strstr(name, " CPU")) { /* the decode step's CPU-pool lanes, "expert_rows L12 CPU lane 3" */

@@ -1365,14 +1365,10 @@ __global__ static void __launch_bounds__(FM_THREADS)
   }
 }
 
-// Whether attend_flash_mma takes this prompt attention: a half cache, head_dim 64 or 128, 16-byte
-// aligned cache rows, 8-byte aligned query and output rows, sm_80 or later, and STRATA_FLASH_MMA not 0.
-static bool fm_ok(int hd, const void *q, int64_t ldq, const void *kc, const void *vc, const void *out, int64_t ldo) {
-  static int on = -1;
-  if (on < 0) {
-    const char *v = getenv("STRATA_FLASH_MMA");
-    on = !v || atoi(v) != 0;
-  }
+// Whether attend_flash_mma takes this prompt attention: on (STRATA_FLASH_MMA), head_dim 64 or 128,
+// 16-byte aligned cache rows, 8-byte aligned query and output rows, sm_80 or later (a half cache: the
+// caller's KT).
+static bool fm_ok(int on, int hd, const void *q, int64_t ldq, const void *kc, const void *vc, const void *out, int64_t ldo) {
   if (!on || (hd != 64 && hd != 128) || (((uintptr_t)kc | (uintptr_t)vc) & 15) || (((uintptr_t)q | (uintptr_t)out) & 7) ||
       (ldq & 1) || (ldo & 1))
     return false;
@@ -1398,18 +1394,29 @@ static int flash_fits(const float *q, int64_t ldq, const KT *kc, const KT *vc, i
   return hd % 4 == 0 && hd <= 256 && ptrs % 16 == 0 && kvp % (4 * sizeof(KT)) == 0 && ldq % 4 == 0 && ldo % 4 == 0;
 }
 
-// Floats of the partials either kernel writes: T x n_q rows of (max, sum, head_dim values) per chunk.
-static size_t attention_part_floats(int T, int pos0, int nq, int hd) {
+// Floats of the partials the flash kernels (flash != 0, T > 1) or the split-K kernels write: T x n_q
+// rows of (max, sum, head_dim values) per chunk. Sized for the path that runs: at T = 4096 with 8
+// query heads of 128 the split-K path's 32 chunks would take 545 MB where the flash path's 4 take 68.
+static size_t attention_part_floats(int T, int pos0, int nq, int hd, int flash) {
   const int keys = pos0 + T, ch = att_chunk_keys(keys), n_chunks = (keys + ch - 1) / ch, chunk = flash_chunk(T, nq, pos0);
-  const int n_split = T > 1 ? (keys + chunk - 1) / chunk : 0;
-  return (size_t)T * nq * (size_t)(n_chunks > n_split ? n_chunks : n_split) * (size_t)(hd + 2);
+  const int n = flash && T > 1 ? (keys + chunk - 1) / chunk : n_chunks;
+  return (size_t)T * nq * (size_t)n * (size_t)(hd + 2);
+}
+
+// Whether the attention codelet's prompt chunk takes the flash kernels: what flash_fits asks of the
+// buffers, from the shapes alone (the scratch and StarPU's device buffers are 256-byte aligned, the
+// queries sit T x n_embd floats into the scratch), so that the scratch is sized before the buffers
+// are known.
+static int flash_planned(const st_attention_args *a) {
+  return a->T > 1 && a->head_dim % 4 == 0 && a->head_dim <= 256 && ((int64_t)a->n_q * a->head_dim) % 4 == 0 &&
+         ((int64_t)a->T * a->n_embd) % 4 == 0;
 }
 
 // Causal attention of T tokens' nq query heads (q [T][ldq], head h at h * hd) over the keys and
-// values kc, vc [pos0 + T][hd] of KT, into out [T][ldo]; part holds attention_part_floats. flash != 0
+// values kc, vc [pos0 + T][hd] of KT, into out [T][ldo]; part holds attention_part_floats. flash 1
 // (the caller checked flash_fits) takes attend_flash_mma where fm_ok says so (a half cache), else
-// attend_flash, and otherwise the split-K kernels (attend_split and attend_split_combine: the decode
-// step's arithmetic).
+// attend_flash; flash 2 attend_flash (STRATA_FLASH_MMA=0); 0 the split-K kernels (attend_split and
+// attend_split_combine: the decode step's arithmetic).
 template <typename KT>
 static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
@@ -1447,7 +1454,7 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
   const int chunk = flash_chunk(T, nq, pos0), n_split = (pos0 + T + chunk - 1) / chunk;
   const dim3 grid((T * nq + FA_ROWS - 1) / FA_ROWS, n_split);
   if constexpr (std::is_same<KT, __half>::value) {
-    if (fm_ok(hd, q, ldq, kc, vc, out, ldo)) {
+    if (fm_ok(flash == 1, hd, q, ldq, kc, vc, out, ldo)) {
       const size_t bytes = fm_smem_bytes(hd);
       if (hd == 128) {
         cudaFuncSetAttribute(attend_flash_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
@@ -1471,7 +1478,7 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
 // for a half cache, the new K and V rows in float32 before they are stored.
 static size_t attention_scratch_bytes(const st_attention_args *a) {
   return sizeof(float) * ((size_t)a->T * a->n_embd + (size_t)a->T * a->n_q * a->head_dim +
-                          attention_part_floats(a->T, a->pos0, a->n_q, a->head_dim) +
+                          attention_part_floats(a->T, a->pos0, a->n_q, a->head_dim, flash_planned(a)) +
                           (a->kv_type == ST_TYPE_F16 ? 2 * (size_t)a->T * a->head_dim : 0));
 }
 
@@ -1494,7 +1501,8 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
 
   float *xn = (float *)scratch;
   float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
-  float *knew = part + attention_part_floats(T, a->pos0, nq, hd), *vnew = knew + (size_t)T * hd; // half cache only
+  const int flash = flash_planned(a);
+  float *knew = part + attention_part_floats(T, a->pos0, nq, hd, flash), *vnew = knew + (size_t)T * hd; // half cache only
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
   cublasHandle_t cb = st_cuda_cublas_handle(T, a->cublas_rows); // NULL: the float32 kernels
   const int half = a->kv_type == ST_TYPE_F16;
@@ -1524,7 +1532,13 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
         kv_store<KT><<<blocks, 256, 0, st>>>(vdst, vv + (size_t)a->pos0 * hd, n);
       }
       // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
-      attend<KT>(q, qw, kk, vv, T, a->pos0, nq, hd, part, out, qw, T > 1 && flash_fits<KT>(q, qw, kk, vv, hd, out, qw), st);
+      if (flash && !flash_fits<KT>(q, qw, kk, vv, hd, out, qw)) { // not as planned: split-K, partials of their own
+        float *p2 = (float *)st_cuda_alloc(sizeof(float) * attention_part_floats(T, a->pos0, nq, hd, 0), st);
+        attend<KT>(q, qw, kk, vv, T, a->pos0, nq, hd, p2, out, qw, 0, st);
+        st_cuda_free(p2, st);
+      } else {
+        attend<KT>(q, qw, kk, vv, T, a->pos0, nq, hd, part, out, qw, flash ? (a->flash_mma ? 1 : 2) : 0, st);
+      }
     });
   }
   ST_CUDA_CHECK(cudaGetLastError());
@@ -1611,7 +1625,8 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
 extern "C" int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T, int pos0, int nq, int hd,
                                       int kv_type, int flash, int reps, float *out, double *ms) {
   const size_t qn = (size_t)T * nq * hd, kn = (size_t)(pos0 + T) * hd;
-  const size_t pn = attention_part_floats(T, pos0, nq, hd), es = kv_type == ST_TYPE_F16 ? 2 : 4;
+  const size_t pn_f = attention_part_floats(T, pos0, nq, hd, 1), pn_s = attention_part_floats(T, pos0, nq, hd, 0);
+  const size_t pn = pn_f > pn_s ? pn_f : pn_s, es = kv_type == ST_TYPE_F16 ? 2 : 4;
   float *dq = NULL, *dout = NULL, *dpart = NULL, *dtmp = NULL;
   void *dk = NULL, *dv = NULL;
   cudaEvent_t e0 = NULL, e1 = NULL;
@@ -1633,7 +1648,8 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
   if (ok) kv_dispatch(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       const KT *kk = (const KT *)dk, *vv = (const KT *)dv;
-      const int use_flash = flash && T > 1 && flash_fits<KT>(dq, ld, kk, vv, hd, dout, ld);
+      const char *fm = getenv("STRATA_FLASH_MMA"); // the engine's switch, read here as the tests set it
+      const int use_flash = flash && T > 1 && flash_fits<KT>(dq, ld, kk, vv, hd, dout, ld) ? (!fm || atoi(fm) ? 1 : 2) : 0;
       attend<KT>(dq, ld, kk, vv, T, pos0, nq, hd, dpart, dout, ld, use_flash, 0);
       ok = cudaGetLastError() == cudaSuccess &&
            cudaMemcpy(out, dout, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
@@ -1672,7 +1688,7 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
   if (G < 1 || G > ST_CUDA_MAX_KV_HEADS || Hq % G || pos < 0) return -1;
   const int nq = Hq / G;
   const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, rows = (size_t)pos + 1, cache = rows * hd * es;
-  const size_t pf = st_cuda_decode_part_floats((int)rows, Hq, hd) + attention_part_floats(1, pos, nq, hd);
+  const size_t pf = st_cuda_decode_part_floats((int)rows, Hq, hd) + attention_part_floats(1, pos, nq, hd, 0);
   float *q[2] = {NULL, NULL}, *out[2] = {NULL, NULL}, *kvnew = NULL, *nw = NULL, *tab = NULL, *part = NULL;
   int *counters = NULL, *pos_dev = NULL;
   void *kv[2][2 * ST_CUDA_MAX_KV_HEADS] = {};
