@@ -28,26 +28,10 @@ static int graph_key(const struct st_engine *e, int T, uint32_t l, int site) {
 /* Handles of one batch: registered over the engine's buffers for T rows. */
 struct batch {
   int T;
-  uint8_t *streamed;        /* [n_expert]: the experts of layer streamed_layer streamed to CUDA0 */
-  uint32_t streamed_layer;
   starpu_data_handle_t x, h, ffn_in, routing;
   starpu_data_handle_t *attn; /* [n_head_kv] */
   starpu_data_handle_t *xo;   /* [n_slices_o] */
 };
-
-/* Tells StarPU that the experts streamed for b->streamed_layer will not be used again soon (their
- * tasks have run), so that their replicas on CUDA0 are the first it frees. Without it StarPU's LRU
- * dropped the dense weights and the KV cache instead: on an H100 in the 24 GB class, prompt 4096
- * fell from 1,980 to 1,169 tok/s and the decode after it from 188 to 11 (bench/RESULTS.md,
- * 2026-12-05). */
-static void forget_streamed(struct st_engine *e, struct batch *b) {
-  for (uint32_t x = 0; x < e->hp.n_expert; x++) {
-    if (!b->streamed[x]) continue;
-    b->streamed[x] = 0;
-    const starpu_data_handle_t *he = st_engine_expert_handles(e, b->streamed_layer, x);
-    for (int m = 0; m < 3; m++) starpu_data_wont_use(he[m]);
-  }
-}
 
 /* The experts of one layer: submits the expert-row tasks and the combine. Reads the routing
  * table (the host waits for the router here), so it is called after the layer's router is
@@ -67,9 +51,6 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
   starpu_data_acquire(b->routing, STARPU_R);
   e->stats.wait_routing_s += st_now() - t_wait;
   const struct st_route *route = e->routing;
-  /* the previous layer's tasks have run (this layer's routing needs its combine): its streamed
-   * experts' replicas on CUDA0 go first when StarPU needs room, before a dense weight or the KV */
-  forget_streamed(e, b);
   if (e->routing_trace)
     for (int i = 0; i < T * k; i++)
       e->routing_trace[((size_t)l * e->n_ctx + e->n_past) * k + i] = route[i].expert;
@@ -227,31 +208,38 @@ static int submit_moe(struct st_engine *e, struct batch *b, uint32_t l) {
     n_out++;
   }
   /* 3. experts outside the caches: one with e->prompt_stream rows or more in a prompt chunk runs
-   *    on CUDA0, its weights streamed there from the pinned arena once for all its rows; the others
-   *    on the CPU pool, per expert (or slice of its rows), one task per FFN slice */
+   *    on CUDA0, its weights copied there from the pinned arena once for all its rows (on StarPU's
+   *    copy streams, overlapping the tasks before it); the others on the CPU pool, per expert (or
+   *    slice of its rows), one task per FFN slice */
   for (int x = 0; x < E && !rc; x++) {
     if (st_placement_tier(pl, l, (uint32_t)x) != ST_TIER_CPU_POOL || count[x + 1] == count[x]) continue;
-    const starpu_data_handle_t *he = st_engine_expert_handles(e, l, (uint32_t)x);
     const int n_x = count[x + 1] - count[x];
     if (e->prompt_stream && T > 1 && n_x >= e->prompt_stream && st_host_arena_streamable(&e->arena, l, (uint32_t)x)) {
       *ea = base;
       ADD_EXPERT(x, count[x], n_x);
       memcpy(st_expert_rows(ea), rows_tmp, sizeof *rows_tmp * (size_t)n_x);
       outs[1 + n_out] = st_engine_reg(e->expert_out + (size_t)row_cursor * d, (uint64_t)n_x * d, 4);
-      starpu_data_handle_t tb[5] = {b->ffn_in, he[0], he[1], he[2], outs[1 + n_out]};
+      /* handles of this task alone: StarPU frees the weights' GPU copies once it is done, so that
+       * they never pile up there. (Kept on CUDA0 and only marked starpu_data_wont_use, they were
+       * freed no sooner than StarPU needed room, and it could need that room outside its own
+       * allocations: the kernels' scratch.) */
+      starpu_data_handle_t hs[3];
+      st_engine_expert_handles_once(e, l, (uint32_t)x, hs);
+      starpu_data_handle_t tb[5] = {b->ffn_in, hs[0], hs[1], hs[2], outs[1 + n_out]};
       const struct st_target tgt = {STARPU_CUDA, pl->cuda0_worker, NULL, NULL, 0};
       rc = st_submit_expert_rows(ea, tb, traced(e, tgt), e->stream_names[(size_t)l * E + x]);
-      if (rc) break;
-      b->streamed[x] = 1;
-      b->streamed_layer = l;
-      e->stats.stream_tasks++;
-      e->stats.stream_entries += (uint64_t)n_x;
-      e->stats.stream_bytes += st_pair_bytes_layer(e->model, l);
-      e->stats.tasks++;
+      for (int m = 0; m < 3; m++) starpu_data_unregister_submit(hs[m]);
+      if (!rc) {
+        e->stats.stream_tasks++;
+        e->stats.stream_entries += (uint64_t)n_x;
+        e->stats.stream_bytes += st_pair_bytes_layer(e->model, l);
+        e->stats.tasks++;
+      }
       row_cursor += n_x;
       n_out++;
       continue;
     }
+    const starpu_data_handle_t *he = st_engine_expert_handles(e, l, (uint32_t)x);
     for (int s = count[x]; s < count[x + 1] && !rc; s += ROWS_PER_EXPERT_TASK) {
       const int n = count[x + 1] - s < ROWS_PER_EXPERT_TASK ? count[x + 1] - s : ROWS_PER_EXPERT_TASK;
       *ea = base;
@@ -406,9 +394,7 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
   if (fit) return fit;
   st_engine_embed(e, ids, T, e->x);
 
-  uint8_t streamed[hp->n_expert];
-  memset(streamed, 0, sizeof streamed);
-  struct batch b = {.T = T, .streamed = streamed};
+  struct batch b = {.T = T};
   starpu_data_handle_t attn[hp->n_head_kv], xo[e->n_slices_o];
   b.attn = attn;
   b.xo = xo;
@@ -425,7 +411,6 @@ int st_batch_eval(struct st_engine *e, const int32_t *ids, int T, int want_logit
   if (!rc && want_logits) rc = all_logits ? submit_head(e, &b, 0, T) : submit_head(e, &b, T - 1, 1);
   const double t_wait = st_now();
   starpu_task_wait_for_all();
-  forget_streamed(e, &b);
   starpu_data_unregister(b.x);
   starpu_data_unregister(b.h);
   starpu_data_unregister(b.ffn_in);

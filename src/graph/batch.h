@@ -39,6 +39,11 @@ int st_engine_names_per_layer(const struct st_engine *e);
 /* The three read-only handles (gate, up, down) of expert pair (l, x) in the host arena or the
  * mapping, registered on first use and kept until the engine ends. */
 const starpu_data_handle_t *st_engine_expert_handles(struct st_engine *e, uint32_t l, uint32_t x);
+/* Three handles over the same bytes for one task (a streamed expert's), into out: the caller
+ * unregisters them with starpu_data_unregister_submit once the task is submitted, so StarPU frees
+ * their GPU copies when it is done. Sequential consistency stays on (the unregistration waits
+ * for the task); read-only. */
+void st_engine_expert_handles_once(struct st_engine *e, uint32_t l, uint32_t x, starpu_data_handle_t out[3]);
 
 /* Runs T tokens (ids) through the per-task path at positions e->n_past .. + T - 1, the embedding
  * rows read here; with want_logits the head's logits into e->logits (all_logits: every token's,
