@@ -500,20 +500,23 @@ static int setup_host_arena(struct st_engine *e, const struct st_engine_opts *o,
  * registering the pairs the GPU caches hold (in --resident-experts mode, left in the file) would
  * bring ~2 MiB x 3 of each back into memory (measured: 36.6 instead of ~12 GiB resident on the
  * qwen3-30b-a3b preset with 4,000 pairs cached, bench/RESULTS.md). */
-void st_engine_expert_handles_once(struct st_engine *e, uint32_t l, uint32_t x, starpu_data_handle_t out[3]) {
+static void pair_handles(struct st_engine *e, uint32_t l, uint32_t x, starpu_data_handle_t out[3], int read_only) {
   const struct st_layer *L = &e->model->layers[l];
   const struct st_weight *w[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
-  for (int i = 0; i < 3; i++) out[i] = st_engine_reg(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
+  for (int i = 0; i < 3; i++) {
+    const void *src = st_host_arena_src(&e->arena, e->model, l, x, i);
+    out[i] = read_only ? reg_read_only(src, w[i]->ne[1], w[i]->row_bytes) : st_engine_reg(src, w[i]->ne[1], w[i]->row_bytes);
+  }
 }
 
 const starpu_data_handle_t *st_engine_expert_handles(struct st_engine *e, uint32_t l, uint32_t x) {
   starpu_data_handle_t *he = e->h_expert + ((size_t)l * e->hp.n_expert + x) * 3;
-  if (!he[0]) {
-    const struct st_layer *L = &e->model->layers[l];
-    const struct st_weight *w[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
-    for (int i = 0; i < 3; i++) he[i] = reg_read_only(st_host_arena_src(&e->arena, e->model, l, x, i), w[i]->ne[1], w[i]->row_bytes);
-  }
+  if (!he[0]) pair_handles(e, l, x, he, 1);
   return he;
+}
+
+void st_engine_expert_handles_once(struct st_engine *e, uint32_t l, uint32_t x, starpu_data_handle_t out[3]) {
+  pair_handles(e, l, x, out, 0); /* sequential consistency on: the unregistration waits for the task */
 }
 
 /* Registers the handles of the pairs the CPU pool computes at start; the GPU caches' pairs get
