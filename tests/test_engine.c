@@ -377,6 +377,58 @@ static int run_greedy(struct st_model *m, int resident, const int32_t *prompt, i
   return rc;
 }
 
+/* Every token's logits over a prompt longer than the logits buffer's ST_LOGITS_ROWS rows: an engine
+ * made for chunks of 1,024 takes chunks of at most 512 then (st_engine_eval), and gives the bits of
+ * 64-token chunks at every position (on CPU workers the logits do not depend on the chunk); the
+ * last position's equal those of a run wanting the last token's alone (chunks of 1,024); and a
+ * chunk over the buffers is refused by the prompt path itself. */
+static void test_all_logits_chunks(const char *vocab_path) {
+  char path[] = "/tmp/strata-test-logits-XXXXXX";
+  struct st_model *m = NULL;
+  const int made = !small_model_ff(vocab_path, 64, path, &m);
+  if (made) unlink(path);
+  if (!made) {
+    CHECK(0, "all-logits chunks: setup: %s", st_last_error());
+    return;
+  }
+  enum { N = ST_LOGITS_ROWS + 37 };
+  const size_t V = m->hp.n_vocab;
+  int32_t *ids = malloc(sizeof(int32_t) * N);
+  for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 7919 + 13) % (int)V);
+  float *big = malloc(sizeof(float) * N * V), *small = malloc(sizeof(float) * N * V), *last = malloc(sizeof(float) * V);
+  const int prefills[3] = {1024, 64, 1024};
+  int rc = !big || !small || !last, chunk[3] = {0, 0, 0}, refused = 0;
+  for (int r = 0; r < 3 && !rc; r++) {
+    struct st_engine *e = NULL;
+    struct st_engine_opts o;
+    st_engine_opts_init(&o);
+    o.n_ctx = 2048;
+    o.prefill = prefills[r];
+    rc = st_engine_create(m, &o, &e);
+    if (!rc) chunk[r] = e->logits_rows;
+    if (!rc) rc = st_engine_eval(e, ids, N, r == 0 ? big : r == 1 ? small : last, r < 2);
+    if (!rc && r == 2) /* a whole 1,024-token chunk with every token's logits, past st_engine_eval's split */
+      refused = st_engine_chunk_fits(e, 1024, e->prefill_cap, 1) == ST_EINVAL;
+    st_engine_destroy(e);
+  }
+  CHECK(!rc, "all-logits chunks: %d tokens with --prefill 1024 and 64, and the last token alone: %s", N,
+        rc ? st_last_error() : "ran");
+  if (!rc) {
+    CHECK(chunk[0] == ST_LOGITS_ROWS && chunk[1] == 64, "all-logits chunks: the logits buffer holds %d and %d rows", chunk[0],
+          chunk[1]);
+    CHECK(!memcmp(big, small, sizeof(float) * N * V),
+          "all-logits chunks: every position's logits, chunks of at most %d against 64: bitwise equal", ST_LOGITS_ROWS);
+    CHECK(!memcmp(big + (size_t)(N - 1) * V, last, sizeof(float) * V),
+          "all-logits chunks: the last position against a run wanting its logits alone: bitwise equal");
+    CHECK(refused, "all-logits chunks: a 1,024-token chunk with every token's logits is refused (%s)", st_last_error());
+  }
+  free(ids);
+  free(big);
+  free(small);
+  free(last);
+  st_model_free(m);
+}
+
 /* The exactness gate on CPU: the default arena, --resident-experts (which keeps everything here,
  * no GPU cache owns a pair) and the mmap-only engine (STRATA_HOST_ARENA=0) give bitwise identical
  * logits and the same greedy ids; and the RAM check refuses with the GiB and the flag. */
@@ -618,6 +670,7 @@ int main(void) {
   test_arena(vocab);
   test_arena_rss(vocab);
   test_nonfinite(vocab);
+  test_all_logits_chunks(vocab);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }
