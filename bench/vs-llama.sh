@@ -20,7 +20,8 @@
 # -ncmoe for the 24 GB class (17), GPU_MEM strata's --gpu-mem for it in GiB (default: llama.cpp's
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
 # default "gpu 24gb cpu deep"; cpu-tasks: CPU-only prompt 128 on the per-task path, STRATA_PROMPT_LANES=0,
-# against the cpu row's lanes), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
+# against the cpu row's lanes; long: strata alone in the 24 GB class with a 32,768-token context, prompt
+# 4096 and 32768, for issue #22's ratio of the two, RLONG repetitions (1)), STRATA_ENV extra environment for strata (e.g. STRATA_DECODE_GRAPH=0),
 # STRATA_ARGS extra arguments for every strata bench row (e.g. "--cache-type-k f16 --cache-type-v f16",
 # llama.cpp's default KV cache type),
 # PRESET / TYPE the model strata mkmodel writes (default qwen3-30b-a3b / q8_0; PRESET=gpt-oss-20b,
@@ -142,6 +143,8 @@ strata_phase() {
       cpu) STARPU_NCUDA=0 sbench cpu --prompt $pc --decode 32 ;;
       cpu-tasks) STRATA_PROMPT_LANES=0 STARPU_NCUDA=0 sbench cpu-tasks --prompt 128 --decode 0 ;;
       deep) R=${RDEEP:-1} sbench deep -c 32832 --prompt 0 --decode 64 --depth 0,32768 --expert-profile "$profile" --expert-cache auto ;;
+      long) R=${RLONG:-1} sbench long -c 33024 --prompt 4096,32768 --decode 0 --expert-profile "$profile" --expert-cache auto \
+        --gpu-mem "$gm" ;;
     esac
   done
 }
@@ -218,6 +221,8 @@ for label, lt, st, ratio, lp, sp, extra in rows:
     out.append("| %s | %s | %s | %s | %s / %s | %s |" % (label, f(lt), f(st), f(ratio), f(lp, 0), f(sp, 0), extra))
 d0, d32 = s_ts(load("strata-deep"), "decode", None, 0), s_ts(load("strata-deep"), "decode", None, 32768)
 if d0 and d32: out.append("\nstrata decode at depth 32768 / depth 0: %.2f (%.2f / %.2f tok/s)" % (d32["tok_s"] / d0["tok_s"], d32["tok_s"], d0["tok_s"]))
+p4, p32 = s_ts(load("strata-long"), "prompt", 4096, 0), s_ts(load("strata-long"), "prompt", 32768, 0)
+if p4 and p32: out.append("\nstrata %s, a 32,768-token context: prompt 32768 / prompt 4096: %.2f (%.2f / %.2f tok/s, peak %s MiB)" % (CLASS, p32["tok_s"] / p4["tok_s"], p32["tok_s"], p4["tok_s"], f(peak("strata-long"), 0)))
 text = "\n".join(out)
 open(os.path.join(W, "table.md"), "w").write(text + "\n")
 print(text)
