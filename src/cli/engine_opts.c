@@ -203,9 +203,8 @@ int st_engine_opt(int c, const char *arg, struct st_engine_opts *eo) {
   case OPT_CACHE_TYPE_K: return parse_cache_type("--cache-type-k", arg, &eo->kv_type);
   case OPT_CACHE_TYPE_V: return parse_cache_type("--cache-type-v", arg, &eo->kv_type_v);
   case OPT_STREAM:
-    eo->prompt_stream_off = !strcmp(arg, "off");
-    eo->prompt_stream_rows = 0;
-    if (!eo->prompt_stream_off && strcmp(arg, "auto")) {
+    eo->prompt_stream_rows = !strcmp(arg, "off") ? -1 : 0;
+    if (eo->prompt_stream_rows == 0 && strcmp(arg, "auto")) {
       char *end;
       v = strtol(arg, &end, 10);
       if (end == arg || *end || v < 1 || v > 1000000)

@@ -548,13 +548,17 @@ uint64_t st_engine_kv_bytes(const struct st_engine *e) {
 /* --prefill's default: ST_PREFILL_GPU tokens where a GPU computes the prompt (its uncached experts
  * cross the bus once a chunk, and its tensor-core products take bigger tiles), ST_PREFILL_CPU on CPU
  * workers alone (a GPU build on a host without a card, or STARPU_NCUDA=0). */
-static int default_prefill(void) {
+/* The CUDA devices StarPU may start workers on: none with STARPU_NCUDA=0 or a build without CUDA. */
+static int visible_cards(void) {
 #ifdef ST_HAVE_CUDA
   const char *nc = getenv("STARPU_NCUDA");
-  if (st_cuda_device_count() > 0 && !(nc && atoi(nc) == 0)) return ST_PREFILL_GPU;
+  return nc && !strcmp(nc, "0") ? 0 : st_cuda_device_count();
+#else
+  return 0;
 #endif
-  return ST_PREFILL_CPU;
 }
+
+static int default_prefill(void) { return visible_cards() > 0 ? ST_PREFILL_GPU : ST_PREFILL_CPU; }
 
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
   *out = NULL;
@@ -704,11 +708,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
    * is refused as the GPU tiers are. */
   {
     const char *nc = getenv("STARPU_NCUDA");
-    int cards = 0;
-#ifdef ST_HAVE_CUDA
-    cards = nc && !strcmp(nc, "0") ? 0 : st_cuda_device_count();
-#endif
-    if (o->gpu_mem_gib > 0 && cards <= 0) {
+    if (o->gpu_mem_gib > 0 && visible_cards() <= 0) {
       st_engine_destroy(e);
       return st_set_error(ST_EINVAL, "--gpu-mem needs a CUDA device, and %s (check STARPU_NCUDA and the driver)",
                           nc && !strcmp(nc, "0") ? "STARPU_NCUDA=0 starts none" : "StarPU found none");
@@ -805,9 +805,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   /* --prompt-stream: on the prompt path an uncached expert with enough rows in the chunk runs on
    * CUDA0, its weights streamed there by StarPU from the pinned host arena; a rule on the chunk's
    * routing alone, so the same prompt runs the same tasks in the same places under any scheduler */
-  e->prompt_stream = o->prompt_stream_off || e->placement.cuda0_worker < 0 ? 0
-                     : o->prompt_stream_rows > 0                          ? o->prompt_stream_rows
-                                                                          : ST_STREAM_ROWS;
+  e->prompt_stream = o->prompt_stream_rows < 0 || e->placement.cuda0_worker < 0 ? 0
+                     : o->prompt_stream_rows > 0                            ? o->prompt_stream_rows
+                                                                            : ST_STREAM_ROWS;
   /* default_prefill saw a card, but StarPU runs no CUDA worker (STARPU_WORKERS_CUDAID, a failed
    * start, an architecture kept on CPU workers): chunks of the CPU's default in the larger buffers */
   if (o->prefill <= 0 && e->placement.cuda0_worker < 0 && e->prefill > ST_PREFILL_CPU) e->prefill = ST_PREFILL_CPU;

@@ -28,9 +28,8 @@ struct st_engine_opts {
   int adapt_interval;         /* tokens between adaptive rounds; 0 = 32 */
   double reserve_mib;         /* CUDA0 memory `auto` leaves free, MiB; 0 = 1024 */
   const char *trace_dir;      /* record the run there (events.tsv + StarPU's FxT files), or NULL */
-  int prompt_stream_off;      /* --prompt-stream off: uncached experts never stream to CUDA0 */
   int prompt_stream_rows;     /* --prompt-stream N: an uncached expert with N or more rows in a prompt
-                                 chunk runs on CUDA0; 0 = auto (ST_STREAM_ROWS) */
+                                 chunk runs on CUDA0; 0 = auto (ST_STREAM_ROWS), -1 = off (never) */
   /* the second-GPU tiers (the seeds' SECOND_GPU.md; placement.h) */
   int helper_cache[3];        /* --expert-cache-device1..3: slots on the 1st..3rd visible device after
                                  the primary, ST_CACHE_AUTO, or 0 = off */

@@ -368,15 +368,20 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
 // (a[1], a[3]: rows 8..15), b0 b1 the 16 x 8 B fragment (PTX ISA, "Matrix fragments for
 // mma.m16n8k16 with floating point type"). Traps on an older target (never launched there:
 // att_mma_ok keeps the tensor-core kernels off older targets).
-__device__ __forceinline__ static void att_mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ static void fm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
   __trap();
 #endif
+}
+// The same with rows 8..15 of A zero (a0, a2: rows 0..7; the decode blocks' heads).
+__device__ __forceinline__ static void att_mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  const uint32_t a[4] = {a0, 0u, a2, 0u};
+  fm_mma(d, a, b0, b1);
 }
 __device__ __forceinline__ static uint32_t att_h2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -1183,36 +1188,21 @@ __global__ static void __launch_bounds__(FA_THREADS, 2)
 #define FM_PAD 8       /* halves after each shared row: ldmatrix's eight row addresses hit distinct banks */
 static_assert(FA_ROWS == 16 * (FM_THREADS / 32) && FA_KEYS % 16 == 0, "attend_flash_mma: 16 rows a warp, 16 keys a step");
 
-__device__ __forceinline__ static void fm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
-}
 // Four 8 x 8 matrices of halves from shared memory (ldmatrix; lanes 8i..8i+7 give matrix i's row
-// addresses), plain or transposed.
-__device__ __forceinline__ static void fm_ldsm4(uint32_t (&r)[4], const __half *p) {
+// addresses), plain or (TRANS) transposed.
+template <bool TRANS> __device__ __forceinline__ static void fm_ldsm4(uint32_t (&r)[4], const __half *p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ static void fm_ldsm4_trans(uint32_t (&r)[4], const __half *p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 #else
   __trap();
 #endif
@@ -1293,7 +1283,7 @@ __global__ static void __launch_bounds__(FM_THREADS)
 #pragma unroll
         for (int n2 = 0; n2 < NK / 2; n2++) { // keys 16 n2 .. + 16: matrices (keys +0, +8) x (dims +0, +8)
           uint32_t b[4];
-          fm_ldsm4(b, kt + (16 * n2 + (mi >> 1) * 8 + ri) * LD + 16 * s + (mi & 1) * 8);
+          fm_ldsm4<false>(b, kt + (16 * n2 + (mi >> 1) * 8 + ri) * LD + 16 * s + (mi & 1) * 8);
           fm_mma(sc[2 * n2], qa[s], b[0], b[1]);
           fm_mma(sc[2 * n2 + 1], qa[s], b[2], b[3]);
         }
@@ -1334,7 +1324,7 @@ __global__ static void __launch_bounds__(FM_THREADS)
 #pragma unroll
         for (int n2 = 0; n2 < NT / 2; n2++) { // dimensions 16 n2 .. + 16: matrices (keys +0, +8) x (dims +0, +8)
           uint32_t b[4];
-          fm_ldsm4_trans(b, vt + (16 * j + (mi & 1) * 8 + ri) * LD + 16 * n2 + (mi >> 1) * 8);
+          fm_ldsm4<true>(b, vt + (16 * j + (mi & 1) * 8 + ri) * LD + 16 * n2 + (mi >> 1) * 8);
           fm_mma(o[2 * n2], pa[j], b[0], b[1]);
           fm_mma(o[2 * n2 + 1], pa[j], b[2], b[3]);
         }
