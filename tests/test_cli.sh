@@ -171,8 +171,10 @@ expect_error "STARPU_NCPU=4096" "more than 4 CPU workers a core" env STARPU_NCPU
 expect_error "bad --gpu-placement" "gpu-placement expects stripe or layer" "$STRATA" generate -m "$tiny" -p hi --gpu-placement ring
 expect_error "KV cache types differ" "cache-type-k f32 with --cache-type-v f16: strata's K and V caches have one type" \
   "$STRATA" generate -m "$tiny" -p hi --cache-type-k f32
-expect_error "quantised KV cache" "cache-type-v expects f32 or f16, got 'q8_0'" \
-  "$STRATA" generate -m "$tiny" -p hi --cache-type-v q8_0
+expect_error "KV cache type strata lacks" "cache-type-v expects f32, f16 or q8_0, got 'q4_0'" \
+  "$STRATA" generate -m "$tiny" -p hi --cache-type-v q4_0
+expect_error "q8_0 KV cache, rows of 16" "this model's KV rows (16 values) are not whole q8_0 blocks of 32" \
+  "$STRATA" generate -m "$tiny" -p hi -ctk q8_0 -ctv q8_0
 "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/tiny.profile" 2>/dev/null || bad "profile for the tier refusals"
 expect_error "a profile that is not one" "not an expert profile" "$STRATA" generate -m "$tiny" -p hi --expert-profile "$tmp/calib.txt"
 expect_error "peer device not there" "peer-device needs a CUDA device, and StarPU found none" \

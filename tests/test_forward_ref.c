@@ -29,6 +29,13 @@
 
 static int n_pass, n_fail, n_skip;
 
+/* The routing bound of the q8_0 KV cache's pass. Its keys and values carry int8 rounding (about
+ * 0.4 % of a block's largest value) into every later token's attention, which moves router
+ * near-ties as int8 K and V projections did (attention.c: 6 of the small Q4_K_M fixture's 56
+ * `short` expert sets; so does this cache); the logits, top-1 and greedy rules stay the files'.
+ * A wrong cache (a misread block, a wrong row) scrambles most sets. */
+#define Q8_KV_ROUTING 0.85
+
 static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void check(int ok, const char *fmt, ...) {
   va_list ap;
@@ -40,8 +47,10 @@ static void check(int ok, const char *fmt, ...) {
   ok ? n_pass++ : n_fail++;
 }
 
+/* routing_need: the share of the first prompt's expert sets that must be equal where a path's own
+ * rounding is coarser than the fixtures assume (the q8_0 KV cache), or 0: the file's bound. */
 static void run_prompt(struct st_engine *e, const struct ref_file *r, const struct ref_prompt *p,
-                       const char *tag, int32_t *trace, const char *reduced) {
+                       const char *tag, int32_t *trace, const char *reduced, double routing_need) {
   const int V = r->n_vocab, n = p->n_ids;
   float *logits = malloc(sizeof(float) * (size_t)V * n);
   st_engine_reset(e);
@@ -120,10 +129,14 @@ static void run_prompt(struct st_engine *e, const struct ref_file *r, const stru
     /* int8 activations (or TF32) move router near-ties: llama.cpp's own int8 path changes 1-3 % of
      * the archs/ fixtures' expert sets, and its README asks such a test to accept one flipped pair
      * where the bound allows none (42 or 56 pairs at 0.99) */
-    const int allowed = reduced && (int)((1.0 - r->tol_routing) * total) < 1 ? 1 : (int)((1.0 - r->tol_routing) * total);
-    check((double)same / total >= r->tol_routing || total - same <= allowed,
-          "%s/%s routing: %d/%d (token, layer) expert sets equal (%.3f, need %.2f%s)", tag, p->name, same,
-          total, (double)same / total, r->tol_routing, reduced ? ", or one flipped pair on a reduced-precision path" : "");
+    const double need = routing_need > 0 ? routing_need : r->tol_routing;
+    const int allowed = reduced && (int)((1.0 - need) * total) < 1 ? 1 : (int)((1.0 - need) * total);
+    char why[96] = "";
+    if (routing_need > 0) snprintf(why, sizeof why, " for the q8_0 KV cache, where the file asks %.2f", r->tol_routing);
+    else if (reduced) snprintf(why, sizeof why, ", or one flipped pair on a reduced-precision path");
+    check((double)same / total >= need || total - same <= allowed,
+          "%s/%s routing: %d/%d (token, layer) expert sets equal (%.3f, need %.2f%s)", tag, p->name, same, total,
+          (double)same / total, need, why);
   }
   free(logits);
 }
@@ -227,21 +240,35 @@ int main(int argc, char **argv) {
      * expert pairs on CUDA0, ranked by the routing pass 1 measured. Pass 4: the half KV cache
      * (--cache-type-k f16 --cache-type-v f16), every pair cached on a GPU machine, the CPU pool
      * without one; held to the tolerance blocks (K and V rounded to 11 significant bits), not to
-     * the float32 bound. */
+     * the float32 bound. Pass 5: the q8_0 KV cache (ggml's blocks of 32 and an fp16 scale) on CPU
+     * workers (the CUDA kernels read f16 and f32 caches only), where the rows are whole blocks; held
+     * to the tolerance blocks too. */
     const int n_pairs = (int)(m->hp.n_layer * m->hp.n_expert);
     char profile[] = "/tmp/strata-test-profile-XXXXXX";
     int have_profile = 0;
-    const int caches[4] = {0, n_pairs / 2, n_pairs, n_pairs};
-    for (int pass = 0; pass < 4; pass++) {
-      const int half_kv = pass == 3;
+    const int caches[5] = {0, n_pairs / 2, n_pairs, n_pairs, 0};
+    for (int pass = 0; pass < 5; pass++) {
+      const int half_kv = pass == 3, q8_kv = pass == 4;
+      const int kv_type = half_kv ? ST_TYPE_F16 : q8_kv ? ST_TYPE_Q8_0 : ST_TYPE_F32;
       struct st_engine *e = NULL;
       struct st_engine_opts eo = {.n_ctx = 1024, .prefill = 512, .expert_cache = caches[pass],
-                                  .expert_profile = have_profile ? profile : NULL,
-                                  .kv_type = half_kv ? ST_TYPE_F16 : ST_TYPE_F32,
-                                  .kv_type_v = half_kv ? ST_TYPE_F16 : ST_TYPE_F32};
-      if (pass > 0 && !half_kv && !have_profile) continue;
+                                  .expert_profile = have_profile && !q8_kv ? profile : NULL,
+                                  .kv_type = kv_type, .kv_type_v = kv_type};
+      if (pass > 0 && pass < 3 && !have_profile) continue;
       if (half_kv && !have_profile) eo.expert_cache = 0;
-      if (st_engine_create(m, &eo, &e)) {
+      const char *ncuda_q8 = getenv("STARPU_NCUDA");
+      char *ncuda_q8_was = q8_kv && ncuda_q8 ? strdup(ncuda_q8) : NULL;
+      if (q8_kv) setenv("STARPU_NCUDA", "0", 1);
+      rc = st_engine_create(m, &eo, &e);
+      if (q8_kv && ncuda_q8_was) setenv("STARPU_NCUDA", ncuda_q8_was, 1);
+      else if (q8_kv) unsetenv("STARPU_NCUDA");
+      free(ncuda_q8_was);
+      if (rc == ST_EUNSUP && q8_kv) {
+        printf("SKIP %s q8_0 KV cache: %s\n", tag, st_last_error());
+        n_skip++;
+        break;
+      }
+      if (rc) {
         check(0, "%s: engine: %s", tag, st_last_error());
         break;
       }
@@ -253,7 +280,7 @@ int main(int argc, char **argv) {
       else if (e->placement.cuda0_worker >= 0)
         snprintf(path_name, sizeof path_name, "CUDA0 float32 kernels");
       snprintf(ptag, sizeof ptag, "%s [%s, %d/%d experts cached%s]", tag, path_name, e->placement.cache[0].n_slots,
-               n_pairs, half_kv ? ", f16 KV cache" : "");
+               n_pairs, half_kv ? ", f16 KV cache" : q8_kv ? ", q8_0 KV cache" : "");
       /* int8 where the CPU pool computes experts whose type has integer kernels, and where CUDA0's
        * cached Q8_0 experts take the GPU's int8 kernels (decode and batches below cuBLAS) */
       const int q8 = e->int8_dot && e->placement.cache[0].n_slots < n_pairs &&
@@ -269,10 +296,12 @@ int main(int argc, char **argv) {
       const int tf32 = e->cublas_tf32 && e->placement.cuda0_worker >= 0;
       const char *reduced = (q8 || gpu_q8) && tf32 ? "int8 + TF32" : q8 || gpu_q8 ? "int8" : tf32 ? "TF32" : NULL;
       char reduced_kv[64];
-      if (half_kv) snprintf(reduced_kv, sizeof reduced_kv, "%s%sf16 KV", reduced ? reduced : "", reduced ? " + " : ""),
-                   reduced = reduced_kv;
+      if (half_kv || q8_kv)
+        snprintf(reduced_kv, sizeof reduced_kv, "%s%s%s KV", reduced ? reduced : "", reduced ? " + " : "",
+                 half_kv ? "f16" : "q8_0"),
+            reduced = reduced_kv;
       for (int j = 0; j < r.n_prompts; j++)
-        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, reduced);
+        run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, reduced, q8_kv ? Q8_KV_ROUTING : 0);
       run_chunking(e, &r, ptag, (q8 || gpu_q8 || tf32) && e->placement.cuda0_worker >= 0);
       if (pass == 0 && e->placement.cuda0_worker >= 0) {
         int fd = mkstemp(profile);
@@ -306,7 +335,7 @@ int main(int argc, char **argv) {
                e->int8_dot);
         int32_t *trace = calloc((size_t)m->hp.n_layer * e->n_ctx * m->hp.n_expert_used, sizeof(int32_t));
         for (int j = 0; j < r.n_prompts; j++)
-          run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, NULL);
+          run_prompt(e, &r, &r.p[j], ptag, j == 0 ? trace : NULL, NULL, 0);
         free(trace);
         st_engine_destroy(e);
       }

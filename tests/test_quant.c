@@ -779,6 +779,16 @@ static void test_attend_tokens(void) {
     memcpy(got, o, sizeof o);
     st_axpy_f16(got, 0.3f, vh, N);
     CHECK(memcmp(got, want_h, sizeof want_h) == 0, "st_axpy_f16 at %s (%d halves): bitwise the plain loop", st_dot_isa(), N);
+    enum { N8 = 64 }; /* two Q8_0 blocks: the q8_0 KV cache's V rows */
+    float o8[N8], v8[N8], want_8[N8], got_8[N8];
+    st_block_q8_0 b8[N8 / ST_QK8_0];
+    for (int i = 0; i < N8; i++) o8[i] = (float)urand(), v8[i] = 3.0f * (float)urand();
+    st_quantize_row(ST_TYPE_Q8_0, v8, b8, N8);
+    for (int i = 0; i < N8; i++)
+      want_8[i] = o8[i] + 0.3f * (st_fp16_to_f32(b8[i / ST_QK8_0].d) * (float)b8[i / ST_QK8_0].qs[i % ST_QK8_0]);
+    memcpy(got_8, o8, sizeof o8);
+    st_axpy_q8_0(got_8, 0.3f, b8, N8);
+    CHECK(memcmp(got_8, want_8, sizeof want_8) == 0, "st_axpy_q8_0 at %s (%d values): bitwise the plain loop", st_dot_isa(), N8);
   }
   st_dot_force_isa(top);
   enum { T = 6, NQ = 3, HD = 40, POS0 = 9, KEYS = POS0 + T };
@@ -818,6 +828,43 @@ static void test_attend_tokens(void) {
             mx, mag);
     }
   }
+}
+
+/* The q8_0 KV cache (ggml's block_q8_0 rows, head_dim 64): st_attend_tokens bitwise equal to
+ * st_attend_head row by row (one tile, and tiles of 2 tokens or fewer), and within 1e-5 of max
+ * |out| of the float32 path on the same keys and values decoded from the blocks (scores through
+ * st_matmul's Q8_0 rows, P V through st_axpy_q8_0). */
+static void test_attend_q8_0(void) {
+  enum { T = 6, NQ = 3, HD = 64, POS0 = 9, KEYS = POS0 + T, RB = HD / ST_QK8_0 };
+  static float q[T * NQ * HD], k[KEYS * HD], v[KEYS * HD], ref[T * NQ * HD], out[T * NQ * HD], f32_out[T * NQ * HD];
+  static float score[T * NQ * KEYS];
+  static st_block_q8_0 kq[KEYS * RB], vq[KEYS * RB];
+  for (int i = 0; i < T * NQ * HD; i++) q[i] = (float)urand();
+  for (int i = 0; i < KEYS * HD; i++) k[i] = 2.0f * (float)urand(), v[i] = (float)urand();
+  CHECK(st_kv_row_bytes(ST_TYPE_Q8_0, HD) == RB * sizeof(st_block_q8_0), "q8_0 KV row of %d values: %llu bytes (%d blocks of 34)",
+        HD, (unsigned long long)st_kv_row_bytes(ST_TYPE_Q8_0, HD), RB);
+  st_kv_store(ST_TYPE_Q8_0, k, kq, KEYS * HD);
+  st_kv_store(ST_TYPE_Q8_0, v, vq, KEYS * HD);
+  st_dequantize_row(ST_TYPE_Q8_0, kq, k, KEYS * HD);
+  st_dequantize_row(ST_TYPE_Q8_0, vq, v, KEYS * HD);
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < NQ; h++) {
+      const int r = t * NQ + h;
+      st_attend_head(q + r * HD, ST_TYPE_F32, k, v, POS0 + t + 1, HD, score, f32_out + r * HD);
+      st_attend_head(q + r * HD, ST_TYPE_Q8_0, kq, vq, POS0 + t + 1, HD, score, ref + r * HD);
+    }
+  const int64_t caps[2] = {T * NQ * KEYS, 2 * NQ * KEYS};
+  for (int c = 0; c < 2; c++) {
+    memset(out, 0, sizeof out);
+    st_attend_tokens(q, T, NQ, HD, POS0, ST_TYPE_Q8_0, kq, vq, out, score, caps[c]);
+    CHECK(memcmp(out, ref, sizeof ref) == 0,
+          "st_attend_tokens (%d tokens x %d heads, hd %d, from position %d, %s, q8_0 KV cache): bitwise st_attend_head", T, NQ,
+          HD, POS0, c ? "tiles of 2 tokens or fewer" : "one tile");
+  }
+  double mx = 0, mag = 0;
+  for (int i = 0; i < T * NQ * HD; i++) mx = fmax(mx, fabs(ref[i] - f32_out[i])), mag = fmax(mag, fabs(f32_out[i]));
+  CHECK(mx <= 1e-5 * mag, "q8_0 KV cache vs float32 on the keys and values decoded from its blocks: max |Δ| %.2e (≤ 1e-5 × %.3f)",
+        mx, mag);
 }
 
 /* MXFP4's quantiser against its definition (ggml's quantize_row_mxfp4_ref): the scale exponent
@@ -916,6 +963,7 @@ int main(void) {
   test_q8_0();
   test_dense_matmul();
   test_attend_tokens();
+  test_attend_q8_0();
   const uint32_t types[] = {ST_TYPE_F32, ST_TYPE_F16, ST_TYPE_BF16, ST_TYPE_Q8_0};
   for (int i = 0; i < 4; i++) {
     test_matmul(types[i], 2048);

@@ -6,7 +6,8 @@
 # the same through decode steps (--prefill 1: every token one decode step, its lanes sharing work
 # items whatever the workers), and through the per-task decode path (STRATA_DECODE_GRAPH=0), all
 # against the prompt path's logits; all of it for the float32 and for the half KV cache
-# (--cache-type-k/-v f16: the CPU codelet's and the decode lanes' f16 reads). Then greedy
+# (--cache-type-k/-v f16: the CPU codelet's and the decode lanes' f16 reads), and for the q8_0 KV
+# cache on a Q8_0 model with heads of 32 (whole q8_0 blocks). Then greedy
 # generation: the same ids under every setting.
 # Prints the scheduler/worker settings compared and the checksum of each logits file. The models are
 # the tiny preset of `strata mkmodel` in BF16 and Q8_0 (tests/lib.sh test_model).
@@ -14,6 +15,7 @@ set -u
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib.sh"
 models="$(test_model tiny-qwen3moe-bf16 --preset tiny --type bf16) $(test_model tiny-qwen3moe-q8_0 --preset tiny --type q8_0)"
+hd32=$(test_model tiny-qwen3moe-q8_0-hd32 --preset tiny --type q8_0 --head-dim 32)
 prompt='Mixture-of-experts models route every token through a few experts; the rest stay idle.'
 # same_as_baseline LABEL MODEL CFG [EVAL-ARGS...]: logits of `strata eval` on MODEL under the
 # environment CFG (PREFILL=1: one-token chunks, else 7) bitwise equal to the first of the series
@@ -37,8 +39,10 @@ same_as_baseline() {
     echo "FAIL $_label [$_cfg]: logits checksum $_sum differ from the baseline"; fail=$((fail + 1))
   fi
 }
-for kv in f32 f16; do
-for m in $models; do
+for kv in f32 f16 q8_0; do
+kv_models=$models
+[ "$kv" = q8_0 ] && kv_models=$hd32
+for m in $kv_models; do
   ref=""
   for cfg in "STARPU_SCHED=lws STARPU_NCPU=2" "STARPU_SCHED=eager STARPU_NCPU=2" \
              "STARPU_SCHED=dmda STARPU_NCPU=2" "STARPU_SCHED=lws STARPU_NCPU=1" \

@@ -444,7 +444,7 @@ int st_cmd_bench(int argc, char **argv) {
     printf("{\"model\": \"%s\", \"cpu_workers\": %d, \"cuda_workers\": %d, \"cache_slots\": %d, \"cache_mass_share\": %.4f, "
            "\"n_ctx\": %d, \"kv_type\": \"%s\", \"kv_mib\": %.4f, \"results\": [",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots, e->cache_mass_share,
-           e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_engine_kv_bytes(e) / 1048576.0);
+           e->n_ctx, st_type_info((uint32_t)e->kv_type)->name, st_engine_kv_bytes(e) / 1048576.0);
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];
       printf("%s\n  {\"test\": \"%s\", \"tokens\": %ld, \"depth\": %ld, \"seconds\": %.4f, \"tok_s\": %.3f, "
@@ -489,7 +489,7 @@ int st_cmd_bench(int argc, char **argv) {
     printf("strata bench: %s; %d CPU + %d CUDA workers; primary cache %d slots, GPU caches %.1f%% of the profile's routed "
            "mass; context %d tokens, KV cache %s (%.*f MiB)%s\n",
            model, st_engine_n_cpu_workers(e), st_engine_n_cuda_workers(e), e->placement.cache[0].n_slots,
-           100.0 * e->cache_mass_share, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
+           100.0 * e->cache_mass_share, e->n_ctx, st_type_info((uint32_t)e->kv_type)->name, st_mib_digits(kv_mib), kv_mib,
            reps > 1 ? "; each row: the run with the median time" : "");
     if (roofline)
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",

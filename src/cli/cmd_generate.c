@@ -206,7 +206,7 @@ static int session_open(const struct run_opts *o, struct session *s) {
           "strata: loaded %s: %s, %u layers, %u experts (top-%u), hidden %u, vocab %u; "
           "context %d tokens (KV cache %s, %.*f MiB), prompt chunk %d tokens; %.2f s\n",
           o->model, st_arch_of(hp->arch)->name, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_embd, hp->n_vocab, s->engine->n_ctx,
-          s->engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
+          st_type_info((uint32_t)s->engine->kv_type)->name, st_mib_digits(kv_mib), kv_mib,
           s->engine->prefill, st_now() - t0);
   return 0;
 }

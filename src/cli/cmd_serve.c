@@ -252,7 +252,7 @@ int st_cmd_serve(int argc, char **argv) {
             "strata serve: loaded %s: %s, %u layers, %u experts (top-%u), vocab %u; context %d tokens "
             "(KV cache %s, %.*f MiB), prompt chunk %d tokens; %d CPU and %d CUDA workers; %.2f s\n",
             o.model, st_arch_of(hp->arch)->name, hp->n_layer, hp->n_expert, hp->n_expert_used, hp->n_vocab, s.engine->n_ctx,
-            s.engine->kv_type == ST_TYPE_F16 ? "f16" : "f32", st_mib_digits(kv_mib), kv_mib,
+            st_type_info((uint32_t)s.engine->kv_type)->name, st_mib_digits(kv_mib), kv_mib,
             s.engine->prefill, st_engine_n_cpu_workers(s.engine), st_engine_n_cuda_workers(s.engine),
             st_now() - t0);
     if (s.chat_kind != ST_CHAT_FALLBACK)

@@ -117,12 +117,13 @@ static int parse_slots(const char *flag, const char *arg, int *out) {
 static int parse_cache_type(const char *flag, const char *arg, int *type) {
   if (!strcmp(arg, "f32")) *type = ST_TYPE_F32;
   else if (!strcmp(arg, "f16")) *type = ST_TYPE_F16;
+  else if (!strcmp(arg, "q8_0")) *type = ST_TYPE_Q8_0;
   else {
-    static const char *quantised[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}; /* llama.cpp's other KV types */
+    static const char *quantised[] = {"q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "bf16"}; /* llama.cpp's other KV types */
     int q = 0;
     for (size_t i = 0; i < sizeof quantised / sizeof quantised[0]; i++) q |= !strcmp(arg, quantised[i]);
-    return st_set_error(ST_EINVAL, "%s expects f32 or f16, got '%s'%s", flag, arg,
-                        q ? " (strata's KV cache has no quantised types)" : "");
+    return st_set_error(ST_EINVAL, "%s expects f32, f16 or q8_0, got '%s'%s", flag, arg,
+                        q ? " (strata's KV cache takes no other of llama.cpp's types)" : "");
   }
   return 1;
 }
@@ -252,8 +253,8 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
   if (eo->adapt_swaps && !eo->expert_cache) return st_set_error(ST_EINVAL, "--adapt-swaps needs an enabled --expert-cache");
   if (eo->kv_type != eo->kv_type_v)
     return st_set_error(ST_EINVAL, "--cache-type-k %s with --cache-type-v %s: strata's K and V caches have one type; "
-                        "give both the same", eo->kv_type == ST_TYPE_F16 ? "f16" : "f32",
-                        eo->kv_type_v == ST_TYPE_F16 ? "f16" : "f32");
+                        "give both the same", st_type_info((uint32_t)eo->kv_type)->name,
+                        st_type_info((uint32_t)eo->kv_type_v)->name);
   if (eo->cuda_graphs == ST_CUDA_GRAPHS_BOTH)
     return st_set_error(ST_EINVAL, "--cuda-graphs both is for strata bench; here give on or off");
   return 0;
@@ -262,12 +263,13 @@ int st_engine_opts_check(const struct st_engine_opts *eo) {
 void st_engine_opts_help(FILE *f) {
   fprintf(f,
           "  -c, --ctx-size N       KV-cache length in tokens (default: min(model context, 4096))\n"
-          "  -ctk, --cache-type-k T KV cache element type T, f32 or f16 (default f16, as llama.cpp; f32: the\n"
-          "  -ctv, --cache-type-v T exact float32 path); K and V must be given the same type. f16 halves the\n"
+          "  -ctk, --cache-type-k T KV cache element type T, f32, f16 or q8_0 (default f16, as llama.cpp; f32:\n"
+          "  -ctv, --cache-type-v T the exact float32 path); K and V must be given the same type. f16 halves the\n"
           "                         cache's memory, and on sm_80+ GPUs the prompt's attention and the decode\n"
           "                         attention past about 16,000 tokens run on the tensor cores (queries and\n"
-          "                         softmax weights in half there); rows are computed in float32 and rounded\n"
-          "                         on the way in\n"
+          "                         softmax weights in half there); q8_0 (ggml's blocks of 32 values and an fp16\n"
+          "                         scale, 1.0625 bytes a value) needs rows of a multiple of 32 values and CPU\n"
+          "                         workers alone so far; rows are computed in float32 and rounded on the way in\n"
           "      --prefill N        prompt chunk in tokens (default 4096 with a GPU, 512 on CPU workers alone)\n"
           "      --expert-profile F expert profile (strata profile) ranking the pairs the caches take (default:\n"
           "                         the profile learned on this model file by earlier runs, else a prior that gives\n"

@@ -101,11 +101,21 @@ static float softmax_row(float *s, int n, float scale, float sink) {
   return (float)(1.0 / sum);
 }
 
-uint64_t st_kv_row_bytes(int kv_type, int hd) { return (uint64_t)hd * (kv_type == ST_TYPE_F16 ? 2 : 4); }
+uint64_t st_kv_row_bytes(int kv_type, int hd) {
+  if (kv_type == ST_TYPE_Q8_0) return (uint64_t)(hd / ST_QK8_0) * sizeof(st_block_q8_0);
+  return (uint64_t)hd * (kv_type == ST_TYPE_F16 ? 2 : 4);
+}
 
 void st_kv_store(int kv_type, const float *x, void *row, int64_t n) {
-  if (kv_type == ST_TYPE_F16) st_quantize_row(ST_TYPE_F16, x, row, n);
+  if (kv_type == ST_TYPE_F16 || kv_type == ST_TYPE_Q8_0) st_quantize_row((uint32_t)kv_type, x, row, n);
   else if ((const void *)x != row) memcpy(row, x, sizeof(float) * (size_t)n);
+}
+
+/* o += p v for one V row of kv_type (hv elements): every level's bits are the plain loop's. */
+static void axpy_kv(int kv_type, float *o, float p, const void *v, int hv) {
+  if (kv_type == ST_TYPE_F16) st_axpy_f16(o, p, v, hv);
+  else if (kv_type == ST_TYPE_Q8_0) st_axpy_q8_0(o, p, v, hv);
+  else st_axpy(o, p, v, hv);
 }
 
 void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
@@ -143,8 +153,7 @@ void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int 
       for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++) {
         if (j - j0 < first[r]) continue;
         const float p = score[(size_t)r * nks + (j - j0)] * inv[r];
-        if (kv_type == ST_TYPE_F16) st_axpy_f16(o + (size_t)r * hv, p, vj, hv);
-        else st_axpy(o + (size_t)r * hv, p, vj, hv);
+        axpy_kv(kv_type, o + (size_t)r * hv, p, vj, hv);
       }
     }
     t0 += tt;
@@ -206,15 +215,15 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
   /* st_attend_tokens tiles down to one token, whose nq rows of scores must fit */
   const int64_t one_token = (int64_t)nq * n_kv_total;
   const int64_t n_score = all_scores < ((int64_t)1 << 20) ? all_scores : one_token > ((int64_t)1 << 20) ? one_token : (int64_t)1 << 20;
-  const int half = a->kv_type == ST_TYPE_F16;
+  const int rounded = a->kv_type != ST_TYPE_F32; /* new rows computed in float32, then stored */
   float *xn = malloc(sizeof(float) * ((size_t)T * d + (size_t)T * qw + (size_t)n_score + (size_t)T * hd +
-                                      (half ? 2 * (size_t)T * hd : 0)));
+                                      (rounded ? 2 * (size_t)T * hd : 0)));
   if (!xn) { /* a CPU codelet has no error path: say what failed rather than crash on NULL */
     fprintf(stderr, "strata: out of memory in the attention task (%d tokens, %d keys)\n", T, n_kv_total);
     abort();
   }
   float *q = xn + (size_t)T * d, *score = q + (size_t)T * qw, *rope = score + n_score;
-  float *knew = rope + (size_t)T * hd, *vnew = knew + (size_t)T * hd; /* a half cache's new rows in float32 */
+  float *knew = rope + (size_t)T * hd, *vnew = knew + (size_t)T * hd; /* a rounded cache's new rows in float32 */
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
@@ -230,10 +239,10 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
      * each on the activations st_dense_terms gives it. K and V take two terms where they take int8
      * ones: their rounding stays in the cache for every later token (with one-term int8 K and V the
      * small Q4_K_M fixture's short prompt changed 6 of its 56 expert sets, the test allows 2); a
-     * half cache gets them rounded after the norm and RoPE. */
+     * rounded or q8_0 cache gets them rounded after the norm and RoPE. */
     st_dense_rows(st_dense_terms_on(z.type, a->wq.type, d, a->int8_dot, ST_DENSE_QO), a->wq.type, wq, a->wq.row_bytes,
                   (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, z.q, zr, T, d, q, qw);
-    float *kdst = half ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = half ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
+    float *kdst = rounded ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = rounded ? vnew : (float *)(vc + (size_t)a->pos0 * rb);
     const struct st_wdesc *kvd[2] = {&a->wk, &a->wv};
     const void *kvw[2] = {wk, wv};
     float *kvdst[2] = {kdst, vdst};
@@ -252,7 +261,7 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
       st_rmsnorm(kt, k_norm, kt, hd, a->eps);
       st_rope_apply(kt, hd, cs);
     }
-    if (half) {
+    if (rounded) {
       st_kv_store(a->kv_type, kdst, kc + (size_t)a->pos0 * rb, (int64_t)T * hd);
       st_kv_store(a->kv_type, vdst, vc + (size_t)a->pos0 * rb, (int64_t)T * hd);
     }

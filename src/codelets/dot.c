@@ -753,6 +753,45 @@ void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n) {
   fns[level()](o, a, v, n);
 }
 
+/* The same with v a row of Q8_0 blocks (a q8_0 KV cache's V row): each weight decoded exactly
+ * (the fp16 scale times an int8 needs 18 bits) as d * q, then o + a * (d * q) as above. */
+static void axpy_q8_0_scalar(float *o, float a, const st_block_q8_0 *v, int64_t n) {
+  for (int64_t b = 0; b < n / ST_QK8_0; b++) {
+    const float d = st_fp16_to_f32(v[b].d);
+    for (int j = 0; j < ST_QK8_0; j++) o[b * ST_QK8_0 + j] = o[b * ST_QK8_0 + j] + a * (d * (float)v[b].qs[j]);
+  }
+}
+
+static AVX2 void axpy_q8_0_avx2(float *o, float a, const st_block_q8_0 *v, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  for (int64_t b = 0; b < n / ST_QK8_0; b++) {
+    const __m256 d = _mm256_set1_ps(st_fp16_to_f32(v[b].d));
+    float *ob = o + b * ST_QK8_0;
+    for (int j = 0; j < ST_QK8_0; j += 8) {
+      const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v[b].qs + j)))));
+      _mm256_storeu_ps(ob + j, _mm256_add_ps(_mm256_loadu_ps(ob + j), _mm256_mul_ps(av, w)));
+    }
+  }
+}
+
+static AVX512 void axpy_q8_0_avx512(float *o, float a, const st_block_q8_0 *v, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int64_t b = 0; b < n / ST_QK8_0; b++) {
+    const __m512 d = _mm512_set1_ps(st_fp16_to_f32(v[b].d));
+    float *ob = o + b * ST_QK8_0;
+    for (int j = 0; j < ST_QK8_0; j += 16) {
+      const __m512 w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v[b].qs + j)))));
+      _mm512_storeu_ps(ob + j, _mm512_add_ps(_mm512_loadu_ps(ob + j), _mm512_mul_ps(av, w)));
+    }
+  }
+}
+
+void st_axpy_q8_0(float *o, float a, const void *v, int64_t n) {
+  static void (*const fns[])(float *, float, const st_block_q8_0 *, int64_t) = {axpy_q8_0_scalar, axpy_q8_0_avx2,
+                                                                                axpy_q8_0_avx512};
+  fns[level()](o, a, v, n);
+}
+
 int st_dense_q8(uint32_t type, int64_t n, int int8) { return int8 && type == ST_TYPE_Q8_0 && st_q8_row_bytes(type, n) > 0; }
 
 void st_dense_matmul(uint32_t type, const void *W, uint64_t row_bytes, int64_t r0, int64_t r1, const float *x,

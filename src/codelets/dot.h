@@ -133,6 +133,11 @@ void st_axpy(float *o, float a, const float *v, int64_t n);
  * the bits of `o[i] = o[i] + a * (float)v[i]` at every SIMD level. */
 void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n);
 
+/* st_axpy with v the Q8_0 blocks of n weights (n a multiple of 32; a q8_0 KV cache's V row,
+ * ggml's block_q8_0): the bits of `o[i] = o[i] + a * (d * q[i])` at every SIMD level, d the
+ * block's fp16 scale widened to float32 (d * q is exact). */
+void st_axpy_q8_0(float *o, float a, const void *v, int64_t n);
+
 /* Whether MLA's query matrices (q_a, q_b, or wq; decode and prompt lanes) take one-term int8
  * activations: int8 (STRATA_INT8_DOT) and Q8_0 weights. The other dense products follow
  * st_dense_terms. */

@@ -593,7 +593,12 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   }
   const size_t T = (size_t)e->prefill, d = hp->n_embd, k = hp->n_expert_used;
   const size_t qw = (size_t)hp->n_head * hp->head_dim;
-  e->kv_type = o->kv_type == ST_TYPE_F16 ? ST_TYPE_F16 : ST_TYPE_F32;
+  e->kv_type = o->kv_type == ST_TYPE_F16 || o->kv_type == ST_TYPE_Q8_0 ? o->kv_type : ST_TYPE_F32;
+  /* a q8_0 row is whole blocks of 32 (the row's elements: head_dim, MLA's latent and RoPE parts,
+   * and the V part V reads in place: MLA's latent) */
+  if (e->kv_type == ST_TYPE_Q8_0 && (hp->head_dim % ST_QK8_0 || (hp->attn_kind == ST_ATTN_MLA && hp->kv_lora % ST_QK8_0)))
+    rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0: this model's KV rows (%u values%s) are not whole q8_0 blocks of 32; "
+                      "use f16 or f32", hp->head_dim, hp->attn_kind == ST_ATTN_MLA ? ", MLA's latent part among them" : "");
   const uint64_t kv_row = st_kv_row_bytes(e->kv_type, (int)hp->head_dim);
   const size_t kv_bytes = (size_t)st_engine_kv_bytes(e);
   if (!rc) {
@@ -618,7 +623,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
         !e->logits || !e->routing || !e->h_layer || !e->h_fixed || !e->h_mla || !e->h_expert || !e->h_kv || !e->route_counts ||
         !e->live_counts)
       rc = st_set_error(ST_ENOMEM, "out of memory for the KV cache (%.1f MiB for %d tokens, %s) and batch buffers",
-                        kv_bytes / 1048576.0, e->n_ctx, e->kv_type == ST_TYPE_F16 ? "f16" : "f32");
+                        kv_bytes / 1048576.0, e->n_ctx, st_type_info((uint32_t)e->kv_type)->name);
   }
   if (rc) {
     st_engine_destroy(e);
@@ -820,6 +825,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
                       "qwen3moe", st_arch_of(hp->arch)->name);
+  if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0)
+    rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 computes on CPU workers only so far (the CUDA attention kernels read "
+                      "f16 or f32 caches): use f16, or run on CPU workers alone (STARPU_NCUDA=0)");
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256 && hp->attn_kind != ST_ATTN_MLA)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
@@ -853,8 +861,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
       for (int c = 0; c < planes; c++) {
         const size_t i = (size_t)g * planes + c;
         e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =
-            st_engine_reg((uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row, (uint64_t)rows * hp->head_dim,
-                          e->kv_type == ST_TYPE_F16 ? 2 : 4);
+            e->kv_type == ST_TYPE_Q8_0 /* blocks: registered as bytes */
+                ? st_engine_reg((uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row, (uint64_t)rows * kv_row, 1)
+                : st_engine_reg((uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row, (uint64_t)rows * hp->head_dim,
+                                e->kv_type == ST_TYPE_F16 ? 2 : 4);
       }
     kv_at += (size_t)st_engine_kv_layer_bytes(e, l);
   }
