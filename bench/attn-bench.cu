@@ -1,7 +1,7 @@
 // The decode step's attention alone, timed on a GPU host (issue #20): st_cuda_attend_decode_all
 // (attention.cu, included here so that a changed attention.cu can be timed without the engine
 // build) on the qwen3-30b-a3b shape (32 query heads in 4 KV groups, head_dim 128,
-// float32 K and V, or half with KV=f16) at several depths, 48 launches back to back as programmatic dependents in one
+// float32 K and V, or half with KV=f16, or q8_0 blocks with KV=q8_0) at several depths, 48 launches back to back as programmatic dependents in one
 // CUDA graph over 8 copies of the KV cache (so that L2 holds as little as it can), µs per launch and
 // the K and V bytes read per second. Then one launch at depth 4096 against a float64 reference of
 // the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
@@ -9,7 +9,7 @@
 // Build: `make bench/attn-bench` (ATT_FLAGS for -D flags: ATT_SPLIT, ATT_MIN_CHUNK, ATT_MIN_BLOCKS,
 // ATT_MMA_CHUNK (0: the half cache's tensor-core block at every depth), ATT_MMA_LOAD (its loads),
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
-// the wait for the previous kernel), ATT_PLAN_ES); run: [KV=f16] [MODE=0|1|2] [COPIES=N] [DEPTH=N]
+// the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads)); run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N]
 // [CHECK_KEYS=N] attn-bench [replays].
 #include <math.h>
 #include <stdio.h>
@@ -46,29 +46,53 @@ template <typename T> __global__ void fill(T *p, int64_t n, uint32_t seed) {
 // What a KV cache of kv_type holds for x.
 inline double kv_value(float x, int kv_type) { return kv_type == ST_TYPE_F16 ? (double)__half2float(__float2half_rn(x)) : x; }
 
+// What a q8_0 cache holds for value i of row j filled with hash_unit(j HD + .., seed): the row's
+// block of i quantised as the CPU and kv_store_q8 do, decoded exactly (the GPU's blocks then round d q
+// to half: part of the error printed).
+inline double q8_value(int64_t j, int i, uint32_t seed) {
+  const int b0 = i / 32 * 32;
+  float amax = 0.0f;
+  for (int u = 0; u < 32; u++) amax = fmaxf(amax, fabsf(hash_unit(j * HD + b0 + u, seed)));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  return (double)__half2float(__float2half_rn(d)) * roundf(hash_unit(j * HD + i, seed) * id);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
   const int replays = argc > 1 ? atoi(argv[1]) : 20;
   if (const char *c = getenv("COPIES")) COPIES = std::min(std::max(atoi(c), 1), LAUNCHES);
   const int64_t kv_floats = (int64_t)N_CTX * HD;
-  const int kv_type = getenv("KV") && !strcmp(getenv("KV"), "f16") ? ST_TYPE_F16 : ST_TYPE_F32;
-  const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4;
+  const char *kv_env = getenv("KV");
+  const int kv_type = kv_env && !strcmp(kv_env, "f16") ? ST_TYPE_F16 : kv_env && !strcmp(kv_env, "q8_0") ? ST_TYPE_Q8_0 : ST_TYPE_F32;
+  // bytes a value (a q8_0 row: 34 bytes a block of 32)
+  const double es = kv_type == ST_TYPE_Q8_0 ? (double)kv_q8_row_bytes(HD) / HD : kv_type == ST_TYPE_F16 ? 2 : 4;
   std::vector<void *> k(COPIES * G), v(COPIES * G);
+  float *tmp = NULL;
+  if (kv_type == ST_TYPE_Q8_0) CK(cudaMalloc(&tmp, sizeof(float) * kv_floats));
   for (int i = 0; i < COPIES * G; i++) {
-    CK(cudaMalloc(&k[i], es * kv_floats));
-    CK(cudaMalloc(&v[i], es * kv_floats));
+    CK(cudaMalloc(&k[i], (size_t)(es * kv_floats)));
+    CK(cudaMalloc(&v[i], (size_t)(es * kv_floats)));
+    if (kv_type == ST_TYPE_Q8_0) { // the floats through the codelets' quantiser
+      fill<<<1024, 256>>>(tmp, kv_floats, 2 * i + 1);
+      kv_store_q8<<<1024, 256>>>(tmp, (uint8_t *)k[i], N_CTX, HD);
+      fill<<<1024, 256>>>(tmp, kv_floats, 2 * i + 2);
+      kv_store_q8<<<1024, 256>>>(tmp, (uint8_t *)v[i], N_CTX, HD);
+      CK(cudaDeviceSynchronize());
+      continue;
+    }
     kv_dispatch(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       fill<<<1024, 256>>>((KT *)k[i], kv_floats, 2 * i + 1);
       fill<<<1024, 256>>>((KT *)v[i], kv_floats, 2 * i + 2);
     });
   }
+  if (tmp) CK(cudaFree(tmp));
   float *q, *part, *out;
   int *counters, *pos;
   CK(cudaMalloc(&q, sizeof(float) * HQ * HD));
   fill<<<8, 256>>>(q, HQ * HD, 7777);
-  printf("KV cache %s\n", kv_type == ST_TYPE_F16 ? "f16" : "f32");
+  printf("KV cache %s\n", kv_type == ST_TYPE_Q8_0 ? "q8_0" : kv_type == ST_TYPE_F16 ? "f16" : "f32");
   const size_t pf = st_cuda_decode_part_floats(N_CTX, HQ, HD);
   CK(cudaMalloc(&part, sizeof(float) * pf));
   CK(cudaMalloc(&out, sizeof(float) * HQ * HD));
@@ -100,7 +124,7 @@ int main(int argc, char **argv) {
       if (mode < 2)
         st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[c * G], &v[c * G], pos, part, counters, out, 0, mode == 0, st);
       else
-        kv_dispatch(kv_type, [&](auto tag) {
+        kv_dispatch_q8(kv_type, [&](auto tag) {
           using KT = typename decltype(tag)::type;
           for (int gr = 0; gr < G; gr++)
             attend<KT>(q + gr * (HQ / G) * HD, HD, (const KT *)k[c * G + gr], (const KT *)v[c * G + gr], 1, p0, HQ / G,
@@ -140,14 +164,16 @@ int main(int argc, char **argv) {
     for (int j = 0; j < n_keys; j++) {
       double d = 0;
       for (int i = 0; i < HD; i++)
-        d += (double)hash_unit(h * HD + i, 7777) * kv_value(hash_unit((int64_t)j * HD + i, 2 * gr + 1), kv_type);
+        d += (double)hash_unit(h * HD + i, 7777) * (kv_type == ST_TYPE_Q8_0 ? q8_value(j, i, 2 * gr + 1)
+                                                    : kv_value(hash_unit((int64_t)j * HD + i, 2 * gr + 1), kv_type));
       s[j] = d / sqrt((double)HD);
       mx = fmax(mx, s[j]);
     }
     for (int j = 0; j < n_keys; j++) sum += s[j] = exp(s[j] - mx);
     for (int i = 0; i < HD; i++) {
       double a = 0;
-      for (int j = 0; j < n_keys; j++) a += s[j] * kv_value(hash_unit((int64_t)j * HD + i, 2 * gr + 2), kv_type);
+      for (int j = 0; j < n_keys; j++)
+        a += s[j] * (kv_type == ST_TYPE_Q8_0 ? q8_value(j, i, 2 * gr + 2) : kv_value(hash_unit((int64_t)j * HD + i, 2 * gr + 2), kv_type));
       worst = fmax(worst, fabs(a / sum - ho[h * HD + i]));
     }
   }

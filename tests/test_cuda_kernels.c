@@ -456,23 +456,40 @@ int main(void) {
         double *ref = malloc(sizeof(double) * qn), *skd = malloc(sizeof(double) * qn), mag = 0;
         for (size_t i = 0; i < qn; i++) q[i] = (float)(8.0 * uniform(&rng));
         for (size_t i = 0; i < kn; i++) k[i] = (float)uniform(&rng), v[i] = (float)uniform(&rng);
-        for (int kt = 0; kt < 2; kt++) {
-          const int kv_type = kt ? ST_TYPE_F16 : ST_TYPE_F32;
-          const char *kvn = kt ? "f16" : "f32";
-          if (kt)
+        for (int kt = 0; kt < 3; kt++) {
+          const int kv_type = kt == 2 ? ST_TYPE_Q8_0 : kt ? ST_TYPE_F16 : ST_TYPE_F32;
+          const char *kvn = kt == 2 ? "q8_0" : kt ? "f16" : "f32";
+          if (kt == 1)
             for (size_t i = 0; i < kn; i++)
               k[i] = st_fp16_to_f32(st_f32_to_fp16(k[i])), v[i] = st_fp16_to_f32(st_f32_to_fp16(v[i]));
+          /* the q8_0 cache's values for the reference: the CPU's blocks decoded (the GPU quantises the
+           * same floats; st_cuda_kv_q8_store_rows checks that bit for bit below) */
+          float *kr = k, *vr = v;
+          if (kt == 2) {
+            kr = malloc(sizeof(float) * kn), vr = malloc(sizeof(float) * kn);
+            uint8_t *blk = malloc(st_kv_row_bytes(ST_TYPE_Q8_0, hd) * (size_t)(pos0 + T));
+            st_kv_store(ST_TYPE_Q8_0, k, blk, (int64_t)kn);
+            st_dequantize_row(ST_TYPE_Q8_0, blk, kr, (int64_t)kn);
+            st_kv_store(ST_TYPE_Q8_0, v, blk, (int64_t)kn);
+            st_dequantize_row(ST_TYPE_Q8_0, blk, vr, (int64_t)kn);
+            free(blk);
+          }
           int ok = st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, kv_type, 1, 0, fl, NULL) == 0 &&
                    st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, kv_type, 1, 0, fl2, NULL) == 0 &&
                    st_cuda_attention_rows(q, k, v, T, pos0, nq, hd, kv_type, 0, 0, sk, NULL) == 0;
           double abs_score = 0, vmax = 0;
-          attention_ref(q, k, v, T, pos0, nq, hd, ref, kt ? &abs_score : NULL);
-          for (size_t i = 0; i < kn; i++) vmax = fmax(vmax, fabs(v[i]));
+          attention_ref(q, kr, vr, T, pos0, nq, hd, ref, kt ? &abs_score : NULL);
+          for (size_t i = 0; i < kn; i++) vmax = fmax(vmax, fabs(vr[i]));
+          if (kt == 2) free(kr), free(vr);
           for (size_t i = 0; i < qn; i++) skd[i] = sk[i];
           mag = 0;
           const double d_flash = max_diff(fl, ref, qn, &mag), d_split = max_diff(sk, ref, qn, NULL);
           const double d_both = max_diff(fl, skd, qn, NULL), tol = 1e-4 * mag;
-          const double tol_split = tol + (kt ? (2 * 0x1p-11 * abs_score + 0x1p-10) * vmax : 0);
+          /* q8_0: the blocks' values d q reach the tensor cores rounded to half, one more 2^-11 relative
+           * on every key (a score's shift) and value */
+          const double tol_split = tol + (kt == 2 ? (3 * 0x1p-11 * abs_score + 0x1p-10 + 0x1p-11) * vmax
+                                          : kt    ? (2 * 0x1p-11 * abs_score + 0x1p-10) * vmax
+                                                  : 0);
           const int same = ok && !memcmp(fl, fl2, sizeof(float) * qn);
           /* one token: both launches are the split-K kernels; a half cache of head_dim 64 or 128 on sm_80 and
            * later: the flash kernel on the tensor cores (attend_flash_mma), Q and P rounded to half as the
@@ -482,7 +499,7 @@ int main(void) {
           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
           const char *fm_env = getenv("STRATA_FLASH_MMA");
           const int flash_mma = kt && (hd == 64 || hd == 128) && major >= 8 && T > 1 && !(fm_env && atoi(fm_env) == 0);
-          const double tol_flash = T > 1 && !flash_mma ? tol : tol_split, tol_both = flash_mma ? 2 * tol_split : tol_split;
+          const double tol_flash = T > 1 && !flash_mma && kt != 2 ? tol : tol_split, tol_both = flash_mma ? 2 * tol_split : tol_split;
           ok = ok && d_flash <= tol_flash && d_split <= tol_split && d_both <= tol_both;
           printf("%s attention T=%d pos0=%d nq=%d hd=%d %s KV: max |Δ| flash%s vs float64 %.2e (≤ %.2e), "
                  "split-K vs float64 %.2e (≤ %.2e), flash vs split-K %.2e (≤ %.2e)\n",
@@ -502,6 +519,24 @@ int main(void) {
         free(ref);
         free(skd);
       }
+  /* The q8_0 KV cache's quantiser on the GPU (kv_store_q8, the rows the CUDA codelets store)
+   * against the CPU's (st_kv_store): bitwise, on random rows with a block of zeros, one of a single
+   * value and blocks of halves (ties of the rounding). */
+  {
+    enum { ROWS = 37, HD = 128 };
+    float *x = malloc(sizeof(float) * ROWS * HD);
+    for (int i = 0; i < ROWS * HD; i++) x[i] = (float)(4.0 * uniform(&rng));
+    for (int i = 0; i < 32; i++) x[i] = 0.0f, x[32 + i] = 0.75f, x[64 + i] = (float)(i - 16) * 0.5f;
+    const size_t qb = st_kv_row_bytes(ST_TYPE_Q8_0, HD) * ROWS;
+    uint8_t *want = malloc(qb), *got = malloc(qb);
+    st_kv_store(ST_TYPE_Q8_0, x, want, ROWS * HD);
+    const int rc = st_cuda_kv_q8_store_rows(x, ROWS, HD, got);
+    const int ok = rc == 0 && !memcmp(want, got, qb);
+    printf("%s q8_0 KV rows quantised on the GPU (%d rows of %d): %s the CPU's st_kv_store\n", ok ? "PASS" : "FAIL", ROWS, HD,
+           rc ? "(CUDA error) vs" : ok ? "bitwise equal to" : "DIFFER from");
+    ok ? pass++ : fail++;
+    free(x), free(want), free(got);
+  }
   /* The decode step's attention (rope_append's launch computing short contexts itself, the split-K
    * kernels the rest) against the attention codelet's T = 1 kernels: outputs and caches bit for bit,
    * on the fixtures' shape and Qwen3-30B-A3B's, short contexts, their edge, and long ones (at 20,000
@@ -510,15 +545,18 @@ int main(void) {
     static const int shapes[2][3] = {{4, 2, 16}, {32, 4, 128}}; /* Hq, G, hd */
     static const int positions[] = {0, 63, 127, 128, 200, 3000, 20000};
     for (int si = 0; si < 2; si++)
-      for (int kt = 0; kt < 2; kt++)
+      for (int kt = 0; kt < 3; kt++)
         for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++) {
           const int Hq = shapes[si][0], G = shapes[si][1], hd = shapes[si][2], pos = positions[pi];
+          if (kt == 2 && hd % 32) continue; /* q8_0 rows are whole blocks of 32 */
+          const int kv_type = kt == 2 ? ST_TYPE_Q8_0 : kt ? ST_TYPE_F16 : ST_TYPE_F32;
           int same = 0;
-          const int rc = st_cuda_decode_attention_check(Hq, G, hd, kt ? ST_TYPE_F16 : ST_TYPE_F32, pos, 1000u + (uint32_t)pi, &same);
+          const int rc = st_cuda_decode_attention_check(Hq, G, hd, kv_type, pos, 1000u + (uint32_t)pi, &same);
           const int ok = rc == 0 && same;
           printf("%s decode step's attention, Hq=%d G=%d hd=%d %s KV, position %d: output and caches %s the attention "
                  "codelet's T = 1 kernels'\n",
-                 ok ? "PASS" : "FAIL", Hq, G, hd, kt ? "f16" : "f32", pos, rc ? "(CUDA error) vs" : same ? "bitwise equal to" : "DIFFER from");
+                 ok ? "PASS" : "FAIL", Hq, G, hd, kt == 2 ? "q8_0" : kt ? "f16" : "f32", pos,
+                 rc ? "(CUDA error) vs" : same ? "bitwise equal to" : "DIFFER from");
           ok ? pass++ : fail++;
         }
   }

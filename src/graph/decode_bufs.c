@@ -59,7 +59,7 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why) {
            (hp->gating != ST_GATING_SIGMOID || hp->n_group > 32 || hp->n_expert % hp->n_group))
     *why = "a group limit the GPU kernels do not take (sigmoid routing, at most 32 equal groups)";
 #ifdef ST_HAVE_CUDA
-  else if (hp->n_swa > 0 && (int)hp->n_swa > st_cuda_attn_short_keys((int)hp->head_dim, e->kv_type == ST_TYPE_F16 ? 2 : 4))
+  else if (hp->n_swa > 0 && (int)hp->n_swa > st_cuda_attn_short_keys((int)hp->head_dim, e->kv_type == ST_TYPE_F32 ? 4 : 2))
     *why = "a sliding window longer than the GPU's short-context attention takes";
 #endif
   return *why == NULL;

@@ -825,9 +825,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
                       "qwen3moe", st_arch_of(hp->arch)->name);
-  if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0)
-    rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 computes on CPU workers only so far (the CUDA attention kernels read "
-                      "f16 or f32 caches): use f16, or run on CPU workers alone (STARPU_NCUDA=0)");
+  /* a q8_0 cache on the GPUs: codelets/cuda/attention.cu reads it everywhere but in MLA's kernels */
+  if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0 && hp->attn_kind == ST_ATTN_MLA)
+    rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 on a GPU: MLA's latent cache (%s) is f16 or f32 there; use f16, or run "
+                      "on CPU workers alone (STARPU_NCUDA=0)", st_arch_of(hp->arch)->name);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256 && hp->attn_kind != ST_ATTN_MLA)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)

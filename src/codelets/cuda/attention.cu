@@ -11,6 +11,10 @@
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 
+#ifndef ATT_Q8_LOAD
+#define ATT_Q8_LOAD __ldcs /* a q8_0 cache's rows are read once a step: streaming loads */
+#endif
+
 // The KV cache's element (KT): float (ST_TYPE_F32) or __half (ST_TYPE_F16, rounded to nearest
 // even on the way in). Loads of one element and of four consecutive ones (a float row's 16 bytes,
 // a half row's 8) return float32; every kernel below computes in float32 either way.
@@ -33,6 +37,105 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
   else f(kv_tag<float>());
 }
 
+
+// ---- the q8_0 KV cache (--cache-type-k q8_0): rows of ggml's Q8_0 blocks ---------------------
+// A row of hd values (a multiple of 32) is hd / 32 blocks of 34 bytes: an fp16 scale d, then 32
+// int8 q (x ~ d q), as the CPU stores it (st_kv_store, st_quantize_row_q8_0): d = max|x| / 127 in
+// float32, q = round(x / d) by the float reciprocal, d rounded to half. kv_q8 is the third KT of the
+// kernels' templates (pointers to it are byte addresses). Every kernel reads its values as the halves
+// d q (q exact, the product rounded to nearest even: a rounding of 2^-11 relative on top of the
+// cache's own), 8 consecutive values of a row at a time (kv_q8_ld8): the tensor-core blocks straight
+// from the rows, the other blocks from tiles of such halves in shared memory (as a half cache's
+// tiles), the prompt's flash kernels from a half copy of the keys' values (kv_q8_to_half).
+struct kv_q8 {
+  uint8_t raw;
+};
+template <typename KT> constexpr bool kv_is_q8 = std::is_same<KT, kv_q8>::value;
+// What a block's tiles in shared memory hold for a cache of KT, and its bytes.
+template <typename KT> using kv_smem_t = typename std::conditional<kv_is_q8<KT>, __half, KT>::type;
+template <typename KT> constexpr size_t kv_es = sizeof(kv_smem_t<KT>);
+// Calls f(kv_tag<KT>()) for a cache of kv_type: kv_dispatch's, or kv_q8 for ST_TYPE_Q8_0.
+template <typename F> static void kv_dispatch_q8(int kv_type, F &&f) {
+  if (kv_type == ST_TYPE_Q8_0) f(kv_tag<kv_q8>());
+  else kv_dispatch(kv_type, f);
+}
+__host__ __device__ __forceinline__ static int64_t kv_q8_row_bytes(int hd) { return (int64_t)(hd / 32) * 34; }
+// Row `row` of a cache of KT with rows of hd values.
+template <typename KT> __device__ __forceinline__ static const KT *kv_row(const KT *c, int64_t row, int hd) {
+  if constexpr (kv_is_q8<KT>) return (const KT *)((const uint8_t *)c + row * kv_q8_row_bytes(hd));
+  else return c + row * hd;
+}
+
+// The 32 values x[i] (i = lane) of one block of a q8_0 row, quantised by the warp into blk (34
+// bytes): the CPU's st_quantize_row_q8_0 bit for bit (the max of |x| in any order, IEEE division
+// and reciprocal, roundf, the scale rounded to half).
+__device__ __forceinline__ static void kv_q8_block(float x, uint8_t *blk, int lane) {
+  float amax = fabsf(x);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __frcp_rn(d) : 0.0f;
+  blk[2 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(x, id));
+  if (lane == 0) *(__half *)blk = __float2half_rn(d);
+}
+
+// rows x hd floats (src, rows hd apart) into q8_0 rows at dst: one warp a block.
+__global__ static void kv_store_q8(const float *src, uint8_t *dst, int64_t rows, int hd) {
+  const int lane = threadIdx.x & 31, nb = hd / 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < rows * nb; w += warps) {
+    const int64_t r = w / nb;
+    const int b = (int)(w - r * nb);
+    kv_q8_block(src[r * hd + 32 * b + lane], dst + r * kv_q8_row_bytes(hd) + 34 * b, lane);
+  }
+}
+
+// Eight values of a q8_0 block (q at p, 2-byte aligned; d the block's scale) as halves d q in
+// memory order (the four words of a 16-byte load of a half row).
+__device__ __forceinline__ static uint4 kv_q8_halves8(const unsigned short *p, __half d) {
+  const uint32_t w0 = (uint32_t)ATT_Q8_LOAD(p) | (uint32_t)ATT_Q8_LOAD(p + 1) << 16;
+  const uint32_t w1 = (uint32_t)ATT_Q8_LOAD(p + 2) | (uint32_t)ATT_Q8_LOAD(p + 3) << 16;
+  const __half2 d2 = __halves2half2(d, d), off = __float2half2_rn(1152.0f);
+  uint32_t h[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    // bytes q + 128 under the exponent byte 0x64: the halves 1024 + q + 128, exactly; less 1152: q
+    const uint32_t u = (i < 2 ? w0 : w1) ^ 0x80808080u;
+    const uint32_t e = __byte_perm(u, 0x64646464u, (i & 1) ? 0x4342u : 0x4140u);
+    const __half2 q = __hsub2(*(const __half2 *)&e, off), v = __hmul2(q, d2);
+    h[i] = *(const uint32_t *)&v;
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// Values d0 .. d0 + 7 (d0 a multiple of 8) of row `key` of a q8_0 cache with rows of hd values.
+__device__ __forceinline__ static uint4 kv_q8_ld8(const kv_q8 *c, int64_t key, int hd, int d0) {
+  const uint8_t *blk = (const uint8_t *)c + key * kv_q8_row_bytes(hd) + 34 * (d0 / 32);
+  const unsigned short dbits = ATT_Q8_LOAD((const unsigned short *)blk);
+  return kv_q8_halves8((const unsigned short *)(blk + 2 + d0 % 32), __ushort_as_half(dbits));
+}
+
+// The same values, one half each, for rows x hd values of a q8_0 cache into dst ([rows][hd]): the
+// prompt path's flash kernels read the copy.
+__global__ static void kv_q8_to_half(const kv_q8 *src, __half *dst, int64_t rows, int hd) {
+  const int64_t n8 = rows * hd / 8;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n8; e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = e / (hd / 8);
+    *(uint4 *)(dst + 8 * e) = kv_q8_ld8(src, r, hd, (int)(8 * (e - r * (hd / 8))));
+  }
+}
+
+// Keys j < n of a q8_0 cache (key j at row lo + j, modulo ring when ring > 0) as tiles of halves
+// ks, vs ([n][hd]) in shared memory, 8 values a thread at a time; then the end of a copy group (none
+// was started: the callers' waits stay balanced).
+__device__ __forceinline__ static void att_stage_q8(__half *ks, __half *vs, const kv_q8 *kc, const kv_q8 *vc, int n, int hd,
+                                                    int lo = 0, int ring = 0) {
+  const int per = hd / 8;
+  for (int e = threadIdx.x; e < n * per; e += blockDim.x) {
+    const int j = e / per, r = ring ? (lo + j) % ring : lo + j, c = 8 * (e - j * per);
+    *(uint4 *)(ks + 8 * e) = kv_q8_ld8(kc, r, hd, c);
+    *(uint4 *)(vs + 8 * e) = kv_q8_ld8(vc, r, hd, c);
+  }
+  st_dev_cp_commit();
+}
 
 // q/k RMSNorm over head_dim and NEOX RoPE at position pos of one head, in (hd floats) to out (a
 // float row, which may alias in, or a KV-cache row of OT), by the nt threads t = 0 .. nt - 1 (whole
@@ -269,9 +372,15 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
     return;
   }
+  using ST = kv_smem_t<KT>; // a q8_0 cache's tiles hold halves (kv_q8 never takes nst 0: att_plan_q8)
   const bool vec = hd % (16 / sizeof(KT)) == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
-  KT *const kst = (KT *)stage; // the tiles' stages
-  if (nst) att_stage(kst, kst + tf, kc, vc, start, min(ATT_TILE, end - start), hd, vec);
+  ST *const kst = (ST *)stage; // the tiles' stages
+  // tile of keys [k0, k0 + nk) into stage (ks, vs)
+  const auto stage_tile = [&](ST *ks, ST *vs, int k0, int nk) {
+    if constexpr (kv_is_q8<KT>) att_stage_q8(ks, vs, kv_row(kc, k0, hd), kv_row(vc, k0, hd), nk, hd);
+    else att_stage(ks, vs, kc, vc, k0, nk, hd, vec);
+  };
+  if (nst) stage_tile(kst, kst + tf, start, min(ATT_TILE, end - start));
   float q[NQ][ND], acc[NQ][ND];
   att_load_q<ND, NQ>(q, qg, nh, hd, lane);
 #pragma unroll
@@ -280,12 +389,14 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     for (int i = 0; i < ND; i++) acc[h][i] = 0.0f;
   if ((int)threadIdx.x < NQ) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.0f;
   for (int k0 = start, it = 0; k0 < end; k0 += ATT_TILE, it++) {
-    const KT *ks = kc + (int64_t)k0 * hd, *vs = vc + (int64_t)k0 * hd; // nst 0: global memory
+    const ST *ks = kst, *vs = kst + tf;
+    if constexpr (!kv_is_q8<KT>)
+      if (!nst) ks = kc + (int64_t)k0 * hd, vs = vc + (int64_t)k0 * hd; // nst 0: global memory
     if (nst == 2) {
       ks = kst + (size_t)(it & 1) * 2 * tf, vs = ks + tf;
       if (k0 + ATT_TILE < end) {
-        KT *nk = kst + (size_t)((it & 1) ^ 1) * 2 * tf;
-        att_stage(nk, nk + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
+        ST *nk = kst + (size_t)((it & 1) ^ 1) * 2 * tf;
+        stage_tile(nk, nk + tf, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE));
       } else {
         st_dev_cp_commit(); // an empty group: the wait below still leaves only the newest
       }
@@ -352,8 +463,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
       }
     }
     __syncthreads(); // every warp is done with the tile and its P before they are overwritten
-    if (nst == 1 && k0 + ATT_TILE < end)
-      att_stage(kst, kst + tf, kc, vc, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE), hd, vec);
+    if (nst == 1 && k0 + ATT_TILE < end) stage_tile(kst, kst + tf, k0 + ATT_TILE, min(ATT_TILE, end - k0 - ATT_TILE));
   }
   att_warps_sum<ND, NQ>(acc, stage, nh, hd, [&](int h, int dd, float a) { // the tiles are no longer needed
     if (direct) direct[h * hd + dd] = a / l_run[h]; // what attend_merge_heads makes of one chunk
@@ -405,8 +515,16 @@ __device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { ret
 #ifndef ATT_MMA_LOAD
 #define ATT_MMA_LOAD __ldcs /* K and V rows are read once: streaming loads (bench variants: __ldg) */
 #endif
-template <int HD, int NQ>
-__device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, int nh, const __half *kc, const __half *vc,
+// Values d0 .. d0 + 7 of row `key` as 8 halves: one 16-byte load of a half cache, or a q8_0 block's
+// (kv_q8_ld8).
+__device__ __forceinline__ static uint4 mma_ld8(const __half *c, int64_t key, int hd, int d0) {
+  return ATT_MMA_LOAD((const uint4 *)(c + key * hd + d0));
+}
+__device__ __forceinline__ static uint4 mma_ld8(const kv_q8 *c, int64_t key, int hd, int d0) { return kv_q8_ld8(c, key, hd, d0); }
+
+// KT: __half, or kv_q8 (its values as halves d q).
+template <int HD, int NQ, typename KT>
+__device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, int nh, const KT *kc, const KT *vc,
                                                               int start, int end, float scale, float *out,
                                                               int64_t ostride, float *stage, float *direct) {
   static_assert(HD % 64 == 0 && HD <= 128 && NQ <= 8, "attend_group_chunk_mma: 64 or 128 dimensions, 8 heads at most");
@@ -435,13 +553,13 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
     for (int r = 0; r < 2; r++) {
       const int key = k0 + 8 * r + g;
 #pragma unroll
-      for (int si = 0; si < NS; si++) kr[r][si] = key < end ? ATT_MMA_LOAD((const uint4 *)(kc + (int64_t)key * HD + 32 * si + 8 * t)) : z;
+      for (int si = 0; si < NS; si++) kr[r][si] = key < end ? mma_ld8(kc, key, HD, 32 * si + 8 * t) : z;
     }
 #pragma unroll
     for (int r = 0; r < 4; r++) {
       const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
 #pragma unroll
-      for (int h = 0; h < NH; h++) vr[r][h] = key < end ? ATT_MMA_LOAD((const uint4 *)(vc + (int64_t)key * HD + 64 * h + 8 * g)) : z;
+      for (int h = 0; h < NH; h++) vr[r][h] = key < end ? mma_ld8(vc, key, HD, 64 * h + 8 * g) : z;
     }
     float sc[2][4];
 #pragma unroll
@@ -528,16 +646,16 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
 #ifndef ATT_MMA_CHUNK
 #define ATT_MMA_CHUNK 512 /* keys of a chunk from which the half cache's blocks take the tensor cores */
 #endif
-template <int NQ>
-__device__ __forceinline__ static void attend_chunk_mma(const float *qg, int nh, const __half *kc, const __half *vc, int hd,
+template <int NQ, typename KT>
+__device__ __forceinline__ static void attend_chunk_mma(const float *qg, int nh, const KT *kc, const KT *vc, int hd,
                                                         int start, int end, float scale, float *out, int64_t ostride,
                                                         float *stage, float *direct = NULL) {
   if (start >= end) {
     if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
     return;
   }
-  if (hd == 128) attend_group_chunk_mma<128, NQ>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
-  else attend_group_chunk_mma<64, NQ>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
+  if (hd == 128) attend_group_chunk_mma<128, NQ, KT>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
+  else attend_group_chunk_mma<64, NQ, KT>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
 }
 
 // Dynamic shared memory of the tensor-core kernels: the warps' outputs.
@@ -546,7 +664,7 @@ static size_t att_mma_smem_bytes(int hd, int nqb) { return sizeof(float) * ATT_W
 // Whether the tensor-core kernels take this attention (see attend_chunk_mma): a half cache, head_dim
 // 64 or 128, 16-byte aligned pointers (q, and each of the n cache rows' bases in kv), sm_80 or later.
 static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const void *const *kv, int n) {
-  if (kv_type != ST_TYPE_F16 || (hd != 64 && hd != 128) || ((uintptr_t)q & 15) || (ldq % 4)) return false;
+  if ((kv_type != ST_TYPE_F16 && kv_type != ST_TYPE_Q8_0) || (hd != 64 && hd != 128) || ((uintptr_t)q & 15) || (ldq % 4)) return false;
   for (int i = 0; i < n; i++)
     if ((uintptr_t)kv[i] & 15) return false;
   return st_cuda_compute_capability() >= 80;
@@ -645,12 +763,16 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
                                                           int n, float scale, float *out, uint8_t *smem, int lo = 0,
                                                           int ring = 0, const float *sinks = NULL) {
   __shared__ float ps[NQ][ATT_SHORT_MAX], lsum[NQ];
-  constexpr int B = att_log2(NQ), PER = 16 / sizeof(KT);
+  using ST = kv_smem_t<KT>; // a q8_0 cache's rows as halves
+  constexpr int B = att_log2(NQ), PER = 16 / sizeof(ST);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const size_t rows = (size_t)att_short_max(hd, sizeof(KT)) * hd;
-  KT *ks = (KT *)smem, *vs = ks + rows;
-  float *wacc = (float *)(smem + 2 * rows * sizeof(KT));
-  if (lo || ring) { // key j at row lo + j (modulo ring)
+  const size_t rows = (size_t)att_short_max(hd, sizeof(ST)) * hd;
+  ST *ks = (ST *)smem, *vs = ks + rows;
+  float *wacc = (float *)(smem + 2 * rows * sizeof(ST));
+  if constexpr (kv_is_q8<KT>) {
+    att_stage_q8(ks, vs, kc, vc, n, hd, lo, ring);
+    st_dev_cp_wait_all();
+  } else if (lo || ring) { // key j at row lo + j (modulo ring)
     const int per = hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0 ? hd / PER : 0;
     for (int e = threadIdx.x; per && e < n * per; e += blockDim.x) {
       const int j = e / per, r = ring ? (lo + j) % ring : lo + j;
@@ -756,13 +878,14 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
                const __grid_constant__ st_cuda_attn_ext x) {
   __shared__ __align__(16) float qs[32 * 32]; // NQ hd <= 1024 (att_nq)
   __shared__ float red[ATT_WARPS / 2][2];
+  __shared__ float krow[kv_is_q8<KT> ? 256 : 1]; // a q8_0 cache's new K row in float32, then quantised
   extern __shared__ float4 att_dyn[];
   st_dev_griddep_launch();
   st_dev_griddep_wait();
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.x / n_hb, h0 = g * nq + (int)(blockIdx.x % n_hb) * NQ;
   const int nh = min(NQ, (g + 1) * nq - h0), pos = *pos_dev, n = pos + 1, row = x.ring ? pos % x.ring : pos;
   const int lo = x.window && n > x.window ? n - x.window : 0; // the window's first key
-  const bool attend_here = out && n - lo <= att_short_max(hd, sizeof(KT));
+  const bool attend_here = out && n - lo <= att_short_max(hd, kv_es<KT>);
   const float2 *cs = tab + (int64_t)pos * (hd / 2);
   const int grp = threadIdx.x >> 6, t = threadIdx.x & 63;
   for (int it = grp; it <= nh; it += ATT_WARPS / 2) { // the heads, then the K row; a group's 64 threads alike
@@ -771,14 +894,28 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
       float *qh = q + (int64_t)(h0 + it) * hd;
       norm_rope_threads<true>(qh, attend_here ? qs + it * hd : qh, hd, qw, eps, pos, 0.0f, red[grp], cs, t, 64, sync,
                               x.bq ? x.bq + (int64_t)(h0 + it) * hd : NULL, x.n_rot);
+    } else if constexpr (kv_is_q8<KT>) {
+      norm_rope_threads<true>(kvnew + (int64_t)g * hd, krow, hd, kw, eps, pos, 0.0f, red[grp], cs, t, 64, sync,
+                              x.bk ? x.bk + (int64_t)g * hd : NULL, x.n_rot);
     } else {
       norm_rope_threads<true>(kvnew + (int64_t)g * hd, (KT *)kv.k[g] + (int64_t)row * hd, hd, kw, eps, pos, 0.0f,
                               red[grp], cs, t, 64, sync, x.bk ? x.bk + (int64_t)g * hd : NULL, x.n_rot);
     }
   }
-  KT *vr = (KT *)kv.v[g] + (int64_t)row * hd;
   const float *vn = kvnew + (int64_t)(G + g) * hd, *vb = x.bv ? x.bv + (int64_t)g * hd : NULL;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, vb ? vn[i] + vb[i] : vn[i]);
+  if constexpr (kv_is_q8<KT>) {
+    __syncthreads(); // the K row is in krow
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = hd / 32;
+    uint8_t *kr = (uint8_t *)kv.k[g] + (int64_t)row * kv_q8_row_bytes(hd), *vr = (uint8_t *)kv.v[g] + (int64_t)row * kv_q8_row_bytes(hd);
+    for (int b = warp; b < 2 * nb; b += ATT_WARPS) { // the K row's blocks, then the V row's
+      const int i = 32 * (b % nb) + lane;
+      const float xv = b < nb ? krow[i] : vb ? vn[i] + vb[i] : vn[i];
+      kv_q8_block(xv, (b < nb ? kr : vr) + 34 * (b % nb), lane);
+    }
+  } else {
+    KT *vr = (KT *)kv.v[g] + (int64_t)row * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vr + i, vb ? vn[i] + vb[i] : vn[i]);
+  }
   if (!attend_here) return; // block-uniform
   __syncthreads(); // (attend_short_block's copies start after another barrier: qs and the new rows are written)
   attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n - lo, scale,
@@ -799,7 +936,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   extern __shared__ float4 att_dyn[];
   const float *qg = q + (int64_t)t * ldq + (int64_t)h0 * hd;
   float *pp = part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2);
-  if constexpr (MMA) attend_chunk_mma<NQ>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn);
+  if constexpr (MMA) attend_chunk_mma<NQ, KT>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn);
   else attend_group_chunk<ND, NQ, KT>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn, nst);
 }
 
@@ -842,19 +979,19 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   const int n_all = *pos_dev + 1, lo = x.window && n_all > x.window ? n_all - x.window : 0;
   const int nh = min(NQ, (g + 1) * nq - h0), c = blockIdx.x, n_keys = n_all - lo, chunk = att_chunk_keys(n_keys);
   const int used = (n_keys + chunk - 1) / chunk;
-  if (after_short && n_keys <= att_short_max(hd, sizeof(KT))) return; // rope_short's
+  if (after_short && n_keys <= att_short_max(hd, kv_es<KT>)) return; // rope_short's
   if (c >= used) return; // past the keys: the chunks that count are the first `used`
   if (paired && (chunk >= ATT_MMA_CHUNK) != MMA) return; // the pair's other kernel takes this position
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
-  const KT *kc = (const KT *)kv.k[g] + (int64_t)lo * hd, *vc = (const KT *)kv.v[g] + (int64_t)lo * hd;
+  const KT *kc = kv_row((const KT *)kv.k[g], lo, hd), *vc = kv_row((const KT *)kv.v[g], lo, hd);
   const int start = c * chunk, end = min(c * chunk + chunk, n_keys);
   const float *sinks = x.sinks ? x.sinks + h0 : NULL;
   float *direct = used == 1 && !sinks ? out + (int64_t)h0 * hd : NULL; // with sinks one chunk is merged too
   if constexpr (MMA)
-    attend_chunk_mma<NQ>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
-                         (float *)att_dyn, direct);
+    attend_chunk_mma<NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
+                             (float *)att_dyn, direct);
   else
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
@@ -930,8 +1067,8 @@ static void att_allow_smem() {
       att_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
         constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
         constexpr int LQ = att_log2(NQ);
-        for (int kt = 0; kt < 2; kt++)
-          kv_dispatch(kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
+        for (int kt = 0; kt < 3; kt++) // float, half, then q8_0 (whose tiles are halves: the half's rooms)
+          kv_dispatch_q8(kt == 2 ? ST_TYPE_Q8_0 : kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
             using KT = typename decltype(tag)::type;
             const size_t r0 = att_room_of(attend_split<ND, NQ, KT, false>),
                          r1 = att_room_of(attend_decode_all<ND, NQ, KT, false>);
@@ -939,18 +1076,19 @@ static void att_allow_smem() {
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r0));
             ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ, KT, false>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)r1));
-            att_room[dev][0][kt][ND / 4 - 1][LQ] = r0;
-            att_room[dev][1][kt][ND / 4 - 1][LQ] = r1;
+            const int slot = kv_es<KT> == 2;
+            if (kt < 2 || r0 < att_room[dev][0][slot][ND / 4 - 1][LQ]) att_room[dev][0][slot][ND / 4 - 1][LQ] = r0;
+            if (kt < 2 || r1 < att_room[dev][1][slot][ND / 4 - 1][LQ]) att_room[dev][1][slot][ND / 4 - 1][LQ] = r1;
           });
       });
   for (int nd = 4; nd <= 8; nd += 4)
     for (int b = 1; b <= 2; b *= 2)
       att_short_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
         constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
-        for (int kt = 0; kt < 2; kt++)
-          kv_dispatch(kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
+        for (int kt = 0; kt < 3; kt++)
+          kv_dispatch_q8(kt == 2 ? ST_TYPE_Q8_0 : kt ? ST_TYPE_F16 : ST_TYPE_F32, [&](auto tag) {
             using KT = typename decltype(tag)::type;
-            const int bytes = (int)att_short_smem(ND == 4 ? 128 : 256, ND, NQ, sizeof(KT));
+            const int bytes = (int)att_short_smem(ND == 4 ? 128 : 256, ND, NQ, kv_es<KT>);
             ST_CUDA_CHECK(cudaFuncSetAttribute(attend_short<ND, NQ, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
             ST_CUDA_CHECK(cudaFuncSetAttribute(rope_short<ND, NQ, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
           });
@@ -1411,10 +1549,22 @@ template <typename KT>
 static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int T, int pos0, int nq, int hd,
                    float *part, float *out, int64_t ldo, int flash, cudaStream_t st) {
   const float scale = 1.0f / sqrtf((float)hd);
-  if (!flash && T == 1 && pos0 + 1 <= att_short_max(hd, sizeof(KT))) { // the decode step's block (rope_short's)
+  if constexpr (kv_is_q8<KT>) {
+    if (flash) { // the flash kernels read a half copy of the values (the ones every q8_0 block reads)
+      const int64_t rows = (int64_t)pos0 + T;
+      __half *kh = (__half *)st_cuda_alloc(2 * sizeof(__half) * (size_t)(rows * hd), st), *vh = kh + rows * hd;
+      const int blocks = (int)((rows * hd / 8 + 255) / 256 < 1024 ? (rows * hd / 8 + 255) / 256 : 1024);
+      kv_q8_to_half<<<blocks, 256, 0, st>>>(kc, kh, rows, hd);
+      kv_q8_to_half<<<blocks, 256, 0, st>>>(vc, vh, rows, hd);
+      attend<__half>(q, ldq, kh, vh, T, pos0, nq, hd, part, out, ldo, flash, st);
+      st_cuda_free(kh, st);
+      return;
+    }
+  }
+  if (!flash && T == 1 && pos0 + 1 <= att_short_max(hd, kv_es<KT>)) { // the decode step's block (rope_short's)
     att_short_dispatch(nq, hd, [&](auto nd, auto nqb) {
       constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
-      attend_short<ND, NQ, KT><<<(nq + NQ - 1) / NQ, 32 * ATT_WARPS, att_short_smem(hd, ND, NQ, sizeof(KT)), st>>>(
+      attend_short<ND, NQ, KT><<<(nq + NQ - 1) / NQ, 32 * ATT_WARPS, att_short_smem(hd, ND, NQ, kv_es<KT>), st>>>(
           q, kc, vc, hd, nq, pos0 + 1, scale, out);
     });
     return;
@@ -1426,7 +1576,7 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
       const int n_hb = (nq + NQ - 1) / NQ;
       size_t bytes = 0;
       const void *kv[2] = {kc, vc};
-      if constexpr (std::is_same<KT, __half>::value && ND == 4) {
+      if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4) {
         if (chunk >= ATT_MMA_CHUNK && att_mma_ok(ST_TYPE_F16, hd, q, ldq, kv, 2)) {
           attend_split<ND, NQ, KT, true><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, att_mma_smem_bytes(hd, NQ), st>>>(
               q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part, 0);
@@ -1434,7 +1584,7 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
           return;
         }
       }
-      const int nst = att_plan(0, hd, ND, NQ, sizeof(KT), &bytes);
+      const int nst = att_plan(0, hd, ND, NQ, kv_es<KT>, &bytes);
       attend_split<ND, NQ, KT, false><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq,
                                                                                               pos0, chunk, scale, part, nst);
       attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
@@ -1457,25 +1607,40 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
       return;
     }
   }
-  if (hd <= 128)
-    attend_flash<1, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
-  else
-    attend_flash<2, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
-  if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
+  if constexpr (!kv_is_q8<KT>) { // (a q8_0 cache's flash path went through its half copy above)
+    if (hd <= 128)
+      attend_flash<1, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
+    else
+      attend_flash<2, KT><<<grid, FA_THREADS, 0, st>>>(q, ldq, kc, vc, hd, nq, T, pos0, scale, chunk, part, out, ldo);
+    if (n_split > 1) attend_combine<<<dim3(T, nq), 128, 0, st>>>(part, n_split, chunk, hd, pos0, out, ldo);
+  }
 }
 
 // Scratch floats of one call: the normed input, one group's queries, the attention partials and,
-// for a half cache, the new K and V rows in float32 before they are stored.
+// for a half or q8_0 cache, the new K and V rows in float32 before they are stored.
 static size_t attention_scratch_bytes(const st_attention_args *a) {
   return sizeof(float) * ((size_t)a->T * a->n_embd + (size_t)a->T * a->n_q * a->head_dim +
                           attention_part_floats(a->T, a->pos0, a->n_q, a->head_dim, flash_planned(a)) +
-                          (a->kv_type == ST_TYPE_F16 ? 2 * (size_t)a->T * a->head_dim : 0));
+                          (a->kv_type != ST_TYPE_F32 ? 2 * (size_t)a->T * a->head_dim : 0));
 }
 
 // dst[i] = src[i] as KT for n elements (the new K and V rows of a half cache).
 template <typename KT> __global__ static void kv_store(const float *src, KT *dst, int64_t n) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     kv_st(dst + i, src[i]);
+}
+
+// Rows [pos0, pos0 + T) of a half or q8_0 cache c from the T rows x of hd floats.
+template <typename KT> static void kv_store_rows(const float *x, KT *c, int pos0, int T, int hd, cudaStream_t st) {
+  if constexpr (kv_is_q8<KT>) {
+    const int64_t warps = (int64_t)T * (hd / 32);
+    const int blocks = (int)((warps + 7) / 8 < 1024 ? (warps + 7) / 8 : 1024);
+    kv_store_q8<<<blocks, 256, 0, st>>>(x, (uint8_t *)c + (size_t)pos0 * kv_q8_row_bytes(hd), T, hd);
+  } else {
+    const int64_t n = (int64_t)T * hd;
+    const int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
+    kv_store<KT><<<blocks, 256, 0, st>>>(x, c + (size_t)pos0 * hd, n);
+  }
 }
 
 static void attention_body(void *buffers[], const void *args, void *scratch, cudaStream_t st) {
@@ -1495,14 +1660,14 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
   float *knew = part + attention_part_floats(T, a->pos0, nq, hd, flash), *vnew = knew + (size_t)T * hd; // half cache only
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
   cublasHandle_t cb = st_cuda_cublas_handle(T, a->cublas_rows); // NULL: the float32 kernels
-  const int half = a->kv_type == ST_TYPE_F16;
+  const int rounded = a->kv_type != ST_TYPE_F32; // the new rows go through knew, vnew
   for (int i = 0; i < a->n_groups; i++) {
     const int group = a->group0 + i;
     void *kc = (void *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * i]);
     void *vc = (void *)STARPU_VECTOR_GET_PTR(buffers[8 + 2 * i]);
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
-    // the new rows: straight into a float32 cache, through knew, vnew into a half one
-    float *kdst = half ? knew : (float *)kc + (size_t)a->pos0 * hd, *vdst = half ? vnew : (float *)vc + (size_t)a->pos0 * hd;
+    // the new rows: straight into a float32 cache, through knew, vnew into a half or q8_0 one
+    float *kdst = rounded ? knew : (float *)kc + (size_t)a->pos0 * hd, *vdst = rounded ? vnew : (float *)vc + (size_t)a->pos0 * hd;
     // the dense products keep float32 activations (int8 = 0: STRATA_INT8_DOT is the experts')
     st_cuda_product(cb, a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T,
                    d, q, qw, st, 0);
@@ -1512,14 +1677,12 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
                    d, vdst, hd, st, 0);
     qk_norm_rope<<<dim3(T, nq), 64, 0, st>>>(q, qw, hd, q_norm, a->eps, a->pos0, a->rope_theta);
     qk_norm_rope<<<dim3(T, 1), 64, 0, st>>>(kdst, hd, hd, k_norm, a->eps, a->pos0, a->rope_theta);
-    kv_dispatch(a->kv_type, [&](auto tag) {
+    kv_dispatch_q8(a->kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       KT *kk = (KT *)kc, *vv = (KT *)vc;
-      if (half) {
-        const int64_t n = (int64_t)T * hd;
-        const int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
-        kv_store<KT><<<blocks, 256, 0, st>>>(kdst, kk + (size_t)a->pos0 * hd, n);
-        kv_store<KT><<<blocks, 256, 0, st>>>(vdst, vv + (size_t)a->pos0 * hd, n);
+      if (rounded) {
+        kv_store_rows(kdst, kk, a->pos0, T, hd, st);
+        kv_store_rows(vdst, vv, a->pos0, T, hd, st);
       }
       // Decode (T = 1) keeps the split-K kernels: its CUDA graphs replay them bit for bit.
       if (flash && !flash_fits<KT>(q, qw, kk, vv, hd, out, qw)) { // not as planned: split-K, partials of their own
@@ -1560,10 +1723,10 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
   const int nq = Hq / G;
   att_short_dispatch(nq, hd, [&](auto nd, auto nqb) {
     constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
-    kv_dispatch(kv_type, [&](auto tag) {
+    kv_dispatch_q8(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       st_cuda_launch(rope_short<ND, NQ, KT>, dim3((unsigned)(G * ((nq + NQ - 1) / NQ))), dim3(32 * ATT_WARPS),
-                     att_short_smem(hd, ND, NQ, sizeof(KT)), st, pdl, q, nq, kvnew, G, hd, qw, kw, eps, pos_dev, p,
+                     att_short_smem(hd, ND, NQ, kv_es<KT>), st, pdl, q, nq, kvnew, G, hd, qw, kw, eps, pos_dev, p,
                      (const float2 *)tab, xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd), out, xe);
     });
   });
@@ -1571,7 +1734,7 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
 
 int st_cuda_attend_regime(int hd, int kv_type, int pos, int window) {
   const int keys = window && pos + 1 > window ? window : pos + 1; // attend_decode_all's n_keys
-  if (keys <= att_short_max(hd, kv_type == ST_TYPE_F16 ? 2 : 4)) return ST_ATT_REGIME_SHORT;
+  if (keys <= att_short_max(hd, kv_type == ST_TYPE_F32 ? 4 : 2)) return ST_ATT_REGIME_SHORT; // (q8_0: tiles of halves)
   return att_chunk_keys(keys) >= ATT_MMA_CHUNK ? ST_ATT_REGIME_WIDE : ST_ATT_REGIME_SPLIT;
 }
 
@@ -1586,13 +1749,13 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
   const int nq = Hq / G;
   att_dispatch(nq, hd, [&](auto nd, auto nqb) {
     constexpr int ND = decltype(nd)::value, NQ = decltype(nqb)::value;
-    kv_dispatch(kv_type, [&](auto tag) {
+    kv_dispatch_q8(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       const int n_hb = (nq + NQ - 1) / NQ;
       size_t bytes = 0;
-      const int nst = att_plan(1, hd, ND, NQ, sizeof(KT), &bytes);
+      const int nst = att_plan(1, hd, ND, NQ, kv_es<KT>, &bytes);
       bool paired = false;
-      if constexpr (std::is_same<KT, __half>::value && ND == 4) {
+      if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4) {
         const void *kv[2 * ST_CUDA_MAX_KV_HEADS];
         for (int g = 0; g < G; g++) kv[2 * g] = k[g], kv[2 * g + 1] = v[g];
         paired = att_mma_ok(kv_type, hd, q, hd, kv, 2 * G);
@@ -1601,7 +1764,7 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
       if (!paired || regime != ST_ATT_REGIME_WIDE)
         st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st,
                        pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, nst, (int)paired, after_short, xe);
-      if constexpr (std::is_same<KT, __half>::value && ND == 4)
+      if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4)
         if (paired && regime != ST_ATT_REGIME_SPLIT)
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
@@ -1617,25 +1780,34 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
   const size_t qn = (size_t)T * nq * hd, kn = (size_t)(pos0 + T) * hd;
   const size_t pn_f = attention_part_floats(T, pos0, nq, hd, 1), pn_s = attention_part_floats(T, pos0, nq, hd, 0);
   const size_t pn = pn_f > pn_s ? pn_f : pn_s, es = kv_type == ST_TYPE_F16 ? 2 : 4;
+  const size_t kb = kv_type == ST_TYPE_Q8_0 ? (size_t)(pos0 + T) * kv_q8_row_bytes(hd) : es * kn; // a cache's bytes
   float *dq = NULL, *dout = NULL, *dpart = NULL, *dtmp = NULL;
   void *dk = NULL, *dv = NULL;
   cudaEvent_t e0 = NULL, e1 = NULL;
-  int ok = cudaMalloc(&dq, sizeof(float) * qn) == cudaSuccess && cudaMalloc(&dk, es * kn) == cudaSuccess &&
-           cudaMalloc(&dv, es * kn) == cudaSuccess && cudaMalloc(&dout, sizeof(float) * qn) == cudaSuccess &&
+  int ok = cudaMalloc(&dq, sizeof(float) * qn) == cudaSuccess && cudaMalloc(&dk, kb) == cudaSuccess &&
+           cudaMalloc(&dv, kb) == cudaSuccess && cudaMalloc(&dout, sizeof(float) * qn) == cudaSuccess &&
            cudaMalloc(&dpart, sizeof(float) * pn) == cudaSuccess &&
            cudaMalloc(&dtmp, sizeof(float) * kn) == cudaSuccess &&
            cudaMemcpy(dq, q, sizeof(float) * qn, cudaMemcpyHostToDevice) == cudaSuccess;
-  kv_dispatch(kv_type, [&](auto tag) { // k and v through kv_store: a half cache gets them rounded
-    using KT = typename decltype(tag)::type;
+  if (kv_type == ST_TYPE_Q8_0) { // k and v quantised on the device as the codelet stores new rows
     ok = ok && cudaMemcpy(dtmp, k, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess;
-    if (ok) kv_store<KT><<<256, 256>>>(dtmp, (KT *)dk, (int64_t)kn);
+    if (ok) kv_store_q8<<<256, 256>>>(dtmp, (uint8_t *)dk, pos0 + T, hd);
     ok = ok && cudaMemcpy(dtmp, v, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess; // after the launch
-    if (ok) kv_store<KT><<<256, 256>>>(dtmp, (KT *)dv, (int64_t)kn);
+    if (ok) kv_store_q8<<<256, 256>>>(dtmp, (uint8_t *)dv, pos0 + T, hd);
     ok = ok && cudaDeviceSynchronize() == cudaSuccess;
-  });
+  } else {
+    kv_dispatch(kv_type, [&](auto tag) { // k and v through kv_store: a half cache gets them rounded
+      using KT = typename decltype(tag)::type;
+      ok = ok && cudaMemcpy(dtmp, k, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess;
+      if (ok) kv_store<KT><<<256, 256>>>(dtmp, (KT *)dk, (int64_t)kn);
+      ok = ok && cudaMemcpy(dtmp, v, sizeof(float) * kn, cudaMemcpyHostToDevice) == cudaSuccess; // after the launch
+      if (ok) kv_store<KT><<<256, 256>>>(dtmp, (KT *)dv, (int64_t)kn);
+      ok = ok && cudaDeviceSynchronize() == cudaSuccess;
+    });
+  }
   const int64_t ld = (int64_t)nq * hd;
   if (ok) att_allow_smem();
-  if (ok) kv_dispatch(kv_type, [&](auto tag) {
+  if (ok) kv_dispatch_q8(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       const KT *kk = (const KT *)dk, *vv = (const KT *)dv;
       const char *fm = getenv("STRATA_FLASH_MMA"); // the engine's switch, read here as the tests set it
@@ -1664,6 +1836,21 @@ extern "C" int st_cuda_attention_rows(const float *q, const float *k, const floa
   return ok ? 0 : -1;
 }
 
+extern "C" int st_cuda_kv_q8_store_rows(const float *x, int64_t rows, int hd, uint8_t *out) {
+  float *dx = NULL;
+  uint8_t *dq = NULL;
+  const size_t qb = (size_t)rows * (size_t)kv_q8_row_bytes(hd);
+  bool ok = hd % 32 == 0 && cudaMalloc(&dx, sizeof(float) * (size_t)rows * hd) == cudaSuccess &&
+            cudaMalloc(&dq, qb) == cudaSuccess &&
+            cudaMemcpy(dx, x, sizeof(float) * (size_t)rows * hd, cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) kv_store_q8<<<64, 256>>>(dx, dq, rows, hd);
+  ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess &&
+       cudaMemcpy(out, dq, qb, cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(dx);
+  cudaFree(dq);
+  return ok ? 0 : -1;
+}
+
 // Random values in [-1, 1) from an index and a seed (st_cuda_decode_attention_check's data).
 template <typename T> __global__ static void check_fill(T *p, int64_t n, uint32_t seed) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -1677,7 +1864,8 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
   *same = 0;
   if (G < 1 || G > ST_CUDA_MAX_KV_HEADS || Hq % G || pos < 0) return -1;
   const int nq = Hq / G;
-  const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, rows = (size_t)pos + 1, cache = rows * hd * es;
+  const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, rows = (size_t)pos + 1;
+  const size_t cache = kv_type == ST_TYPE_Q8_0 ? rows * (size_t)kv_q8_row_bytes(hd) : rows * hd * es;
   const size_t pf = st_cuda_decode_part_floats((int)rows, Hq, hd) + attention_part_floats(1, pos, nq, hd, 0);
   float *q[2] = {NULL, NULL}, *out[2] = {NULL, NULL}, *kvnew = NULL, *nw = NULL, *tab = NULL, *part = NULL;
   int *counters = NULL, *pos_dev = NULL;
@@ -1699,11 +1887,23 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
     check_fill<<<64, 256>>>(kvnew, 2 * G * hd, seed + 1);
     check_fill<<<8, 256>>>(nw, 2 * hd, seed + 2);
     for (int r = 0; r < 2; r++) check_fill<<<64, 256>>>(q[r], Hq * hd, seed + 3);
-    kv_dispatch(kv_type, [&](auto tag) {
-      using KT = typename decltype(tag)::type;
-      for (int r = 0; r < 2; r++)
-        for (int i = 0; i < 2 * G; i++) check_fill<<<256, 256>>>((KT *)kv[r][i], (int64_t)rows * hd, seed + 4 + i);
-    });
+    if (kv_type == ST_TYPE_Q8_0) { // random floats through the codelet's quantiser
+      float *tmp = NULL;
+      ok = cudaMalloc(&tmp, sizeof(float) * rows * hd) == cudaSuccess;
+      for (int r = 0; ok && r < 2; r++)
+        for (int i = 0; i < 2 * G; i++) {
+          check_fill<<<256, 256>>>(tmp, (int64_t)rows * hd, seed + 4 + i);
+          kv_store_q8<<<256, 256>>>(tmp, (uint8_t *)kv[r][i], (int64_t)rows, hd);
+        }
+      ok = ok && cudaDeviceSynchronize() == cudaSuccess;
+      cudaFree(tmp);
+    } else {
+      kv_dispatch(kv_type, [&](auto tag) {
+        using KT = typename decltype(tag)::type;
+        for (int r = 0; r < 2; r++)
+          for (int i = 0; i < 2 * G; i++) check_fill<<<256, 256>>>((KT *)kv[r][i], (int64_t)rows * hd, seed + 4 + i);
+      });
+    }
     st_cuda_rope_table(tab, (int)rows, hd, 1e6f, 0);
     void *k0[ST_CUDA_MAX_KV_HEADS], *v0[ST_CUDA_MAX_KV_HEADS], *k1[ST_CUDA_MAX_KV_HEADS], *v1[ST_CUDA_MAX_KV_HEADS];
     for (int g = 0; g < G; g++) k0[g] = kv[0][2 * g], v0[g] = kv[0][2 * g + 1], k1[g] = kv[1][2 * g], v1[g] = kv[1][2 * g + 1];
@@ -1713,13 +1913,13 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
                               st_cuda_attend_regime(hd, kv_type, pos, 0));
     // the per-task path's: q and the new rows first, then the attention of each KV group
     st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k1, v1, tab, NULL, 0, 0);
-    kv_dispatch(kv_type, [&](auto tag) {
+    kv_dispatch_q8(kv_type, [&](auto tag) {
       using KT = typename decltype(tag)::type;
       for (int g = 0; g < G; g++)
         attend<KT>(q[1] + (size_t)g * nq * hd, (int64_t)nq * hd, (const KT *)k1[g], (const KT *)v1[g], 1, pos, nq, hd, part,
                    out[1] + (size_t)g * nq * hd, (int64_t)nq * hd, 0, 0);
     });
-    ok = cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
   }
   const size_t hb = 2 * (cache > sizeof(float) * Hq * hd ? cache : sizeof(float) * Hq * hd);
   ok = ok && (hbuf = (uint8_t *)malloc(hb)) != NULL;

@@ -71,6 +71,10 @@ int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T
  * *same: 1 when the outputs and both caches (every row) agree bit for bit. 0, or -1 on a CUDA error. */
 int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same);
 
+/* For tests: rows x hd floats x quantised on the device into q8_0 KV rows (out: rows x hd / 32 x 34
+ * bytes), as the CUDA codelets store new K and V rows; hd a multiple of 32. 0, or -1 on a CUDA error. */
+int st_cuda_kv_q8_store_rows(const float *x, int64_t rows, int hd, uint8_t *out);
+
 /* Seconds per mat-vec (one token) over `rows` rows of n weights of `type` on the current device,
  * averaged over `reps` launches after a warm-up (for strata bench --kernels); < 0 on a CUDA error. */
 double st_cuda_matvec_seconds(uint32_t type, uint64_t row_bytes, int64_t rows, int64_t n, int reps);
