@@ -69,9 +69,10 @@ struct st_attention_args {
   int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key, cublas_rows;
   int32_t int8_dot; /* 1 (STRATA_INT8_DOT): the CPU variant's Q product on int8 activations
                      * (st_dense_matmul; K and V keep float32); CUDA ignores it */
-  int32_t kv_type;  /* the KV cache's element: ST_TYPE_F32, or ST_TYPE_F16 (the new rows computed in
+  int32_t kv_type;  /* the KV cache's element: ST_TYPE_F32, ST_TYPE_F16 (the new rows computed in
                      * float32, rounded to nearest even into the cache; attention reads them back
-                     * to float32) */
+                     * to float32) or ST_TYPE_Q8_0 (rows of ggml's Q8_0 blocks, quantised as
+                     * st_quantize_row_q8_0) */
   int32_t flash_mma; /* STRATA_FLASH_MMA: a prompt chunk's attention over a half cache on the tensor
                       * cores where the GPU and head_dim allow (attention.cu's fm_ok) */
   float eps, rope_theta;

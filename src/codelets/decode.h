@@ -178,7 +178,7 @@ struct st_decode_ctx {
   uint8_t *qaq;                    /* MLA: qa normed and quantised for q_b (st_dense_q8's rule) */
   float *qm;                       /* MLA: [n_head][head_dim] the absorbed queries */
   uint8_t *xfq, *afq;              /* the fixed FFN's quantised input and act rows (st_fixed_q8) */
-  int kv_type;                         /* the KV cache's element: ST_TYPE_F32 or ST_TYPE_F16 */
+  int kv_type;                         /* the KV cache's element: ST_TYPE_F32, ST_TYPE_F16 or ST_TYPE_Q8_0 */
   int int8_dot;                        /* STRATA_INT8_DOT: quantised activations for the CPU experts */
   int pdl;                             /* STRATA_PDL: a graph's kernels launched as programmatic dependents */
   int mxfp4_int8;                      /* STRATA_MXFP4_INT8: cached MXFP4 experts on int8 activations (GPU) */

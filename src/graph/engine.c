@@ -260,7 +260,10 @@ static int auto_slots(const struct st_engine *e, int c, uint32_t l0, uint32_t l1
   const uint64_t buffers = (uint64_t)e->prefill_cap * 4 *
                                (6ull * hp->n_embd + (uint64_t)hp->n_head * hp->head_dim +
                                 (uint64_t)hp->n_expert_used * (hp->n_embd + 2ull * hp->n_ff_exp)) +
-                           4ull * hp->n_vocab;
+                           4ull * hp->n_vocab +
+                           /* a q8_0 cache: a chunk's flash attention reads one KV group's keys and values
+                            * as a half copy of the whole context (codelets/cuda/attention.cu attend) */
+                           (e->kv_type == ST_TYPE_Q8_0 ? 4ull * (uint64_t)e->n_ctx * hp->head_dim : 0);
   /* with --gpu-mem half the reserve is outside StarPU's limit (kernel scratch) and half inside it:
    * StarPU's transient replicas (a batch's handles on the prompt path and the per-task path) need room
    * there, or every allocation evicts a dense weight or a KV replica and the run thrashes

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
@@ -41,7 +42,8 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
 // ---- the q8_0 KV cache (--cache-type-k q8_0): rows of ggml's Q8_0 blocks ---------------------
 // A row of hd values (a multiple of 32) is hd / 32 blocks of 34 bytes: an fp16 scale d, then 32
 // int8 q (x ~ d q), as the CPU stores it (st_kv_store, st_quantize_row_q8_0): d = max|x| / 127 in
-// float32, q = round(x / d) by the float reciprocal, d rounded to half. kv_q8 is the third KT of the
+// float32, q = round(x / d) by the float reciprocal, d rounded to half. (Read as halves, a block's
+// values are finite up to |d q| < 65520, a half cache's range; the CPU reads d q in float32.) kv_q8 is the third KT of the
 // kernels' templates (pointers to it are byte addresses). Every kernel reads its values as the halves
 // d q (q exact, the product rounded to nearest even: a rounding of 2^-11 relative on top of the
 // cache's own), 8 consecutive values of a row at a time (kv_q8_ld8): the tensor-core blocks straight
@@ -372,7 +374,7 @@ __device__ __forceinline__ static void attend_group_chunk(const float *qg, int n
     if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
     return;
   }
-  using ST = kv_smem_t<KT>; // a q8_0 cache's tiles hold halves (kv_q8 never takes nst 0: att_plan_q8)
+  using ST = kv_smem_t<KT>; // a q8_0 cache's tiles hold halves (kv_q8 never takes nst 0: att_plan_kt)
   const bool vec = hd % (16 / sizeof(KT)) == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
   ST *const kst = (ST *)stage; // the tiles' stages
   // tile of keys [k0, k0 + nk) into stage (ks, vs)
@@ -925,7 +927,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
 // group's nq query heads of token t ([T][ldq], head h at h hd); partials of (t, h) at part + ((t nq +
 // h) n_chunks + c) (hd + 2), chunks of `chunk` keys.
-// MMA: the tensor-core block (KT __half, ND 4; att_mma_ok) instead of attend_group_chunk.
+// MMA: the tensor-core block (KT __half or kv_q8, ND 4; att_mma_ok) instead of attend_group_chunk.
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_split(const float *q, int64_t ldq, const KT *kc, const KT *vc, int hd, int nq, int pos0, int chunk,
@@ -1108,6 +1110,14 @@ static int att_plan(int kind, int hd, int nd, int nqb, size_t es, size_t *bytes)
 #endif
   const int nst = att_stages(hd, nd, nqb, es, room);
   *bytes = att_smem_bytes(hd, nd, nqb, nst, es);
+  return nst;
+}
+
+// att_plan for a cache of KT: a q8_0 cache's blocks read its rows from their shared tiles only, so it
+// takes one stage at least (its 2-byte tiles fit the default room at every head_dim, 32 KiB at 256).
+template <typename KT> static int att_plan_kt(int kind, int hd, int nd, int nqb, size_t *bytes) {
+  int nst = att_plan(kind, hd, nd, nqb, kv_es<KT>, bytes);
+  if (kv_is_q8<KT> && !nst) nst = 1, *bytes = att_smem_bytes(hd, nd, nqb, 1, kv_es<KT>);
   return nst;
 }
 
@@ -1584,7 +1594,7 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
           return;
         }
       }
-      const int nst = att_plan(0, hd, ND, NQ, kv_es<KT>, &bytes);
+      const int nst = att_plan_kt<KT>(0, hd, ND, NQ, &bytes);
       attend_split<ND, NQ, KT, false><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(q, ldq, kc, vc, hd, nq,
                                                                                               pos0, chunk, scale, part, nst);
       attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
@@ -1657,7 +1667,7 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
   float *xn = (float *)scratch;
   float *q = xn + (size_t)T * d, *part = q + (size_t)T * qw;
   const int flash = flash_planned(a);
-  float *knew = part + attention_part_floats(T, a->pos0, nq, hd, flash), *vnew = knew + (size_t)T * hd; // half cache only
+  float *knew = part + attention_part_floats(T, a->pos0, nq, hd, flash), *vnew = knew + (size_t)T * hd; // half and q8_0 caches only
   st_cuda_rmsnorm(x, attn_norm, xn, T, d, a->eps, st);
   cublasHandle_t cb = st_cuda_cublas_handle(T, a->cublas_rows); // NULL: the float32 kernels
   const int rounded = a->kv_type != ST_TYPE_F32; // the new rows go through knew, vnew
@@ -1753,7 +1763,7 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
       using KT = typename decltype(tag)::type;
       const int n_hb = (nq + NQ - 1) / NQ;
       size_t bytes = 0;
-      const int nst = att_plan(1, hd, ND, NQ, kv_es<KT>, &bytes);
+      const int nst = att_plan_kt<KT>(1, hd, ND, NQ, &bytes);
       bool paired = false;
       if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4) {
         const void *kv[2 * ST_CUDA_MAX_KV_HEADS];
@@ -1921,9 +1931,38 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
     });
     ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
   }
+  // a q8_0 cache's new rows (rope_short's krow, V row, row offset) against the float32 cache's rows of
+  // the same launch arguments, quantised by kv_store_q8 (itself bitwise the CPU's: test_cuda_kernels)
+  bool rows_same = true;
+  if (ok && kv_type == ST_TYPE_Q8_0) {
+    float *qt = NULL;
+    void *kf[ST_CUDA_MAX_KV_HEADS] = {}, *vf[ST_CUDA_MAX_KV_HEADS] = {};
+    uint8_t *rq = NULL;
+    const int64_t rb = kv_q8_row_bytes(hd);
+    ok = cudaMalloc(&qt, sizeof(float) * Hq * hd) == cudaSuccess && cudaMalloc(&rq, 2 * rb) == cudaSuccess;
+    for (int g = 0; ok && g < G; g++)
+      ok = cudaMalloc(&kf[g], sizeof(float) * rows * hd) == cudaSuccess && cudaMalloc(&vf[g], sizeof(float) * rows * hd) == cudaSuccess;
+    if (ok) {
+      check_fill<<<64, 256>>>(qt, Hq * hd, seed + 3);
+      st_cuda_rope_append(qt, Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, ST_TYPE_F32, kf, vf, tab, NULL, 0, 0);
+    }
+    std::vector<uint8_t> want(2 * rb), got(2 * rb);
+    for (int g = 0; ok && g < G; g++) {
+      kv_store_q8<<<1, 256>>>((const float *)kf[g] + (size_t)pos * hd, rq, 1, hd);
+      kv_store_q8<<<1, 256>>>((const float *)vf[g] + (size_t)pos * hd, rq + rb, 1, hd);
+      ok = cudaDeviceSynchronize() == cudaSuccess && cudaMemcpy(want.data(), rq, 2 * rb, cudaMemcpyDeviceToHost) == cudaSuccess &&
+           cudaMemcpy(got.data(), (const uint8_t *)kv[0][2 * g] + (size_t)pos * rb, rb, cudaMemcpyDeviceToHost) == cudaSuccess &&
+           cudaMemcpy(got.data() + rb, (const uint8_t *)kv[0][2 * g + 1] + (size_t)pos * rb, rb, cudaMemcpyDeviceToHost) ==
+               cudaSuccess;
+      if (ok && want != got) rows_same = false;
+    }
+    cudaFree(qt);
+    cudaFree(rq);
+    for (int g = 0; g < G; g++) cudaFree(kf[g]), cudaFree(vf[g]);
+  }
   const size_t hb = 2 * (cache > sizeof(float) * Hq * hd ? cache : sizeof(float) * Hq * hd);
   ok = ok && (hbuf = (uint8_t *)malloc(hb)) != NULL;
-  *same = ok;
+  *same = ok && rows_same;
   for (int i = -1; ok && i < 2 * G; i++) { // the outputs, then each cache
     const void *a = i < 0 ? (const void *)out[0] : kv[0][i], *b = i < 0 ? (const void *)out[1] : kv[1][i];
     const size_t n = i < 0 ? sizeof(float) * Hq * hd : cache;

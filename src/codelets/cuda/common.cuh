@@ -608,8 +608,8 @@ struct st_cuda_attn_ext {
 // normed (qw) and rotated in place at position *pos_dev; for each KV head g < G <= ST_CUDA_MAX_KV_HEADS
 // the K row kvnew[g hd ..] normed (kw) and rotated, and the V row kvnew[(G + g) hd ..], written at
 // position *pos_dev (x: its ring row) of the caches k[g], v[g]; qw, kw NULL: no norm; x (may be NULL):
-// biases, sinks, the scale, a sliding window ([n_ctx][hd] each of kv_type: ST_TYPE_F32, or
-// ST_TYPE_F16 rounded to nearest even). The per-task kernels' arithmetic, with the cosines and
+// biases, sinks, the scale, a sliding window ([n_ctx][hd] each of kv_type: ST_TYPE_F32, ST_TYPE_F16
+// rounded to nearest even, or ST_TYPE_Q8_0 rows of ggml's blocks quantised as the CPU does). The per-task kernels' arithmetic, with the cosines and
 // sines read from tab (st_cuda_rope_table's, the same floats). out (may be NULL): at positions whose
 // keys are few (up to 128; 64 for head_dim 256 in float32) the launch also writes the token's
 // attention there ([Hq][hd], the attention codelet's T = 1 bits), leaving q as it was; then

@@ -237,6 +237,7 @@ void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_
     dk_mla_attend<KT><<<dim3(Hq, n_chunks), MLA_THREADS, smem, st>>>(D.qm, hd, c->kv_lora, (const KT *)g->k[0], D.pos,
                                                                       c->attn_conf.scale, D.part, n_chunks);
   };
+  ST_ASSERT(c->kv_type == ST_TYPE_F16 || c->kv_type == ST_TYPE_F32); // the engine refuses a q8_0 MLA cache on a GPU
   if (c->kv_type == ST_TYPE_F16) run(__half());
   else run(0.0f);
   dk_mla_merge<<<Hq, MLA_THREADS, 0, st>>>(D.part, n_chunks, c->kv_lora, D.pos, D.olat);
@@ -408,6 +409,7 @@ extern "C" int st_cuda_mla_check(int n_head, int qk_nope, int n_rot, int kv_lora
                                  const float *q, const float *kvnew, const float *kv_norm, float eps, const float *rows,
                                  const float *cs, const float *k_b, const float *v_b, float scale, float *attn, float *row) {
   const int hd = kv_lora + n_rot, qk = qk_nope + n_rot, n_chunks = (pos + MLA_CHUNK) / MLA_CHUNK;
+  if (kv_type != ST_TYPE_F16 && kv_type != ST_TYPE_F32) return -1; // MLA's cache on the GPU: f16 or f32
   const size_t es = kv_type == ST_TYPE_F16 ? 2 : 4, nrow = (size_t)pos + 1;
   float *dq = NULL, *dkv = NULL, *dnorm = NULL, *dtab = NULL, *dkb = NULL, *dvb = NULL, *dqm = NULL, *dpart = NULL,
         *dolat = NULL, *dattn = NULL, *drows = NULL;
