@@ -475,15 +475,14 @@ int main(void) {
               const float sv2 = ldexpf(1.0f, (int)floor((uniform(&rng) + 1.0) * 4.5) - 4);
               for (int i = 0; i < 32; i++) kg[32 * b + i] = k[32 * b + i] * sk2, vg[32 * b + i] = v[32 * b + i] * sv2;
             }
-            st_block_q8_0 *blk = malloc(sizeof(st_block_q8_0) * (kn / 32));
+            uint8_t *rows = malloc(st_kv_row_bytes(ST_TYPE_Q8_0, hd) * (size_t)(pos0 + T));
             for (int kvi = 0; kvi < 2; kvi++) {
-              st_kv_store(ST_TYPE_Q8_0, kvi ? vg : kg, blk, (int64_t)kn);
-              for (size_t i = 0; i < kn; i++) {
-                const float dq = st_fp16_to_f32(blk[i / 32].d) * (float)blk[i / 32].qs[i % 32]; /* exact */
-                (kvi ? vr : kr)[i] = st_fp16_to_f32(st_f32_to_fp16(dq));
-              }
+              float *dq = kvi ? vr : kr;
+              st_kv_store(ST_TYPE_Q8_0, kvi ? vg : kg, rows, (int64_t)kn, hd);
+              st_kv_load(ST_TYPE_Q8_0, rows, dq, (int64_t)kn, hd); /* d q exactly */
+              for (size_t i = 0; i < kn; i++) dq[i] = st_fp16_to_f32(st_f32_to_fp16(dq[i]));
             }
-            free(blk);
+            free(rows);
           }
           int ok = st_cuda_attention_rows(q, kg, vg, T, pos0, nq, hd, kv_type, 1, 0, fl, NULL) == 0 &&
                    st_cuda_attention_rows(q, kg, vg, T, pos0, nq, hd, kv_type, 1, 0, fl2, NULL) == 0 &&
@@ -539,7 +538,7 @@ int main(void) {
     for (int i = 0; i < 32; i++) x[i] = 0.0f, x[32 + i] = 0.75f, x[64 + i] = i == 0 ? 127.0f : (float)(i - 16) + 0.5f;
     const size_t qb = st_kv_row_bytes(ST_TYPE_Q8_0, HD) * ROWS;
     uint8_t *want = malloc(qb), *got = malloc(qb);
-    st_kv_store(ST_TYPE_Q8_0, x, want, ROWS * HD);
+    st_kv_store(ST_TYPE_Q8_0, x, want, ROWS * HD, HD);
     const int rc = st_cuda_kv_q8_store_rows(x, ROWS, HD, got);
     const int ok = rc == 0 && !memcmp(want, got, qb);
     printf("%s q8_0 KV rows quantised on the GPU (%d rows of %d): %s the CPU's st_kv_store\n", ok ? "PASS" : "FAIL", ROWS, HD,

@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
      * expert pairs on CUDA0, ranked by the routing pass 1 measured. Pass 4: the half KV cache
      * (--cache-type-k f16 --cache-type-v f16), every pair cached on a GPU machine, the CPU pool
      * without one; held to the tolerance blocks (K and V rounded to 11 significant bits), not to
-     * the float32 bound. Pass 5: the q8_0 KV cache (ggml's blocks of 32 and an fp16 scale), where the
+     * the float32 bound. Pass 5: the q8_0 KV cache (int8 values, an fp16 scale for each 32), where the
      * rows are whole blocks, as pass 4 (on CPU workers where the GPU's attention does not take the
      * model: MLA's latent cache); held to the tolerance blocks too. */
     const int n_pairs = (int)(m->hp.n_layer * m->hp.n_expert);

@@ -779,16 +779,33 @@ static void test_attend_tokens(void) {
     memcpy(got, o, sizeof o);
     st_axpy_f16(got, 0.3f, vh, N);
     CHECK(memcmp(got, want_h, sizeof want_h) == 0, "st_axpy_f16 at %s (%d halves): bitwise the plain loop", st_dot_isa(), N);
-    enum { N8 = 64 }; /* two Q8_0 blocks: the q8_0 KV cache's V rows */
+    enum { N8 = 64 }; /* a q8_0 KV cache's row of 64 values: 64 quants, then 2 scales */
     float o8[N8], v8[N8], want_8[N8], got_8[N8];
-    st_block_q8_0 b8[N8 / ST_QK8_0];
+    uint8_t r8[N8 + 4];
     for (int i = 0; i < N8; i++) o8[i] = (float)urand(), v8[i] = 3.0f * (float)urand();
-    st_quantize_row(ST_TYPE_Q8_0, v8, b8, N8);
-    for (int i = 0; i < N8; i++)
-      want_8[i] = o8[i] + 0.3f * (st_fp16_to_f32(b8[i / ST_QK8_0].d) * (float)b8[i / ST_QK8_0].qs[i % ST_QK8_0]);
+    st_kv_store(ST_TYPE_Q8_0, v8, r8, N8, N8);
+    const uint16_t *d8 = (const uint16_t *)(r8 + N8);
+    for (int i = 0; i < N8; i++) want_8[i] = o8[i] + 0.3f * (st_fp16_to_f32(d8[i / 32]) * (float)(int8_t)r8[i]);
     memcpy(got_8, o8, sizeof o8);
-    st_axpy_q8_0(got_8, 0.3f, b8, N8);
-    CHECK(memcmp(got_8, want_8, sizeof want_8) == 0, "st_axpy_q8_0 at %s (%d values): bitwise the plain loop", st_dot_isa(), N8);
+    st_axpy_kv_q8(got_8, 0.3f, (const int8_t *)r8, d8, N8);
+    CHECK(memcmp(got_8, want_8, sizeof want_8) == 0, "st_axpy_kv_q8 at %s (%d values): bitwise the plain loop", st_dot_isa(), N8);
+    /* st_kv_q8_scores: 3 query rows against 5 keys of 96 values, against st_matmul on the same values as
+     * ggml's Q8_0 blocks */
+    enum { HD8 = 96, NK8 = 5, R8 = 3 };
+    float kx[NK8 * HD8], qx[R8 * HD8], sc[R8 * NK8], kd[NK8 * HD8];
+    uint8_t kr8[NK8 * (HD8 + HD8 / 16)];
+    for (int i = 0; i < NK8 * HD8; i++) kx[i] = 2.0f * (float)urand();
+    for (int i = 0; i < R8 * HD8; i++) qx[i] = (float)urand();
+    st_kv_store(ST_TYPE_Q8_0, kx, kr8, NK8 * HD8, HD8);
+    st_kv_load(ST_TYPE_Q8_0, kr8, kd, NK8 * HD8, HD8);
+    st_kv_q8_scores(kr8, HD8 + HD8 / 16, NK8, qx, HD8, R8, HD8, sc, NK8);
+    st_block_q8_0 kb8[NK8 * HD8 / 32];
+    float sc_ref[R8 * NK8];
+    st_quantize_row(ST_TYPE_Q8_0, kx, kb8, NK8 * HD8); /* the same blocks as the rows hold */
+    st_matmul(ST_TYPE_Q8_0, kb8, HD8 / 32 * sizeof(st_block_q8_0), 0, NK8, qx, HD8, R8, HD8, sc_ref, NK8);
+    CHECK(!memcmp(sc, sc_ref, sizeof sc), "st_kv_q8_scores at %s (%d x %d dot products of %d): bitwise st_matmul's Q8_0 rows",
+          st_dot_isa(), R8, NK8, HD8);
+    (void)kd;
   }
   st_dot_force_isa(top);
   enum { T = 6, NQ = 3, HD = 40, POS0 = 9, KEYS = POS0 + T };
@@ -801,8 +818,8 @@ static void test_attend_tokens(void) {
     const int type = kt ? ST_TYPE_F16 : ST_TYPE_F32;
     const void *kc = k, *vc = vv;
     if (kt) { /* the half cache, and the float32 one rounded the same way for the comparison */
-      st_kv_store(ST_TYPE_F16, k, kh, KEYS * HD);
-      st_kv_store(ST_TYPE_F16, vv, vh, KEYS * HD);
+      st_kv_store(ST_TYPE_F16, k, kh, KEYS * HD, HD);
+      st_kv_store(ST_TYPE_F16, vv, vh, KEYS * HD, HD);
       st_dequantize_row(ST_TYPE_F16, kh, k, KEYS * HD);
       st_dequantize_row(ST_TYPE_F16, vh, vv, KEYS * HD);
       for (int t = 0; t < T; t++)
@@ -830,23 +847,32 @@ static void test_attend_tokens(void) {
   }
 }
 
-/* The q8_0 KV cache (ggml's block_q8_0 rows, head_dim 64): st_attend_tokens bitwise equal to
+/* The q8_0 KV cache (rows of int8 quants and fp16 scales, head_dim 64): st_attend_tokens bitwise equal to
  * st_attend_head row by row (one tile, and tiles of 2 tokens or fewer), and within 1e-5 of max
  * |out| of the float32 path on the same keys and values decoded from the blocks (scores through
  * st_matmul's Q8_0 rows, P V through st_axpy_q8_0). */
 static void test_attend_q8_0(void) {
-  enum { T = 6, NQ = 3, HD = 64, POS0 = 9, KEYS = POS0 + T, RB = HD / ST_QK8_0 };
+  enum { T = 6, NQ = 3, HD = 64, POS0 = 9, KEYS = POS0 + T, RB = HD + HD / 16 };
   static float q[T * NQ * HD], k[KEYS * HD], v[KEYS * HD], ref[T * NQ * HD], out[T * NQ * HD], f32_out[T * NQ * HD];
   static float score[T * NQ * KEYS];
-  static st_block_q8_0 kq[KEYS * RB], vq[KEYS * RB];
+  static uint8_t kq[KEYS * RB], vq[KEYS * RB];
   for (int i = 0; i < T * NQ * HD; i++) q[i] = (float)urand();
   for (int i = 0; i < KEYS * HD; i++) k[i] = 2.0f * (float)urand(), v[i] = (float)urand();
-  CHECK(st_kv_row_bytes(ST_TYPE_Q8_0, HD) == RB * sizeof(st_block_q8_0), "q8_0 KV row of %d values: %llu bytes (%d blocks of 34)",
-        HD, (unsigned long long)st_kv_row_bytes(ST_TYPE_Q8_0, HD), RB);
-  st_kv_store(ST_TYPE_Q8_0, k, kq, KEYS * HD);
-  st_kv_store(ST_TYPE_Q8_0, v, vq, KEYS * HD);
-  st_dequantize_row(ST_TYPE_Q8_0, kq, k, KEYS * HD);
-  st_dequantize_row(ST_TYPE_Q8_0, vq, v, KEYS * HD);
+  CHECK(st_kv_row_bytes(ST_TYPE_Q8_0, HD) == RB, "q8_0 KV row of %d values: %llu bytes (%d quants, %d fp16 scales)", HD,
+        (unsigned long long)st_kv_row_bytes(ST_TYPE_Q8_0, HD), HD, HD / 32);
+  st_kv_store(ST_TYPE_Q8_0, k, kq, KEYS * HD, HD);
+  st_kv_store(ST_TYPE_Q8_0, v, vq, KEYS * HD, HD);
+  /* each row's quants and scales are ggml's Q8_0 of its 32s */
+  int same_q = 1;
+  for (int r = 0; r < KEYS; r++)
+    for (int b = 0; b < HD / 32; b++) {
+      st_block_q8_0 blk;
+      st_quantize_row_q8_0(k + r * HD + 32 * b, &blk, 32);
+      same_q &= !memcmp(blk.qs, kq + r * RB + 32 * b, 32) && !memcmp(&blk.d, kq + r * RB + HD + 2 * b, 2);
+    }
+  CHECK(same_q, "q8_0 KV rows: quants and scales those of st_quantize_row_q8_0 for each 32 values (%d rows)", KEYS);
+  st_kv_load(ST_TYPE_Q8_0, kq, k, KEYS * HD, HD);
+  st_kv_load(ST_TYPE_Q8_0, vq, v, KEYS * HD, HD);
   for (int t = 0; t < T; t++)
     for (int h = 0; h < NQ; h++) {
       const int r = t * NQ + h;

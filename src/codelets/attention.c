@@ -102,20 +102,61 @@ static float softmax_row(float *s, int n, float scale, float sink) {
 }
 
 uint64_t st_kv_row_bytes(int kv_type, int hd) {
-  if (kv_type == ST_TYPE_Q8_0) return (uint64_t)(hd / ST_QK8_0) * sizeof(st_block_q8_0);
+  if (kv_type == ST_TYPE_Q8_0) return (uint64_t)hd + (uint64_t)(hd / 32) * 2;
   return (uint64_t)hd * (kv_type == ST_TYPE_F16 ? 2 : 4);
 }
 
-void st_kv_store(int kv_type, const float *x, void *row, int64_t n) {
-  if (kv_type == ST_TYPE_F16 || kv_type == ST_TYPE_Q8_0) st_quantize_row((uint32_t)kv_type, x, row, n);
-  else if ((const void *)x != row) memcpy(row, x, sizeof(float) * (size_t)n);
+void st_kv_store(int kv_type, const float *x, void *row, int64_t n, int hd) {
+  if (kv_type == ST_TYPE_Q8_0) { /* per row: the quants, then the scales (ggml's Q8_0 arithmetic per 32) */
+    const uint64_t rb = st_kv_row_bytes(kv_type, hd);
+    for (int64_t r = 0; r < n / hd; r++) {
+      uint8_t *dst = (uint8_t *)row + (uint64_t)r * rb;
+      for (int b = 0; b < hd / 32; b++) {
+        st_block_q8_0 blk;
+        st_quantize_row_q8_0(x + r * hd + 32 * b, &blk, 32);
+        memcpy(dst + 32 * b, blk.qs, 32);
+        memcpy(dst + hd + 2 * b, &blk.d, 2);
+      }
+    }
+  } else if (kv_type == ST_TYPE_F16) {
+    st_quantize_row(ST_TYPE_F16, x, row, n);
+  } else if ((const void *)x != row) {
+    memcpy(row, x, sizeof(float) * (size_t)n);
+  }
 }
 
-/* o += p v for one V row of kv_type (hv elements): every level's bits are the plain loop's. */
-static void axpy_kv(int kv_type, float *o, float p, const void *v, int hv) {
+void st_kv_load(int kv_type, const void *row, float *x, int64_t n, int hd) {
+  if (kv_type == ST_TYPE_Q8_0) {
+    const uint64_t rb = st_kv_row_bytes(kv_type, hd);
+    for (int64_t r = 0; r < n / hd; r++) {
+      const uint8_t *src = (const uint8_t *)row + (uint64_t)r * rb;
+      for (int i = 0; i < hd; i++) {
+        uint16_t d;
+        memcpy(&d, src + hd + 2 * (i / 32), 2);
+        x[r * hd + i] = st_fp16_to_f32(d) * (float)(int8_t)src[i];
+      }
+    }
+  } else if (kv_type == ST_TYPE_F16) {
+    for (int64_t i = 0; i < n; i++) x[i] = st_fp16_to_f32(((const uint16_t *)row)[i]);
+  } else {
+    memcpy(x, row, sizeof(float) * (size_t)n);
+  }
+}
+
+/* o += p v for one V row of kv_type (its first hv values; a q8_0 row of v_row values keeps its
+ * scales after them): every level's bits are the plain loop's. */
+static void axpy_kv(int kv_type, float *o, float p, const void *v, int hv, int v_row) {
   if (kv_type == ST_TYPE_F16) st_axpy_f16(o, p, v, hv);
-  else if (kv_type == ST_TYPE_Q8_0) st_axpy_q8_0(o, p, v, hv);
+  else if (kv_type == ST_TYPE_Q8_0) st_axpy_kv_q8(o, p, v, (const uint16_t *)((const uint8_t *)v + v_row), hv);
   else st_axpy(o, p, v, hv);
+}
+
+/* Scores of `rows` query rows (q, hd apart) against n keys of the cache from kc (rows rb bytes apart)
+ * into score (rows nks apart). */
+static void kv_scores(int kv_type, const void *kc, uint64_t rb, int n, const float *q, int hd, int rows, float *score,
+                      int nks) {
+  if (kv_type == ST_TYPE_Q8_0) st_kv_q8_scores(kc, rb, n, q, hd, rows, hd, score, nks);
+  else st_matmul((uint32_t)kv_type, kc, rb, 0, n, q, hd, rows, hd, score, nks);
 }
 
 void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
@@ -133,10 +174,9 @@ void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int 
      * shape (st_matmul), the keys past a row's own are not read below */
     /* a ring buffer's keys may wrap: its rows j0 % ring .. ring, then 0 .. (the same per-key values) */
     const int ring = ac->ring > 0 ? ac->ring : nk, r0 = j0 % ring, first_part = r0 + nks > ring ? ring - r0 : nks;
-    st_matmul((uint32_t)kv_type, (const uint8_t *)kc + (size_t)r0 * rb, rb, 0, first_part, q + (size_t)t0 * nq * hd, hd, rows,
-              hd, score, nks);
+    kv_scores(kv_type, (const uint8_t *)kc + (size_t)r0 * rb, rb, first_part, q + (size_t)t0 * nq * hd, hd, rows, score, nks);
     if (first_part < nks)
-      st_matmul((uint32_t)kv_type, kc, rb, 0, nks - first_part, q + (size_t)t0 * nq * hd, hd, rows, hd, score + first_part, nks);
+      kv_scores(kv_type, kc, rb, nks - first_part, q + (size_t)t0 * nq * hd, hd, rows, score + first_part, nks);
     float inv[rows];
     int first[rows]; /* each row's first visible key, from j0 */
     for (int r = 0; r < rows; r++) {
@@ -153,7 +193,7 @@ void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int 
       for (int r = (j > pos0 + t0 ? j - pos0 - t0 : 0) * nq; r < rows; r++) {
         if (j - j0 < first[r]) continue;
         const float p = score[(size_t)r * nks + (j - j0)] * inv[r];
-        axpy_kv(kv_type, o + (size_t)r * hv, p, vj, hv);
+        axpy_kv(kv_type, o + (size_t)r * hv, p, vj, hv, ac->v_row);
       }
     }
     t0 += tt;
@@ -262,8 +302,8 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
       st_rope_apply(kt, hd, cs);
     }
     if (rounded) {
-      st_kv_store(a->kv_type, kdst, kc + (size_t)a->pos0 * rb, (int64_t)T * hd);
-      st_kv_store(a->kv_type, vdst, vc + (size_t)a->pos0 * rb, (int64_t)T * hd);
+      st_kv_store(a->kv_type, kdst, kc + (size_t)a->pos0 * rb, (int64_t)T * hd, hd);
+      st_kv_store(a->kv_type, vdst, vc + (size_t)a->pos0 * rb, (int64_t)T * hd, hd);
     }
 
     /* Causal softmax attention: token t sees cache positions 0..pos0+t. */

@@ -71,8 +71,8 @@ struct st_attention_args {
                      * (st_dense_matmul; K and V keep float32); CUDA ignores it */
   int32_t kv_type;  /* the KV cache's element: ST_TYPE_F32, ST_TYPE_F16 (the new rows computed in
                      * float32, rounded to nearest even into the cache; attention reads them back
-                     * to float32) or ST_TYPE_Q8_0 (rows of ggml's Q8_0 blocks, quantised as
-                     * st_quantize_row_q8_0) */
+                     * to float32) or ST_TYPE_Q8_0 (a row's int8 quants then its fp16 scales, each
+                     * 32 quantised as st_quantize_row_q8_0; layer_cpu.h st_kv_row_bytes) */
   int32_t flash_mma; /* STRATA_FLASH_MMA: a prompt chunk's attention over a half cache on the tensor
                       * cores where the GPU and head_dim allow (attention.cu's fm_ok) */
   float eps, rope_theta;

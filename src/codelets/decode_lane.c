@@ -166,7 +166,7 @@ static void item_mla_norm(struct lane_state *s, int l) {
   st_rope_conf_table(cs, &c->rope, c->pos);
   st_rope_conf_apply(kv + c->kv_lora, &c->rope, cs);
   const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
-  st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)(c->pos % L->kv_rows) * rb, c->head_dim);
+  st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)(c->pos % L->kv_rows) * rb, c->head_dim, c->head_dim);
 }
 
 /* MLA: rows of q_b over the normed q LoRA output. */
@@ -213,8 +213,8 @@ static void item_rope(struct lane_state *s, int l, int64_t i) {
   if (L->k_norm) st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
   st_rope_conf_apply(kt, &c->rope, cs);
   const size_t row = (size_t)(c->pos % L->kv_rows);
-  st_kv_store(c->kv_type, kt, kv_plane(c, L, g, 0) + row * rb, hd);
-  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, kv_plane(c, L, g, 1) + row * rb, hd);
+  st_kv_store(c->kv_type, kt, kv_plane(c, L, g, 0) + row * rb, hd, hd);
+  st_kv_store(c->kv_type, c->kvnew + (size_t)(c->n_head_kv + g) * hd, kv_plane(c, L, g, 1) + row * rb, hd, hd);
 }
 
 static void item_attn(struct lane_state *s, int l, int64_t h) {

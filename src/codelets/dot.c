@@ -753,43 +753,62 @@ void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n) {
   fns[level()](o, a, v, n);
 }
 
-/* The same with v a row of Q8_0 blocks (a q8_0 KV cache's V row): each weight decoded exactly
- * (the fp16 scale times an int8 needs 18 bits) as d * q, then o + a * (d * q) as above. */
-static void axpy_q8_0_scalar(float *o, float a, const st_block_q8_0 *v, int64_t n) {
-  for (int64_t b = 0; b < n / ST_QK8_0; b++) {
-    const float d = st_fp16_to_f32(v[b].d);
-    for (int j = 0; j < ST_QK8_0; j++) o[b * ST_QK8_0 + j] = o[b * ST_QK8_0 + j] + a * (d * (float)v[b].qs[j]);
+/* The same with v a q8_0 KV cache's values (st_kv_row_bytes): int8 quants q and, for every 32 of
+ * them, an fp16 scale d (d at dv[i / 32]); each value decoded exactly (the scale times an int8
+ * needs 18 bits) as d * q, then o + a * (d * q) as above. */
+static void axpy_kv_q8_scalar(float *o, float a, const int8_t *q, const uint16_t *dv, int64_t n) {
+  for (int64_t b = 0; b < n / 32; b++) {
+    const float d = st_fp16_to_f32(dv[b]);
+    for (int j = 0; j < 32; j++) o[32 * b + j] = o[32 * b + j] + a * (d * (float)q[32 * b + j]);
   }
 }
 
-static AVX2 void axpy_q8_0_avx2(float *o, float a, const st_block_q8_0 *v, int64_t n) {
+static AVX2 void axpy_kv_q8_avx2(float *o, float a, const int8_t *q, const uint16_t *dv, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
-  for (int64_t b = 0; b < n / ST_QK8_0; b++) {
-    const __m256 d = _mm256_set1_ps(st_fp16_to_f32(v[b].d));
-    float *ob = o + b * ST_QK8_0;
-    for (int j = 0; j < ST_QK8_0; j += 8) {
-      const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v[b].qs + j)))));
-      _mm256_storeu_ps(ob + j, _mm256_add_ps(_mm256_loadu_ps(ob + j), _mm256_mul_ps(av, w)));
+  for (int64_t b = 0; b < n / 32; b++) {
+    const __m256 d = _mm256_set1_ps(st_fp16_to_f32(dv[b]));
+    for (int j = 32 * (int)b; j < 32 * (int)b + 32; j += 8) {
+      const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j)))));
+      _mm256_storeu_ps(o + j, _mm256_add_ps(_mm256_loadu_ps(o + j), _mm256_mul_ps(av, w)));
     }
   }
 }
 
-static AVX512 void axpy_q8_0_avx512(float *o, float a, const st_block_q8_0 *v, int64_t n) {
+static AVX512 void axpy_kv_q8_avx512(float *o, float a, const int8_t *q, const uint16_t *dv, int64_t n) {
   const __m512 av = _mm512_set1_ps(a);
-  for (int64_t b = 0; b < n / ST_QK8_0; b++) {
-    const __m512 d = _mm512_set1_ps(st_fp16_to_f32(v[b].d));
-    float *ob = o + b * ST_QK8_0;
-    for (int j = 0; j < ST_QK8_0; j += 16) {
-      const __m512 w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v[b].qs + j)))));
-      _mm512_storeu_ps(ob + j, _mm512_add_ps(_mm512_loadu_ps(ob + j), _mm512_mul_ps(av, w)));
+  for (int64_t b = 0; b < n / 32; b++) {
+    const __m512 d = _mm512_set1_ps(st_fp16_to_f32(dv[b]));
+    for (int j = 32 * (int)b; j < 32 * (int)b + 32; j += 16) {
+      const __m512 w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + j)))));
+      _mm512_storeu_ps(o + j, _mm512_add_ps(_mm512_loadu_ps(o + j), _mm512_mul_ps(av, w)));
     }
   }
 }
 
-void st_axpy_q8_0(float *o, float a, const void *v, int64_t n) {
-  static void (*const fns[])(float *, float, const st_block_q8_0 *, int64_t) = {axpy_q8_0_scalar, axpy_q8_0_avx2,
-                                                                                axpy_q8_0_avx512};
-  fns[level()](o, a, v, n);
+void st_axpy_kv_q8(float *o, float a, const int8_t *q, const uint16_t *d, int64_t n) {
+  static void (*const fns[])(float *, float, const int8_t *, const uint16_t *, int64_t) = {axpy_kv_q8_scalar, axpy_kv_q8_avx2,
+                                                                                          axpy_kv_q8_avx512};
+  fns[level()](o, a, q, d, n);
+}
+
+void st_kv_q8_scores(const uint8_t *k, uint64_t rb, int64_t n_keys, const float *x, int64_t ldx, int64_t R, int hd,
+                     float *out, int64_t ldo) {
+  /* tiles of keys as ggml's blocks (the quants and their scale side by side), then st_matmul's Q8_0 rows
+   * (128 keys: at most 78 KiB of stack, MLA's rows of 576) */
+  enum { KEYS = 128 };
+  const int nb = hd / 32;
+  st_block_q8_0 blk[KEYS * nb];
+  for (int64_t j0 = 0; j0 < n_keys; j0 += KEYS) {
+    const int nt = n_keys - j0 < KEYS ? (int)(n_keys - j0) : KEYS;
+    for (int j = 0; j < nt; j++) {
+      const uint8_t *row = k + (uint64_t)(j0 + j) * rb;
+      for (int b = 0; b < nb; b++) {
+        memcpy(blk[j * nb + b].qs, row + 32 * b, 32);
+        memcpy(&blk[j * nb + b].d, row + hd + 2 * b, 2);
+      }
+    }
+    st_matmul(ST_TYPE_Q8_0, blk, (uint64_t)nb * sizeof(st_block_q8_0), 0, nt, x, ldx, R, hd, out + j0, ldo);
+  }
 }
 
 int st_dense_q8(uint32_t type, int64_t n, int int8) { return int8 && type == ST_TYPE_Q8_0 && st_q8_row_bytes(type, n) > 0; }

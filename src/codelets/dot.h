@@ -133,10 +133,18 @@ void st_axpy(float *o, float a, const float *v, int64_t n);
  * the bits of `o[i] = o[i] + a * (float)v[i]` at every SIMD level. */
 void st_axpy_f16(float *o, float a, const uint16_t *v, int64_t n);
 
-/* st_axpy with v the Q8_0 blocks of n weights (n a multiple of 32; a q8_0 KV cache's V row,
- * ggml's block_q8_0): the bits of `o[i] = o[i] + a * (d * q[i])` at every SIMD level, d the
- * block's fp16 scale widened to float32 (d * q is exact). */
-void st_axpy_q8_0(float *o, float a, const void *v, int64_t n);
+/* st_axpy with v the n values (a multiple of 32) of a q8_0 KV cache's row (st_kv_row_bytes): int8
+ * quants q and fp16 scales d, value i = d[i / 32] q[i]; the bits of `o[i] = o[i] + a * (d * q[i])` at
+ * every SIMD level, d widened to float32 (d * q is exact). */
+void st_axpy_kv_q8(float *o, float a, const int8_t *q, const uint16_t *d, int64_t n);
+
+/* Attention scores on a q8_0 KV cache: out[r ldo + j] = the dot product of query row r (x + r ldx,
+ * hd floats) with key j (the row k + j rb: hd int8 quants, then hd / 32 fp16 scales; value i =
+ * d[i / 32] q[i]), for r < R, j < n_keys: st_matmul's Q8_0 rows on the keys rearranged as ggml's
+ * blocks, so the bits of st_matmul (the same at every SIMD level, whatever R or the keys' range).
+ * hd a multiple of 32. */
+void st_kv_q8_scores(const uint8_t *k, uint64_t rb, int64_t n_keys, const float *x, int64_t ldx, int64_t R, int hd,
+                     float *out, int64_t ldo);
 
 /* Whether MLA's query matrices (q_a, q_b, or wq; decode and prompt lanes) take one-term int8
  * activations: int8 (STRATA_INT8_DOT) and Q8_0 weights. The other dense products follow

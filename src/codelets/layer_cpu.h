@@ -60,12 +60,21 @@ struct st_attn_conf {
 void st_attend_tokens_conf(const float *q, int T, int nq, int hd, int pos0, int kv_type, const void *kc, const void *vc,
                            float *out, float *score, int64_t score_floats, const struct st_attn_conf *ac);
 
-/* Bytes of one KV-cache row of hd elements of kv_type (ST_TYPE_F32 or ST_TYPE_F16). */
+/* Bytes of one KV-cache row of hd elements of kv_type: ST_TYPE_F32 or ST_TYPE_F16, or ST_TYPE_Q8_0
+ * (hd a multiple of 32): the q8_0 cache's row, hd int8 quants q and then hd / 32 fp16 scales d, value
+ * i = d[i / 32] q[i], each 32 quantised as ggml's Q8_0 (st_quantize_row_q8_0: d = max|x| / 127, q =
+ * round(x / d)) but the quants and scales apart, so that a GPU reads 8 quants with one aligned load
+ * (1.0625 bytes a value, as llama.cpp's -ctk q8_0). */
 uint64_t st_kv_row_bytes(int kv_type, int hd);
 
-/* Stores n floats x into a KV-cache row of kv_type: copied (F32; x may be the row itself) or
- * rounded to nearest even (F16, st_f32_to_fp16 per element). */
-void st_kv_store(int kv_type, const float *x, void *row, int64_t n);
+/* Stores n floats x (n / hd rows of hd) into KV-cache rows of kv_type from `row` (st_kv_row_bytes
+ * apart): copied (F32; x may be the row itself), rounded to nearest even (F16, st_f32_to_fp16 per
+ * element) or quantised (Q8_0). */
+void st_kv_store(int kv_type, const float *x, void *row, int64_t n, int hd);
+
+/* The n values (n / hd rows of hd) of KV-cache rows of kv_type from `row` as floats, exactly
+ * (st_kv_store's inverse up to its rounding). */
+void st_kv_load(int kv_type, const void *row, float *x, int64_t n, int hd);
 
 /* Causal softmax attention of one query head qh [hd] over the first n_keys rows of the head's
  * K and V caches (kc, vc [n_keys][hd] of kv_type: ST_TYPE_F32 or ST_TYPE_F16, read back to

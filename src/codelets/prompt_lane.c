@@ -173,7 +173,7 @@ static void item_mla_norm(const struct st_prompt_ctx *p, int l, int64_t i) {
     float *kv = p->kvnew + (size_t)t * hd;
     st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
     st_rope_conf_apply(kv + c->kv_lora, &c->rope, p->rope + (size_t)t * hd);
-    st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)((p->pos0 + t) % L->kv_rows) * rb, hd);
+    st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)((p->pos0 + t) % L->kv_rows) * rb, hd, hd);
   }
 }
 
@@ -219,8 +219,8 @@ static void item_rope(const struct st_prompt_ctx *p, int l, int64_t i) {
     if (L->k_norm) st_rmsnorm(kt, L->k_norm, kt, hd, c->eps);
     st_rope_conf_apply(kt, &c->rope, p->rope + (size_t)t * hd);
     const size_t row = (size_t)((p->pos0 + t) % L->kv_rows);
-    st_kv_store(c->kv_type, kt, kc + row * rb, hd);
-    st_kv_store(c->kv_type, vt, vc + row * rb, hd);
+    st_kv_store(c->kv_type, kt, kc + row * rb, hd, hd);
+    st_kv_store(c->kv_type, vt, vc + row * rb, hd, hd);
   }
 }
 

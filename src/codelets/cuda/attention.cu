@@ -39,16 +39,17 @@ template <typename F> static void kv_dispatch(int kv_type, F &&f) {
 }
 
 
-// ---- the q8_0 KV cache (--cache-type-k q8_0): rows of ggml's Q8_0 blocks ---------------------
-// A row of hd values (a multiple of 32) is hd / 32 blocks of 34 bytes: an fp16 scale d, then 32
-// int8 q (x ~ d q), as the CPU stores it (st_kv_store, st_quantize_row_q8_0): d = max|x| / 127 in
-// float32, q = round(x / d) by the float reciprocal, d rounded to half. (Read as halves, a block's
-// values are finite up to |d q| < 65520, a half cache's range; the CPU reads d q in float32.) kv_q8 is the third KT of the
-// kernels' templates (pointers to it are byte addresses). Every kernel reads its values as the halves
-// d q (q exact, the product rounded to nearest even: a rounding of 2^-11 relative on top of the
-// cache's own), 8 consecutive values of a row at a time (kv_q8_ld8): the tensor-core blocks straight
-// from the rows, the other blocks from tiles of such halves in shared memory (as a half cache's
-// tiles), the prompt's flash kernels from a half copy of the keys' values (kv_q8_to_half).
+// ---- the q8_0 KV cache (--cache-type-k q8_0) ----------------------------------------------------
+// A row of hd values (a multiple of 32) is hd int8 quants q, then hd / 32 fp16 scales d (value i =
+// d[i / 32] q[i]), as the CPU stores it (st_kv_store, layer_cpu.h): each 32 quantised as ggml's Q8_0,
+// d = max|x| / 127 in float32, q = round(x / d) by the float reciprocal, d rounded to half. (Read as
+// halves, a block's values are finite up to |d q| < 65520, a half cache's range; the CPU reads d q
+// in float32.) kv_q8 is the third KT of the kernels' templates (pointers to it are byte addresses).
+// Every kernel reads its values as the halves d q (q exact, the product rounded to nearest even: a
+// rounding of 2^-11 relative on top of the cache's own), 8 consecutive values of a row at a time
+// (kv_q8_ld8): the tensor-core blocks straight from the rows, the other blocks from tiles of such
+// halves in shared memory (as a half cache's tiles), the prompt's flash kernels from a half copy of
+// the keys' values (kv_q8_to_half).
 struct kv_q8 {
   uint8_t raw;
 };
@@ -61,22 +62,22 @@ template <typename F> static void kv_dispatch_q8(int kv_type, F &&f) {
   if (kv_type == ST_TYPE_Q8_0) f(kv_tag<kv_q8>());
   else kv_dispatch(kv_type, f);
 }
-__host__ __device__ __forceinline__ static int64_t kv_q8_row_bytes(int hd) { return (int64_t)(hd / 32) * 34; }
+__host__ __device__ __forceinline__ static int64_t kv_q8_row_bytes(int hd) { return (int64_t)hd + (int64_t)(hd / 32) * 2; }
 // Row `row` of a cache of KT with rows of hd values.
 template <typename KT> __device__ __forceinline__ static const KT *kv_row(const KT *c, int64_t row, int hd) {
   if constexpr (kv_is_q8<KT>) return (const KT *)((const uint8_t *)c + row * kv_q8_row_bytes(hd));
   else return c + row * hd;
 }
 
-// The 32 values x[i] (i = lane) of one block of a q8_0 row, quantised by the warp into blk (34
-// bytes): the CPU's st_quantize_row_q8_0 bit for bit (the max of |x| in any order, IEEE division
-// and reciprocal, roundf, the scale rounded to half).
-__device__ __forceinline__ static void kv_q8_block(float x, uint8_t *blk, int lane) {
+// The 32 values x (x = value 32 b + lane of the row) of block b of a q8_0 row, quantised by the warp
+// into the row: the CPU's st_quantize_row_q8_0 bit for bit (the max of |x| in any order, IEEE
+// division and reciprocal, roundf, the scale rounded to half).
+__device__ __forceinline__ static void kv_q8_block(float x, uint8_t *row, int hd, int b, int lane) {
   float amax = fabsf(x);
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __frcp_rn(d) : 0.0f;
-  blk[2 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(x, id));
-  if (lane == 0) *(__half *)blk = __float2half_rn(d);
+  row[32 * b + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(x, id));
+  if (lane == 0) *(__half *)(row + hd + 2 * b) = __float2half_rn(d);
 }
 
 // rows x hd floats (src, rows hd apart) into q8_0 rows at dst: one warp a block.
@@ -86,15 +87,13 @@ __global__ static void kv_store_q8(const float *src, uint8_t *dst, int64_t rows,
   for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < rows * nb; w += warps) {
     const int64_t r = w / nb;
     const int b = (int)(w - r * nb);
-    kv_q8_block(src[r * hd + 32 * b + lane], dst + r * kv_q8_row_bytes(hd) + 34 * b, lane);
+    kv_q8_block(src[r * hd + 32 * b + lane], dst + r * kv_q8_row_bytes(hd), hd, b, lane);
   }
 }
 
-// Eight values of a q8_0 block (q at p, 2-byte aligned; d the block's scale) as halves d q in
-// memory order (the four words of a 16-byte load of a half row).
-__device__ __forceinline__ static uint4 kv_q8_halves8(const unsigned short *p, __half d) {
-  const uint32_t w0 = (uint32_t)ATT_Q8_LOAD(p) | (uint32_t)ATT_Q8_LOAD(p + 1) << 16;
-  const uint32_t w1 = (uint32_t)ATT_Q8_LOAD(p + 2) | (uint32_t)ATT_Q8_LOAD(p + 3) << 16;
+// Eight quants (little-endian in w0, w1) times the scale d as halves in memory order (the four
+// words of a 16-byte load of a half row).
+__device__ __forceinline__ static uint4 kv_q8_halves8(uint32_t w0, uint32_t w1, __half d) {
   const __half2 d2 = __halves2half2(d, d), off = __float2half2_rn(1152.0f);
   uint32_t h[4];
 #pragma unroll
@@ -108,11 +107,26 @@ __device__ __forceinline__ static uint4 kv_q8_halves8(const unsigned short *p, _
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// Values d0 .. d0 + 7 (d0 a multiple of 8) of row `key` of a q8_0 cache with rows of hd values.
+// Values d0 .. d0 + 7 (d0 a multiple of 8) of row `key` of a q8_0 cache with rows of hd values (the
+// cache's base 8-byte aligned): the quants by one 8-byte load where the rows are 8-byte aligned (hd a
+// multiple of 128), two 4-byte loads where they are 4-byte aligned (a multiple of 64), else four
+// 2-byte loads; and their scale.
 __device__ __forceinline__ static uint4 kv_q8_ld8(const kv_q8 *c, int64_t key, int hd, int d0) {
-  const uint8_t *blk = (const uint8_t *)c + key * kv_q8_row_bytes(hd) + 34 * (d0 / 32);
-  const unsigned short dbits = ATT_Q8_LOAD((const unsigned short *)blk);
-  return kv_q8_halves8((const unsigned short *)(blk + 2 + d0 % 32), __ushort_as_half(dbits));
+  const uint8_t *row = (const uint8_t *)c + key * kv_q8_row_bytes(hd);
+  const __half d = __ushort_as_half(ATT_Q8_LOAD((const unsigned short *)(row + hd) + d0 / 32));
+  uint32_t w0, w1;
+  if (hd % 128 == 0) {
+    const uint2 u = ATT_Q8_LOAD((const uint2 *)(row + d0));
+    w0 = u.x, w1 = u.y;
+  } else if (hd % 64 == 0) {
+    const unsigned *p = (const unsigned *)(row + d0);
+    w0 = ATT_Q8_LOAD(p), w1 = ATT_Q8_LOAD(p + 1);
+  } else {
+    const unsigned short *p = (const unsigned short *)(row + d0);
+    w0 = (uint32_t)ATT_Q8_LOAD(p) | (uint32_t)ATT_Q8_LOAD(p + 1) << 16;
+    w1 = (uint32_t)ATT_Q8_LOAD(p + 2) | (uint32_t)ATT_Q8_LOAD(p + 3) << 16;
+  }
+  return kv_q8_halves8(w0, w1, d);
 }
 
 // The same values, one half each, for rows x hd values of a q8_0 cache into dst ([rows][hd]): the
@@ -912,7 +926,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
     for (int b = warp; b < 2 * nb; b += ATT_WARPS) { // the K row's blocks, then the V row's
       const int i = 32 * (b % nb) + lane;
       const float xv = b < nb ? krow[i] : vb ? vn[i] + vb[i] : vn[i];
-      kv_q8_block(xv, (b < nb ? kr : vr) + 34 * (b % nb), lane);
+      kv_q8_block(xv, b < nb ? kr : vr, hd, b % nb, lane);
     }
   } else {
     KT *vr = (KT *)kv.v[g] + (int64_t)row * hd;
