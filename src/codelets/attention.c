@@ -136,10 +136,8 @@ void st_kv_load(int kv_type, const void *row, float *x, int64_t n, int hd) {
         x[r * hd + i] = st_fp16_to_f32(d) * (float)(int8_t)src[i];
       }
     }
-  } else if (kv_type == ST_TYPE_F16) {
-    for (int64_t i = 0; i < n; i++) x[i] = st_fp16_to_f32(((const uint16_t *)row)[i]);
   } else {
-    memcpy(x, row, sizeof(float) * (size_t)n);
+    st_dequantize_row((uint32_t)kv_type, row, x, n);
   }
 }
 
@@ -263,7 +261,7 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
     abort();
   }
   float *q = xn + (size_t)T * d, *score = q + (size_t)T * qw, *rope = score + n_score;
-  float *knew = rope + (size_t)T * hd, *vnew = knew + (size_t)T * hd; /* a rounded cache's new rows in float32 */
+  float *knew = rope + (size_t)T * hd, *vnew = knew + (size_t)T * hd; /* a half or q8_0 cache's new rows in float32 */
   for (int t = 0; t < T; t++)
     st_rmsnorm(x + (size_t)t * d, attn_norm, xn + (size_t)t * d, d, a->eps);
 
@@ -279,7 +277,7 @@ static void attention_cpu(void *buffers[], void *cl_arg) {
      * each on the activations st_dense_terms gives it. K and V take two terms where they take int8
      * ones: their rounding stays in the cache for every later token (with one-term int8 K and V the
      * small Q4_K_M fixture's short prompt changed 6 of its 56 expert sets, the test allows 2); a
-     * rounded or q8_0 cache gets them rounded after the norm and RoPE. */
+     * half or q8_0 cache gets them rounded after the norm and RoPE. */
     st_dense_rows(st_dense_terms_on(z.type, a->wq.type, d, a->int8_dot, ST_DENSE_QO), a->wq.type, wq, a->wq.row_bytes,
                   (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, z.q, zr, T, d, q, qw);
     float *kdst = rounded ? knew : (float *)(kc + (size_t)a->pos0 * rb), *vdst = rounded ? vnew : (float *)(vc + (size_t)a->pos0 * rb);

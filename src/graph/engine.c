@@ -663,7 +663,6 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->mmq = (int)env.mmq;
   e->flash_mma = (int)env.flash_mma;
   e->decode_graph = (int)env.decode_graph;
-  e->kv_q8_gpu = (int)env.kv_q8_gpu;
   e->prompt_lanes = (int)env.prompt_lanes;
   e->pdl = (int)env.pdl;
   e->mxfp4_int8 = (int)env.mxfp4_int8;
@@ -836,7 +835,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0 && hp->attn_kind == ST_ATTN_MLA)
     rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 on a GPU: MLA's latent cache (%s) is f16 or f32 there; use f16, or run "
                       "on CPU workers alone (STARPU_NCUDA=0)", st_arch_of(hp->arch)->name);
-  if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0 && !e->kv_q8_gpu)
+  if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0 && !env.kv_q8_gpu)
     rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 on a GPU: its CUDA kernels are written but not yet checked on a GPU "
                       "host (STRATA_KV_Q8_GPU=1 runs them); use f16, or run on CPU workers alone (STARPU_NCUDA=0)");
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256 && hp->attn_kind != ST_ATTN_MLA)
@@ -871,11 +870,11 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     for (uint32_t g = 0; g < hp->n_head_kv; g++)
       for (int c = 0; c < planes; c++) {
         const size_t i = (size_t)g * planes + c;
+        uint8_t *plane = (uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row;
         e->h_kv[((size_t)l * hp->n_head_kv + g) * 2 + c] =
-            e->kv_type == ST_TYPE_Q8_0 /* blocks: registered as bytes */
-                ? st_engine_reg((uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row, (uint64_t)rows * kv_row, 1)
-                : st_engine_reg((uint8_t *)e->kv + kv_at + i * (size_t)rows * kv_row, (uint64_t)rows * hp->head_dim,
-                                e->kv_type == ST_TYPE_F16 ? 2 : 4);
+            e->kv_type == ST_TYPE_Q8_0 /* quants and scales: registered as bytes */
+                ? st_engine_reg(plane, (uint64_t)rows * kv_row, 1)
+                : st_engine_reg(plane, (uint64_t)rows * hp->head_dim, e->kv_type == ST_TYPE_F16 ? 2 : 4);
       }
     kv_at += (size_t)st_engine_kv_layer_bytes(e, l);
   }

@@ -122,7 +122,6 @@ struct st_engine {
                                       arena's copy of the pair, or over the mapping when it has none;
                                       NULL until the CPU pool first needs the pair (engine.c) */
   int kv_type;                     /* ST_TYPE_F32, ST_TYPE_F16 or ST_TYPE_Q8_0 (st_engine_opts.kv_type) */
-  int kv_q8_gpu;                   /* STRATA_KV_Q8_GPU: a q8_0 cache may be read by CUDA workers */
   void *kv;                        /* [n_layer][n_head_kv][2][n_ctx][head_dim] of kv_type */
   starpu_data_handle_t *h_kv;      /* [n_layer][n_head_kv][2] */
 
