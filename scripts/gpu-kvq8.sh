@@ -10,7 +10,7 @@
 #     300-token prompt against the same cache type on CPU workers and against f16 and f32 on CUDA0
 #     (mean |Δ|/σ over every position, argmax agreement);
 #  3. speed on the qwen3-30b-a3b preset (Q8_0; every expert cached): decode at depth 0 and 32768,
-#     f16 and q8_0, and prompt 4096 with each (ROWS="decode prompt"; SKIP3=1 skips the step).
+#     f16 and q8_0, and prompt 4096 with each (SKIP3=1 skips the step, SKIP12=1 the first two).
 # Sets STRATA_KV_Q8_GPU=1. Environment: W work folder (/tmp/gpu-step), R repetitions (3), DECODE tokens (64).
 # Prints a table last.
 set -u
@@ -21,6 +21,7 @@ DECODE=${DECODE:-64}
 rows=()
 add() { rows+=("$1"); echo "ROW $1"; }
 
+if [ "${SKIP12:-0}" != 1 ]; then
 t0=$SECONDS
 timeout 400 "$C/tests/test_cuda_kernels" > "$out/cuda_kernels.log" 2>&1
 rc=$?
@@ -77,17 +78,18 @@ add "q8_0 KV, CUDA0 vs CPU workers: $(cmp_logits "$W/p-q8_0.f32" "$W/p-q8_0-cpu.
 add "CUDA0, q8_0 KV vs f16: $(cmp_logits "$W/p-q8_0.f32" "$W/p-f16.f32" "$V")"
 add "CUDA0, q8_0 KV vs f32: $(cmp_logits "$W/p-q8_0.f32" "$W/p-f32.f32" "$V")"
 add "CUDA0, f16 KV vs f32 (for scale): $(cmp_logits "$W/p-f16.f32" "$W/p-f32.f32" "$V")"
+fi
 
 if [ "${SKIP3:-0}" != 1 ]; then
   big=$(gpu_model qwen3-30b-a3b-q8_0 --preset qwen3-30b-a3b --type q8_0)
   for kv in f16 q8_0; do
     timeout 500 "$S" bench -m "$big" --expert-profile "$W/qwen3-30b-a3b-q8_0.profile" --prompt 4096 --decode "$DECODE" \
-      --depth 0,32768 -c 32896 -r "$R" --no-learn --cache-type-k $kv --cache-type-v $kv > "$W/bench-$kv.log" 2>&1
-    d0=$(sed -n 's/^decode at depth 0, .* (tok\/s): //p' "$W/bench-$kv.log" | head -n 1)
-    d32=$(sed -n 's/^decode at depth 32768, .* (tok\/s): //p' "$W/bench-$kv.log" | head -n 1)
-    p=$(sed -n 's/^prompt of 4096, .* (tok\/s): //p' "$W/bench-$kv.log" | head -n 1)
+      --depth 0,32768 -c 32896 -r "$R" --no-learn --cache-type-k $kv --cache-type-v $kv > "$out/bench-$kv.log" 2>&1
+    d0=$(sed -n 's/^decode at depth 0, .* (tok\/s): //p' "$out/bench-$kv.log" | head -n 1)
+    d32=$(sed -n 's/^decode at depth 32768, .* (tok\/s): //p' "$out/bench-$kv.log" | head -n 1)
+    p=$(sed -n 's/^prompt of 4096, .* (tok\/s): //p' "$out/bench-$kv.log" | head -n 1)
     add "qwen3-30b-a3b Q8_0, every expert cached, $kv KV: prompt 4096 [$p] tok/s; decode depth 0 [$d0], depth 32768 [$d32] tok/s"
-    grep -iE "error|refus" "$W/bench-$kv.log" | head -n 3
+    grep -iE "error|refus" "$out/bench-$kv.log" | head -n 3
   done
 fi
 
