@@ -531,13 +531,89 @@ __device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { ret
 #ifndef ATT_MMA_LOAD
 #define ATT_MMA_LOAD __ldcs /* K and V rows are read once: streaming loads (bench variants: __ldg) */
 #endif
-// Values d0 .. d0 + 7 of row `key` as 8 halves: one 16-byte load of a half cache, or a q8_0 block's
-// (kv_q8_ld8).
-__device__ __forceinline__ static uint4 mma_ld8(const __half *c, int64_t key, int hd, int d0) {
-  return ATT_MMA_LOAD((const uint4 *)(c + key * hd + d0));
-}
-__device__ __forceinline__ static uint4 mma_ld8(const kv_q8 *c, int64_t key, int hd, int d0) { return kv_q8_ld8(c, key, hd, d0); }
-
+#ifndef ATT_MMA_PIPE
+#define ATT_MMA_PIPE 0 /* bit 0: a q8_0 cache's blocks load a step ahead; bit 1: a half cache's (bench variants) */
+#endif
+#ifdef ATT_PROBE /* bench variant: the decode kernel's blocks' clock at points 0..4 (bench/attn-bench) */
+__device__ unsigned long long att_probe[ATT_SPLIT * 64][5];
+#define ATT_PROBE_AT(i) \
+  do { \
+    if (threadIdx.x == 0) att_probe[blockIdx.y * gridDim.x + blockIdx.x][i] = st_dev_globaltimer(); \
+  } while (0)
+#else
+#define ATT_PROBE_AT(i) \
+  do { \
+  } while (0)
+#endif
+// One warp step's K and V (16 keys from k0, keys >= end zero) as a lane of attend_group_chunk_mma
+// loads them: K rows k0 + 8 r + g at dimensions 32 si + 8 t .. + 8, V rows k0 + 2 t + (r & 1) + 8 (r >> 1)
+// at 64 h + 8 g .. + 8. kh and vh give them as 8 halves (att_word order). A half cache's: 16-byte
+// loads. A q8_0 cache's: the quants (8 a load) and each row's scales (4 in one 8-byte load at
+// head_dim 128, 2 in a 4-byte one at 64), half a half cache's bytes in registers, so that a step's
+// loads can be in flight while the step before computes (ATT_MMA_PIPE).
+template <int HD, typename KT> struct mma_raw;
+template <int HD> struct mma_raw<HD, __half> {
+  static constexpr int NS = HD / 32, NH = HD / 64;
+  uint4 k[2][NS], v[4][NH];
+  __device__ __forceinline__ void load(const __half *kc, const __half *vc, int k0, int end, int g, int t) {
+    const uint4 z = make_uint4(0, 0, 0, 0); // rows past the range: zero (the cache may hold NaN there)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int key = k0 + 8 * r + g;
+#pragma unroll
+      for (int si = 0; si < NS; si++) k[r][si] = key < end ? ATT_MMA_LOAD((const uint4 *)(kc + (int64_t)key * HD + 32 * si + 8 * t)) : z;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
+#pragma unroll
+      for (int h = 0; h < NH; h++) v[r][h] = key < end ? ATT_MMA_LOAD((const uint4 *)(vc + (int64_t)key * HD + 64 * h + 8 * g)) : z;
+    }
+  }
+  __device__ __forceinline__ uint4 kh(int r, int si) const { return k[r][si]; }
+  __device__ __forceinline__ uint4 vh(int r, int h, int) const { return v[r][h]; }
+};
+template <int HD> struct mma_raw<HD, kv_q8> {
+  static constexpr int NS = HD / 32, NH = HD / 64, RB = HD + HD / 16; // kv_q8_row_bytes
+  uint2 k[2][NS], v[4][NH], ks[2], vs[4]; // quants; a row's scales (.x holds 2, .y 2 more at HD 128)
+  // 8 quants at byte o of a row of this cache (8-byte aligned at HD 128, 4-byte at 64)
+  __device__ __forceinline__ static uint2 q8(const uint8_t *p) {
+    if constexpr (HD % 128 == 0) return ATT_Q8_LOAD((const uint2 *)p);
+    else return make_uint2(ATT_Q8_LOAD((const unsigned *)p), ATT_Q8_LOAD((const unsigned *)p + 1));
+  }
+  __device__ __forceinline__ static uint2 sc(const uint8_t *row) {
+    if constexpr (HD % 128 == 0) return ATT_Q8_LOAD((const uint2 *)(row + HD));
+    else return make_uint2(ATT_Q8_LOAD((const unsigned *)(row + HD)), 0u);
+  }
+  __device__ __forceinline__ void load(const kv_q8 *kc, const kv_q8 *vc, int k0, int end, int g, int t) {
+    const uint2 z = make_uint2(0, 0); // rows past the range: zero quants, zero scales
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int key = k0 + 8 * r + g;
+      const uint8_t *row = (const uint8_t *)kc + (int64_t)key * RB;
+      ks[r] = key < end ? sc(row) : z;
+#pragma unroll
+      for (int si = 0; si < NS; si++) k[r][si] = key < end ? q8(row + 32 * si + 8 * t) : z;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
+      const uint8_t *row = (const uint8_t *)vc + (int64_t)key * RB;
+      vs[r] = key < end ? sc(row) : z;
+#pragma unroll
+      for (int h = 0; h < NH; h++) v[r][h] = key < end ? q8(row + 64 * h + 8 * g) : z;
+    }
+  }
+  // scale i (< 4) of a row's scales
+  __device__ __forceinline__ static __half scale(uint2 s, int i) {
+    const uint32_t w = i < 2 ? s.x : s.y;
+    return __ushort_as_half((unsigned short)(i & 1 ? w >> 16 : w & 0xffffu));
+  }
+  __device__ __forceinline__ uint4 kh(int r, int si) const { return kv_q8_halves8(k[r][si].x, k[r][si].y, scale(ks[r], si)); }
+  __device__ __forceinline__ uint4 vh(int r, int h, int g) const {
+    return kv_q8_halves8(v[r][h].x, v[r][h].y, scale(vs[r], 2 * h + (g >> 2)));
+  }
+};
 // KT: __half, or kv_q8 (its values as halves d q).
 template <int HD, int NQ, typename KT>
 __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, int nh, const KT *kc, const KT *vc,
@@ -562,29 +638,17 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
 #ifdef ATT_MMA_SKIP /* bench variant: the block's fixed costs alone */
   end = start;
 #endif
-  for (int k0 = start + 16 * warp; k0 < end; k0 += 16 * ATT_WARPS) {
-    uint4 kr[2][NS], vr[4][NH];
-    const uint4 z = make_uint4(0, 0, 0, 0); // rows past the range: zero (the cache may hold NaN there)
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int key = k0 + 8 * r + g;
-#pragma unroll
-      for (int si = 0; si < NS; si++) kr[r][si] = key < end ? mma_ld8(kc, key, HD, 32 * si + 8 * t) : z;
-    }
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
-#pragma unroll
-      for (int h = 0; h < NH; h++) vr[r][h] = key < end ? mma_ld8(vc, key, HD, 64 * h + 8 * g) : z;
-    }
+  // one step of 16 keys from k0 (at least one below end) loaded into rw: scores, online softmax, P V
+  auto step = [&](const mma_raw<HD, KT> &rw, int k0) {
     float sc[2][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       sc[r][0] = sc[r][1] = sc[r][2] = sc[r][3] = 0.0f;
 #pragma unroll
       for (int si = 0; si < NS; si++) {
-        att_mma(sc[r], qa[si][0], qa[si][1], kr[r][si].x, kr[r][si].y);
-        att_mma(sc[r], qa[si][2], qa[si][3], kr[r][si].z, kr[r][si].w);
+        const uint4 kq = rw.kh(r, si);
+        att_mma(sc[r], qa[si][0], qa[si][1], kq.x, kq.y);
+        att_mma(sc[r], qa[si][2], qa[si][3], kq.z, kq.w);
       }
     }
     // lane (g, t): head g's scores of keys k0 + 2t, 2t + 1, 8 + 2t, 9 + 2t
@@ -604,28 +668,61 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
     m = m_new;
     const uint32_t pa0 = att_h2(p[0], p[1]), pa2 = att_h2(p[2], p[3]);
 #pragma unroll
-    for (int h = 0; h < NH; h++)
+    for (int h = 0; h < NH; h++) {
+      uint4 vr[4];
+#pragma unroll
+      for (int r = 0; r < 4; r++) vr[r] = rw.vh(r, h, g);
 #pragma unroll
       for (int j = 0; j < 8; j++) {
         const unsigned sel = j & 1 ? 0x7632u : 0x5410u;
-        const uint32_t b0 = __byte_perm(att_word(vr[0][h], j >> 1), att_word(vr[1][h], j >> 1), sel);
-        const uint32_t b1 = __byte_perm(att_word(vr[2][h], j >> 1), att_word(vr[3][h], j >> 1), sel);
+        const uint32_t b0 = __byte_perm(att_word(vr[0], j >> 1), att_word(vr[1], j >> 1), sel);
+        const uint32_t b1 = __byte_perm(att_word(vr[2], j >> 1), att_word(vr[3], j >> 1), sel);
         float d[4] = {acc[8 * h + j][0] * corr, acc[8 * h + j][1] * corr, 0.0f, 0.0f};
         att_mma(d, pa0, pa2, b0, b1);
         acc[8 * h + j][0] = d[0], acc[8 * h + j][1] = d[1];
       }
+    }
+  };
+  constexpr int STRIDE = 16 * ATT_WARPS;
+  constexpr bool PIPE = (ATT_MMA_PIPE >> (kv_is_q8<KT> ? 0 : 1)) & 1;
+  int k0 = start + 16 * warp;
+  if constexpr (PIPE) { // two steps' registers: a step's loads fly while the one before computes
+    mma_raw<HD, KT> ra, rb;
+    if (k0 < end) ra.load(kc, vc, k0, end, g, t);
+    while (k0 < end) {
+      const bool more = k0 + STRIDE < end;
+      if (more) rb.load(kc, vc, k0 + STRIDE, end, g, t);
+      step(ra, k0);
+      k0 += STRIDE;
+      if (!more) break;
+      const bool more2 = k0 + STRIDE < end;
+      if (more2) ra.load(kc, vc, k0 + STRIDE, end, g, t);
+      step(rb, k0);
+      k0 += STRIDE;
+      if (!more2) break;
+    }
+  } else {
+    for (; k0 < end; k0 += STRIDE) {
+      mma_raw<HD, KT> rw;
+      rw.load(kc, vc, k0, end, g, t);
+      step(rw, k0);
+    }
   }
+  ATT_PROBE_AT(2);
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
-  float *ow = stage; // [ATT_WARPS][NQ][HD]: each warp's unnormalised output
+  // [ATT_WARPS][NQ][HD + 1]: each warp's unnormalised output (a row a float longer than HD, so that a
+  // warp's 32 stores of one accumulator fall in 16 banks, not 2)
+  constexpr int OW = HD + 1;
+  float *ow = stage;
   if (g < NQ) {
     if (t == 0) mw[warp][g] = m, lw[warp][g] = l;
 #pragma unroll
     for (int h = 0; h < NH; h++)
 #pragma unroll
       for (int j = 0; j < 8; j++) {
-        ow[(warp * NQ + g) * HD + 64 * h + 16 * t + j] = acc[8 * h + j][0];
-        ow[(warp * NQ + g) * HD + 64 * h + 16 * t + 8 + j] = acc[8 * h + j][1];
+        ow[(warp * NQ + g) * OW + 64 * h + 16 * t + j] = acc[8 * h + j][0];
+        ow[(warp * NQ + g) * OW + 64 * h + 16 * t + 8 + j] = acc[8 * h + j][1];
       }
   }
   __syncthreads();
@@ -639,7 +736,7 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
     for (int w = 0; w < ATT_WARPS; w++) {
       const float f = exp2f(mw[w][h] - M); // a warp without keys: 0
       L = fmaf(lw[w][h], f, L);
-      a = fmaf(ow[(w * NQ + h) * HD + dd], f, a);
+      a = fmaf(ow[(w * NQ + h) * OW + dd], f, a);
     }
     if (direct) direct[h * HD + dd] = a / L;
     else {
@@ -662,6 +759,12 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
 #ifndef ATT_MMA_CHUNK
 #define ATT_MMA_CHUNK 512 /* keys of a chunk from which the half cache's blocks take the tensor cores */
 #endif
+#ifndef ATT_MMA_CHUNK_Q8
+#define ATT_MMA_CHUNK_Q8 ATT_MMA_CHUNK /* the same for a q8_0 cache */
+#endif
+// Keys of a chunk from which a cache of KT (kv_type) takes the tensor-core blocks.
+template <typename KT> constexpr int att_mma_chunk = kv_is_q8<KT> ? ATT_MMA_CHUNK_Q8 : ATT_MMA_CHUNK;
+static int att_mma_chunk_of(int kv_type) { return kv_type == ST_TYPE_Q8_0 ? ATT_MMA_CHUNK_Q8 : ATT_MMA_CHUNK; }
 template <int NQ, typename KT>
 __device__ __forceinline__ static void attend_chunk_mma(const float *qg, int nh, const KT *kc, const KT *vc, int hd,
                                                         int start, int end, float scale, float *out, int64_t ostride,
@@ -675,7 +778,7 @@ __device__ __forceinline__ static void attend_chunk_mma(const float *qg, int nh,
 }
 
 // Dynamic shared memory of the tensor-core kernels: the warps' outputs.
-static size_t att_mma_smem_bytes(int hd, int nqb) { return sizeof(float) * ATT_WARPS * nqb * hd; }
+static size_t att_mma_smem_bytes(int hd, int nqb) { return sizeof(float) * ATT_WARPS * nqb * (hd + 1); }
 
 // Whether the tensor-core kernels take this attention (see attend_chunk_mma): a half cache, head_dim
 // 64 or 128, 16-byte aligned pointers (q, and each of the n cache rows' bases in kv), sm_80 or later.
@@ -980,6 +1083,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
                       float scale, float *part, int *counters, float *out, int nst, int paired, int after_short,
                       const __grid_constant__ st_cuda_attn_ext x) {
   __shared__ int last;
+  ATT_PROBE_AT(0);
   st_dev_griddep_launch();
 #ifdef ATT_MMA_WARM /* bench variant: the tensor cores' first instructions before the wait for the previous kernel */
   if constexpr (MMA) {
@@ -989,6 +1093,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   }
 #endif
   st_dev_griddep_wait();
+  ATT_PROBE_AT(1);
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.y / n_hb, h0 = g * nq + (blockIdx.y % n_hb) * NQ;
   // a sliding window's keys start at lo (a window is never longer than the short contexts' keys, so
   // a ring's layers are rope_short's: rows lo.. are contiguous here)
@@ -997,7 +1102,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   const int used = (n_keys + chunk - 1) / chunk;
   if (after_short && n_keys <= att_short_max(hd, kv_es<KT>)) return; // rope_short's
   if (c >= used) return; // past the keys: the chunks that count are the first `used`
-  if (paired && (chunk >= ATT_MMA_CHUNK) != MMA) return; // the pair's other kernel takes this position
+  if (paired && (chunk >= att_mma_chunk<KT>) != MMA) return; // the pair's other kernel takes this position
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   float *ph = part + (int64_t)h0 * hs;
   extern __shared__ float4 att_dyn[];
@@ -1011,6 +1116,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   else
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
+  ATT_PROBE_AT(3);
   if (direct) return;
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
@@ -1019,6 +1125,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   if (!last) return;
   __threadfence();
   attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
+  ATT_PROBE_AT(4);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
 }
 
@@ -1601,7 +1708,7 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
       size_t bytes = 0;
       const void *kv[2] = {kc, vc};
       if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4) {
-        if (chunk >= ATT_MMA_CHUNK && att_mma_ok(ST_TYPE_F16, hd, q, ldq, kv, 2)) {
+        if (chunk >= att_mma_chunk<KT> && att_mma_ok(ST_TYPE_F16, hd, q, ldq, kv, 2)) {
           attend_split<ND, NQ, KT, true><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, att_mma_smem_bytes(hd, NQ), st>>>(
               q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part, 0);
           attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
@@ -1759,7 +1866,7 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
 int st_cuda_attend_regime(int hd, int kv_type, int pos, int window) {
   const int keys = window && pos + 1 > window ? window : pos + 1; // attend_decode_all's n_keys
   if (keys <= att_short_max(hd, kv_type == ST_TYPE_F32 ? 4 : 2)) return ST_ATT_REGIME_SHORT; // (q8_0: tiles of halves)
-  return att_chunk_keys(keys) >= ATT_MMA_CHUNK ? ST_ATT_REGIME_WIDE : ST_ATT_REGIME_SPLIT;
+  return att_chunk_keys(keys) >= att_mma_chunk_of(kv_type) ? ST_ATT_REGIME_WIDE : ST_ATT_REGIME_SPLIT;
 }
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
