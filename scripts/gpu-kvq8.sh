@@ -11,11 +11,10 @@
 #     (mean |Δ|/σ over every position, argmax agreement);
 #  3. speed on the qwen3-30b-a3b preset (Q8_0; every expert cached): decode at depth 0 and 32768,
 #     f16 and q8_0, and prompt 4096 with each (SKIP3=1 skips the step, SKIP12=1 the first two).
-# Sets STRATA_KV_Q8_GPU=1. Environment: W work folder (/tmp/gpu-step), R repetitions (3), DECODE tokens (64).
+# Environment: W work folder (/tmp/gpu-step), R repetitions (3), DECODE tokens (64).
 # Prints a table last.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
-export STRATA_KV_Q8_GPU=1 # the q8_0 cache's CUDA kernels, not yet on by default
 R=${R:-3}
 DECODE=${DECODE:-64}
 rows=()

@@ -47,7 +47,6 @@ struct env_conf {
   long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
   long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
   long presubmit;      /* STRATA_PRESUBMIT: 0 or 1 */
-  long kv_q8_gpu;      /* STRATA_KV_Q8_GPU: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -105,7 +104,6 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 1, &c->mxfp4_int8);
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
   if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);
-  if (!rc) rc = env_long("STRATA_KV_Q8_GPU", 0, 1, 0, &c->kv_q8_gpu);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
@@ -830,14 +828,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   if (!rc && hp->arch != ST_ARCH_QWEN3MOE && !e->decode_graph)
     rc = st_set_error(ST_EUNSUP, "architecture %s computes through the decode lanes only: STRATA_DECODE_GRAPH=0 takes "
                       "qwen3moe", st_arch_of(hp->arch)->name);
-  /* a q8_0 cache on the GPUs: codelets/cuda/attention.cu reads it everywhere but in MLA's kernels;
-   * until those kernels have passed their checks on a GPU host, only STRATA_KV_Q8_GPU=1 runs them */
+  /* a q8_0 cache on the GPUs: codelets/cuda/attention.cu reads it everywhere but in MLA's kernels */
   if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0 && hp->attn_kind == ST_ATTN_MLA)
     rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 on a GPU: MLA's latent cache (%s) is f16 or f32 there; use f16, or run "
                       "on CPU workers alone (STARPU_NCUDA=0)", st_arch_of(hp->arch)->name);
-  if (!rc && e->placement.cuda0_worker >= 0 && e->kv_type == ST_TYPE_Q8_0 && !env.kv_q8_gpu)
-    rc = st_set_error(ST_EUNSUP, "--cache-type-k q8_0 on a GPU: its CUDA kernels are written but not yet checked on a GPU "
-                      "host (STRATA_KV_Q8_GPU=1 runs them); use f16, or run on CPU workers alone (STARPU_NCUDA=0)");
   if (!rc && e->placement.cuda0_worker >= 0 && hp->head_dim > 256 && hp->attn_kind != ST_ATTN_MLA)
     rc = st_set_error(ST_EUNSUP, "head_dim %u: the CUDA attention kernel handles at most 256", hp->head_dim);
   if (!rc && e->placement.cuda0_worker >= 0 && hp->n_expert > 1024)
