@@ -10,7 +10,7 @@
 // ATT_MMA_CHUNK (0: the half cache's tensor-core block at every depth), ATT_MMA_LOAD (its loads),
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
 // the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_MMA_PIPE
-// (which caches' tensor-core blocks load a step ahead)); run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N] [REGIME=any]
+// (which caches' tensor-core blocks load a step ahead), ATT_PROBE (block clocks), ATT_SC_FENCE); run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N] [REGIME=any]
 // [CHECK_KEYS=N] attn-bench [replays].
 #include <math.h>
 #include <stdio.h>
@@ -152,8 +152,8 @@ int main(int argc, char **argv) {
     const double us = 1e3 * ms / replays / LAUNCHES, mb = 2.0 * G * n_keys * HD * es / 1e6;
     printf("%8d %8d %10.2f %8.2f %8.0f\n", n_keys, att_chunk_keys(n_keys), us, mb, mb / us * 1e3);
 #ifdef ATT_PROBE
-    { // one launch outside a graph: each block's clock at entry, after the wait, at its loop's end, its partial's end, the merge's end
-      static unsigned long long zero[ATT_SPLIT * 64][5], pr[ATT_SPLIT * 64][5];
+    { // one launch outside a graph: each block's clock at entry, after the wait, at its loop's end, its partial's end, the last block's count and merge's end
+      static unsigned long long zero[ATT_SPLIT * 64][6], pr[ATT_SPLIT * 64][6];
       CK(cudaMemcpyToSymbol(att_probe, zero, sizeof zero));
       st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[0], &v[0], pos, part, counters, out, 0, 0, st, NULL, regime);
       CK(cudaStreamSynchronize(st));
@@ -161,12 +161,12 @@ int main(int argc, char **argv) {
       const int nb = ATT_SPLIT * G;
       unsigned long long t0 = ~0ull;
       for (int b = 0; b < nb; b++) if (pr[b][0]) t0 = std::min(t0, pr[b][0]);
-      std::vector<double> pt[5];
+      std::vector<double> pt[6];
       for (int b = 0; b < nb; b++)
-        for (int i = 0; i < 5; i++) if (pr[b][i]) pt[i].push_back((pr[b][i] - t0) * 1e-3);
+        for (int i = 0; i < 6; i++) if (pr[b][i]) pt[i].push_back((pr[b][i] - t0) * 1e-3);
       printf("  probe (us from the first block's entry; blocks: min/median/max):");
-      const char *nm[5] = {"entry", "waited", "loop end", "partial", "merged"};
-      for (int i = 0; i < 5; i++) {
+      const char *nm[6] = {"entry", "waited", "loop end", "partial", "counted", "merged"};
+      for (int i = 0; i < 6; i++) {
         if (pt[i].empty()) continue;
         std::sort(pt[i].begin(), pt[i].end());
         printf(" %s %zu: %.2f/%.2f/%.2f;", nm[i], pt[i].size(), pt[i][0], pt[i][pt[i].size() / 2], pt[i].back());

@@ -534,8 +534,17 @@ __device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { ret
 #ifndef ATT_MMA_PIPE
 #define ATT_MMA_PIPE 0 /* bit 0: a q8_0 cache's blocks load a step ahead; bit 1: a half cache's (bench variants) */
 #endif
-#ifdef ATT_PROBE /* bench variant: the decode kernel's blocks' clock at points 0..4 (bench/attn-bench) */
-__device__ unsigned long long att_probe[ATT_SPLIT * 64][5];
+#ifndef ATT_SC_FENCE
+#define ATT_SC_FENCE 0 /* 1: the split-K blocks' count behind __threadfence (bench variants: its cost) */
+#endif
+// *p += 1 at GPU scope with acquire and release semantics (PTX atom.acq_rel.gpu); the old value.
+__device__ __forceinline__ static int att_count_acq_rel(int *p) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
+#ifdef ATT_PROBE /* bench variant: the decode kernel's blocks' clock at points 0..5 (bench/attn-bench) */
+__device__ unsigned long long att_probe[ATT_SPLIT * 64][6];
 #define ATT_PROBE_AT(i) \
   do { \
     if (threadIdx.x == 0) att_probe[blockIdx.y * gridDim.x + blockIdx.x][i] = st_dev_globaltimer(); \
@@ -794,7 +803,12 @@ static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const vo
 // f_c = e^(M_c - M), M = max_c M_c. Per output value the arithmetic depends on nothing but the
 // partials, so every caller (any block size, any heads per block) gets the same bits. Loads bypass
 // L1 (another block of the same kernel may have written p).
-__device__ __forceinline__ static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
+#ifdef ATT_MERGE_NOINLINE /* bench variant: the merge compiled apart from the kernels that call it */
+#define ATT_MERGE_INLINE __noinline__
+#else
+#define ATT_MERGE_INLINE __forceinline__
+#endif
+__device__ ATT_MERGE_INLINE static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
                                                           float *o, int64_t ostride, const float *sinks = NULL) {
   __shared__ float fs[8][ATT_SPLIT], ls[8][ATT_SPLIT], Ls[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -1118,14 +1132,25 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
                                    hs, (float *)att_dyn, nst, direct);
   ATT_PROBE_AT(3);
   if (direct) return;
+#if ATT_SC_FENCE
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.y], 1) == used - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
+#else
+  // the block's partial (every thread's stores, before the barrier) released by thread 0's count, and
+  // every count acquired by the last block's thread 0, then its threads (the barrier): the PTX memory
+  // model's release and acquire at GPU scope, without __threadfence's sequentially consistent fences
+  __syncthreads();
+  if (threadIdx.x == 0) last = att_count_acq_rel(&counters[blockIdx.y]) == used - 1;
+  __syncthreads();
+  if (!last) return;
+#endif
   ATT_PROBE_AT(4);
+  attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
+  ATT_PROBE_AT(5);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
 }
 
