@@ -789,9 +789,9 @@ static void test_attend_tokens(void) {
     memcpy(got_8, o8, sizeof o8);
     st_axpy_kv_q8(got_8, 0.3f, (const int8_t *)r8, d8, N8);
     CHECK(memcmp(got_8, want_8, sizeof want_8) == 0, "st_axpy_kv_q8 at %s (%d values): bitwise the plain loop", st_dot_isa(), N8);
-    /* st_kv_q8_scores: 3 query rows against 5 keys of 96 values, against st_matmul on the same values as
+    /* st_kv_q8_scores: 5 query rows (two tiles) against 5 keys of 96 values, against st_matmul on the same values as
      * ggml's Q8_0 blocks */
-    enum { HD8 = 96, NK8 = 5, R8 = 3 };
+    enum { HD8 = 96, NK8 = 5, R8 = 5 };
     float kx[NK8 * HD8], qx[R8 * HD8], sc[R8 * NK8];
     uint8_t kr8[NK8 * (HD8 + HD8 / 16)];
     for (int i = 0; i < NK8 * HD8; i++) kx[i] = 2.0f * (float)urand();

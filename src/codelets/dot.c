@@ -23,8 +23,14 @@
 
 /* ---- scalar ------------------------------------------------------------------------------ */
 
-static inline float load_w_scalar(uint32_t type, const void *row, int64_t i) {
+/* The float kernels' weight type for a q8_0 KV cache's rows (st_kv_q8_scores; not a GGUF type): n int8
+ * quants, then n / 32 fp16 scales, value i = d[i / 32] q[i], as a Q8_0 block's. */
+#define KV_Q8_ROWS 0x4b563830u
+
+static inline float load_w_scalar(uint32_t type, const void *row, int64_t i, int64_t n) {
   switch (type) {
+  case KV_Q8_ROWS:
+    return st_fp16_to_f32(((const uint16_t *)((const uint8_t *)row + n))[i / ST_QK8_0]) * (float)((const int8_t *)row)[i];
   case ST_TYPE_F32:
     return ((const float *)row)[i];
   case ST_TYPE_F16:
@@ -42,15 +48,20 @@ static void row_tile_scalar(uint32_t type, const void *w, const float *x, int64_
                             int64_t n, float *out, int64_t ldo) {
   for (int t = 0; t < nt; t++) {
     float acc[8] = {0};
-    for (int64_t i = 0; i < n; i++) acc[i & 7] += load_w_scalar(type, w, i) * x[t * ldx + i];
+    for (int64_t i = 0; i < n; i++) acc[i & 7] += load_w_scalar(type, w, i, n) * x[t * ldx + i];
     out[t * ldo] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
   }
 }
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
-static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i) {
+static inline AVX2 __m256 load8_avx2(uint32_t type, const void *row, int64_t i, int64_t n) {
   switch (type) {
+  case KV_Q8_ROWS: {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(((const uint16_t *)((const uint8_t *)row + n))[i / ST_QK8_0]));
+    const __m128i q = _mm_loadl_epi64((const __m128i *)((const int8_t *)row + i));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+  }
   case ST_TYPE_F32:
     return _mm256_loadu_ps((const float *)row + i);
   case ST_TYPE_F16:
@@ -73,19 +84,19 @@ static inline __attribute__((always_inline)) AVX2 void row_tile_avx2_impl(uint32
   for (int t = 0; t < nt; t++) a0[t] = a1[t] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 w0 = load8_avx2(type, w, i), w1 = load8_avx2(type, w, i + 8);
+    const __m256 w0 = load8_avx2(type, w, i, n), w1 = load8_avx2(type, w, i + 8, n);
     for (int t = 0; t < nt; t++) {
       a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + i), a0[t]);
       a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * ldx + i + 8), a1[t]);
     }
   }
   for (; i + 8 <= n; i += 8) {
-    const __m256 w0 = load8_avx2(type, w, i);
+    const __m256 w0 = load8_avx2(type, w, i, n);
     for (int t = 0; t < nt; t++) a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * ldx + i), a0[t]);
   }
   for (int t = 0; t < nt; t++) {
     float s = hsum8_avx2(_mm256_add_ps(a0[t], a1[t]));
-    for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j) * x[t * ldx + j];
+    for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j, n) * x[t * ldx + j];
     out[t * ldo] = s;
   }
 }
@@ -103,8 +114,13 @@ static AVX2 void row_tile_avx2(uint32_t type, const void *w, const float *x, int
 
 /* ---- AVX-512 ----------------------------------------------------------------------------- */
 
-static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_t i) {
+static inline AVX512 __m512 load16_avx512(uint32_t type, const void *row, int64_t i, int64_t n) {
   switch (type) {
+  case KV_Q8_ROWS: {
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(((const uint16_t *)((const uint8_t *)row + n))[i / ST_QK8_0]));
+    const __m128i q = _mm_loadu_si128((const __m128i *)((const int8_t *)row + i));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+  }
   case ST_TYPE_F32:
     return _mm512_loadu_ps((const float *)row + i);
   case ST_TYPE_F16:
@@ -128,19 +144,19 @@ static inline __attribute__((always_inline)) AVX512 void row_tile_avx512_impl(ui
   for (int t = 0; t < nt; t++) a0[t] = a1[t] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 w0 = load16_avx512(type, w, i), w1 = load16_avx512(type, w, i + 16);
+    const __m512 w0 = load16_avx512(type, w, i, n), w1 = load16_avx512(type, w, i + 16, n);
     for (int t = 0; t < nt; t++) {
       a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * ldx + i), a0[t]);
       a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * ldx + i + 16), a1[t]);
     }
   }
   for (; i + 16 <= n; i += 16) {
-    const __m512 w0 = load16_avx512(type, w, i);
+    const __m512 w0 = load16_avx512(type, w, i, n);
     for (int t = 0; t < nt; t++) a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * ldx + i), a0[t]);
   }
   for (int t = 0; t < nt; t++) {
     float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
-    for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j) * x[t * ldx + j];
+    for (int64_t j = i; j < n; j++) s += load_w_scalar(type, w, j, n) * x[t * ldx + j];
     out[t * ldo] = s;
   }
 }
@@ -793,21 +809,16 @@ void st_axpy_kv_q8(float *o, float a, const int8_t *q, const uint16_t *d, int64_
 
 void st_kv_q8_scores(const uint8_t *k, uint64_t rb, int64_t n_keys, const float *x, int64_t ldx, int64_t R, int hd,
                      float *out, int64_t ldo) {
-  /* tiles of keys as ggml's blocks (the quants and their scale side by side), then st_matmul's Q8_0 rows
-   * (128 keys: at most 78 KiB of stack, MLA's rows of 576) */
-  enum { KEYS = 128 };
-  const int nb = hd / 32;
-  st_block_q8_0 blk[KEYS * nb];
-  for (int64_t j0 = 0; j0 < n_keys; j0 += KEYS) {
-    const int nt = n_keys - j0 < KEYS ? (int)(n_keys - j0) : KEYS;
-    for (int j = 0; j < nt; j++) {
-      const uint8_t *row = k + (uint64_t)(j0 + j) * rb;
-      for (int b = 0; b < nb; b++) {
-        memcpy(blk[j * nb + b].qs, row + 32 * b, 32);
-        memcpy(&blk[j * nb + b].d, row + hd + 2 * b, 2);
-      }
+  /* st_matmul's float kernels and loop with the rows read in place (KV_Q8_ROWS: each 8 or 16 values
+   * as a Q8_0 block's, d times the quants converted to float) */
+  static const row_tile_fn fns[] = {row_tile_scalar, row_tile_avx2, row_tile_avx512};
+  const row_tile_fn tile = fns[level()];
+  for (int64_t j0 = 0; j0 < n_keys; j0 += 64) { /* 64 keys stay in L2 while each query tile passes */
+    const int64_t j1 = j0 + 64 < n_keys ? j0 + 64 : n_keys;
+    for (int64_t t0 = 0; t0 < R; t0 += ST_TILE) {
+      const int nt = (int)(R - t0 < ST_TILE ? R - t0 : ST_TILE);
+      for (int64_t j = j0; j < j1; j++) tile(KV_Q8_ROWS, k + (uint64_t)j * rb, x + t0 * ldx, ldx, nt, hd, out + t0 * ldo + j, ldo);
     }
-    st_matmul(ST_TYPE_Q8_0, blk, (uint64_t)nb * sizeof(st_block_q8_0), 0, nt, x, ldx, R, hd, out + j0, ldo);
   }
 }
 

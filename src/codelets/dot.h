@@ -140,9 +140,9 @@ void st_axpy_kv_q8(float *o, float a, const int8_t *q, const uint16_t *d, int64_
 
 /* Attention scores on a q8_0 KV cache: out[r ldo + j] = the dot product of query row r (x + r ldx,
  * hd floats) with key j (the row k + j rb: hd int8 quants, then hd / 32 fp16 scales; value i =
- * d[i / 32] q[i]), for r < R, j < n_keys: st_matmul's Q8_0 rows on the keys rearranged as ggml's
- * blocks, so the bits of st_matmul (the same at every SIMD level, whatever R or the keys' range).
- * hd a multiple of 32. */
+ * d[i / 32] q[i]), for r < R, j < n_keys: st_matmul's float kernels reading the rows in place, so
+ * the bits of st_matmul on the same values as ggml's Q8_0 blocks (the same at every SIMD level,
+ * whatever R or the keys' range). hd a multiple of 32. */
 void st_kv_q8_scores(const uint8_t *k, uint64_t rb, int64_t n_keys, const float *x, int64_t ldx, int64_t R, int hd,
                      float *out, int64_t ldo);
 

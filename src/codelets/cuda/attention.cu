@@ -534,6 +534,9 @@ __device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { ret
 #ifndef ATT_MMA_PIPE
 #define ATT_MMA_PIPE 0 /* bit 0: a q8_0 cache's blocks load a step ahead; bit 1: a half cache's (bench variants) */
 #endif
+#ifndef ATT_MERGE_KERNEL
+#define ATT_MERGE_KERNEL 0 /* 1: the decode step's split-K chunks merged by attend_decode_merge (bench variants) */
+#endif
 #ifndef ATT_SC_FENCE
 #define ATT_SC_FENCE 0 /* 1: the split-K blocks' count behind __threadfence (bench variants: its cost) */
 #endif
@@ -1131,7 +1134,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
   ATT_PROBE_AT(3);
-  if (direct) return;
+  if (direct || ATT_MERGE_KERNEL) return; // one chunk wrote the output; or attend_decode_merge merges
 #if ATT_SC_FENCE
   __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
   __syncthreads();
@@ -1152,6 +1155,25 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
   ATT_PROBE_AT(5);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
+}
+
+// attend_decode_all's merge as a kernel of its own (ATT_MERGE_KERNEL): block H merges query head H's
+// chunks (attend_merge_heads, so the same bits as the last block's merge and attend_split_combine's),
+// launched after attend_decode_all as its programmatic dependent; it leaves where that kernel wrote
+// the output itself (one chunk without sinks) or where rope_short attended (n_keys <= short_max, when
+// set). nq: query heads a KV group; x: the sliding window and sinks as attend_decode_all's.
+__global__ static void attend_decode_merge(int nq, int hd, const int *pos_dev, const float *part, float *out,
+                                           int short_max, const __grid_constant__ st_cuda_attn_ext x) {
+  st_dev_griddep_launch();
+  st_dev_griddep_wait();
+  const int H = blockIdx.x;
+  const int n_all = *pos_dev + 1, lo = x.window && n_all > x.window ? n_all - x.window : 0, n_keys = n_all - lo;
+  if (n_keys <= short_max) return;
+  const int chunk = att_chunk_keys(n_keys), used = (n_keys + chunk - 1) / chunk;
+  if (used == 1 && !x.sinks) return;
+  const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
+  attend_merge_heads(part + (int64_t)H * hs, hs, 1, used, hd, out + (int64_t)H * hd, hd, x.sinks ? x.sinks + H : NULL);
+  (void)nq;
 }
 
 // Calls f(std::integral_constant ND, NQ) for the split-K kernels' instance of (nq, hd).
@@ -1925,6 +1947,9 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
                          1, after_short, xe);
+      if (ATT_MERGE_KERNEL)
+        st_cuda_launch(attend_decode_merge, dim3(G * nq), dim3(128), 0, st, pdl, nq, hd, pos_dev, (const float *)part, out,
+                       after_short ? att_short_max(hd, kv_es<KT>) : 0, xe);
     });
   });
 }
