@@ -78,6 +78,9 @@ double st_now(void);
 /* 1 when none of the n floats at v is an infinity or a NaN, else 0 (their exponent bits ORed
  * over sixteen interleaved accumulators: a SIMD loop, about 4x a scalar isfinite scan). */
 int st_all_finite(const float *v, size_t n);
+/* Copies n floats from src to dst (not overlapping) and returns st_all_finite of them, in one pass
+ * over src (a decode step's logits out of the GPU's mailbox). */
+int st_copy_finite(float *dst, const float *src, size_t n);
 
 /* mkdir -p: creates `path` and the folders above it (0755, the last one `mode`, e.g. 0700). 0, or -1
  * with errno set (ENOTDIR where a component, or path itself, is not a folder). */

@@ -6,6 +6,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <string.h>
+
+#include "common.h"
 #include "graph/sampler.h"
 
 int main(void) {
@@ -47,6 +50,34 @@ int main(void) {
     printf("%s st_argmax equals a sequential first-max scan on %d of %d vectors (ties, NaN, -inf, 0..151680 long)\n",
            same == tried && tried == 200 ? "PASS" : "FAIL", same, tried);
     same == tried && tried == 200 ? pass++ : fail++;
+  }
+
+  /* st_copy_finite (a decode step's logits out of the GPU's mailbox): the copy is exact and its flag is
+   * st_all_finite's and a plain isfinite scan's, with one NaN, +inf or -inf at any of several places
+   * (the interleaved part, the tail), lengths 0..40 and 151,680 */
+  {
+    enum { V = 151680 };
+    float *src = malloc(sizeof(float) * V), *dst = malloc(sizeof(float) * V);
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    int agree = 0, tried = 0, copies = 0;
+    for (int round = 0; round < 120 && src && dst; round++) {
+      const size_t n = round < 41 ? (size_t)round : V;
+      for (size_t i = 0; i < n; i++) src[i] = (float)((i * 7919) % 1000) / 250.0f - 2.0f;
+      if (round >= 41 && round % 4 != 0) src[(size_t)(round * 104729) % n] = bad[round % 3];
+      if (round < 41 && n > 0 && round % 2) src[n - 1 - (size_t)round % n] = bad[round % 3];
+      int want = 1;
+      for (size_t i = 0; i < n; i++) want &= isfinite(src[i]) != 0;
+      memset(dst, 0x5a, sizeof(float) * V);
+      const int got = st_copy_finite(dst, src, n);
+      agree += got == want && st_all_finite(src, n) == want;
+      copies += memcmp(dst, src, sizeof(float) * n) == 0;
+      tried++;
+    }
+    free(src), free(dst);
+    printf("%s st_copy_finite: copies exact %d of %d, finite flag equals st_all_finite and an isfinite scan on %d of %d "
+           "(NaN, +inf, -inf, lengths 0..40 and 151680)\n", agree == tried && copies == tried && tried == 120 ? "PASS" : "FAIL",
+           copies, tried, agree, tried);
+    agree == tried && copies == tried && tried == 120 ? pass++ : fail++;
   }
 
   st_sampler_init(&s, 0.7f, 3, 1.0f, 5);

@@ -52,6 +52,7 @@ struct st_decode {
                                        (its position, number and tasks: ctx.pos, ctx.seq, tasks_last) */
   int pending_broken;               /* its submission failed part way (settle it, then report) */
   int smem_set;                     /* ctx.smem_set's home */
+  int logits_finite;                /* the last st_decode_step checked its logits finite as it copied them (GPU mode) */
 };
 
 /* Whether the engine's configuration runs decode steps through this path, and why not (`why`:
@@ -78,7 +79,8 @@ int st_decode_submit_lanes(struct st_engine *e);
 
 /* One decode step (token.c): token `id` at position e->n_past through every layer and the head;
  * the logits (n_vocab floats) into `logits`; the routing counted as the per-task path counts it.
- * Does not advance n_past. Errors: ST_ERUNTIME when a router's input is not finite or a
+ * Does not advance n_past. d->logits_finite: 1 when the copy out of the mailbox found the logits
+ * finite (st_engine_eval then skips its own check), else 0 (not checked). Errors: ST_ERUNTIME when a router's input is not finite or a
  * submission fails. With STRATA_PRESUBMIT (a GPU step without CPU-pool lanes, not recording, room
  * in the context) it submits the step at e->n_past + 1 before it waits for this one's logits: that
  * step's first kernel waits for the mailbox, which the next call fills with its token. */

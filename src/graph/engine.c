@@ -1244,7 +1244,8 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
                          : st_batch_eval(e, ids + done, T, all_logits || last, all_logits);
     if (e->rec) st_recorder_step(e->rec, n == 1, t_start, starpu_timing_now());
     if (rc) return rc;
-    if (all_logits || last) { /* garbage weights must not pass silently as NaN logits */
+    /* garbage weights must not pass silently as NaN logits (a GPU step checked them as it copied) */
+    if ((all_logits || last) && !(step && e->dec->logits_finite)) {
       const size_t rows = all_logits ? (size_t)T : 1;
       for (size_t r = 0; r < rows; r++)
         if (!st_all_finite(out + r * V, V)) {

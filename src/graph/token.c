@@ -85,6 +85,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   struct st_decode *d = e->dec;
   struct st_decode_ctx *c = &d->ctx;
   const struct st_hparams *hp = &e->hp;
+  d->logits_finite = 0;
   if (d->pending && (d->pending_broken || c->pos != e->n_past)) st_decode_settle(e); /* not this step */
   const double t_in = st_now();
   const int back_to_back = d->last_return_s > 0 && t_in - d->last_return_s < 0.01; /* a decode loop */
@@ -118,7 +119,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   if (d->gpu && !rc) { /* the head raises head_seq once the logits and the routing are in the mailbox */
     st_mail_wait(c->mail.head_seq, seq, c->mail.abort_seq);
     t_head = st_now();
-    memcpy(logits, c->mail.logits, sizeof(float) * hp->n_vocab);
+    d->logits_finite = st_copy_finite(logits, c->mail.logits, hp->n_vocab);
     memcpy(c->route, c->mail.route, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
   }
   if (d->pending_broken) { /* its lanes and kernels run out on a zero embedding; then the error */
