@@ -1,6 +1,9 @@
 /* Sampling (see sampler.h). */
 #include "graph/sampler.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 
@@ -15,22 +18,61 @@ void st_sampler_init(struct st_sampler *s, float temp, int top_k, float top_p, u
   s->rng = (z ^ (z >> 31)) | 1;
 }
 
-/* Two passes: the largest value over sixteen interleaved running maxima (a loop the compiler turns
- * into SIMD max instructions; 0.1 ms per token for a 151,680-entry vocabulary with the indices kept
- * in the loop), then the first index holding it: the same answer as one sequential scan with
- * strict >, ties to the lower index. NaN never wins except at index 0, as in that scan. */
+#if defined(__x86_64__)
+/* The largest value of v[0..n) (n a multiple of 32) by four AVX2 running maxima: _mm256_max_ps(x, m)
+ * keeps m where x is NaN, as `x > m ? x : m` does, and m where they are equal (zeros of either sign). */
+__attribute__((target("avx2"))) static float max_avx2(const float *v, int32_t n) {
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+  for (int32_t i = 0; i < n; i += 32) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(v + i), m0), m1 = _mm256_max_ps(_mm256_loadu_ps(v + i + 8), m1);
+    m2 = _mm256_max_ps(_mm256_loadu_ps(v + i + 16), m2), m3 = _mm256_max_ps(_mm256_loadu_ps(v + i + 24), m3);
+  }
+  float b[8];
+  _mm256_storeu_ps(b, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  float m = -INFINITY;
+  for (int j = 0; j < 8; j++) m = b[j] > m ? b[j] : m;
+  return m;
+}
+
+/* The first i < n (n a multiple of 8) with v[i] == m, or n. */
+__attribute__((target("avx2"))) static int32_t find_avx2(const float *v, int32_t n, float m) {
+  const __m256 mm = _mm256_set1_ps(m);
+  for (int32_t i = 0; i < n; i += 8) {
+    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), mm, _CMP_EQ_OQ));
+    if (bits) return i + __builtin_ctz((unsigned)bits);
+  }
+  return n;
+}
+#endif
+
+/* Two passes: the largest value over interleaved running maxima (AVX2 where the CPU has it, else a
+ * loop of sixteen that the compiler turns into SIMD max instructions), then the first index holding
+ * it: the same answer as one sequential scan with strict >, ties to the lower index. NaN never wins
+ * except at index 0, as in that scan. */
 int32_t st_argmax(const float *v, int32_t n) {
   enum { L = 16 };
+  int32_t i = 0;
+  float m = -INFINITY;
+#if defined(__x86_64__)
+  const int avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && n >= 32) m = max_avx2(v, i = n / 32 * 32);
+#endif
   float bv[L];
   for (int j = 0; j < L; j++) bv[j] = -INFINITY;
-  int32_t i = 0;
   for (; i + L <= n; i += L)
     for (int j = 0; j < L; j++) bv[j] = v[i + j] > bv[j] ? v[i + j] : bv[j];
-  float m = -INFINITY;
   for (; i < n; i++) m = v[i] > m ? v[i] : m;
   for (int j = 0; j < L; j++) m = bv[j] > m ? bv[j] : m;
   if (n <= 0 || m == -INFINITY || v[0] != v[0]) return 0;
-  for (i = 0; i < n; i++)
+  i = 0;
+#if defined(__x86_64__)
+  if (avx2) {
+    const int32_t n8 = n / 8 * 8, at = find_avx2(v, n8, m);
+    if (at < n8) return at;
+    i = n8;
+  }
+#endif
+  for (; i < n; i++)
     if (v[i] == m) return i;
   return 0;
 }
