@@ -217,8 +217,8 @@ __attribute__((target("avx2"))) static size_t copy_finite_avx2(float *dst, const
     m2 = _mm256_or_si256(m2, _mm256_cmpeq_epi32(_mm256_and_si256(c, e), e));
     m3 = _mm256_or_si256(m3, _mm256_cmpeq_epi32(_mm256_and_si256(d, e), e));
   }
-  *bad |= !_mm256_testz_si256(_mm256_or_si256(_mm256_or_si256(m0, m1), _mm256_or_si256(m2, m3)),
-                              _mm256_or_si256(_mm256_or_si256(m0, m1), _mm256_or_si256(m2, m3)));
+  const __m256i m = _mm256_or_si256(_mm256_or_si256(m0, m1), _mm256_or_si256(m2, m3));
+  *bad |= !_mm256_testz_si256(m, m);
   return i;
 }
 #endif

@@ -62,7 +62,7 @@ template <typename F> static void kv_dispatch_q8(int kv_type, F &&f) {
   if (kv_type == ST_TYPE_Q8_0) f(kv_tag<kv_q8>());
   else kv_dispatch(kv_type, f);
 }
-__host__ __device__ __forceinline__ static int64_t kv_q8_row_bytes(int hd) { return (int64_t)hd + (int64_t)(hd / 32) * 2; }
+__host__ __device__ __forceinline__ constexpr static int64_t kv_q8_row_bytes(int hd) { return (int64_t)hd + (int64_t)(hd / 32) * 2; }
 // Row `row` of a cache of KT with rows of hd values.
 template <typename KT> __device__ __forceinline__ static const KT *kv_row(const KT *c, int64_t row, int hd) {
   if constexpr (kv_is_q8<KT>) return (const KT *)((const uint8_t *)c + row * kv_q8_row_bytes(hd));
@@ -107,26 +107,24 @@ __device__ __forceinline__ static uint4 kv_q8_halves8(uint32_t w0, uint32_t w1, 
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// Values d0 .. d0 + 7 (d0 a multiple of 8) of row `key` of a q8_0 cache with rows of hd values (the
-// cache's base 8-byte aligned): the quants by one 8-byte load where the rows are 8-byte aligned (hd a
-// multiple of 128), two 4-byte loads where they are 4-byte aligned (a multiple of 64), else four
-// 2-byte loads; and their scale.
+// Eight quants at p, a multiple of 8 bytes into a row of a q8_0 cache with rows of hd values (the
+// cache's base 8-byte aligned): one 8-byte load where the rows are 8-byte aligned (hd a multiple of
+// 128), two 4-byte loads where they are 4-byte aligned (a multiple of 64), else four 2-byte loads.
+__device__ __forceinline__ static uint2 kv_q8_quants8(const uint8_t *p, int hd) {
+  if (hd % 128 == 0) return ATT_Q8_LOAD((const uint2 *)p);
+  if (hd % 64 == 0) return make_uint2(ATT_Q8_LOAD((const unsigned *)p), ATT_Q8_LOAD((const unsigned *)p + 1));
+  const unsigned short *s = (const unsigned short *)p;
+  return make_uint2((uint32_t)ATT_Q8_LOAD(s) | (uint32_t)ATT_Q8_LOAD(s + 1) << 16,
+                    (uint32_t)ATT_Q8_LOAD(s + 2) | (uint32_t)ATT_Q8_LOAD(s + 3) << 16);
+}
+
+// Values d0 .. d0 + 7 (d0 a multiple of 8) of row `key` of a q8_0 cache with rows of hd values:
+// their quants (kv_q8_quants8) and their scale.
 __device__ __forceinline__ static uint4 kv_q8_ld8(const kv_q8 *c, int64_t key, int hd, int d0) {
   const uint8_t *row = (const uint8_t *)c + key * kv_q8_row_bytes(hd);
   const __half d = __ushort_as_half(ATT_Q8_LOAD((const unsigned short *)(row + hd) + d0 / 32));
-  uint32_t w0, w1;
-  if (hd % 128 == 0) {
-    const uint2 u = ATT_Q8_LOAD((const uint2 *)(row + d0));
-    w0 = u.x, w1 = u.y;
-  } else if (hd % 64 == 0) {
-    const unsigned *p = (const unsigned *)(row + d0);
-    w0 = ATT_Q8_LOAD(p), w1 = ATT_Q8_LOAD(p + 1);
-  } else {
-    const unsigned short *p = (const unsigned short *)(row + d0);
-    w0 = (uint32_t)ATT_Q8_LOAD(p) | (uint32_t)ATT_Q8_LOAD(p + 1) << 16;
-    w1 = (uint32_t)ATT_Q8_LOAD(p + 2) | (uint32_t)ATT_Q8_LOAD(p + 3) << 16;
-  }
-  return kv_q8_halves8(w0, w1, d);
+  const uint2 q = kv_q8_quants8(row + d0, hd);
+  return kv_q8_halves8(q.x, q.y, d);
 }
 
 // The same values, one half each, for rows x hd values of a q8_0 cache into dst ([rows][hd]): the
@@ -531,14 +529,8 @@ __device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { ret
 #ifndef ATT_MMA_LOAD
 #define ATT_MMA_LOAD __ldcs /* K and V rows are read once: streaming loads (bench variants: __ldg) */
 #endif
-#ifndef ATT_MMA_PIPE
-#define ATT_MMA_PIPE 0 /* bit 0: a q8_0 cache's blocks load a step ahead; bit 1: a half cache's (bench variants) */
-#endif
 #ifndef ATT_MERGE_KERNEL
 #define ATT_MERGE_KERNEL 0 /* 1: the decode step's split-K chunks merged by attend_decode_merge (bench variants) */
-#endif
-#ifndef ATT_SC_FENCE
-#define ATT_SC_FENCE 0 /* 1: the split-K blocks' count behind __threadfence (bench variants: its cost) */
 #endif
 // *p += 1 at GPU scope with acquire and release semantics (PTX atom.acq_rel.gpu); the old value.
 __device__ __forceinline__ static int att_count_acq_rel(int *p) {
@@ -561,8 +553,8 @@ __device__ unsigned long long att_probe[ATT_SPLIT * 64][6];
 // loads them: K rows k0 + 8 r + g at dimensions 32 si + 8 t .. + 8, V rows k0 + 2 t + (r & 1) + 8 (r >> 1)
 // at 64 h + 8 g .. + 8. kh and vh give them as 8 halves (att_word order). A half cache's: 16-byte
 // loads. A q8_0 cache's: the quants (8 a load) and each row's scales (4 in one 8-byte load at
-// head_dim 128, 2 in a 4-byte one at 64), half a half cache's bytes in registers, so that a step's
-// loads can be in flight while the step before computes (ATT_MMA_PIPE).
+// head_dim 128, 2 in a 4-byte one at 64), half a half cache's bytes in registers. (Loading a step
+// ahead into a second set took 255 registers and was slower on an H100: bench/RESULTS.md 2026-12-06.)
 template <int HD, typename KT> struct mma_raw;
 template <int HD> struct mma_raw<HD, __half> {
   static constexpr int NS = HD / 32, NH = HD / 64;
@@ -586,13 +578,10 @@ template <int HD> struct mma_raw<HD, __half> {
   __device__ __forceinline__ uint4 vh(int r, int h, int) const { return v[r][h]; }
 };
 template <int HD> struct mma_raw<HD, kv_q8> {
-  static constexpr int NS = HD / 32, NH = HD / 64, RB = HD + HD / 16; // kv_q8_row_bytes
+  static constexpr int NS = HD / 32, NH = HD / 64;
+  static constexpr int64_t RB = kv_q8_row_bytes(HD);
   uint2 k[2][NS], v[4][NH], ks[2], vs[4]; // quants; a row's scales (.x holds 2, .y 2 more at HD 128)
-  // 8 quants at byte o of a row of this cache (8-byte aligned at HD 128, 4-byte at 64)
-  __device__ __forceinline__ static uint2 q8(const uint8_t *p) {
-    if constexpr (HD % 128 == 0) return ATT_Q8_LOAD((const uint2 *)p);
-    else return make_uint2(ATT_Q8_LOAD((const unsigned *)p), ATT_Q8_LOAD((const unsigned *)p + 1));
-  }
+  __device__ __forceinline__ static uint2 q8(const uint8_t *p) { return kv_q8_quants8(p, HD); }
   __device__ __forceinline__ static uint2 sc(const uint8_t *row) {
     if constexpr (HD % 128 == 0) return ATT_Q8_LOAD((const uint2 *)(row + HD));
     else return make_uint2(ATT_Q8_LOAD((const unsigned *)(row + HD)), 0u);
@@ -695,30 +684,10 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
       }
     }
   };
-  constexpr int STRIDE = 16 * ATT_WARPS;
-  constexpr bool PIPE = (ATT_MMA_PIPE >> (kv_is_q8<KT> ? 0 : 1)) & 1;
-  int k0 = start + 16 * warp;
-  if constexpr (PIPE) { // two steps' registers: a step's loads fly while the one before computes
-    mma_raw<HD, KT> ra, rb;
-    if (k0 < end) ra.load(kc, vc, k0, end, g, t);
-    while (k0 < end) {
-      const bool more = k0 + STRIDE < end;
-      if (more) rb.load(kc, vc, k0 + STRIDE, end, g, t);
-      step(ra, k0);
-      k0 += STRIDE;
-      if (!more) break;
-      const bool more2 = k0 + STRIDE < end;
-      if (more2) ra.load(kc, vc, k0 + STRIDE, end, g, t);
-      step(rb, k0);
-      k0 += STRIDE;
-      if (!more2) break;
-    }
-  } else {
-    for (; k0 < end; k0 += STRIDE) {
-      mma_raw<HD, KT> rw;
-      rw.load(kc, vc, k0, end, g, t);
-      step(rw, k0);
-    }
+  for (int k0 = start + 16 * warp; k0 < end; k0 += 16 * ATT_WARPS) {
+    mma_raw<HD, KT> rw;
+    rw.load(kc, vc, k0, end, g, t);
+    step(rw, k0);
   }
   ATT_PROBE_AT(2);
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -1135,22 +1104,14 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
                                    hs, (float *)att_dyn, nst, direct);
   ATT_PROBE_AT(3);
   if (direct || ATT_MERGE_KERNEL) return; // one chunk wrote the output; or attend_decode_merge merges
-#if ATT_SC_FENCE
-  __threadfence(); // each writer's partial is visible device-wide before the block counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.y], 1) == used - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-#else
   // the block's partial (every thread's stores, before the barrier) released by thread 0's count, and
   // every count acquired by the last block's thread 0, then its threads (the barrier): the PTX memory
   // model's release and acquire at GPU scope, without __threadfence's sequentially consistent fences
+  // (which cost no more on an H100: bench/RESULTS.md 2026-12-06)
   __syncthreads();
   if (threadIdx.x == 0) last = att_count_acq_rel(&counters[blockIdx.y]) == used - 1;
   __syncthreads();
   if (!last) return;
-#endif
   ATT_PROBE_AT(4);
   attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
   ATT_PROBE_AT(5);
@@ -1161,8 +1122,8 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
 // chunks (attend_merge_heads, so the same bits as the last block's merge and attend_split_combine's),
 // launched after attend_decode_all as its programmatic dependent; it leaves where that kernel wrote
 // the output itself (one chunk without sinks) or where rope_short attended (n_keys <= short_max, when
-// set). nq: query heads a KV group; x: the sliding window and sinks as attend_decode_all's.
-__global__ static void attend_decode_merge(int nq, int hd, const int *pos_dev, const float *part, float *out,
+// set). x: the sliding window and sinks as attend_decode_all's.
+__global__ static void attend_decode_merge(int hd, const int *pos_dev, const float *part, float *out,
                                            int short_max, const __grid_constant__ st_cuda_attn_ext x) {
   st_dev_griddep_launch();
   st_dev_griddep_wait();
@@ -1173,7 +1134,6 @@ __global__ static void attend_decode_merge(int nq, int hd, const int *pos_dev, c
   if (used == 1 && !x.sinks) return;
   const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
   attend_merge_heads(part + (int64_t)H * hs, hs, 1, used, hd, out + (int64_t)H * hd, hd, x.sinks ? x.sinks + H : NULL);
-  (void)nq;
 }
 
 // Calls f(std::integral_constant ND, NQ) for the split-K kernels' instance of (nq, hd).
@@ -1948,7 +1908,7 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
                          1, after_short, xe);
       if (ATT_MERGE_KERNEL)
-        st_cuda_launch(attend_decode_merge, dim3(G * nq), dim3(128), 0, st, pdl, nq, hd, pos_dev, (const float *)part, out,
+        st_cuda_launch(attend_decode_merge, dim3(G * nq), dim3(128), 0, st, pdl, hd, pos_dev, (const float *)part, out,
                        after_short ? att_short_max(hd, kv_es<KT>) : 0, xe);
     });
   });
