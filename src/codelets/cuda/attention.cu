@@ -529,9 +529,6 @@ __device__ __forceinline__ static uint32_t att_word(const uint4 &u, int i) { ret
 #ifndef ATT_MMA_LOAD
 #define ATT_MMA_LOAD __ldcs /* K and V rows are read once: streaming loads (bench variants: __ldg) */
 #endif
-#ifndef ATT_MERGE_KERNEL
-#define ATT_MERGE_KERNEL 0 /* 1: the decode step's split-K chunks merged by attend_decode_merge (bench variants) */
-#endif
 // *p += 1 at GPU scope with acquire and release semantics (PTX atom.acq_rel.gpu); the old value.
 __device__ __forceinline__ static int att_count_acq_rel(int *p) {
   int old;
@@ -733,15 +730,16 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
 // block, the tiles' block itself ran 2.6x slower at 1,024 keys (bench/attn-bench). On an H200 (4
 // KV groups, half cache, bench/RESULTS.md 2026-12-03) the pair takes 42 us at 32,768 keys and 33
 // at 16,384 where the tiles alone take 75 and 43; but (measured while both blocks shared a kernel)
-// the tensor-core block took 33 us at 4,096 keys where the tiles take 19: a warp's first 16 keys
-// cost about 20 us when 128 blocks run (ATT_MMA_SKIP, the block without its key loop: 11 us), for
-// a reason not found (ATT_MMA_WARM tests one guess); so it serves chunks of ATT_MMA_CHUNK keys or
-// more only.
+// the tensor-core block took 33 us at 4,096 keys where the tiles take 19. Most of that was the last
+// block's merge, whose loads ptxas issued one at a time in this kernel (attend_merge_heads); with
+// that mended (2026-12-06, H100) the q8_0 cache's tensor-core block is the faster one at every
+// chunk (4,096 keys: 10.4 us against 21.8), so it serves chunks of ATT_MMA_CHUNK_Q8 keys or more,
+// and the half cache's ATT_MMA_CHUNK or more.
 #ifndef ATT_MMA_CHUNK
 #define ATT_MMA_CHUNK 512 /* keys of a chunk from which the half cache's blocks take the tensor cores */
 #endif
 #ifndef ATT_MMA_CHUNK_Q8
-#define ATT_MMA_CHUNK_Q8 ATT_MMA_CHUNK /* the same for a q8_0 cache */
+#define ATT_MMA_CHUNK_Q8 32 /* the same for a q8_0 cache: every chunk */
 #endif
 // Keys of a chunk from which a cache of KT (kv_type) takes the tensor-core blocks.
 template <typename KT> constexpr int att_mma_chunk = kv_is_q8<KT> ? ATT_MMA_CHUNK_Q8 : ATT_MMA_CHUNK;
@@ -775,12 +773,7 @@ static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const vo
 // f_c = e^(M_c - M), M = max_c M_c. Per output value the arithmetic depends on nothing but the
 // partials, so every caller (any block size, any heads per block) gets the same bits. Loads bypass
 // L1 (another block of the same kernel may have written p).
-#ifdef ATT_MERGE_NOINLINE /* bench variant: the merge compiled apart from the kernels that call it */
-#define ATT_MERGE_INLINE __noinline__
-#else
-#define ATT_MERGE_INLINE __forceinline__
-#endif
-__device__ ATT_MERGE_INLINE static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
+__device__ __forceinline__ static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
                                                           float *o, int64_t ostride, const float *sinks = NULL) {
   __shared__ float fs[8][ATT_SPLIT], ls[8][ATT_SPLIT], Ls[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -803,7 +796,10 @@ __device__ ATT_MERGE_INLINE static void attend_merge_heads(const float *p, int64
   }
   __syncthreads();
   // a thread's values e = threadIdx.x + m blockDim.x (nh hd <= 1024: at most 4 with 256 threads), all
-  // their loads of 16 chunks in flight at once
+  // their loads of 16 chunks in flight at once. The loads are unconditional: guarded ones (the loads
+  // are volatile asm) were issued by ptxas one at a time, each next to its FMA, in the kernels with
+  // the most registers live (the tensor-core block, every q8_0 block): one L2 round trip a chunk, 18-20
+  // us for 32 chunks against 4 now (bench/RESULTS.md, 2026-12-06, twenty-third session)
   constexpr int MB = 4;
   for (int e0 = 0; e0 < nh * hd; e0 += MB * blockDim.x) {
     float a[MB];
@@ -819,7 +815,10 @@ __device__ ATT_MERGE_INLINE static void attend_merge_heads(const float *p, int64
 #pragma unroll
       for (int m = 0; m < MB; m++)
 #pragma unroll
-        for (int u = 0; u < 16; u++) av[m][u] = pe[m] && c0 + u < used ? __ldcg(pe[m] + (int64_t)(c0 + u) * (hd + 2)) : 0.0f;
+        for (int u = 0; u < 16; u++) { // a load past `used` reads chunk used - 1 again and is dropped
+          const float v = __ldcg((pe[m] ? pe[m] : p) + (int64_t)min(c0 + u, used - 1) * (hd + 2));
+          av[m][u] = pe[m] && c0 + u < used ? v : 0.0f;
+        }
 #pragma unroll
       for (int m = 0; m < MB; m++) {
         const int h = (e0 + threadIdx.x + m * blockDim.x) / hd;
@@ -1103,7 +1102,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
   ATT_PROBE_AT(3);
-  if (direct || ATT_MERGE_KERNEL) return; // one chunk wrote the output; or attend_decode_merge merges
+  if (direct) return; // one chunk wrote the output
   // the block's partial (every thread's stores, before the barrier) released by thread 0's count, and
   // every count acquired by the last block's thread 0, then its threads (the barrier): the PTX memory
   // model's release and acquire at GPU scope, without __threadfence's sequentially consistent fences
@@ -1116,24 +1115,6 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
   ATT_PROBE_AT(5);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
-}
-
-// attend_decode_all's merge as a kernel of its own (ATT_MERGE_KERNEL): block H merges query head H's
-// chunks (attend_merge_heads, so the same bits as the last block's merge and attend_split_combine's),
-// launched after attend_decode_all as its programmatic dependent; it leaves where that kernel wrote
-// the output itself (one chunk without sinks) or where rope_short attended (n_keys <= short_max, when
-// set). x: the sliding window and sinks as attend_decode_all's.
-__global__ static void attend_decode_merge(int hd, const int *pos_dev, const float *part, float *out,
-                                           int short_max, const __grid_constant__ st_cuda_attn_ext x) {
-  st_dev_griddep_launch();
-  st_dev_griddep_wait();
-  const int H = blockIdx.x;
-  const int n_all = *pos_dev + 1, lo = x.window && n_all > x.window ? n_all - x.window : 0, n_keys = n_all - lo;
-  if (n_keys <= short_max) return;
-  const int chunk = att_chunk_keys(n_keys), used = (n_keys + chunk - 1) / chunk;
-  if (used == 1 && !x.sinks) return;
-  const int64_t hs = (int64_t)ATT_SPLIT * (hd + 2);
-  attend_merge_heads(part + (int64_t)H * hs, hs, 1, used, hd, out + (int64_t)H * hd, hd, x.sinks ? x.sinks + H : NULL);
 }
 
 // Calls f(std::integral_constant ND, NQ) for the split-K kernels' instance of (nq, hd).
@@ -1907,9 +1888,6 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
                          att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
                          1, after_short, xe);
-      if (ATT_MERGE_KERNEL)
-        st_cuda_launch(attend_decode_merge, dim3(G * nq), dim3(128), 0, st, pdl, hd, pos_dev, (const float *)part, out,
-                       after_short ? att_short_max(hd, kv_es<KT>) : 0, xe);
     });
   });
 }
