@@ -63,19 +63,20 @@ __global__ void __launch_bounds__(PRE_THREADS)
     __syncthreads();
     // two of the thread's elements at a time, every load of a row group in flight (the mailbox's
     // rows cross the bus; volatile loads, which see the CPU pool's writes, for the card's rows too);
-    // each element's sum in slot order
+    // each element's sum in slot order. The loads are unconditional (past k: slot k - 1's row again,
+    // past d: element i0 again, both dropped): guarded volatile loads may be issued one at a time,
+    // each next to its use (as attention.cu's merge found)
     for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
-      const int i1 = i0 + blockDim.x, two = i1 < d;
+      const int i1 = i0 + blockDim.x, two = i1 < d, i1r = two ? i1 : i0;
       float acc0 = 0.0f, acc1 = 0.0f;
       for (int j0 = 0; j0 < k; j0 += 8) { // (k 0: a dense layer, its fixed FFN's row only)
         float v0[8], v1[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-          if (j0 + u < k) {
-            const float *r = src[j0 + u];
-            v0[u] = __ldcv(r + i0); // one kind of load for both sources: no branch between them
-            v1[u] = two ? __ldcv(r + i1) : 0.0f;
-          }
+        for (int u = 0; u < 8; u++) {
+          const float *r = src[min(j0 + u, k - 1)];
+          v0[u] = __ldcv(r + i0); // one kind of load for both sources: no branch between them
+          v1[u] = __ldcv(r + i1r);
+        }
 #pragma unroll
         for (int u = 0; u < 8; u++)
           if (j0 + u < k) acc0 = __fadd_rn(acc0, v0[u]), acc1 = __fadd_rn(acc1, v1[u]);
