@@ -780,13 +780,15 @@ __device__ __forceinline__ static void attend_merge_heads(const float *p, int64_
   for (int h = warp; h < nh; h += nw) {
     const float *ph = p + h * hstride;
     const int c0 = lane, c1 = lane + 32;
-    const float m0 = c0 < used ? __ldcg(ph + (int64_t)c0 * (hd + 2)) : -INFINITY;
-    const float m1 = c1 < used ? __ldcg(ph + (int64_t)c1 * (hd + 2)) : -INFINITY;
+    // the lane's two maxima and sums loaded at once, unconditionally (below)
+    const float *p0 = ph + (int64_t)min(c0, used - 1) * (hd + 2), *p1 = ph + (int64_t)min(c1, used - 1) * (hd + 2);
+    const float m0r = __ldcg(p0), m1r = __ldcg(p1), l0 = __ldcg(p0 + 1), l1 = __ldcg(p1 + 1);
+    const float m0 = c0 < used ? m0r : -INFINITY, m1 = c1 < used ? m1r : -INFINITY;
     float M = fmaxf(m0, m1);
     for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
     if (sinks) M = fmaxf(M, sinks[h]); // head h's sink: one more logit in the denominator
-    if (c0 < used) fs[h][c0] = expf(m0 - M), ls[h][c0] = __ldcg(ph + (int64_t)c0 * (hd + 2) + 1);
-    if (c1 < used) fs[h][c1] = expf(m1 - M), ls[h][c1] = __ldcg(ph + (int64_t)c1 * (hd + 2) + 1);
+    if (c0 < used) fs[h][c0] = expf(m0 - M), ls[h][c0] = l0;
+    if (c1 < used) fs[h][c1] = expf(m1 - M), ls[h][c1] = l1;
     __syncwarp();
     if (lane == 0) {
       float L = 0.0f;
