@@ -95,11 +95,34 @@ static double next_uniform(struct st_sampler *s) {
   return (double)(s->rng >> 11) / 9007199254740992.0;
 }
 
+#if defined(__x86_64__)
+/* The first j in [i, n - n % 8) at or after i with !(v[j] <= t) (a value above t, or NaN), or the
+ * first index of the last n % 8 values when there is none. */
+__attribute__((target("avx2"))) static int32_t skip_le_avx2(const float *v, int32_t i, int32_t n, float t) {
+  const __m256 tt = _mm256_set1_ps(t);
+  for (; i + 8 <= n; i += 8) {
+    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), tt, _CMP_NLE_UQ));
+    if (bits) return i + __builtin_ctz((unsigned)bits);
+  }
+  return i;
+}
+#endif
+
 /* Keeps the m best candidates of n logits in c[0..m), best first: a min-heap of size m over
- * one pass (O(n log m)), then a sort of the m survivors. */
-static void best_m(const float *logits, int32_t n, int32_t m, struct cand *c) {
+ * one pass (O(n log m)), then a sort of the m survivors. Once the heap is full, a logit at or below
+ * the worst kept one is never kept (a later index loses the tie), so with simd (AVX2 where the CPU
+ * has it) runs of such logits are passed over eight at a time: the same heap, the same result. */
+static void best_m(const float *logits, int32_t n, int32_t m, struct cand *c, int simd) {
   int32_t size = 0;
+#if defined(__x86_64__)
+  simd = simd && __builtin_cpu_supports("avx2");
+#else
+  simd = 0;
+#endif
   for (int32_t i = 0; i < n; i++) {
+#if defined(__x86_64__)
+    if (simd && size == m && (i = skip_le_avx2(logits, i, n, c[0].logit)) >= n) break;
+#endif
     const struct cand x = {logits[i], i};
     if (size == m && by_logit_desc(&x, &c[0]) >= 0) continue; /* not better than the worst kept */
     int32_t j;
@@ -136,7 +159,7 @@ int32_t st_sampler_sample(struct st_sampler *s, const float *logits, int32_t n) 
     free(p);
     return -1;
   }
-  best_m(logits, n, m, c);
+  best_m(logits, n, m, c, 1);
   double sum = 0.0;
   for (int32_t i = 0; i < m; i++) sum += p[i] = exp((double)(c[i].logit - c[0].logit) / s->temp);
   if (s->top_p < 1.0f) {
@@ -158,4 +181,14 @@ int32_t st_sampler_sample(struct st_sampler *s, const float *logits, int32_t n) 
   free(p);
   free(c);
   return pick;
+}
+
+int st_sampler_best(const float *logits, int32_t n, int32_t m, int32_t *ids, int simd) {
+  if (m <= 0 || m > n) return -1;
+  struct cand *c = malloc(sizeof *c * (size_t)m);
+  if (!c) return -1;
+  best_m(logits, n, m, c, simd);
+  for (int32_t i = 0; i < m; i++) ids[i] = c[i].id;
+  free(c);
+  return 0;
 }

@@ -18,6 +18,11 @@ void st_sampler_init(struct st_sampler *s, float temp, int top_k, float top_p, u
  * allocation fails. */
 int32_t st_sampler_sample(struct st_sampler *s, const float *logits, int32_t n);
 
+/* For tests: ids[0..m) = the m best of n logits as the top-k cut keeps them, best first (logit
+ * descending, ties to the lower id), with simd 1 as st_sampler_sample finds them (AVX2 where the
+ * CPU has it), with 0 by the plain heap alone. 0, or -1 for m outside 1..n or a failed allocation. */
+int st_sampler_best(const float *logits, int32_t n, int32_t m, int32_t *ids, int simd);
+
 /* Index of the largest value (ties to the lower index). */
 int32_t st_argmax(const float *v, int32_t n);
 
