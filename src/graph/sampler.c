@@ -34,15 +34,19 @@ __attribute__((target("avx2"))) static float max_avx2(const float *v, int32_t n)
   return m;
 }
 
-/* The first i < n (n a multiple of 8) with v[i] == m, or n. */
-__attribute__((target("avx2"))) static int32_t find_avx2(const float *v, int32_t n, float m) {
-  const __m256 mm = _mm256_set1_ps(m);
-  for (int32_t i = 0; i < n; i += 8) {
-    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), mm, _CMP_EQ_OQ));
-    if (bits) return i + __builtin_ctz((unsigned)bits);
+/* name(v, i, n, t): the first j >= i, in whole groups of eight from i, where _mm256_cmp_ps(v[j], t,
+ * pred) holds; else the index past the last such group (n when n - i is a multiple of 8). */
+#define ST_FIRST_AVX2(name, pred) \
+  __attribute__((target("avx2"))) static int32_t name(const float *v, int32_t i, int32_t n, float t) { \
+    const __m256 tt = _mm256_set1_ps(t); \
+    for (; i + 8 <= n; i += 8) { \
+      const int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), tt, pred)); \
+      if (bits) return i + __builtin_ctz((unsigned)bits); \
+    } \
+    return i; \
   }
-  return n;
-}
+ST_FIRST_AVX2(find_eq_avx2, _CMP_EQ_OQ)    /* v[j] == t */
+ST_FIRST_AVX2(find_above_avx2, _CMP_NLE_UQ) /* !(v[j] <= t): above t, or NaN */
 #endif
 
 /* Two passes: the largest value over interleaved running maxima (AVX2 where the CPU has it, else a
@@ -67,7 +71,7 @@ int32_t st_argmax(const float *v, int32_t n) {
   i = 0;
 #if defined(__x86_64__)
   if (avx2) {
-    const int32_t n8 = n / 8 * 8, at = find_avx2(v, n8, m);
+    const int32_t n8 = n / 8 * 8, at = find_eq_avx2(v, 0, n8, m);
     if (at < n8) return at;
     i = n8;
   }
@@ -95,19 +99,6 @@ static double next_uniform(struct st_sampler *s) {
   return (double)(s->rng >> 11) / 9007199254740992.0;
 }
 
-#if defined(__x86_64__)
-/* The first j in [i, n - n % 8) at or after i with !(v[j] <= t) (a value above t, or NaN), or the
- * first index of the last n % 8 values when there is none. */
-__attribute__((target("avx2"))) static int32_t skip_le_avx2(const float *v, int32_t i, int32_t n, float t) {
-  const __m256 tt = _mm256_set1_ps(t);
-  for (; i + 8 <= n; i += 8) {
-    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), tt, _CMP_NLE_UQ));
-    if (bits) return i + __builtin_ctz((unsigned)bits);
-  }
-  return i;
-}
-#endif
-
 /* Keeps the m best candidates of n logits in c[0..m), best first: a min-heap of size m over
  * one pass (O(n log m)), then a sort of the m survivors. Once the heap is full, a logit at or below
  * the worst kept one is never kept (a later index loses the tie), so with simd (AVX2 where the CPU
@@ -121,7 +112,7 @@ static void best_m(const float *logits, int32_t n, int32_t m, struct cand *c, in
 #endif
   for (int32_t i = 0; i < n; i++) {
 #if defined(__x86_64__)
-    if (simd && size == m && (i = skip_le_avx2(logits, i, n, c[0].logit)) >= n) break;
+    if (simd && size == m && (i = find_above_avx2(logits, i, n, c[0].logit)) >= n) break;
 #endif
     const struct cand x = {logits[i], i};
     if (size == m && by_logit_desc(&x, &c[0]) >= 0) continue; /* not better than the worst kept */
