@@ -756,10 +756,11 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
 // the tensor-core block took 33 us at 4,096 keys where the tiles take 19. Most of that was the last
 // block's merge, whose loads ptxas issued one at a time in this kernel (attend_merge_heads); with
 // that mended (2026-12-06, H100) the q8_0 cache's tensor-core block is the faster one at every
-// chunk (4,096 keys: 10.4 us against 21.8), so it serves chunks of ATT_MMA_CHUNK_Q8 keys or more,
-// and the half cache's ATT_MMA_CHUNK or more.
+// chunk (4,096 keys: 10.4 us against 21.8), so it serves chunks of ATT_MMA_CHUNK_Q8 keys or more;
+// and so is the half cache's (twenty-fourth session, H100, 48 caches: 1,024 keys 13.18 -> 9.80 us,
+// 4,096 keys 18.49 -> 11.48, 32,768 keys 32.35 -> 31.65), which serves chunks of ATT_MMA_CHUNK or more.
 #ifndef ATT_MMA_CHUNK
-#define ATT_MMA_CHUNK 512 /* keys of a chunk from which the half cache's blocks take the tensor cores */
+#define ATT_MMA_CHUNK 32 /* keys of a chunk from which the half cache's blocks take the tensor cores: every chunk */
 #endif
 #ifndef ATT_MMA_CHUNK_Q8
 #define ATT_MMA_CHUNK_Q8 32 /* the same for a q8_0 cache: every chunk */

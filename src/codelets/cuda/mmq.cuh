@@ -14,27 +14,40 @@
 // launch), so it repeats run to run and across cards of any kind, and one expert computed alone
 // gives the bits it has among others.
 //
-// Tiles: a block of 128 threads (4 warps) takes 128 weight rows x 32 tokens of one expert; each
-// warp 32 rows x 32 tokens (2 x 4 mma tiles). k goes by stages of 4 blocks (128 weights): a
-// thread loads one weight row's stage (136 bytes) and a share of the token rows' quants into
-// registers while the block computes the previous stage, then unpacks them into shared memory
-// (quants with 16 bytes of padding a row, so that the fragment loads hit 32 distinct banks; the
-// scales as floats beside them). The PTX ISA's fragment layouts for m16n8k32 with .s8 (groupID g =
-// lane / 4, t = lane % 4): A (row-major 16 x 32) regs {row g, k 4t..4t+3}, {row g+8, k 4t..},
-// {row g, k 16+4t..}, {row g+8, k 16+4t..}; B (32 x 8, column-major) regs {k 4t.., column g},
-// {k 16+4t.., column g}; C (16 x 8 int32) {row g, column 2t}, {g, 2t+1}, {g+8, 2t}, {g+8, 2t+1}.
+// Tiles: a block of 128 threads (4 warps) takes 128 weight rows x MMQ_TOKENS tokens of one expert;
+// each warp 32 rows x MMQ_TOKENS tokens (2 x MMQ_TOKENS / 8 mma tiles). k goes by stages of 4 blocks
+// (128 weights). While the block computes one stage, the next is in flight: its 128 weight rows'
+// bytes (136 a row, 17 8-byte words) copied by cp.async into shared memory as they lie (`raw`),
+// coalesced (16 threads take the first 16 words of a row, 128 contiguous bytes, and each thread
+// the 17th of its own row, so that a warp's copy touches 2 rows' lines, not 32), and its token
+// rows' quants and scales loaded into registers. Then each thread unpacks one row from raw (quants
+// with 16 bytes of padding a row, so that the fragment loads hit 32 distinct banks; the scales as
+// floats beside them). Before 2026-12-06 each thread loaded its own row's 17 words into registers
+// (every load touched 32 cache lines) and the tiles had 32 tokens: 128 experts of 768 x 2048 at
+// 256 token rows each took 1,239 us on an H100, 598 us now (test_cuda_kernels' TIME rows;
+// bench/RESULTS.md, twenty-fourth session).
+//
+// The PTX ISA's fragment layouts for m16n8k32 with .s8 (groupID g = lane / 4, t = lane % 4): A
+// (row-major 16 x 32) regs {row g, k 4t..4t+3}, {row g+8, k 4t..}, {row g, k 16+4t..}, {row g+8,
+// k 16+4t..}; B (32 x 8, column-major) regs {k 4t.., column g}, {k 16+4t.., column g}; C (16 x 8
+// int32) {row g, column 2t}, {g, 2t+1}, {g+8, 2t}, {g+8, 2t+1}.
 #ifndef STRATA_MMQ_CUH
 #define STRATA_MMQ_CUH
 
 #include "codelets/cuda/common.cuh"
 
 #define MMQ_ROWS 128   /* weight rows of a thread block */
-#define MMQ_TOKENS 32  /* token rows of a thread block */
+#ifndef MMQ_TOKENS
+#define MMQ_TOKENS 64  /* token rows of a thread block: 32 or 64 (the bits do not depend on it) */
+#endif
 #define MMQ_STAGE 4    /* Q8_0 blocks (of 32 weights) a stage */
 #define MMQ_THREADS 128
 #define MMQ_PITCH (MMQ_STAGE * 32 + 16) /* bytes of a row of quants in shared memory */
-static_assert(MMQ_ROWS == MMQ_THREADS && MMQ_STAGE == 4 && MMQ_TOKENS * MMQ_STAGE == MMQ_THREADS,
-              "mmq: a weight row, two pieces of token quants and a token scale a thread a stage");
+#define MMQ_WORDS (MMQ_STAGE * 34 / 8)  /* 8-byte words of a row's stage: 17 */
+#define MMQ_PX (MMQ_TOKENS * MMQ_STAGE * 2 / MMQ_THREADS) /* 16-byte pieces of token quants a thread a stage */
+#define MMQ_PD (MMQ_TOKENS * MMQ_STAGE / MMQ_THREADS)     /* token scales a thread a stage */
+static_assert(MMQ_ROWS == MMQ_THREADS && MMQ_STAGE == 4 && (MMQ_TOKENS == 32 || MMQ_TOKENS == 64),
+              "mmq: a weight row a thread to unpack, whole pieces of token quants and scales a thread a stage");
 
 // Whether the calling thread's current CUDA device has the int8 m16n8k32 instruction (compute
 // capability 8.0 or later).
@@ -61,6 +74,16 @@ __device__ __forceinline__ void mmq_mma(int (&c)[4], const uint32_t (&a)[4], uin
 #endif
 }
 
+// 8 bytes global -> shared without registers (cp.async.ca, sm_80+; a plain copy before).
+__device__ __forceinline__ void mmq_cp8(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sa), "l"(src) : "memory");
+#else
+  *(uint2 *)dst = __ldg((const uint2 *)src);
+#endif
+}
+
 // (float)i for |i| < 2^22 (a block's integer sum is at most 32 x 127 x 127) by the float of 2^23 +
 // 2^22 + i less that constant: exact, so the same float as the conversion instruction, which
 // runs at an eighth of the float rate and bounded the kernel (one per output and block).
@@ -72,12 +95,23 @@ __device__ __forceinline__ float mmq_float(int i) {
 // [blockIdx.y MMQ_TOKENS, + MMQ_TOKENS) of n_rows: out[(row0 + t) n_out + r] = (sum over the
 // blocks) times scale[row0 + t] when scale is not NULL. xq: quantised rows, st_q8_stride(n)
 // bytes apart (the n quants, then n / 32 float scales); row_bytes: a Q8_0 row (n / 32 x 34 bytes).
-__global__ void __launch_bounds__(MMQ_THREADS)
+// MMQ_COALESCED 0 (a bench variant): each thread loads its own row's words, as before 2026-12-06.
+#ifndef MMQ_COALESCED
+#define MMQ_COALESCED 1
+#endif
+#ifndef MMQ_MIN_BLOCKS
+#define MMQ_MIN_BLOCKS (MMQ_TOKENS == 64 ? 2 : 3) /* blocks an SM: 255 or 168 registers a thread, no spills */
+#endif
+__global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
     mmq_q8_grouped_kernel(uint64_t row_bytes, const st_cuda_group *groups, int64_t n_out, const int8_t *xq,
                           int64_t n, const float *scale, float *out) {
+  constexpr int NI = MMQ_TOKENS / 8; // a warp's mma tiles of 8 tokens
   __shared__ __align__(16) int8_t sw[MMQ_ROWS * MMQ_PITCH];
   __shared__ __align__(16) int8_t sx[MMQ_TOKENS * MMQ_PITCH];
   __shared__ float sdw[MMQ_ROWS * MMQ_STAGE], sdx[MMQ_TOKENS * MMQ_STAGE];
+#if MMQ_COALESCED
+  __shared__ uint2 raw[MMQ_ROWS * MMQ_WORDS]; // the stage's weight words as loaded: row r's at r * MMQ_WORDS
+#endif
   const st_cuda_group g = groups[blockIdx.z];
   const int64_t rb = (int64_t)blockIdx.x * MMQ_ROWS;
   const int tb = blockIdx.y * MMQ_TOKENS;
@@ -86,42 +120,80 @@ __global__ void __launch_bounds__(MMQ_THREADS)
   const int64_t ldq = st_q8_stride(n), nb = n / 32;
   const int8_t *xt = xq + (int64_t)(g.row0 + tb) * ldq;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, ti = lane & 3;
-  float acc[2][4][4];
+  float acc[2][NI][4];
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++)
+    for (int ni = 0; ni < NI; ni++)
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[mi][ni][i] = 0.0f;
 
-  // The next stage's bytes are loaded into registers while the current one is computed: thread
-  // tid takes weight row tid (rows past n_out read the last row, never written out): its stage of
-  // MMQ_STAGE blocks is 136 contiguous bytes, 8-byte aligned (mmq_fits), 17 8-byte loads; and two
-  // 16-byte pieces of the token rows' quants and one scale (tokens past n_rows read as zeros).
-  const uint2 *wrow = (const uint2 *)(g.W + (uint64_t)(rb + min(tid, nr - 1)) * row_bytes);
-  uint2 pw[17];
-  int4 px[2];
-  float pd;
+  // The next stage's bytes are in flight while the current one is computed: 17 words of the weight
+  // rows' stage (a row's stage of MMQ_STAGE blocks is 136 contiguous bytes, 8-byte aligned: mmq_takes;
+  // rows past n_out read the last row, never written out), MMQ_COALESCED: copied into raw by
+  // cp.async, a half-warp a row's first 16 words, each thread word 16 of its own row; else into
+  // registers, row tid's; and, into registers, MMQ_PX 16-byte pieces of the token rows' quants and
+  // MMQ_PD of their scales (tokens past n_rows read as zeros).
+  const uint8_t *wst = g.W + (uint64_t)rb * row_bytes;
+#if !MMQ_COALESCED
+  uint2 pw[MMQ_WORDS];
+#endif
+  int4 px[MMQ_PX];
+  float pd[MMQ_PD];
   auto fetch = [&](int64_t s0) {
+    const uint8_t *ws = wst + (uint64_t)(s0 / MMQ_STAGE) * (MMQ_WORDS * 8);
 #pragma unroll
-    for (int w = 0; w < 17; w++) pw[w] = __ldg(wrow + s0 / MMQ_STAGE * 17 + w);
+    for (int k = 0; k < MMQ_WORDS; k++) {
+#if MMQ_COALESCED
+      // straight into raw: k < 16, word tid % 16 of row tid / 16 + 8 k (a half-warp copies 128
+      // contiguous bytes of a row); k = 16, word 16 of row tid
+      const int r = k < 16 ? tid / 16 + 8 * k : tid, c = k < 16 ? tid % 16 : 16;
+      mmq_cp8(raw + r * MMQ_WORDS + c, (const uint2 *)(ws + (uint64_t)min(r, nr - 1) * row_bytes) + c);
+#else
+      pw[k] = __ldg((const uint2 *)(ws + (uint64_t)min(tid, nr - 1) * row_bytes) + k);
+#endif
+    }
+#if MMQ_COALESCED
+    st_dev_cp_commit();
+#endif
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < MMQ_PX; k++) {
       const int i = tid + MMQ_THREADS * k, t = i / (MMQ_STAGE * 2), c = i % (MMQ_STAGE * 2);
       px[k] = t < nt ? __ldg((const int4 *)(xt + (int64_t)t * ldq + s0 * 32 + c * 16)) : make_int4(0, 0, 0, 0);
     }
-    pd = tid / MMQ_STAGE < nt ? __ldg((const float *)(xt + (int64_t)(tid / MMQ_STAGE) * ldq + n) + s0 + tid % MMQ_STAGE)
-                              : 0.0f;
+#pragma unroll
+    for (int k = 0; k < MMQ_PD; k++) {
+      const int i = tid + MMQ_THREADS * k, t = i / MMQ_STAGE;
+      pd[k] = t < nt ? __ldg((const float *)(xt + (int64_t)t * ldq + n) + s0 + i % MMQ_STAGE) : 0.0f;
+    }
   };
   fetch(0);
   for (int64_t s0 = 0; s0 < nb; s0 += MMQ_STAGE) {
-    __syncthreads(); // every warp is done with the previous stage
+#if MMQ_COALESCED
+    st_dev_cp_wait_all(); // this thread's copies into raw have landed
+#endif
+    __syncthreads(); // every warp is done with the previous stage (and raw holds every thread's copies)
     {
       // the 136 bytes as 34 little-endian words: block b's scale at byte 34 b, its quants from 34 b + 2
       // (for even b two bytes into a word: each quant word from two, by __byte_perm)
-      uint32_t v[34];
+      uint32_t v[2 * MMQ_WORDS];
 #pragma unroll
-      for (int w = 0; w < 17; w++) v[2 * w] = pw[w].x, v[2 * w + 1] = pw[w].y;
+      for (int k = 0; k < MMQ_PX; k++) {
+        const int i = tid + MMQ_THREADS * k, t = i / (MMQ_STAGE * 2), c = i % (MMQ_STAGE * 2);
+        *(int4 *)(sx + t * MMQ_PITCH + c * 16) = px[k];
+      }
+#pragma unroll
+      for (int k = 0; k < MMQ_PD; k++) sdx[tid + MMQ_THREADS * k] = pd[k];
+#if MMQ_COALESCED
+#pragma unroll
+      for (int w = 0; w < MMQ_WORDS; w++) {
+        const uint2 u = raw[tid * MMQ_WORDS + w];
+        v[2 * w] = u.x, v[2 * w + 1] = u.y;
+      }
+#else
+#pragma unroll
+      for (int w = 0; w < MMQ_WORDS; w++) v[2 * w] = pw[w].x, v[2 * w + 1] = pw[w].y;
+#endif
 #pragma unroll
       for (int b = 0; b < MMQ_STAGE; b++) {
         uint32_t q[8];
@@ -138,18 +210,12 @@ __global__ void __launch_bounds__(MMQ_THREADS)
         dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
         dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
       }
-#pragma unroll
-      for (int k = 0; k < 2; k++) {
-        const int i = tid + MMQ_THREADS * k, t = i / (MMQ_STAGE * 2), c = i % (MMQ_STAGE * 2);
-        *(int4 *)(sx + t * MMQ_PITCH + c * 16) = px[k];
-      }
-      sdx[tid] = pd;
     }
     __syncthreads();
     if (s0 + MMQ_STAGE < nb) fetch(s0 + MMQ_STAGE);
 #pragma unroll
     for (int b = 0; b < MMQ_STAGE; b++) {
-      uint32_t a[2][4], bf[4][2];
+      uint32_t a[2][4], bf[NI][2];
 #pragma unroll
       for (int mi = 0; mi < 2; mi++) {
         const int8_t *p = sw + (warp * 32 + mi * 16 + gi) * MMQ_PITCH + b * 32 + 4 * ti;
@@ -159,7 +225,7 @@ __global__ void __launch_bounds__(MMQ_THREADS)
         a[mi][3] = *(const uint32_t *)(p + 8 * MMQ_PITCH + 16);
       }
 #pragma unroll
-      for (int ni = 0; ni < 4; ni++) {
+      for (int ni = 0; ni < NI; ni++) {
         const int8_t *p = sx + (ni * 8 + gi) * MMQ_PITCH + b * 32 + 4 * ti;
         bf[ni][0] = *(const uint32_t *)p;
         bf[ni][1] = *(const uint32_t *)(p + 16);
@@ -169,7 +235,7 @@ __global__ void __launch_bounds__(MMQ_THREADS)
         const float dw0 = sdw[(warp * 32 + mi * 16 + gi) * MMQ_STAGE + b];
         const float dw1 = sdw[(warp * 32 + mi * 16 + gi + 8) * MMQ_STAGE + b];
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
+        for (int ni = 0; ni < NI; ni++) {
           int c[4] = {0, 0, 0, 0};
           mmq_mma(c, a[mi], bf[ni][0], bf[ni][1]);
           const float dx0 = sdx[(ni * 8 + 2 * ti) * MMQ_STAGE + b], dx1 = sdx[(ni * 8 + 2 * ti + 1) * MMQ_STAGE + b];
@@ -184,7 +250,7 @@ __global__ void __launch_bounds__(MMQ_THREADS)
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++)
+    for (int ni = 0; ni < NI; ni++)
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int r = warp * 32 + mi * 16 + gi + (i >> 1) * 8, t = ni * 8 + 2 * ti + (i & 1);
