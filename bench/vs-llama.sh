@@ -15,7 +15,8 @@
 #   strata  strata bench rows (JSON into $W/strata-*.json)
 #   llama   wait for the build, then llama-bench rows (JSON into $W/llama-*.json)
 #   report  the table (also written to $W/table.md)
-#   default: build model strata llama report
+#   default: build model llama strata report (llama.cpp first, so that strata's 24 GB row takes
+#   llama.cpp's measured peak as its --gpu-mem: equal peak GPU memory without GPU_MEM)
 # Environment: W work folder (default /tmp/vs-llama), R repetitions (3), NCMOE llama.cpp's
 # -ncmoe for the 24 GB class (17), GPU_MEM strata's --gpu-mem for it in GiB (default: llama.cpp's
 # measured peak of that row when $W/llama-24gb.json exists, else 20.2), ROWS (strata rows to run,
@@ -39,7 +40,7 @@ R=${R:-3}
 NCMOE=${NCMOE:-17}
 ROWS=${ROWS:-gpu 24gb cpu deep}
 mkdir -p "$W"
-phases=${*:-build model strata llama report}
+phases=${*:-build model llama strata report}
 LB=$W/llama-build/bin/llama-bench
 PRESET=${PRESET:-qwen3-30b-a3b}
 TYPE=${TYPE:-q8_0}

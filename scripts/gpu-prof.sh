@@ -4,6 +4,10 @@
 # steps of an 8-layer model of the qwen3-30b-a3b shape (PRESET: another preset's) (Q8_0; caches left warm: --cache-control
 # none, clocks as found), then a recorded trace's summary of one decode step of the 48-layer model
 # (W/q30b.gguf when scripts/gpu-step.sh made it, else made here). Builds nothing.
+# PROMPT=N: the same per-kernel table over a prompt of N tokens in one chunk instead
+# (`strata bench --prompt N --decode 0 -r 1` on the 8-layer cut: its 32-token warm-up, two decode
+# steps, then the chunk; SKIP 0 and COUNT 3000 by default: every launch is counted, the warm-up's
+# and the steps' too, whose time is small beside the chunk's), and no trace.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
 # PRESET: the model's preset (default qwen3-30b-a3b; e.g. gpt-oss-20b, MXFP4 experts), cut to 8 layers
@@ -12,10 +16,14 @@ mname=$([ "$P" = qwen3-30b-a3b ] && echo m8 || echo "$P-8")
 m8=$(gpu_model "$mname" --preset "$P" --layers 8 --type q8_0)
 if command -v ncu > /dev/null && [ "${NCU:-1}" = 1 ]; then
   # a prompt of 2 tokens, then decode steps; skip the prompt and the first steps' captures
-  timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --launch-skip "${SKIP:-400}" \
-    --launch-count "${COUNT:-140}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    --csv --page raw --print-units base "$S" generate -m "$m8" -p "Hi" -n 40 --temp 0 --ignore-eos --expert-profile "$W/$mname.profile" \
-    --expert-cache auto > "$out/ncu.csv" 2> "$out/ncu.err"
+  if [ -n "${PROMPT:-}" ]; then
+    run=(bench -m "$m8" --prompt "$PROMPT" --decode 0 -r 1 --prefill "$PROMPT" --expert-profile "$W/$mname.profile" --expert-cache auto)
+  else
+    run=(generate -m "$m8" -p "Hi" -n 40 --temp 0 --ignore-eos --expert-profile "$W/$mname.profile" --expert-cache auto)
+  fi
+  timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --launch-skip "${SKIP:-$([ -n "${PROMPT:-}" ] && echo 0 || echo 400)}" \
+    --launch-count "${COUNT:-$([ -n "${PROMPT:-}" ] && echo 3000 || echo 140)}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --csv --page raw --print-units base "$S" "${run[@]}" > "$out/ncu.csv" 2> "$out/ncu.err"
   echo "ncu exit $?"
   python3 - "$out/ncu.csv" <<'EOF'
 import csv, sys, re, collections
@@ -46,7 +54,7 @@ print("total kernel time %.1f us over %d kernels" % (tot / 1e3, sum(v[0] for v i
 EOF
   tail -n 3 "$out/ncu.err"
 fi
-[ "${TRACE:-1}" = 1 ] || exit 0
+[ "${TRACE:-1}" = 1 ] && [ -z "${PROMPT:-}" ] || exit 0
 m=$(gpu_model q30b --preset qwen3-30b-a3b --type q8_0)
 rm -rf "$W/tr"
 timeout 200 "$S" generate -m "$m" -p "Explain the sky." -n 24 --temp 0 --ignore-eos --expert-profile "$W/q30b.profile" \
