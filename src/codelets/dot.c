@@ -568,7 +568,7 @@ void st_dense_rows(int terms, uint32_t type, const void *W, uint64_t row_bytes, 
 int st_dense_terms(uint32_t type, int64_t n, int int8, int kind) {
   if (!int8 || !st_q8_row_bytes(type, n)) return 0;
   if (type != ST_TYPE_Q8_0) return kind == ST_DENSE_HEAD ? 1 : 2;
-  return kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_KV ? 2 : 0;
+  return kind == ST_DENSE_KV ? 2 : 1; /* Q, O and the head one term */
 }
 
 int st_q8_act_same(uint32_t a, uint32_t b, int64_t n) {
