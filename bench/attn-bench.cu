@@ -7,10 +7,9 @@
 // the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
 // the wrong thing shows. Not a test: it prints, it asserts nothing.
 // Build: `make bench/attn-bench` (ATT_FLAGS for -D flags: ATT_SPLIT, ATT_MIN_CHUNK, ATT_MIN_BLOCKS,
-// ATT_MMA_CHUNK (0: the half cache's tensor-core block at every depth), ATT_MMA_LOAD (its loads),
+// ATT_MMA_CHUNK (keys of a chunk from which the half cache takes the tensor-core block), ATT_MMA_LOAD (its loads),
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
-// the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_PROBE (block clocks), ATT_MMA_PREFETCH
-// (the tensor-core block's L2 hints, steps ahead));
+// the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_PROBE (block clocks));
 // run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N] [REGIME=any]
 // [CHECK_KEYS=N] attn-bench [replays].
 #include <math.h>

@@ -15,15 +15,15 @@ P=${PRESET:-qwen3-30b-a3b}
 mname=$([ "$P" = qwen3-30b-a3b ] && echo m8 || echo "$P-8")
 m8=$(gpu_model "$mname" --preset "$P" --layers 8 --type q8_0)
 if command -v ncu > /dev/null && [ "${NCU:-1}" = 1 ]; then
-  # a prompt of 2 tokens, then decode steps; skip the prompt and the first steps' captures
+  # generate: a prompt of 2 tokens, then decode steps (skip the prompt and the first steps' captures)
   if [ -n "${PROMPT:-}" ]; then
-    run=(bench -m "$m8" --prompt "$PROMPT" --decode 0 -r 1 --prefill "$PROMPT" --expert-profile "$W/$mname.profile" --expert-cache auto)
+    run=(bench -m "$m8" --prompt "$PROMPT" --decode 0 -r 1 --prefill "$PROMPT") skip=0 count=3000
   else
-    run=(generate -m "$m8" -p "Hi" -n 40 --temp 0 --ignore-eos --expert-profile "$W/$mname.profile" --expert-cache auto)
+    run=(generate -m "$m8" -p "Hi" -n 40 --temp 0 --ignore-eos) skip=400 count=140
   fi
-  timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --launch-skip "${SKIP:-$([ -n "${PROMPT:-}" ] && echo 0 || echo 400)}" \
-    --launch-count "${COUNT:-$([ -n "${PROMPT:-}" ] && echo 3000 || echo 140)}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    --csv --page raw --print-units base "$S" "${run[@]}" > "$out/ncu.csv" 2> "$out/ncu.err"
+  timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --launch-skip "${SKIP:-$skip}" \
+    --launch-count "${COUNT:-$count}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --csv --page raw --print-units base "$S" "${run[@]}" --expert-profile "$W/$mname.profile" --expert-cache auto > "$out/ncu.csv" 2> "$out/ncu.err"
   echo "ncu exit $?"
   python3 - "$out/ncu.csv" <<'EOF'
 import csv, sys, re, collections

@@ -551,17 +551,8 @@ __device__ unsigned long long att_probe[ATT_SPLIT * 64][6];
 // at 64 h + 8 g .. + 8. kh and vh give them as 8 halves (att_word order). A half cache's: 16-byte
 // loads. A q8_0 cache's: the quants (8 a load) and each row's scales (4 in one 8-byte load at
 // head_dim 128, 2 in a 4-byte one at 64), half a half cache's bytes in registers. (Loading a step
-// ahead into a second set took 255 registers and was slower on an H100: bench/RESULTS.md 2026-12-06.)
-#ifdef ATT_MMA_PREFETCH
-// A hint to the L2 cache (sm_90: cp.async.bulk.prefetch.L2; nothing before) for the whole 16-byte
-// units of [p, p + n), n < 64 KiB; one thread's call.
-__device__ __forceinline__ static void att_l2_prefetch(const void *p, int64_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint64_t a = ((uint64_t)(uintptr_t)p + 15) & ~(uint64_t)15, e = ((uint64_t)(uintptr_t)p + n) & ~(uint64_t)15;
-  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
-#endif
-}
-#endif
+// ahead into a second set took 255 registers and was slower on an H100, and so were L2 hints a step or
+// two ahead: bench/RESULTS.md 2026-12-06.)
 template <int HD, typename KT> struct mma_raw;
 template <int HD> struct mma_raw<HD, __half> {
   static constexpr int NS = HD / 32, NH = HD / 64;
@@ -691,20 +682,7 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
       }
     }
   };
-#ifdef ATT_MMA_PREFETCH /* bench variant: lane 0 asks L2 for the warp's K and V rows ATT_MMA_PREFETCH steps ahead */
-  constexpr int64_t RB = std::is_same<KT, __half>::value ? 2 * HD : kv_q8_row_bytes(HD);
-  auto ahead = [&](int kn) { // the warp's 16 rows from key kn, when any is below end
-    if (lane == 0 && kn < end) {
-      att_l2_prefetch((const uint8_t *)kc + kn * RB, min(16, end - kn) * RB);
-      att_l2_prefetch((const uint8_t *)vc + kn * RB, min(16, end - kn) * RB);
-    }
-  };
-  for (int i = 1; i <= ATT_MMA_PREFETCH; i++) ahead(start + 16 * warp + i * 16 * ATT_WARPS);
-#endif
   for (int k0 = start + 16 * warp; k0 < end; k0 += 16 * ATT_WARPS) {
-#ifdef ATT_MMA_PREFETCH
-    ahead(k0 + (ATT_MMA_PREFETCH + 1) * 16 * ATT_WARPS);
-#endif
     mma_raw<HD, KT> rw;
     rw.load(kc, vc, k0, end, g, t);
     step(rw, k0);

@@ -266,7 +266,7 @@ __device__ __forceinline__ float st_block_sum(float v, float *shared32) {
   return s;
 }
 
-// Asynchronous copies global -> shared (cp.async, sm_80+): 16 bytes without registers (a plain copy
+// Asynchronous copies global -> shared (cp.async, sm_80+): 16 (or 8) bytes without registers (a plain copy
 // before sm_80), the end of a group of them, and waits until every group but the newest, or every
 // group, has landed (this thread's copies; no-ops before sm_80).
 __device__ __forceinline__ void st_dev_cp16(void *dst, const void *src) {
@@ -275,6 +275,15 @@ __device__ __forceinline__ void st_dev_cp16(void *dst, const void *src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
 #else
   *(uint4 *)dst = __ldcs((const uint4 *)src);
+#endif
+}
+// The same for 8 bytes (cp.async.ca: the .cg form takes 16 only), 8-byte aligned at both ends.
+__device__ __forceinline__ void st_dev_cp8(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(src) : "memory");
+#else
+  *(uint2 *)dst = __ldg((const uint2 *)src);
 #endif
 }
 __device__ __forceinline__ void st_dev_cp_commit() {

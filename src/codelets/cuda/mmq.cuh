@@ -74,16 +74,6 @@ __device__ __forceinline__ void mmq_mma(int (&c)[4], const uint32_t (&a)[4], uin
 #endif
 }
 
-// 8 bytes global -> shared without registers (cp.async.ca, sm_80+; a plain copy before).
-__device__ __forceinline__ void mmq_cp8(void *dst, const void *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sa), "l"(src) : "memory");
-#else
-  *(uint2 *)dst = __ldg((const uint2 *)src);
-#endif
-}
-
 // (float)i for |i| < 2^22 (a block's integer sum is at most 32 x 127 x 127) by the float of 2^23 +
 // 2^22 + i less that constant: exact, so the same float as the conversion instruction, which
 // runs at an eighth of the float rate and bounded the kernel (one per output and block).
@@ -95,10 +85,6 @@ __device__ __forceinline__ float mmq_float(int i) {
 // [blockIdx.y MMQ_TOKENS, + MMQ_TOKENS) of n_rows: out[(row0 + t) n_out + r] = (sum over the
 // blocks) times scale[row0 + t] when scale is not NULL. xq: quantised rows, st_q8_stride(n)
 // bytes apart (the n quants, then n / 32 float scales); row_bytes: a Q8_0 row (n / 32 x 34 bytes).
-// MMQ_COALESCED 0 (a bench variant): each thread loads its own row's words, as before 2026-12-06.
-#ifndef MMQ_COALESCED
-#define MMQ_COALESCED 1
-#endif
 #ifndef MMQ_MIN_BLOCKS
 #define MMQ_MIN_BLOCKS (MMQ_TOKENS == 64 ? 2 : 3) /* blocks an SM: 255 or 168 registers a thread, no spills */
 #endif
@@ -109,9 +95,7 @@ __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
   __shared__ __align__(16) int8_t sw[MMQ_ROWS * MMQ_PITCH];
   __shared__ __align__(16) int8_t sx[MMQ_TOKENS * MMQ_PITCH];
   __shared__ float sdw[MMQ_ROWS * MMQ_STAGE], sdx[MMQ_TOKENS * MMQ_STAGE];
-#if MMQ_COALESCED
   __shared__ uint2 raw[MMQ_ROWS * MMQ_WORDS]; // the stage's weight words as loaded: row r's at r * MMQ_WORDS
-#endif
   const st_cuda_group g = groups[blockIdx.z];
   const int64_t rb = (int64_t)blockIdx.x * MMQ_ROWS;
   const int tb = blockIdx.y * MMQ_TOKENS;
@@ -130,32 +114,22 @@ __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
 
   // The next stage's bytes are in flight while the current one is computed: 17 words of the weight
   // rows' stage (a row's stage of MMQ_STAGE blocks is 136 contiguous bytes, 8-byte aligned: mmq_takes;
-  // rows past n_out read the last row, never written out), MMQ_COALESCED: copied into raw by
-  // cp.async, a half-warp a row's first 16 words, each thread word 16 of its own row; else into
-  // registers, row tid's; and, into registers, MMQ_PX 16-byte pieces of the token rows' quants and
-  // MMQ_PD of their scales (tokens past n_rows read as zeros).
+  // rows past n_out read the last row, never written out) copied into raw by cp.async, a half-warp
+  // a row's first 16 words, each thread word 16 of its own row; and, into registers, MMQ_PX 16-byte
+  // pieces of the token rows' quants and MMQ_PD of their scales (tokens past n_rows read as zeros).
   const uint8_t *wst = g.W + (uint64_t)rb * row_bytes;
-#if !MMQ_COALESCED
-  uint2 pw[MMQ_WORDS];
-#endif
   int4 px[MMQ_PX];
   float pd[MMQ_PD];
   auto fetch = [&](int64_t s0) {
     const uint8_t *ws = wst + (uint64_t)(s0 / MMQ_STAGE) * (MMQ_WORDS * 8);
 #pragma unroll
     for (int k = 0; k < MMQ_WORDS; k++) {
-#if MMQ_COALESCED
-      // straight into raw: k < 16, word tid % 16 of row tid / 16 + 8 k (a half-warp copies 128
-      // contiguous bytes of a row); k = 16, word 16 of row tid
+      // k < 16: word tid % 16 of row tid / 16 + 8 k (a half-warp copies 128 contiguous bytes of a
+      // row); k = 16: word 16 of row tid
       const int r = k < 16 ? tid / 16 + 8 * k : tid, c = k < 16 ? tid % 16 : 16;
-      mmq_cp8(raw + r * MMQ_WORDS + c, (const uint2 *)(ws + (uint64_t)min(r, nr - 1) * row_bytes) + c);
-#else
-      pw[k] = __ldg((const uint2 *)(ws + (uint64_t)min(tid, nr - 1) * row_bytes) + k);
-#endif
+      st_dev_cp8(raw + r * MMQ_WORDS + c, (const uint2 *)(ws + (uint64_t)min(r, nr - 1) * row_bytes) + c);
     }
-#if MMQ_COALESCED
     st_dev_cp_commit();
-#endif
 #pragma unroll
     for (int k = 0; k < MMQ_PX; k++) {
       const int i = tid + MMQ_THREADS * k, t = i / (MMQ_STAGE * 2), c = i % (MMQ_STAGE * 2);
@@ -169,9 +143,7 @@ __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
   };
   fetch(0);
   for (int64_t s0 = 0; s0 < nb; s0 += MMQ_STAGE) {
-#if MMQ_COALESCED
     st_dev_cp_wait_all(); // this thread's copies into raw have landed
-#endif
     __syncthreads(); // every warp is done with the previous stage (and raw holds every thread's copies)
     {
       // the 136 bytes as 34 little-endian words: block b's scale at byte 34 b, its quants from 34 b + 2
@@ -184,16 +156,11 @@ __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
       }
 #pragma unroll
       for (int k = 0; k < MMQ_PD; k++) sdx[tid + MMQ_THREADS * k] = pd[k];
-#if MMQ_COALESCED
 #pragma unroll
       for (int w = 0; w < MMQ_WORDS; w++) {
         const uint2 u = raw[tid * MMQ_WORDS + w];
         v[2 * w] = u.x, v[2 * w + 1] = u.y;
       }
-#else
-#pragma unroll
-      for (int w = 0; w < MMQ_WORDS; w++) v[2 * w] = pw[w].x, v[2 * w + 1] = pw[w].y;
-#endif
 #pragma unroll
       for (int b = 0; b < MMQ_STAGE; b++) {
         uint32_t q[8];
