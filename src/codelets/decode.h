@@ -35,6 +35,7 @@
 
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "codelets/codelets.h"
 #include "codelets/dot.h"
@@ -205,7 +206,7 @@ struct st_decode_ctx {
   uint8_t *attnr;                      /* attn's second term for a two-term wo (st_dense_terms) */
   float *scratch;                      /* per StarPU worker: scratch_floats each */
   int64_t scratch_floats;
-  int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_head; /* rows per work item */
+  int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_combine, rows_head; /* rows per work item */
   /* the CPU-only token plan: phases of items, a prefix of starts (st_lane_token_plan) */
   int n_phases;
   int64_t *phase_start;                /* [n_phases + 1] */
@@ -220,6 +221,8 @@ struct st_decode_ctx {
   const struct st_decode_dev_layer *dlayers; /* [n_layer] (GPU mode, architectures but qwen3moe; else NULL) */
   int rope_uploaded;                   /* the host filled dev.rope (st_rope_conf_table: YaRN, mscale) */
   int graph_key0;                      /* first CUDA graph key of the decode tasks */
+  struct st_lane_stats *stats;         /* STRATA_LANE_STATS=1: [StarPU workers] per-lane counters; else NULL */
+  struct st_lane_walls *walls;         /* STRATA_LANE_STATS=1: the phases' wall times; else NULL */
   int *smem_set;                       /* per engine, 0 at start: the CUDA side has set its kernels'
                                           shared-memory attributes and filled the RoPE table (StarPU
                                           resets the devices at shutdown) */
@@ -264,19 +267,40 @@ enum st_lane_kind {
                     (MLA: per head, the query's RoPE and its absorption by k_b) */
   ST_LP_ATTN,    /* per query head: softmax attention over positions 0..pos (MLA: then v_b) */
   ST_LP_QATTN,   /* 1 item (int8 and Q8_0 wo only): attn quantised for wo (st_dense_matmul's rule) */
-  ST_LP_OPROJ,   /* rows of wo */
-  ST_LP_RESNORM, /* 1 item: h = x + xo, ffn_in = RMSNorm(h) */
+  ST_LP_OPROJ,   /* rows of wo, and h = x + xo for them */
+  ST_LP_RESNORM, /* 1 item: ffn_in = RMSNorm(h) */
   ST_LP_RLOGITS, /* rows of the router */
-  ST_LP_TOPK,    /* 1 item: softmax, top-k */
-  ST_LP_QX,      /* 1 item (int8 only): ffn_in quantised for gate and up */
+  ST_LP_TOPK,    /* 1 item: softmax, top-k; then, as QX's item, ffn_in quantised (int8 only) */
+  ST_LP_QX,      /* 1 item (int8 only): ffn_in quantised for gate and up (GPU mode's lanes, and a layer
+                    without a router's fixed FFN) */
   ST_LP_GATEUP,  /* (slot, rows of gate and up): act = silu(gate x) * up x */
   ST_LP_QA,      /* per slot (int8 only, down's activations in super-blocks of 256): act quantised for
                     down; with blocks of 32 each GATEUP item quantises its own rows */
   ST_LP_DOWN,    /* (slot, rows of down): eout = weight * down act */
-  ST_LP_COMBINE, /* 1 item: x = h + sum of the slots' rows in slot order; xn = the next norm */
+  ST_LP_COMBINE, /* rows of x = h + the slots' rows in slot order, the fixed FFN's last */
+  ST_LP_NORM,    /* 1 item: xn = the next norm of x (quantised as st_lane_xn_act says) */
   ST_LP_HEAD,    /* rows of the output head: logits */
   ST_LP_KINDS
 };
+
+/* STRATA_LANE_STATS=1 (doc/tuning.md): where the lanes' time goes, per phase kind, summed over the
+ * decode steps. Each lane adds its own row (busy: running items; wait: spinning before an item for
+ * the previous phase to finish; index ST_LP_KINDS: GPU mode's wait for a layer's input from the
+ * mailbox), so the counters are not shared; the lane that finishes a phase's last item adds the
+ * time since the previous phase ended to walls (phases of one plan never overlap). Nanoseconds
+ * (CLOCK_MONOTONIC). Off, the lanes read no clock. */
+struct st_lane_stats {
+  uint64_t busy_ns[ST_LP_KINDS + 1], wait_ns[ST_LP_KINDS + 1], items[ST_LP_KINDS + 1];
+  char pad[64];
+};
+struct st_lane_walls {
+  uint64_t wall_ns[ST_LP_KINDS], phases[ST_LP_KINDS];
+  uint64_t last_ns; /* the end of the previous phase (or the plan's first claim) */
+  uint64_t steps;   /* decode steps counted (graph/token.c) */
+};
+/* Prints the lanes' table (per decode step: wall ms, lane-ms busy and waiting, lanes busy on
+ * average) to f; nothing when c->stats is NULL or no step ran. */
+void st_lane_stats_print(const struct st_decode_ctx *c, int n_lanes, FILE *f);
 
 /* Spins (pausing, then yielding) until the mailbox flag at p holds `want` (acquire) or *abort_seq
  * does: the lanes' wait for a layer's input, the submitting thread's for the head. */

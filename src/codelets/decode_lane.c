@@ -9,8 +9,10 @@
  * kernels of dot.h and layer_cpu.h, as the prompt-path codelets use them), so a decode step gives
  * the same bits as the prompt path on one token and does not depend on the number of lanes. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codelets/decode.h"
 #include "codelets/dot.h"
@@ -241,7 +243,6 @@ static void item_attn(struct lane_state *s, int l, int64_t h) {
 
 static void item_resnorm(struct lane_state *s, int l) {
   const struct st_decode_ctx *c = s->c;
-  for (int i = 0; i < c->n_embd; i++) c->h[i] = c->x[i] + c->xo[i];
   st_rmsnorm(c->h, c->layers[l].ffn_norm, c->ffn_in, c->n_embd, c->eps);
 }
 
@@ -340,20 +341,16 @@ static void item_qa(struct lane_state *s, int l, int64_t i) {
                   c->aq + (size_t)slot * aq_row_bytes(c, L));
 }
 
-static void item_down(struct lane_state *s, int l, int64_t i) {
+/* Rows [r0, r1) of slot's down product (slot k: the fixed FFN's, weight 1) into s->eout's row. */
+static void down_rows(struct lane_state *s, const struct st_decode_layer *L, int l, int slot, int64_t r0, int64_t r1) {
   const struct st_decode_ctx *c = s->c;
-  const struct st_decode_layer *L = &c->layers[l];
-  const int R = c->rows_down, per = (int)div_up64(c->n_embd, R), ff = c->n_ff;
-  const int fixed = i >= (int64_t)s->n_slots * per; /* the fixed FFN's rows, weight 1 */
-  const int slot = fixed ? c->k : s->slots[i / per];
-  const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
   float *out = s->eout + (size_t)slot * c->n_embd + r0;
-  if (fixed) {
+  if (slot == c->k) {
     if (L->fq_a) st_matmul_q8(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, c->afq, 1, L->fixed_ff, out, r1 - r0);
     else rows(&L->fdown_d, L->fdown, r0, r1, c->act + (size_t)c->k * c->n_ff_max, out);
     return;
   }
-  const int e = s->route[slot].expert;
+  const int e = s->route[slot].expert, ff = c->n_ff;
   const void *dw = expert_mat(c, l, e, 2);
   const uint64_t qa = aq_row_bytes(c, L);
   if (qa) st_matmul_q8(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->aq + (size_t)slot * qa, 1, ff, out, r1 - r0);
@@ -363,23 +360,48 @@ static void item_down(struct lane_state *s, int l, int64_t i) {
   for (int64_t r = 0; r < r1 - r0; r++) out[r] *= w;
 }
 
-/* x = h + the slots' rows added in slot order (as combine_cpu), then the fixed FFN's row (the shared
- * expert's after the routed ones, as llama.cpp adds it), then the next norm into xn. */
-static void item_combine(struct lane_state *s, int l) {
+static void item_down(struct lane_state *s, int l, int64_t i) {
+  const struct st_decode_ctx *c = s->c;
+  const int R = c->rows_down, per = (int)div_up64(c->n_embd, R);
+  const int fixed = i >= (int64_t)s->n_slots * per; /* the fixed FFN's rows, weight 1 */
+  const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
+  down_rows(s, &c->layers[l], l, fixed ? c->k : s->slots[i / per], r0, r1);
+}
+
+/* Rows of x = h + the slots' rows added in slot order (as combine_cpu), then the fixed FFN's row
+ * (the shared expert's after the routed ones, as llama.cpp adds it). */
+static void item_combine(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
   const struct st_decode_layer *L = &c->layers[l];
   const int d = c->n_embd, k = L->dense ? 0 : c->k;
+  const int64_t r0 = i * c->rows_combine, r1 = r0 + c->rows_combine < d ? r0 + c->rows_combine : d;
   const float *fx = L->fixed_ff ? c->eout + (size_t)c->k * d : NULL;
-  for (int i = 0; i < d; i++) {
+  for (int64_t r = r0; r < r1; r++) {
     float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc += c->eout[(size_t)j * d + i];
-    if (fx) acc = k ? acc + fx[i] : fx[i];
-    c->x[i] = acc + c->h[i];
+    for (int j = 0; j < k; j++) acc += c->eout[(size_t)j * d + r];
+    if (fx) acc = k ? acc + fx[r] : fx[r];
+    c->x[r] = acc + c->h[r];
   }
+}
+
+/* The next norm of x into xn, quantised for the next layer's products. */
+static void item_norm(struct lane_state *s, int l) {
+  const struct st_decode_ctx *c = s->c;
+  const int d = c->n_embd;
   const float *norm = l + 1 < c->n_layer ? c->layers[l + 1].attn_norm : c->output_norm;
   st_rmsnorm(c->x, norm, c->xn, d, c->eps);
   quantize_xn(c, l + 1);
 }
+
+/* Whether layer L's ffn_in is quantised for gate and up (or the fixed FFN: st_fixed_q8). */
+static int layer_qx(const struct st_decode_ctx *c, const struct st_decode_layer *L) {
+  const int int8_x = !L->dense && c->int8_dot &&
+                     (st_q8_row_bytes(L->gate_d.type, c->n_embd) || st_q8_row_bytes(L->up_d.type, c->n_embd));
+  return int8_x || L->fq_x;
+}
+
+/* Whether the CPU-only plan's TOPK item also quantises ffn_in (QX's work; a router layer). */
+static int topk_qx(const struct st_decode_ctx *c, const struct st_decode_layer *L) { return !L->dense && layer_qx(c, L); }
 
 static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
@@ -403,6 +425,7 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
     st_dense_rows(st_lane_o_terms(c, l), L->wo_d.type, L->wo, L->wo_d.row_bytes, r0, r1, c->attn, L->wo_d.n, c->attnq, c->attnr, 1,
                   L->wo_d.n, c->xo + r0, r1 - r0);
     add_bias(c->xo + r0, L->bo ? L->bo + r0 : NULL, r1 - r0);
+    for (int64_t r = r0; r < r1; r++) c->h[r] = c->x[r] + c->xo[r];
     break;
   }
   case ST_LP_RESNORM: item_resnorm(s, l); break;
@@ -412,12 +435,16 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
     add_bias(c->rlogits + r0, L->router_b ? L->router_b + r0 : NULL, r1 - r0);
     break;
   }
-  case ST_LP_TOPK: item_topk(s, l); break;
+  case ST_LP_TOPK:
+    item_topk(s, l);
+    if (topk_qx(c, L)) item_qx(s, l);
+    break;
   case ST_LP_QX: item_qx(s, l); break;
   case ST_LP_GATEUP: item_gateup(s, l, i); break;
   case ST_LP_QA: item_qa(s, l, i); break;
   case ST_LP_DOWN: item_down(s, l, i); break;
-  case ST_LP_COMBINE: item_combine(s, l); break;
+  case ST_LP_COMBINE: item_combine(s, l, i); break;
+  case ST_LP_NORM: item_norm(s, l); break;
   case ST_LP_HEAD: {
     const int64_t r0 = i * c->rows_head, r1 = r0 + c->rows_head < c->n_vocab ? r0 + c->rows_head : c->n_vocab;
     st_dense_rows(st_lane_xn_terms(c, c->n_layer, &c->output_d, ST_DENSE_HEAD), c->output_d.type, c->output,
@@ -440,6 +467,18 @@ static void enter_layer_cpu(struct lane_state *s, int l) {
   if (l < c->n_layer) lane_xq(s, &c->layers[l]);
 }
 
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* The running lane's row of the stats (its StarPU worker). */
+static int lane_index(void) {
+  const int w = starpu_worker_get_id();
+  return w < 0 ? 0 : w;
+}
+
 /* Runs items of a plan (n_phases phases, starts[p] .. starts[p + 1], of kind[p] in layer[p])
  * below `bound`. Returns the done count this lane's last item reached (0 if it ran none): the
  * lane that returns the plan's item count finished the last one. */
@@ -447,6 +486,8 @@ static int64_t run_plan(struct lane_state *s, const int64_t *starts, const int16
                         int n_phases, int64_t bound, int cpu_only) {
   int p = 0, cur_layer = -1;
   int64_t reached = 0;
+  struct st_lane_stats *st = s->c->stats ? &s->c->stats[lane_index()] : NULL;
+  struct st_lane_walls *wl = s->c->walls;
   for (int64_t i; (i = st_lane_claim(s->sync, bound)) >= 0;) {
     while (p < n_phases && starts[p + 1] <= i) p++;
     ST_ASSERT(p < n_phases);
@@ -454,9 +495,23 @@ static int64_t run_plan(struct lane_state *s, const int64_t *starts, const int16
       cur_layer = layer[p];
       enter_layer_cpu(s, cur_layer);
     }
+    const uint64_t t0 = st ? now_ns() : 0;
+    if (st && i == 0) __atomic_store_n(&wl->last_ns, t0, __ATOMIC_RELAXED);
     st_lane_wait_at_least(&s->sync->done, starts[p]);
+    const uint64_t t1 = st ? now_ns() : 0;
     run_item(s, kind[p], layer[p], i - starts[p]);
     reached = __atomic_add_fetch(&s->sync->done, 1, __ATOMIC_ACQ_REL);
+    if (st) {
+      const uint64_t t2 = now_ns();
+      st->wait_ns[kind[p]] += t1 - t0;
+      st->busy_ns[kind[p]] += t2 - t1;
+      st->items[kind[p]]++;
+      if (reached == starts[p + 1]) { /* this lane finished the phase */
+        wl->wall_ns[kind[p]] += t2 - __atomic_load_n(&wl->last_ns, __ATOMIC_RELAXED);
+        wl->phases[kind[p]]++;
+        __atomic_store_n(&wl->last_ns, t2, __ATOMIC_RELAXED);
+      }
+    }
   }
   return reached;
 }
@@ -482,7 +537,13 @@ static void lane_experts_layer(const struct st_decode_ctx *c, int l, float *scra
   const struct st_decode_layer *L = &c->layers[l];
   const struct st_decode_mail *m = &c->mail;
   const uint32_t seq = c->seq;
+  const uint64_t t0 = c->stats ? now_ns() : 0;
   st_mail_wait(&m->xin_seq[(size_t)l * ST_MAIL_FLAG_STRIDE], seq, m->abort_seq);
+  if (c->stats) {
+    struct st_lane_stats *st = &c->stats[lane_index()];
+    st->wait_ns[ST_LP_KINDS] += now_ns() - t0;
+    st->items[ST_LP_KINDS]++;
+  }
   if (__atomic_load_n(m->abort_seq, __ATOMIC_ACQUIRE) == seq) return;
   struct lane_state s = {.c = c, .sync = &((struct st_lane_sync *)c->sync)[l], .scratch = scratch};
   const struct st_route *route = m->xroute + (size_t)l * c->k;
@@ -528,7 +589,7 @@ static void decode_lane_cpu(void *buffers[], void *cl_arg) {
 }
 
 int st_lane_token_plan(struct st_decode_ctx *c) {
-  const int L = c->n_layer, per_layer = 15;
+  const int L = c->n_layer, per_layer = 16;
   const int P = 1 + per_layer * L + 1;
   c->phase_start = calloc((size_t)P + 1, sizeof *c->phase_start);
   c->phase_kind = calloc((size_t)P, sizeof *c->phase_kind);
@@ -549,7 +610,6 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
   for (int l = 0; l < L; l++) {
     const struct st_decode_layer *Ly = &c->layers[l];
     const int moe = !Ly->dense, k = moe ? c->k : 0;
-    const int int8_x = moe && c->int8_dot && (st_q8_row_bytes(Ly->gate_d.type, c->n_embd) || st_q8_row_bytes(Ly->up_d.type, c->n_embd));
     PHASE(ST_LP_QKV, l, qkv_items(c, Ly));
     PHASE(ST_LP_MLANORM, l, c->mla ? 1 : 0);
     PHASE(ST_LP_QB, l, c->mla && c->q_lora ? div_up64((int64_t)c->n_head * (c->qk_nope + c->rope.n_rot), c->rows_qkv) : 0);
@@ -560,11 +620,12 @@ int st_lane_token_plan(struct st_decode_ctx *c) {
     PHASE(ST_LP_RESNORM, l, 1);
     PHASE(ST_LP_RLOGITS, l, moe ? div_up64(c->n_expert, c->rows_router) : 0);
     PHASE(ST_LP_TOPK, l, moe);
-    PHASE(ST_LP_QX, l, int8_x || Ly->fq_x ? 1 : 0);
+    PHASE(ST_LP_QX, l, layer_qx(c, Ly) && !topk_qx(c, Ly) ? 1 : 0);
     PHASE(ST_LP_GATEUP, l, (int64_t)k * div_up64(c->n_ff, c->rows_gateup) + div_up64(Ly->fixed_ff, c->rows_gateup));
     PHASE(ST_LP_QA, l, moe && aq_row_bytes(c, Ly) && !qa_in_gateup(c, Ly) ? c->k : 0);
     PHASE(ST_LP_DOWN, l, (int64_t)(k + (Ly->fixed_ff > 0)) * div_up64(c->n_embd, c->rows_down));
-    PHASE(ST_LP_COMBINE, l, 1);
+    PHASE(ST_LP_COMBINE, l, div_up64(c->n_embd, c->rows_combine));
+    PHASE(ST_LP_NORM, l, 1);
     c->layer_end[l] = at;
   }
   PHASE(ST_LP_HEAD, L, div_up64(c->n_vocab, c->rows_head));
@@ -587,4 +648,33 @@ int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bu
                           const char *name) {
   enum starpu_data_access_mode modes[1] = {STARPU_R};
   return st_submit_task(&decode_lane_cl, bufs, modes, nbufs, a, sizeof *a, tgt, name);
+}
+
+void st_lane_stats_print(const struct st_decode_ctx *c, int n_lanes, FILE *f) {
+  const struct st_lane_walls *wl = c->walls;
+  if (!c->stats || !wl || !wl->steps) return;
+  static const char *names[ST_LP_KINDS + 1] = {"embnorm", "qkv",     "mlanorm", "qb",   "rope",    "attn",
+                                               "qattn",   "oproj",   "resnorm", "rlogits", "topk", "qx",
+                                               "gateup",  "qa",      "down",    "combine", "norm",    "head",
+                                               "mailwait"};
+  const double n = (double)wl->steps;
+  const unsigned nw = starpu_worker_get_count();
+  fprintf(f, "strata: lane stats (STRATA_LANE_STATS=1), %d lanes, per decode step over %.0f steps:\n", n_lanes, n);
+  fprintf(f, "  %-9s %9s %9s %13s %13s %11s\n", "phase", "items", "wall ms", "busy lane-ms", "wait lane-ms", "busy lanes");
+  double tw = 0, tb = 0, tt = 0;
+  for (int k = 0; k <= ST_LP_KINDS; k++) {
+    double busy = 0, wait = 0, items = 0;
+    for (unsigned w = 0; w < nw; w++) {
+      busy += (double)c->stats[w].busy_ns[k];
+      wait += (double)c->stats[w].wait_ns[k];
+      items += (double)c->stats[w].items[k];
+    }
+    const double wall = k < ST_LP_KINDS ? (double)wl->wall_ns[k] : 0.0;
+    if (!items) continue;
+    tw += wall, tb += busy, tt += wait;
+    fprintf(f, "  %-9s %9.1f %9.3f %13.3f %13.3f %11.2f\n", names[k], items / n, wall / n * 1e-6, busy / n * 1e-6,
+            wait / n * 1e-6, wall > 0 ? busy / wall : 0.0);
+  }
+  fprintf(f, "  %-9s %9s %9.3f %13.3f %13.3f %11.2f\n", "total", "", tw / n * 1e-6, tb / n * 1e-6, tt / n * 1e-6,
+          tw > 0 ? tb / tw : 0.0);
 }

@@ -316,6 +316,30 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
 }
 #endif
 
+/* STRATA_LANE_ROWS (doc/tuning.md): "name=rows,..." overriding the decode lanes' rows per work item
+ * (qkv, o, router, gateup, down, combine, head). Rows are computed whole by one item each, so the bits do
+ * not depend on these; ST_EINVAL naming the variable on a malformed list. */
+static int lane_rows_from_env(struct st_decode_ctx *c) {
+  const char *v = getenv("STRATA_LANE_ROWS");
+  if (!v || !*v) return 0;
+  static const char *names[] = {"qkv", "o", "router", "gateup", "down", "combine", "head"};
+  int *dst[] = {&c->rows_qkv, &c->rows_o, &c->rows_router, &c->rows_gateup, &c->rows_down, &c->rows_combine, &c->rows_head};
+  for (const char *p = v; *p;) {
+    const char *eq = strchr(p, '=');
+    int k = -1;
+    for (int i = 0; eq && i < 7; i++)
+      if ((size_t)(eq - p) == strlen(names[i]) && !strncmp(p, names[i], strlen(names[i]))) k = i;
+    char *end = NULL;
+    const long x = k >= 0 ? strtol(eq + 1, &end, 10) : 0;
+    if (k < 0 || end == eq + 1 || (*end && *end != ',') || x < 1 || x > 65536)
+      return st_set_error(ST_EINVAL, "STRATA_LANE_ROWS=%s: expected name=rows,... with names qkv, o, router, gateup, down, "
+                          "combine, head and rows 1..65536 (doc/tuning.md)", v);
+    *dst[k] = (int)x;
+    p = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
 int st_decode_init(struct st_engine *e) {
   const struct st_hparams *hp = &e->hp;
   struct st_decode *d = calloc(1, sizeof *d);
@@ -338,10 +362,13 @@ int st_decode_init(struct st_engine *e) {
   c->rows_qkv = pow2_divisor((int)hp->head_dim, 64);
   if (hp->attn_kind == ST_ATTN_MLA) c->rows_qkv = 16;
   c->rows_o = 32;
-  c->rows_router = 32;
+  c->rows_router = 8; /* 16 items for 128 experts (32 rows: 4 of 15 lanes busy, 4.5 % of a CPU token) */
   c->rows_gateup = 32;
   c->rows_down = 32; /* 64 items per slot for a hidden size of 2048: 14 lanes stay busy on one expert */
+  c->rows_combine = 128; /* 16 items: one lane gathering every slot's rows took 28 us a layer (15 lanes) */
   c->rows_head = 512;
+  int rc0 = lane_rows_from_env(c);
+  if (rc0) return rc0;
   /* attention's scores (and MLA's latent output after them), or gate and up rows */
   c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16 + (int64_t)hp->head_dim;
   c->graph_key0 = st_engine_graph_keys_used(e);
@@ -423,6 +450,11 @@ int st_decode_init(struct st_engine *e) {
   }
   memset(d->host_block, 0, d->host_bytes);
   carve_host(d, e, d->host_block);
+  if (e->lane_stats) {
+    c->stats = calloc(nw ? nw : 1, sizeof *c->stats);
+    c->walls = calloc(1, sizeof *c->walls);
+    if (!c->stats || !c->walls) return st_set_error(ST_ENOMEM, "out of memory for the lane stats");
+  }
   int rc = make_names(d, e);
   if (!rc && !d->gpu) rc = st_lane_token_plan(c);
 #ifdef ST_HAVE_CUDA
@@ -471,6 +503,9 @@ void st_decode_free(struct st_engine *e) {
   free(d->ctx.phase_kind);
   free(d->ctx.phase_layer);
   free(d->ctx.layer_end);
+  st_lane_stats_print(&d->ctx, d->n_lanes, stderr);
+  free(d->ctx.stats);
+  free(d->ctx.walls);
   free(d);
   e->dec = NULL;
 }
