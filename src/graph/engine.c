@@ -48,6 +48,7 @@ struct env_conf {
   long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
   long presubmit;      /* STRATA_PRESUBMIT: 0 or 1 */
   long lane_stats;     /* STRATA_LANE_STATS: 0 or 1 */
+  long lane_token;     /* STRATA_LANE_TOKEN: 0 or 1 */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -106,6 +107,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
   if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);
   if (!rc) rc = env_long("STRATA_LANE_STATS", 0, 1, 0, &c->lane_stats);
+  if (!rc) rc = env_long("STRATA_LANE_TOKEN", 0, 1, 1, &c->lane_token);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
@@ -668,6 +670,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->mxfp4_int8 = (int)env.mxfp4_int8;
   e->presubmit = (int)env.presubmit;
   e->lane_stats = (int)env.lane_stats;
+  e->lane_token = (int)env.lane_token;
   e->step_wait = (int)env.step_wait;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);

@@ -160,6 +160,8 @@ struct st_engine {
                               tasks before it returns (1, the default), or returns at the head's flag (0) */
   int presubmit;           /* STRATA_PRESUBMIT: a GPU decode step without CPU lanes submits the next step's tasks
                               before it waits for its logits (graph/token.c; default 1) */
+  int lane_token;          /* STRATA_LANE_TOKEN: CPU-only decode, one lane task per CPU worker for the whole token
+                              (1, the default) or one per layer (0) */
   int lane_stats;          /* STRATA_LANE_STATS: the decode lanes count their time; printed at shutdown (default 0) */
   int prompt_lanes;        /* STRATA_PROMPT_LANES: CPU-only prompt chunks through graph/prompt.h (default 1) */
   struct st_prompt *prompt; /* the prompt lanes' buffers (graph/prompt.h), or NULL: graph/batch.c runs prompt chunks */

@@ -8,7 +8,8 @@
  * and the output head (layer n_layer) adds the last layer's experts, norms and projects. The GPU
  * tasks carry consecutive starpu_task::workerorder values, so CUDA0 queues them on its stream in
  * submission order; nothing links them to the lanes but the mailbox's flags (codelets/decode.h).
- * Without a GPU every layer is one lane task per CPU worker over the token's work items. */
+ * Without a GPU one lane task per CPU worker runs the token's work items (submitted with the head;
+ * STRATA_LANE_TOKEN=0: one per worker and layer, each up to the end of its layer). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,7 +49,7 @@ int st_decode_submit_lanes(struct st_engine *e) {
 int st_decode_submit_layer(struct st_engine *e, int l) {
   struct st_decode *d = e->dec;
   const int L = (int)e->hp.n_layer, G = (int)e->hp.n_head_kv;
-  if (!d->gpu) return submit_lanes(e, l, ST_LANE_TOKEN);
+  if (!d->gpu) return e->lane_token && l < L ? 0 : submit_lanes(e, l, ST_LANE_TOKEN);
 #ifndef ST_HAVE_CUDA
   (void)L, (void)G;
   return st_set_error(ST_ERUNTIME, "a GPU decode step in a build without CUDA"); /* d->gpu needs a CUDA worker */
