@@ -28,6 +28,7 @@ struct st_decode {
   struct st_decode_layer *layers;   /* [n_layer] */
   const void **expert_src;          /* [n_layer][n_expert][3] */
   void *host_block;                 /* the host buffers, one allocation */
+  int steps_logged;                 /* decode steps counted for the memory log (STRATA_MEMORY_LOG) */
   size_t host_bytes;
   int gpu;                          /* dense work on the primary GPU */
   int primary_worker;               /* its StarPU worker */

@@ -70,6 +70,25 @@ static int env_long(const char *name, long lo, long hi, long def, long *out) {
   return 0;
 }
 
+void st_engine_gpu_memory_log(const char *stage) {
+#ifdef ST_HAVE_CUDA
+  if (!st_memory_log_on()) return;
+  for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
+    if (starpu_worker_get_type((int)w) != STARPU_CUDA_WORKER) continue;
+    const int dev = starpu_worker_get_devid((int)w);
+    int seen = 0; /* one line per device (several workers may share one) */
+    for (unsigned v = 0; v < w; v++) seen |= starpu_worker_get_type((int)v) == STARPU_CUDA_WORKER && starpu_worker_get_devid((int)v) == dev;
+    if (seen) continue;
+    const unsigned node = starpu_worker_get_memory_node(w);
+    const double total = (double)starpu_memory_get_total(node), avail = (double)starpu_memory_get_available(node);
+    fprintf(stderr, "strata: memory: %s: CUDA%d in use on the card %.0f MiB; StarPU's allocations %.0f MiB of its limit %.0f MiB\n",
+            stage, dev, st_cuda_device_used_mib(dev), (total - avail) / 1048576.0, total / 1048576.0);
+  }
+#else
+  (void)stage;
+#endif
+}
+
 /* StarPU aborts the process when it cannot create its sampling folder (performance models, bus
  * calibration; StarPU 1.3's common/utils.c: $STARPU_PERF_MODEL_DIR, else .starpu/sampling under
  * $XDG_CACHE_HOME, $STARPU_HOME, $HOME or /tmp, the first set): the engine makes it first, and
@@ -883,8 +902,10 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
    * machine's VM that was 0.85-1.1 s of a 121-token prompt; bench/RESULTS.md). */
   st_gguf_populate(m->gguf, m->output.data, weight_bytes(&m->output));
   st_memory_log("before the cache fill", m, NULL, NULL); /* STRATA_MEMORY_LOG=1 (tiers/arena.h) */
+  st_engine_gpu_memory_log("before the cache fill");
   if (!rc) rc = setup_tiers(e, o);
   if (!rc) st_memory_log("after the cache fill", m, NULL, e->placement.tier);
+  if (!rc) st_engine_gpu_memory_log("after the cache fill");
   if (!rc) rc = setup_host_arena(e, o, &arena_conf);
   if (!rc) register_expert_handles(e);
   if (!rc) st_memory_log("after registering the expert handles", m, &e->arena, e->placement.tier);
@@ -1275,6 +1296,7 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     char stage[64];
     snprintf(stage, sizeof stage, "after the first prompt (%d tokens)", n);
     st_memory_log(stage, e->model, &e->arena, e->placement.tier);
+    st_engine_gpu_memory_log(stage);
     prompt_logged = 1;
   }
   if ((e->adapt_swaps > 0 || e->peer_adapt_swaps > 0) && e->tokens_since_adapt >= e->adapt_interval) {

@@ -169,6 +169,11 @@ struct st_engine {
                               per-task path of this file decodes */
 };
 
+/* STRATA_MEMORY_LOG=1: one line per CUDA device at `stage`: the memory in use on the card
+ * (cudaMemGetInfo: every process's, the CUDA context included), StarPU's allocations there and its
+ * limit (--gpu-mem's STARPU_LIMIT_CUDA_MEM), in MiB, to stderr. Nothing without CUDA workers. */
+void st_engine_gpu_memory_log(const char *stage);
+
 /* The KV-cache length an engine created with `requested` tokens (0 = default) will have. */
 int st_engine_ctx_size(const struct st_hparams *hp, int requested);
 
