@@ -429,6 +429,52 @@ static void test_all_logits_chunks(const char *vocab_path) {
   st_model_free(m);
 }
 
+/* The decode lanes' bits do not depend on how the work is cut or who runs it (codelets/decode.h):
+ * decode steps (--prefill 1) of the small model with the defaults, one lane task per worker and
+ * layer (STRATA_LANE_TOKEN=0), odd rows per item (STRATA_LANE_ROWS) and one CPU worker give
+ * bitwise equal logits at every position. */
+static void test_lane_layouts(const char *vocab_path) {
+  char path[] = "/tmp/strata-test-lanes-XXXXXX";
+  struct st_model *m = NULL;
+  const int made = !small_model_ff(vocab_path, 64, path, &m);
+  if (made) unlink(path);
+  if (!made) {
+    CHECK(0, "lane layouts: setup: %s", st_last_error());
+    return;
+  }
+  enum { N = 24, RUNS = 4 };
+  const size_t V = m->hp.n_vocab;
+  int32_t ids[N];
+  for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 7919 + 13) % (int)V);
+  static const char *what[RUNS] = {"defaults", "STRATA_LANE_TOKEN=0",
+                                   "STRATA_LANE_ROWS=qkv=16,o=8,router=3,gateup=64,down=7,combine=5,head=100", "STARPU_NCPU=1"};
+  float *out[RUNS] = {0};
+  int rc = 0;
+  for (int r = 0; r < RUNS && !rc; r++) {
+    if (r == 1) setenv("STRATA_LANE_TOKEN", "0", 1);
+    if (r == 2) setenv("STRATA_LANE_ROWS", "qkv=16,o=8,router=3,gateup=64,down=7,combine=5,head=100", 1);
+    if (r == 3) setenv("STARPU_NCPU", "1", 1);
+    out[r] = malloc(sizeof(float) * N * V);
+    struct st_engine *e = NULL;
+    struct st_engine_opts o;
+    st_engine_opts_init(&o);
+    o.n_ctx = 64;
+    o.prefill = 1;
+    rc = !out[r] || st_engine_create(m, &o, &e);
+    if (!rc) rc = st_engine_eval(e, ids, N, out[r], 1);
+    st_engine_destroy(e);
+    unsetenv("STRATA_LANE_TOKEN");
+    unsetenv("STRATA_LANE_ROWS");
+    unsetenv("STARPU_NCPU");
+    CHECK(!rc, "lane layouts: %d decode steps with %s: %s", N, what[r], rc ? st_last_error() : "ran");
+  }
+  for (int r = 1; r < RUNS && !rc; r++)
+    CHECK(!memcmp(out[0], out[r], sizeof(float) * N * V), "lane layouts: %d decode steps' logits, %s against the defaults: bitwise equal",
+          N, what[r]);
+  for (int r = 0; r < RUNS; r++) free(out[r]);
+  st_model_free(m);
+}
+
 /* The exactness gate on CPU: the default arena, --resident-experts (which keeps everything here,
  * no GPU cache owns a pair) and the mmap-only engine (STRATA_HOST_ARENA=0) give bitwise identical
  * logits and the same greedy ids; and the RAM check refuses with the GiB and the flag. */
@@ -671,6 +717,7 @@ int main(void) {
   test_arena_rss(vocab);
   test_nonfinite(vocab);
   test_all_logits_chunks(vocab);
+  test_lane_layouts(vocab);
   printf("test_engine: %d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }
