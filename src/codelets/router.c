@@ -24,16 +24,18 @@ void st_route_topk(float *l, int E, int k, struct st_route *r) {
     sum += l[e];
   }
   for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
-  /* top-k by selection: highest probability first, ties to the lower expert id */
+  /* top-k by selection: highest probability first, ties to the lower expert id (the experts chosen
+   * so far marked in taken: scanning r[] for each candidate took about 9 us a layer, a serial step
+   * of every CPU decode token) */
   double wsum = 0.0;
+  uint8_t taken[E];
+  memset(taken, 0, sizeof taken);
   for (int j = 0; j < k; j++) {
     int best = -1;
-    for (int e = 0; e < E; e++) {
-      int taken = 0;
-      for (int i = 0; i < j; i++) taken |= r[i].expert == e;
-      if (!taken && (best < 0 || l[e] > l[best])) best = e;
-    }
+    for (int e = 0; e < E; e++)
+      if (!taken[e] && (best < 0 || l[e] > l[best])) best = e;
     r[j] = (struct st_route){best, l[best]};
+    if (best >= 0) taken[best] = 1;
     wsum += l[best];
   }
   for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
@@ -42,15 +44,16 @@ void st_route_topk(float *l, int E, int k, struct st_route *r) {
 /* The k best of score[0..E) among allowed experts (allow NULL: all), highest first, ties to the
  * lower id, into r[].expert. */
 static void top_k(const float *score, const uint8_t *allow, int E, int k, struct st_route *r) {
+  uint8_t taken[E];
+  memset(taken, 0, sizeof taken);
   for (int j = 0; j < k; j++) {
     int best = -1;
     for (int e = 0; e < E; e++) {
-      if (allow && !allow[e]) continue;
-      int taken = 0;
-      for (int i = 0; i < j; i++) taken |= r[i].expert == e;
-      if (!taken && (best < 0 || score[e] > score[best])) best = e;
+      if ((allow && !allow[e]) || taken[e]) continue;
+      if (best < 0 || score[e] > score[best]) best = e;
     }
     r[j].expert = best;
+    if (best >= 0) taken[best] = 1;
   }
 }
 
