@@ -204,6 +204,8 @@ struct st_decode_ctx {
                                           the CPU's dense products (CPU-only, st_dense_terms) */
   uint8_t *xnr;                        /* xn's second term (st_lane_xn_act, st_matmul_q8_2) */
   uint8_t *attnr;                      /* attn's second term for a two-term wo (st_dense_terms) */
+  float *rope_cs;                      /* CPU-only: the step position's RoPE table (st_rope_conf_table,
+                                          n_rot floats), made once a token by the EMBNORM item */
   float *scratch;                      /* per StarPU worker: scratch_floats each */
   int64_t scratch_floats;
   int rows_qkv, rows_o, rows_router, rows_gateup, rows_down, rows_combine, rows_head; /* rows per work item */
@@ -258,7 +260,7 @@ static inline void st_fixed_q8(struct st_decode_layer *L, int n_embd, int int8) 
 
 /* Phases of lane work items, in the order a layer runs them. */
 enum st_lane_kind {
-  ST_LP_EMBNORM, /* 1 item: xn = RMSNorm(x) with layer 0's attn_norm */
+  ST_LP_EMBNORM, /* 1 item: xn = RMSNorm(x) with layer 0's attn_norm; the position's RoPE table */
   ST_LP_QKV,     /* rows of wq, wk, wv (and their biases): q, and the new K, V rows (MLA: rows of q_a
                     or wq, then kv_a_mqa) */
   ST_LP_MLANORM, /* MLA, 1 item: the q LoRA's norm; the latent's norm and the key part's RoPE, cached */

@@ -163,10 +163,9 @@ static void item_mla_norm(struct lane_state *s, int l) {
   const struct st_decode_layer *L = &c->layers[l];
   if (c->q_lora) st_rmsnorm(c->qa, L->q_a_norm, c->qa, c->q_lora, c->eps);
   if (c->q_lora && dense_q8(c, &L->wq_b_d)) st_quantize_act(ST_TYPE_Q8_0, c->qa, c->q_lora, 1, c->q_lora, c->qaq);
-  float *kv = c->kvnew, cs[c->rope.n_rot];
+  float *kv = c->kvnew;
   st_rmsnorm(kv, L->kv_a_norm, kv, c->kv_lora, c->eps);
-  st_rope_conf_table(cs, &c->rope, c->pos);
-  st_rope_conf_apply(kv + c->kv_lora, &c->rope, cs);
+  st_rope_conf_apply(kv + c->kv_lora, &c->rope, c->rope_cs);
   const uint64_t rb = st_kv_row_bytes(c->kv_type, c->head_dim);
   st_kv_store(c->kv_type, kv, kv_plane(c, L, 0, 0) + (size_t)(c->pos % L->kv_rows) * rb, c->head_dim, c->head_dim);
 }
@@ -185,9 +184,8 @@ static void item_qb(struct lane_state *s, int l, int64_t i) {
  * space: qm[h] = [k_b[h] q_nope, q_pe], a query against the cached rows. */
 static void mla_query(const struct st_decode_ctx *c, const struct st_decode_layer *L, int h) {
   const int qk = c->qk_nope + c->rope.n_rot;
-  float *qh = c->q + (size_t)h * qk, *qm = c->qm + (size_t)h * c->head_dim, cs[c->rope.n_rot];
-  st_rope_conf_table(cs, &c->rope, c->pos);
-  st_rope_conf_apply(qh + c->qk_nope, &c->rope, cs);
+  float *qh = c->q + (size_t)h * qk, *qm = c->qm + (size_t)h * c->head_dim;
+  st_rope_conf_apply(qh + c->qk_nope, &c->rope, c->rope_cs);
   st_matmul(L->wk_b_d.type, L->wk_b, L->wk_b_d.row_bytes, (int64_t)h * c->kv_lora, (int64_t)(h + 1) * c->kv_lora, qh,
             c->qk_nope, 1, c->qk_nope, qm, c->kv_lora);
   memcpy(qm + c->kv_lora, qh + c->qk_nope, sizeof(float) * (size_t)c->rope.n_rot);
@@ -201,8 +199,7 @@ static void item_rope(struct lane_state *s, int l, int64_t i) {
     mla_query(c, L, (int)i);
     return;
   }
-  float cs[c->rope.n_rot];
-  st_rope_conf_table(cs, &c->rope, c->pos);
+  const float *cs = c->rope_cs; /* made once a token by the EMBNORM item (a table took about 5 us) */
   if (i < c->n_head) {
     float *qh = c->q + (size_t)i * hd;
     if (L->q_norm) st_rmsnorm(qh, L->q_norm, qh, hd, c->eps);
@@ -408,6 +405,7 @@ static void run_item(struct lane_state *s, int kind, int l, int64_t i) {
   const struct st_decode_layer *L = l < c->n_layer ? &c->layers[l] : NULL;
   switch (kind) {
   case ST_LP_EMBNORM:
+    st_rope_conf_table(c->rope_cs, &c->rope, c->pos);
     st_rmsnorm(c->x, c->layers[0].attn_norm, c->xn, c->n_embd, c->eps);
     quantize_xn(c, 0);
     break;

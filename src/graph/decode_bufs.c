@@ -161,6 +161,7 @@ static size_t carve_host(struct st_decode *d, const struct st_engine *e, uint8_t
   TAKE(c->xfq, uint8_t, fx + 1);
   TAKE(c->afq, uint8_t, fa + 1);
   TAKE(c->kvnew, float, 2 * (size_t)hp->n_head_kv * hp->head_dim);
+  TAKE(c->rope_cs, float, (size_t)hp->head_dim + 2); /* n_rot <= head_dim (MLA: kv_lora + n_rot) */
   TAKE(c->xo, float, dm);
   TAKE(c->ffn_in, float, dm);
   TAKE(c->rlogits, float, hp->n_expert);
