@@ -126,6 +126,7 @@ static int make_names(struct st_decode *d, const struct st_engine *e) {
     for (int i = 0; i < lanes; i++) {
       if (d->gpu) snprintf(p, 64, "expert_rows CPU lane %d", i); /* once per token, l == L */
       else if (l < L) snprintf(p, 64, "decode_lane L%d lane %d", l, i);
+      else if (e->lane_token) snprintf(p, 64, "decode_lane token lane %d", i); /* every layer and the head */
       else snprintf(p, 64, "decode_lane head lane %d", i);
       d->lane_names[(size_t)l * lanes + i] = p;
       p += 64;
