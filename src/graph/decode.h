@@ -66,6 +66,13 @@ int st_decode_gpu_arch(const struct st_engine *e, const char **why);
 
 /* Builds e->dec: buffers, handles, device tables, names. ST_ENOMEM / ST_ERUNTIME on failure. */
 int st_decode_init(struct st_engine *e);
+
+/* STRATA_LANE_ROWS (doc/tuning.md): "name=rows,..." overriding the decode lanes' rows per work item,
+ * rows[] in the order qkv, o, router, gateup, down, combine, head (0: the default). Rows are
+ * computed whole by one item each, so the bits do not depend on these. 0, or ST_EINVAL naming the
+ * variable on a malformed list (the engine checks it at start, before any loading). */
+#define ST_LANE_ROW_KINDS 7
+int st_decode_lane_rows_env(int rows[ST_LANE_ROW_KINDS]);
 void st_decode_free(struct st_engine *e);
 
 /* Rewrites the primary GPU's pair -> slot table and the layers' CPU-pool flags from the placement

@@ -318,25 +318,22 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
 }
 #endif
 
-/* STRATA_LANE_ROWS (doc/tuning.md): "name=rows,..." overriding the decode lanes' rows per work item
- * (qkv, o, router, gateup, down, combine, head). Rows are computed whole by one item each, so the bits do
- * not depend on these; ST_EINVAL naming the variable on a malformed list. */
-static int lane_rows_from_env(struct st_decode_ctx *c) {
+int st_decode_lane_rows_env(int rows[ST_LANE_ROW_KINDS]) {
+  for (int i = 0; i < ST_LANE_ROW_KINDS; i++) rows[i] = 0;
   const char *v = getenv("STRATA_LANE_ROWS");
   if (!v || !*v) return 0;
-  static const char *names[] = {"qkv", "o", "router", "gateup", "down", "combine", "head"};
-  int *dst[] = {&c->rows_qkv, &c->rows_o, &c->rows_router, &c->rows_gateup, &c->rows_down, &c->rows_combine, &c->rows_head};
+  static const char *names[ST_LANE_ROW_KINDS] = {"qkv", "o", "router", "gateup", "down", "combine", "head"};
   for (const char *p = v; *p;) {
     const char *eq = strchr(p, '=');
     int k = -1;
-    for (int i = 0; eq && i < 7; i++)
+    for (int i = 0; eq && i < ST_LANE_ROW_KINDS; i++)
       if ((size_t)(eq - p) == strlen(names[i]) && !strncmp(p, names[i], strlen(names[i]))) k = i;
     char *end = NULL;
     const long x = k >= 0 ? strtol(eq + 1, &end, 10) : 0;
     if (k < 0 || end == eq + 1 || (*end && *end != ',') || x < 1 || x > 65536)
       return st_set_error(ST_EINVAL, "STRATA_LANE_ROWS=%s: expected name=rows,... with names qkv, o, router, gateup, down, "
                           "combine, head and rows 1..65536 (doc/tuning.md)", v);
-    *dst[k] = (int)x;
+    rows[k] = (int)x;
     p = *end ? end + 1 : end;
   }
   return 0;
@@ -369,8 +366,13 @@ int st_decode_init(struct st_engine *e) {
   c->rows_down = 32; /* 64 items per slot for a hidden size of 2048: 14 lanes stay busy on one expert */
   c->rows_combine = 128; /* 16 items: one lane gathering every slot's rows took 28 us a layer (15 lanes) */
   c->rows_head = 512;
-  int rc0 = lane_rows_from_env(c);
+  int env_rows[ST_LANE_ROW_KINDS];
+  const int rc0 = st_decode_lane_rows_env(env_rows);
   if (rc0) return rc0;
+  int *rows[ST_LANE_ROW_KINDS] = {&c->rows_qkv, &c->rows_o, &c->rows_router, &c->rows_gateup, &c->rows_down, &c->rows_combine,
+                                  &c->rows_head};
+  for (int i = 0; i < ST_LANE_ROW_KINDS; i++)
+    if (env_rows[i]) *rows[i] = env_rows[i];
   /* attention's scores (and MLA's latent output after them), or gate and up rows */
   c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16 + (int64_t)hp->head_dim;
   c->graph_key0 = st_engine_graph_keys_used(e);

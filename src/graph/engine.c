@@ -127,6 +127,8 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);
   if (!rc) rc = env_long("STRATA_LANE_STATS", 0, 1, 0, &c->lane_stats);
   if (!rc) rc = env_long("STRATA_LANE_TOKEN", 0, 1, 1, &c->lane_token);
+  int lane_rows[ST_LANE_ROW_KINDS]; /* applied by st_decode_init; checked here, before the load */
+  if (!rc) rc = st_decode_lane_rows_env(lane_rows);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
