@@ -472,6 +472,19 @@ static void test_lane_layouts(const char *vocab_path) {
     CHECK(!memcmp(out[0], out[r], sizeof(float) * N * V), "lane layouts: %d decode steps' logits, %s against the defaults: bitwise equal",
           N, what[r]);
   for (int r = 0; r < RUNS; r++) free(out[r]);
+  static const char *bad[] = {"dwn=64", "down=0", "down=", "down=64;head=8", "qkv=16,,o=8"};
+  for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+    setenv("STRATA_LANE_ROWS", bad[b], 1);
+    struct st_engine *e = NULL;
+    struct st_engine_opts o;
+    st_engine_opts_init(&o);
+    o.n_ctx = 64;
+    const int brc = st_engine_create(m, &o, &e);
+    CHECK(brc == ST_EINVAL && strstr(st_last_error(), "STRATA_LANE_ROWS"), "lane layouts: STRATA_LANE_ROWS=%s refused: %s", bad[b],
+          brc ? st_last_error() : "(accepted)");
+    st_engine_destroy(e);
+    unsetenv("STRATA_LANE_ROWS");
+  }
   st_model_free(m);
 }
 
