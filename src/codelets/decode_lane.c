@@ -338,16 +338,20 @@ static void item_qa(struct lane_state *s, int l, int64_t i) {
                   c->aq + (size_t)slot * aq_row_bytes(c, L));
 }
 
-/* Rows [r0, r1) of slot's down product (slot k: the fixed FFN's, weight 1) into s->eout's row. */
-static void down_rows(struct lane_state *s, const struct st_decode_layer *L, int l, int slot, int64_t r0, int64_t r1) {
+static void item_down(struct lane_state *s, int l, int64_t i) {
   const struct st_decode_ctx *c = s->c;
+  const struct st_decode_layer *L = &c->layers[l];
+  const int R = c->rows_down, per = (int)div_up64(c->n_embd, R), ff = c->n_ff;
+  const int fixed = i >= (int64_t)s->n_slots * per; /* the fixed FFN's rows, weight 1 */
+  const int slot = fixed ? c->k : s->slots[i / per];
+  const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
   float *out = s->eout + (size_t)slot * c->n_embd + r0;
-  if (slot == c->k) {
+  if (fixed) {
     if (L->fq_a) st_matmul_q8(L->fdown_d.type, L->fdown, L->fdown_d.row_bytes, r0, r1, c->afq, 1, L->fixed_ff, out, r1 - r0);
     else rows(&L->fdown_d, L->fdown, r0, r1, c->act + (size_t)c->k * c->n_ff_max, out);
     return;
   }
-  const int e = s->route[slot].expert, ff = c->n_ff;
+  const int e = s->route[slot].expert;
   const void *dw = expert_mat(c, l, e, 2);
   const uint64_t qa = aq_row_bytes(c, L);
   if (qa) st_matmul_q8(L->down_d.type, dw, L->down_d.row_bytes, r0, r1, c->aq + (size_t)slot * qa, 1, ff, out, r1 - r0);
@@ -355,14 +359,6 @@ static void down_rows(struct lane_state *s, const struct st_decode_layer *L, int
   add_bias(out, L->down_b ? L->down_b + (size_t)e * c->n_embd + r0 : NULL, r1 - r0);
   const float w = s->route[slot].weight;
   for (int64_t r = 0; r < r1 - r0; r++) out[r] *= w;
-}
-
-static void item_down(struct lane_state *s, int l, int64_t i) {
-  const struct st_decode_ctx *c = s->c;
-  const int R = c->rows_down, per = (int)div_up64(c->n_embd, R);
-  const int fixed = i >= (int64_t)s->n_slots * per; /* the fixed FFN's rows, weight 1 */
-  const int64_t r0 = (i % per) * R, r1 = r0 + R < c->n_embd ? r0 + R : c->n_embd;
-  down_rows(s, &c->layers[l], l, fixed ? c->k : s->slots[i / per], r0, r1);
 }
 
 /* Rows of x = h + the slots' rows added in slot order (as combine_cpu), then the fixed FFN's row

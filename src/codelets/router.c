@@ -15,34 +15,9 @@
 #include "codelets/layer_cpu.h"
 #include "io/model.h"
 
-void st_route_topk(float *l, int E, int k, struct st_route *r) {
-  float mx = -INFINITY;
-  for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
-  double sum = 0.0;
-  for (int e = 0; e < E; e++) {
-    l[e] = expf(l[e] - mx);
-    sum += l[e];
-  }
-  for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
-  /* top-k by selection: highest probability first, ties to the lower expert id (the experts chosen
-   * so far marked in taken: scanning r[] for each candidate took about 9 us a layer, a serial step
-   * of every CPU decode token) */
-  double wsum = 0.0;
-  uint8_t taken[E];
-  memset(taken, 0, sizeof taken);
-  for (int j = 0; j < k; j++) {
-    int best = -1;
-    for (int e = 0; e < E; e++)
-      if (!taken[e] && (best < 0 || l[e] > l[best])) best = e;
-    r[j] = (struct st_route){best, l[best]};
-    if (best >= 0) taken[best] = 1;
-    wsum += l[best];
-  }
-  for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
-}
-
 /* The k best of score[0..E) among allowed experts (allow NULL: all), highest first, ties to the
- * lower id, into r[].expert. */
+ * lower id, into r[].expert (-1 when none is left). The chosen ones are marked in taken: scanning
+ * r[] for each candidate took about 9 us a layer, a serial step of every CPU decode token. */
 static void top_k(const float *score, const uint8_t *allow, int E, int k, struct st_route *r) {
   uint8_t taken[E];
   memset(taken, 0, sizeof taken);
@@ -55,6 +30,24 @@ static void top_k(const float *score, const uint8_t *allow, int E, int k, struct
     r[j].expert = best;
     if (best >= 0) taken[best] = 1;
   }
+}
+
+void st_route_topk(float *l, int E, int k, struct st_route *r) {
+  float mx = -INFINITY;
+  for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+  double sum = 0.0;
+  for (int e = 0; e < E; e++) {
+    l[e] = expf(l[e] - mx);
+    sum += l[e];
+  }
+  for (int e = 0; e < E; e++) l[e] = (float)(l[e] / sum);
+  top_k(l, NULL, E, k, r); /* highest probability first, ties to the lower expert id */
+  double wsum = 0.0;
+  for (int j = 0; j < k; j++) {
+    r[j].weight = l[r[j].expert];
+    wsum += r[j].weight;
+  }
+  for (int j = 0; j < k; j++) r[j].weight = (float)(r[j].weight / wsum);
 }
 
 void st_route_gated(float *l, int E, int k, int gating, const float *bias, int n_group, int n_group_used, int w_norm,

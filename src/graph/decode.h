@@ -28,8 +28,8 @@ struct st_decode {
   struct st_decode_layer *layers;   /* [n_layer] */
   const void **expert_src;          /* [n_layer][n_expert][3] */
   void *host_block;                 /* the host buffers, one allocation */
-  int steps_logged;                 /* decode steps counted for the memory log (STRATA_MEMORY_LOG) */
   size_t host_bytes;
+  int steps_logged;                 /* decode steps counted for the memory log, up to 2 (STRATA_MEMORY_LOG) */
   int gpu;                          /* dense work on the primary GPU */
   int primary_worker;               /* its StarPU worker */
   unsigned primary_node;
@@ -70,9 +70,8 @@ int st_decode_init(struct st_engine *e);
 /* STRATA_LANE_ROWS (doc/tuning.md): "name=rows,..." overriding the decode lanes' rows per work item,
  * rows[] in the order qkv, o, router, gateup, down, combine, head (0: the default). Rows are
  * computed whole by one item each, so the bits do not depend on these. 0, or ST_EINVAL naming the
- * variable on a malformed list (the engine checks it at start, before any loading). */
-#define ST_LANE_ROW_KINDS 7
-int st_decode_lane_rows_env(int rows[ST_LANE_ROW_KINDS]);
+ * variable on a malformed list (read once, at engine start, before any loading: e->lane_rows). */
+int st_decode_lane_rows_env(int *rows); /* rows[ST_LANE_ROW_KINDS] (graph/engine.h) */
 void st_decode_free(struct st_engine *e);
 
 /* Rewrites the primary GPU's pair -> slot table and the layers' CPU-pool flags from the placement

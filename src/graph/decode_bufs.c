@@ -318,7 +318,7 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
 }
 #endif
 
-int st_decode_lane_rows_env(int rows[ST_LANE_ROW_KINDS]) {
+int st_decode_lane_rows_env(int *rows) {
   for (int i = 0; i < ST_LANE_ROW_KINDS; i++) rows[i] = 0;
   const char *v = getenv("STRATA_LANE_ROWS");
   if (!v || !*v) return 0;
@@ -366,13 +366,10 @@ int st_decode_init(struct st_engine *e) {
   c->rows_down = 32; /* 64 items per slot for a hidden size of 2048: 14 lanes stay busy on one expert */
   c->rows_combine = 128; /* 16 items: one lane gathering every slot's rows took 28 us a layer (15 lanes) */
   c->rows_head = 512;
-  int env_rows[ST_LANE_ROW_KINDS];
-  const int rc0 = st_decode_lane_rows_env(env_rows);
-  if (rc0) return rc0;
   int *rows[ST_LANE_ROW_KINDS] = {&c->rows_qkv, &c->rows_o, &c->rows_router, &c->rows_gateup, &c->rows_down, &c->rows_combine,
                                   &c->rows_head};
   for (int i = 0; i < ST_LANE_ROW_KINDS; i++)
-    if (env_rows[i]) *rows[i] = env_rows[i];
+    if (e->lane_rows[i]) *rows[i] = e->lane_rows[i];
   /* attention's scores (and MLA's latent output after them), or gate and up rows */
   c->scratch_floats = (int64_t)(e->n_ctx > 2 * c->rows_gateup ? e->n_ctx : 2 * c->rows_gateup) + 16 + (int64_t)hp->head_dim;
   c->graph_key0 = st_engine_graph_keys_used(e);

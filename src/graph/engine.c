@@ -49,6 +49,7 @@ struct env_conf {
   long presubmit;      /* STRATA_PRESUBMIT: 0 or 1 */
   long lane_stats;     /* STRATA_LANE_STATS: 0 or 1 */
   long lane_token;     /* STRATA_LANE_TOKEN: 0 or 1 */
+  int lane_rows[ST_LANE_ROW_KINDS]; /* STRATA_LANE_ROWS (0: the default) */
   int has_primary;     /* STRATA_PRIMARY_DEVICE is set */
 };
 #define ST_CUDA_CONTEXT_MIB 600 /* a CUDA context with cuBLAS on an H200, about (--gpu-mem) */
@@ -127,8 +128,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);
   if (!rc) rc = env_long("STRATA_LANE_STATS", 0, 1, 0, &c->lane_stats);
   if (!rc) rc = env_long("STRATA_LANE_TOKEN", 0, 1, 1, &c->lane_token);
-  int lane_rows[ST_LANE_ROW_KINDS]; /* applied by st_decode_init; checked here, before the load */
-  if (!rc) rc = st_decode_lane_rows_env(lane_rows);
+  if (!rc) rc = st_decode_lane_rows_env(c->lane_rows);
   long memory_log; /* read by tiers/arena.c st_memory_log_on; checked here like the others */
   if (!rc) rc = env_long("STRATA_MEMORY_LOG", 0, 1, 0, &memory_log);
   c->has_primary = getenv("STRATA_PRIMARY_DEVICE") != NULL;
@@ -692,6 +692,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->presubmit = (int)env.presubmit;
   e->lane_stats = (int)env.lane_stats;
   e->lane_token = (int)env.lane_token;
+  memcpy(e->lane_rows, env.lane_rows, sizeof e->lane_rows);
   e->step_wait = (int)env.step_wait;
   if (env_primary && primary_device > 0 && o->layer_split) {
     st_engine_destroy(e);

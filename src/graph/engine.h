@@ -96,6 +96,8 @@ struct st_engine_stats {
   double host_between_s;                  /* host time from a step's return to the next step's start, s */
 };
 
+#define ST_LANE_ROW_KINDS 7 /* STRATA_LANE_ROWS's names: qkv, o, router, gateup, down, combine, head */
+
 struct st_engine {
   struct st_model *model; /* borrowed */
   struct st_hparams hp;
@@ -162,6 +164,7 @@ struct st_engine {
                               before it waits for its logits (graph/token.c; default 1) */
   int lane_token;          /* STRATA_LANE_TOKEN: CPU-only decode, one lane task per CPU worker for the whole token
                               (1, the default) or one per layer (0) */
+  int lane_rows[ST_LANE_ROW_KINDS]; /* STRATA_LANE_ROWS: rows per decode lane item (0: the default; graph/decode.h) */
   int lane_stats;          /* STRATA_LANE_STATS: the decode lanes count their time; printed at shutdown (default 0) */
   int prompt_lanes;        /* STRATA_PROMPT_LANES: CPU-only prompt chunks through graph/prompt.h (default 1) */
   struct st_prompt *prompt; /* the prompt lanes' buffers (graph/prompt.h), or NULL: graph/batch.c runs prompt chunks */

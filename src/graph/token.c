@@ -145,7 +145,7 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   if (!d->gpu) memcpy(logits, c->logits, sizeof(float) * hp->n_vocab);
   e->stats.step_s += st_now() - t_step;
   if (c->walls) c->walls->steps++;
-  if (d->gpu && ++d->steps_logged == 2) st_engine_gpu_memory_log("after the second decode step"); /* graphs instantiated */
+  if (d->gpu && d->steps_logged < 2 && ++d->steps_logged == 2) st_engine_gpu_memory_log("after the second decode step"); /* graphs instantiated */
   if (d->gpu) e->stats.host_tail_s += st_now() - t_head;
   d->last_return_s = st_now();
   const int bad = c->sync[0].error ? c->sync[0].error_layer : -1;
