@@ -72,8 +72,6 @@ int st_decode_submit_layer(struct st_engine *e, int l) {
       bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2];
       if (!mla) bufs[nb++] = e->h_kv[((size_t)l * G + g) * 2 + 1];
     }
-    /* the graph ends with the next layer's input and norm (or the head's) */
-    bufs[nb++] = l + 1 < L ? e->h_layer[(size_t)(l + 1) * W_COUNT + W_ATTN_NORM] : e->h_output_norm;
     for (int i = 0; i < 3 && e->h_fixed[(size_t)l * 3]; i++) bufs[nb++] = e->h_fixed[(size_t)l * 3 + i]; /* a fixed FFN */
     for (int i = 0; i < ST_MLA_W && mla; i++) { /* MLA's matrices and norms (an absent one: the attention norm) */
       const starpu_data_handle_t h = e->h_mla[(size_t)l * ST_MLA_W + i];

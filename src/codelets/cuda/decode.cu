@@ -113,7 +113,6 @@ struct layer_graph {
   const st_decode_gpu_args *a;
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
   void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS]; // of c->kv_type
-  const float *next_norm; // layer + 1's attention norm, or the output norm after the last layer
   const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
   const void *m[ST_MLA_W]; // MLA's matrices and norms (codelets/decode.h), else NULL
   int regime;              // the attention's regime at the token's position (st_cuda_attend_regime; MLA: 0)
@@ -191,10 +190,12 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
 
 
 // dk_pre over layer l's input (combine: add layer l - 1's expert rows first, waiting for the CPU
-// pool's rows in the mailbox when wait_cpu) with norm w: the first kernel of layer 0's graph, and
-// the last of layer l - 1's (for layer l and for the head), so that it follows the expert kernels
-// as a programmatic dependent (pdl) instead of waiting for the next graph to start.
-void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, int pdl, cudaStream_t st) {
+// pool's rows in the mailbox when wait_cpu) with norm w: the first kernel of layer l's graph (l =
+// n_layer: the head's), a plain launch (no programmatic edge into a graph's first kernel). With
+// STRATA_PDL the graph's next kernel (Q/K/V, whose weights no kernel writes) then starts its
+// weights' copies while dk_pre's one block works: 2026-12-06 (bench/RESULTS.md), an 8-layer cut's
+// step 609.5 -> 594.5 us against dk_pre as the last kernel of layer l - 1's graph.
+void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const int lp = l > 0 ? l - 1 : 0;
   const st_decode_layer *P = &c->layers[lp];
@@ -203,7 +204,7 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
   const int n_routed = P->dense ? 0 : c->k;
   const float *fixed = P->fixed_ff ? D.gpu_out + (size_t)c->k * c->n_embd : NULL;
   const uint32_t *flag = wait_cpu ? c->dmail.cpu_seq + (size_t)lp * ST_MAIL_FLAG_STRIDE : NULL;
-  st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * (size_t)c->n_embd, st, pdl,
+  st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * (size_t)c->n_embd, st, 0,
                  (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
                  c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, n_routed, c->n_embd,
                  combine, (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x,
@@ -253,18 +254,17 @@ void layer_body(const void *args, cudaStream_t st) {
   const st_decode_layer *L = &c->layers[a->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
-  const bool first = a->layer == 0; // later layers' input comes from the previous graph's last kernel
-  if (first) pre_launch(c, 0, 0, 0, (const float *)g->w[0], 0, st);
+  pre_launch(c, a->layer, a->combine, a->has_cpu_in, (const float *)g->w[0], st);
   int64_t o_in = (int64_t)Hq * hd; // the output projection's input
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[a->layer] : NULL;
   if (c->mla) {
-    mla_body(c, g, first ? pdl : 0, st);
+    mla_body(c, g, pdl, st);
     o_in = (int64_t)Hq * c->head_dim_v;
   } else {
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  mv_launch(qkv, 3, D.xn, d, first ? pdl : 0, st); // no programmatic edge into a graph's first kernel
+  mv_launch(qkv, 3, D.xn, d, pdl, st); // after dk_pre
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
   // another architecture's biases, sinks, q.k scale and sliding window (qwen3moe: none, its bits)
   st_cuda_attn_ext ax = {};
@@ -294,7 +294,6 @@ void layer_body(const void *args, cudaStream_t st) {
   });
   if (!L->dense) experts_body(c, a->layer, a->has_xin, pdl, st);
   if (L->fixed_ff) fixed_body(c, g, a->layer, st);
-  pre_launch(c, a->layer + 1, 1, a->has_xin, g->next_norm, pdl, st); // layer + 1's input (or the head's)
 }
 
 struct head_graph {
@@ -318,7 +317,8 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  mv_launch(&head, 1, D.xn, c->n_embd, 0, st); // xn: the last layer's graph ended with the output norm
+  pre_launch(c, c->n_layer, 1, g->a->has_cpu_in, g->norm, st); // the last layer's combine, the output norm
+  mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st);
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D),
                                      c->dmail.stamps + 1);
 }
@@ -373,8 +373,6 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     sig.add(g.k[gi]);
     sig.add(g.v[gi]);
   }
-  g.next_norm = (const float *)STARPU_VECTOR_GET_PTR(buffers[b++]);
-  sig.add(g.next_norm);
   for (int i = 0; i < 3; i++) {
     g.f[i] = c->layers[a->layer].fixed_ff ? (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
     sig.add(g.f[i]);

@@ -837,8 +837,14 @@ __device__ __forceinline__ void mmv_block(mmv_smem<TYPE, TT> &sm, int nr, int64_
 // is mmv_block's (the same chunks, chains, warp sums and slot order), bit for bit.
 
 // Rows a warp takes in the streaming core: two for the packed formats (they share every activation
-// load and the block's fixed costs), one for the float formats (their bytes fill the buffers).
-template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_nr() { return mmv_format<TYPE>::BS < 2 * mmv_format<TYPE>::QK ? 2 : 1; }
+// load and the block's fixed costs), four for MXFP4 (a group of its 17-byte blocks is small: with
+// four, gpt-oss-20b's 2,880-weight rows make 12 KB groups; bench/RESULTS.md 2026-12-06, -2.7 % of
+// the decode step on an 8-layer cut, where four made Q8_0's 5 % slower), one for the float formats
+// (their bytes fill the buffers). MMV_STREAM_NR_MAX bounds them (the pipe's per-row arrays).
+#define MMV_STREAM_NR_MAX 4
+template <uint32_t TYPE> __host__ __device__ constexpr int mmv_stream_nr() {
+  return TYPE == ST_TYPE_MXFP4 ? 4 : mmv_format<TYPE>::BS < 2 * mmv_format<TYPE>::QK ? 2 : 1;
+}
 // Rows of a streaming group for rows of n weights.
 template <uint32_t TYPE> __host__ __device__ __forceinline__ int mmv_stream_rows(int64_t n) {
   return mmv_stream_nr<TYPE>() * mmv_block_rows(n);
@@ -854,10 +860,10 @@ template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() {
 // mbarrier its copies complete on, and its warps' sums.
 template <uint32_t TYPE> struct mmv_pipe {
   uint64_t full[2];
-  const uint8_t *rows[2][2 * MMV_ITEMS];
+  const uint8_t *rows[2][MMV_STREAM_NR_MAX * MMV_ITEMS];
   const void *x[2]; // float32 rows, or (Job::x_q8) quantised ones (common.cuh st_q8_stride)
   int nr[2];
-  float red[2][2 * MMV_ITEMS];
+  float red[2][MMV_STREAM_NR_MAX * MMV_ITEMS];
   float kv[16];
 };
 
@@ -967,6 +973,7 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
                                            Wait wait, Started started) {
   constexpr int CB = mmv_chunk_bytes<TYPE>();
   constexpr int NR = mmv_stream_nr<TYPE>(), SEGS = mmv_stream_segs<TYPE>(), PUT = MMV_ITEMS - 1;
+  static_assert(NR <= MMV_STREAM_NR_MAX && MMV_STREAM_NR_MAX * MMV_ITEMS <= 32, "a group's rows are one warp's lanes");
   const int S = mmv_slots(n), R = NR * (MMV_ITEMS / S), rs = (S * CB + 15) / 16 + 2;
   const int len = (int)(n / mmv_format<TYPE>::QK * mmv_format<TYPE>::BS);
   const int nch = (int)((n + MMV_CH - 1) / MMV_CH);
