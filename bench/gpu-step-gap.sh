@@ -22,22 +22,22 @@ for me in "${models[@]}"; do
   # shellcheck disable=SC2086
   model=$(gpu_model "$name" ${me#*:})
   for ev in "${envs[@]}"; do
-   for bl in ${BINS:-"-|$S"}; do
-    bname=${bl%%|*} bin=${bl#*|}
-    [ "${bin#/}" = "$bin" ] && bin=$PWD/$bin
-    label=${ev%%:*}
-    [ "$bname" = - ] || label=$bname${label:+-$label}
-    vars=${ev#*:}
-    t0=$SECONDS
-    if [ -n "${GREEDY:-}" ]; then
-      env ${vars//,/ } timeout 120 "$bin" generate -m "$model" -p "The history of the sky" -n "$GREEDY" --temp 0 --ignore-eos \
-        --expert-profile "$W/$name.profile" --expert-cache auto > "$out/greedy-$name-$label.txt" 2> /dev/null
-      echo "greedy $name $label: exit $? md5 $(md5sum < "$out/greedy-$name-$label.txt" | cut -c1-12)"
-    fi
-    env ${vars//,/ } timeout 300 "$bin" bench -m "$model" --json -r "${R:-3}" --prompt 0 --decode "${DECODE:-128}" \
-      --expert-profile "$W/$name.profile" --expert-cache auto > "$out/gap-$name-$label.json" 2> "$out/gap-$name-$label.err"
-    st=$?
-    rows+=("$(python3 - "$out/gap-$name-$label.json" "$name" "$label" "$st" "$((SECONDS - t0))" <<'EOF'
+    for bl in ${BINS:-"-|$S"}; do
+      bname=${bl%%|*} bin=${bl#*|}
+      [ "${bin#/}" = "$bin" ] && bin=$PWD/$bin
+      label=${ev%%:*}
+      [ "$bname" = - ] || label=$bname${label:+-$label}
+      vars=${ev#*:}
+      t0=$SECONDS
+      if [ -n "${GREEDY:-}" ]; then
+        env ${vars//,/ } timeout 120 "$bin" generate -m "$model" -p "The history of the sky" -n "$GREEDY" --temp 0 --ignore-eos \
+          --expert-profile "$W/$name.profile" --expert-cache auto > "$out/greedy-$name-$label.txt" 2> /dev/null
+        echo "greedy $name $label: exit $? md5 $(md5sum < "$out/greedy-$name-$label.txt" | cut -c1-12)"
+      fi
+      env ${vars//,/ } timeout 300 "$bin" bench -m "$model" --json -r "${R:-3}" --prompt 0 --decode "${DECODE:-128}" \
+        --expert-profile "$W/$name.profile" --expert-cache auto > "$out/gap-$name-$label.json" 2> "$out/gap-$name-$label.err"
+      st=$?
+      rows+=("$(python3 - "$out/gap-$name-$label.json" "$name" "$label" "$st" "$((SECONDS - t0))" <<'EOF'
 import json, sys
 f, name, label, st, secs = sys.argv[1:]
 try:
@@ -49,7 +49,7 @@ print("%-10s %-10s %9.2f %9.1f %9.1f %9.1f %9.1f %9.1f %7.1f   %ss" % (name, lab
       r["gpu_gap_us_per_step"], r["host_tail_us_per_step"], r["host_between_us_per_step"], r["tasks_per_token"], secs))
 EOF
 )")
-   done
+    done
   done
 done
 echo "===== decode, every expert cached (us a step)"
