@@ -335,7 +335,7 @@ struct st_decode_gpu_args {
   int32_t combine;    /* add layer - 1's expert rows to x first (every layer but 0, and the head) */
   int32_t has_cpu_in; /* layer - 1 has CPU-pool pairs: wait for its rows in the mailbox when routed there */
   int32_t has_xin;    /* this layer has CPU-pool pairs: publish its routing and FFN input to the mailbox (and,
-                       * on a GPU, wait for the pool's rows in the graph's last kernel, the next input's combine) */
+                       * on a GPU, the next graph's first kernel, its combine, waits for the pool's rows) */
 };
 int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
                          struct st_target tgt, const char *name);
