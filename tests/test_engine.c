@@ -471,6 +471,22 @@ static void test_lane_layouts(const char *vocab_path) {
   for (int r = 1; r < RUNS && !rc; r++)
     CHECK(!memcmp(out[0], out[r], sizeof(float) * N * V), "lane layouts: %d decode steps' logits, %s against the defaults: bitwise equal",
           N, what[r]);
+  if (!rc) { /* greedy steps: st_engine_eval_next's id is st_argmax of the logits st_engine_eval gave */
+    struct st_engine *e = NULL;
+    struct st_engine_opts o;
+    st_engine_opts_init(&o);
+    o.n_ctx = 64;
+    o.prefill = 1;
+    int same = 0, erc = st_engine_create(m, &o, &e);
+    for (int i = 0; i < N && !erc; i++) {
+      int32_t next = -1;
+      erc = st_engine_eval_next(e, ids[i], &next);
+      same += !erc && next == st_argmax(out[0] + (size_t)i * V, (int32_t)V);
+    }
+    st_engine_destroy(e);
+    CHECK(!erc && same == N, "greedy steps: st_engine_eval_next's id equals st_argmax of the step's logits in %d of %d steps%s%s", same,
+          N, erc ? ": " : "", erc ? st_last_error() : "");
+  }
   for (int r = 0; r < RUNS; r++) free(out[r]);
   static const char *bad[] = {"dwn=64", "down=0", "down=", "down=64;head=8", "qkv=16,,o=8"};
   for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {

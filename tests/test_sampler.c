@@ -8,6 +8,7 @@
 
 #include <string.h>
 
+#include "codelets/decode.h" /* st_argmax_key: the GPU head's argmax */
 #include "common.h"
 #include "graph/sampler.h"
 
@@ -50,6 +51,38 @@ int main(void) {
     printf("%s st_argmax equals a sequential first-max scan on %d of %d vectors (ties, NaN, -inf, 0..151680 long)\n",
            same == tried && tried == 200 ? "PASS" : "FAIL", same, tried);
     same == tried && tried == 200 ? pass++ : fail++;
+  }
+
+  /* the GPU head's argmax (decode.h st_argmax_key: the largest key of (logit, id), taken in any
+   * order) against st_argmax: finite logits with many ties (steps of 1/8, negative too), -0 and +0
+   * among the largest, every order of visiting the ids the same (forward, backward) */
+  {
+    enum { V = 151680 };
+    float *v = malloc(sizeof(float) * V);
+    int same = 0, tried = 0;
+    uint64_t r = 777;
+    for (int round = 0; round < 120 && v; round++) {
+      const int n = round < 40 ? round + 1 : round < 110 ? 41 + (round * 977) % 4000 : V;
+      for (int i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (float)((int)((r >> 33) % 40) - 30) / 8.0f;
+      }
+      if (round % 3 == 0) /* the largest is zero, both signs, -0 first */
+        for (int i = 0; i < n; i++) v[i] = v[i] > 0.0f ? (i % 2 ? 0.0f : -0.0f) : v[i];
+      uint64_t fwd = 0, bwd = 0;
+      for (int i = 0; i < n; i++) {
+        const uint64_t kf = st_argmax_key(v[i], (uint32_t)i), kb = st_argmax_key(v[n - 1 - i], (uint32_t)(n - 1 - i));
+        fwd = kf > fwd ? kf : fwd;
+        bwd = kb > bwd ? kb : bwd;
+      }
+      const int32_t want = st_argmax(v, n);
+      same += st_argmax_key_id(fwd) == want && st_argmax_key_id(bwd) == want;
+      tried++;
+    }
+    free(v);
+    printf("%s the largest st_argmax_key names st_argmax's id on %d of %d vectors (ties, -0 and +0, 1..151680 long, "
+           "both orders)\n", same == tried && tried == 120 ? "PASS" : "FAIL", same, tried);
+    same == tried && tried == 120 ? pass++ : fail++;
   }
 
   /* the top-k cut's m best ids with runs below the worst kept passed over eight at a time (AVX2)

@@ -399,10 +399,7 @@ int st_cmd_bench(int argc, char **argv) {
         const struct st_cuda_graph_stats gbefore = graph_stats_now();
         busy_reset(e->placement.cuda0_worker);
         const double t0 = st_now();
-        for (long s = 0; s < n_decode && !rc; s++) {
-          rc = st_engine_eval(e, &id, 1, logits, 0);
-          id = st_argmax(logits, (int32_t)m->hp.n_vocab);
-        }
+        for (long s = 0; s < n_decode && !rc; s++) rc = st_engine_eval_next(e, id, &id); /* greedy */
         const double dt = st_now() - t0;
         res[n_res++] = (struct result){"decode", n_decode, depths[i], dt, stats_delta(&before, &e->stats),
                                        graphs, busy_share(e->placement.cuda0_worker, dt), graph_stats_delta(&gbefore)};

@@ -307,8 +307,11 @@ int st_cmd_generate(int argc, char **argv) {
   const double t_prompt = st_now() - t0;
   size_t n_gen = 0;
   t0 = st_now();
+  /* greedy: each step's next id from st_engine_eval_next (a GPU step's head finds it) */
+  const int greedy = smp.temp <= 0.0f;
+  int32_t next = -1;
   while (!rc && !interrupted && (long)n_gen < o.n_predict) {
-    int32_t id = st_sampler_sample(&smp, logits, (int32_t)hp->n_vocab);
+    int32_t id = next >= 0 ? next : st_sampler_sample(&smp, logits, (int32_t)hp->n_vocab);
     if (id < 0) {
       rc = st_set_error(ST_ENOMEM, "out of memory sampling");
       break;
@@ -328,7 +331,7 @@ int st_cmd_generate(int argc, char **argv) {
       fprintf(stderr, "\nstrata generate: the context of %d tokens is full; stopping\n", s.engine->n_ctx);
       break;
     }
-    rc = st_engine_eval(s.engine, &id, 1, logits, 0);
+    rc = greedy ? st_engine_eval_next(s.engine, id, &next) : st_engine_eval(s.engine, &id, 1, logits, 0);
   }
   const double t_gen = st_now() - t0;
   if (!rc) {

@@ -124,6 +124,8 @@ struct st_decode_dev {
   struct st_route *route;                                       /* [n_layer][k] */
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
   int32_t *counters; /* [n_head]: the decode attention's last-block counters, zero between launches */
+  uint64_t *amax;    /* [2]: the head's largest st_argmax_key over the step's logits, and 1 when one was not
+                        finite (the head's kernel raises both; dk_head_done publishes them and zeroes them) */
   int8_t *ffn_q;     /* STRATA_INT8_DOT, Q8_0 gate and up: ffn_in quantised (st_decode_q8_bytes(d)) */
   float *rope;       /* [n_ctx][hd / 2] RoPE's (cos, sin), filled once (cuda/attention.cu st_cuda_rope_table) */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
@@ -146,6 +148,26 @@ struct st_decode_dev_layer {
  * pinned host memory mapped into the GPU's address space; st_decode_ctx holds its host addresses
  * (`mail`) and the same memory's device addresses (`dmail`). Flags are 64 bytes apart. */
 #define ST_MAIL_FLAG_STRIDE 16 /* uint32 words between two layers' flags */
+/* An order-preserving key of logit v of id i: a larger key is a larger v, and of equal v the lower
+ * id (st_argmax's ties), -0 taken as +0; the largest key over the logits names their argmax
+ * (st_argmax_key_id). v must be finite. A function of (v, i) alone, so a maximum taken in any
+ * order (the head's atomics) gives the same id as st_argmax. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint64_t st_argmax_key(float v, uint32_t i) {
+  union {
+    float f;
+    uint32_t u;
+  } b = {v == 0.0f ? 0.0f : v};
+  const uint32_t o = b.u >> 31 ? ~b.u : b.u | 0x80000000u;
+  return (uint64_t)o << 32 | (0xFFFFFFFFu - i);
+}
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int32_t st_argmax_key_id(uint64_t key) { return (int32_t)(0xFFFFFFFFu - (uint32_t)key); }
+
 struct st_decode_mail {
   uint32_t *xin_seq;       /* [n_layer] (strided): the layer's routing and FFN input are written */
   uint32_t *cpu_seq;       /* [n_layer] (strided): the CPU pool's rows of the layer are written */
@@ -157,6 +179,8 @@ struct st_decode_mail {
   float *emb;              /* [n_embd] the token's embedding row, likewise (layer 0's input) */
   uint32_t *head_seq;      /* [1]: the head's logits and the step's routing are written */
   float *logits;           /* [n_vocab] the head's logits */
+  int32_t *argmax;         /* [2]: the id of the largest logit (ties to the lower id, as st_argmax) and 1 when
+                              a logit is not finite (then [0] means nothing) */
   struct st_route *route;  /* [n_layer][k] the step's routing */
   uint64_t *stamps;        /* [2]: the GPU's clock (%globaltimer, ns) as the step's first kernel starts and as
                               the head ends (st_decode_step's GPU span and the idle time between steps) */

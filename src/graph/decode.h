@@ -53,7 +53,9 @@ struct st_decode {
                                        (its position, number and tasks: ctx.pos, ctx.seq, tasks_last) */
   int pending_broken;               /* its submission failed part way (settle it, then report) */
   int smem_set;                     /* ctx.smem_set's home */
-  int logits_finite;                /* the last st_decode_step checked its logits finite as it copied them (GPU mode) */
+  int logits_finite;                /* the last st_decode_step checked its logits finite as it copied them (GPU mode),
+                                       or the head's kernel found them finite (logits NULL) */
+  int32_t next_id;                  /* GPU mode, logits NULL: the head's argmax of the last step's logits */
 };
 
 /* Whether the engine's configuration runs decode steps through this path, and why not (`why`:
@@ -86,6 +88,9 @@ int st_decode_submit_lanes(struct st_engine *e);
 
 /* One decode step (token.c): token `id` at position e->n_past through every layer and the head;
  * the logits (n_vocab floats) into `logits`; the routing counted as the per-task path counts it.
+ * GPU mode only, logits NULL: the logits stay in the mailbox and d->next_id is the head's argmax of
+ * them (ties to the lower id), d->logits_finite whether they were all finite (if not, they are copied
+ * to e->logits for the caller's report).
  * Does not advance n_past. d->logits_finite: 1 when the copy out of the mailbox found the logits
  * finite (st_engine_eval then skips its own check), else 0 (not checked). Errors: ST_ERUNTIME when a router's input is not finite or a
  * submission fails. With STRATA_PRESUBMIT (a GPU step without CPU-pool lanes, not recording, room

@@ -200,6 +200,7 @@ static size_t carve_mail(const struct st_engine *e, uintptr_t base, struct st_de
   TAKE(m->emb, float, dm);
   TAKE(m->head_seq, uint32_t, ST_MAIL_FLAG_STRIDE);
   TAKE(m->logits, float, hp->n_vocab);
+  TAKE(m->argmax, int32_t, 2);
   TAKE(m->route, struct st_route, L * k);
   TAKE(m->stamps, uint64_t, 8);
 #undef TAKE
@@ -237,6 +238,7 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
   TAKE(D->pos, int32_t, 2);
   TAKE(D->counters, int32_t, hp->n_head);
+  TAKE(D->amax, uint64_t, 2);
   TAKE(D->ffn_q, int8_t, st_decode_q8_bytes(dm));
   TAKE(D->rope, float, (size_t)e->n_ctx * hd);
   TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);

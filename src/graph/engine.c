@@ -18,6 +18,7 @@
 #include "codelets/quant.h"
 #include "common.h"
 #include "graph/recorder.h"
+#include "graph/sampler.h"
 #include "io/arch.h"
 #include "io/gguf.h"
 #include "config.h"
@@ -47,6 +48,7 @@ struct env_conf {
   long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
   long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
   long presubmit;      /* STRATA_PRESUBMIT: 0 or 1 */
+  long gpu_argmax;     /* STRATA_GPU_ARGMAX: 0 or 1 */
   long lane_stats;     /* STRATA_LANE_STATS: 0 or 1 */
   long lane_token;     /* STRATA_LANE_TOKEN: 0 or 1 */
   int lane_rows[ST_LANE_ROW_KINDS]; /* STRATA_LANE_ROWS (0: the default) */
@@ -126,6 +128,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 1, &c->mxfp4_int8);
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
   if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);
+  if (!rc) rc = env_long("STRATA_GPU_ARGMAX", 0, 1, 1, &c->gpu_argmax);
   if (!rc) rc = env_long("STRATA_LANE_STATS", 0, 1, 0, &c->lane_stats);
   if (!rc) rc = env_long("STRATA_LANE_TOKEN", 0, 1, 1, &c->lane_token);
   if (!rc) rc = st_decode_lane_rows_env(c->lane_rows);
@@ -690,6 +693,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   e->pdl = (int)env.pdl;
   e->mxfp4_int8 = (int)env.mxfp4_int8;
   e->presubmit = (int)env.presubmit;
+  e->gpu_argmax = (int)env.gpu_argmax;
   e->lane_stats = (int)env.lane_stats;
   e->lane_token = (int)env.lane_token;
   memcpy(e->lane_rows, env.lane_rows, sizeof e->lane_rows);
@@ -1248,8 +1252,17 @@ int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what) {
                       l1 >= L ? L - 1 : l1, l1 >= L ? " and the output head" : "");
 }
 
+int st_engine_eval_next(struct st_engine *e, int32_t id, int32_t *next) {
+  e->next_out = next;
+  const int rc = st_engine_eval(e, &id, 1, NULL, 0);
+  e->next_out = NULL;
+  return rc;
+}
+
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
   if (n <= 0) return st_set_error(ST_EINVAL, "nothing to evaluate (0 tokens)");
+  if (!logits && (n != 1 || all_logits || !e->next_out))
+    return st_set_error(ST_EINVAL, "no logits buffer (st_engine_eval_next evaluates one token)");
   if (e->n_past + n > e->n_ctx)
     return st_set_error(ST_EINVAL, "%d tokens after %d already in the context exceed the context of %d tokens (raise -c)",
                         n, e->n_past, e->n_ctx);
@@ -1265,9 +1278,11 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     const int T = e->hp.arch != ST_ARCH_QWEN3MOE && !e->prompt ? 1 : n - done < chunk ? n - done : chunk;
     const int last = done + T == n;
     const double t_start = starpu_timing_now();
-    /* a decode step writes its logits where they go (no copy through e->logits) */
+    /* a decode step writes its logits where they go (no copy through e->logits); without logits
+     * (st_engine_eval_next) a GPU step leaves them in the mailbox, its head's argmax found */
     const int step = T == 1 && e->dec;
     float *out = step && all_logits ? logits + (size_t)done * V : step && last ? logits : e->logits;
+    if (!logits) out = step && e->dec->gpu && e->gpu_argmax ? NULL : e->logits;
     if (!step) st_decode_settle(e); /* a prompt chunk after a step submitted ahead */
     int rc = step        ? st_decode_step(e, ids[done], out)
              : e->prompt ? st_prompt_eval(e, ids + done, T, all_logits || last, all_logits)
@@ -1277,15 +1292,18 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
     /* garbage weights must not pass silently as NaN logits (a GPU step checked them as it copied) */
     if ((all_logits || last) && !(step && e->dec->logits_finite)) {
       const size_t rows = all_logits ? (size_t)T : 1;
+      const float *chk = out ? out : e->logits; /* a GPU step's head found a non-finite logit: copied there */
       for (size_t r = 0; r < rows; r++)
-        if (!st_all_finite(out + r * V, V)) {
+        if (!st_all_finite(chk + r * V, V)) {
           char what[96];
           snprintf(what, sizeof what, "the logits of token %d", e->n_past + (int)(all_logits ? r : (size_t)T - 1));
           /* every router's input was finite: the last layer's experts or the head made it */
           return st_engine_nonfinite(e, (int)e->hp.n_layer - 1, (int)e->hp.n_layer, what);
         }
     }
-    if (out == e->logits && all_logits)
+    if (!logits) /* st_engine_eval_next: one token */
+      *e->next_out = out ? st_argmax(out, (int32_t)V) : e->dec->next_id;
+    else if (out == e->logits && all_logits)
       memcpy(logits + (size_t)done * V, e->logits, sizeof(float) * V * (size_t)T);
     else if (out == e->logits && last)
       memcpy(logits, e->logits, sizeof(float) * V);

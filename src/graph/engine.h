@@ -162,6 +162,9 @@ struct st_engine {
                               tasks before it returns (1, the default), or returns at the head's flag (0) */
   int presubmit;           /* STRATA_PRESUBMIT: a GPU decode step without CPU lanes submits the next step's tasks
                               before it waits for its logits (graph/token.c; default 1) */
+  int gpu_argmax;          /* STRATA_GPU_ARGMAX: st_engine_eval_next takes a GPU step's argmax from its head's
+                              kernel and leaves the logits on the card's side (default 1) */
+  int32_t *next_out;       /* st_engine_eval_next's destination while it runs, else NULL */
   int lane_token;          /* STRATA_LANE_TOKEN: CPU-only decode, one lane task per CPU worker for the whole token
                               (1, the default) or one per layer (0) */
   int lane_rows[ST_LANE_ROW_KINDS]; /* STRATA_LANE_ROWS: rows per decode lane item (0: the default; graph/decode.h) */
@@ -216,6 +219,14 @@ void st_engine_reset(struct st_engine *e);
  * token to `logits` ([n][n_vocab]) when all_logits != 0. Errors: ST_EINVAL when the tokens
  * would run past the context (nothing is computed then), or an id is out of range. */
 int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* Greedy decoding's step: evaluates token `id` at position n_past (advancing it, as st_engine_eval
+ * with n = 1) and sets *next to the id of its largest logit, ties to the lower id: st_argmax of the
+ * logits st_engine_eval would write, bit for bit the same choice. With a GPU decode step
+ * (STRATA_GPU_ARGMAX=1, the default) the head's kernel finds it (graph/token.c) and the n_vocab
+ * logits are not copied out of the mailbox; non-finite logits are refused as st_engine_eval
+ * refuses them. Errors: st_engine_eval's. */
+int st_engine_eval_next(struct st_engine *e, int32_t id, int32_t *next);
 
 /* One adaptive round (--adapt-swaps): swaps up to adapt_swaps cold cached pairs for the pairs
  * routed most often to the CPU pool since the last round, when they were routed more often,

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "graph/decode.h"
 #include "graph/engine.h"
+#include "graph/sampler.h"
 
 /* Counts the step's routing (route: [n_layer][k]); ST_ERUNTIME at the first non-finite choice. */
 static int count_routing(struct st_engine *e, const struct st_route *route, int bad_layer) {
@@ -119,7 +120,17 @@ int st_decode_step(struct st_engine *e, int32_t id, float *logits) {
   if (d->gpu && !rc) { /* the head raises head_seq once the logits and the routing are in the mailbox */
     st_mail_wait(c->mail.head_seq, seq, c->mail.abort_seq);
     t_head = st_now();
-    d->logits_finite = st_copy_finite(logits, c->mail.logits, hp->n_vocab);
+    if (logits) {
+      d->logits_finite = st_copy_finite(logits, c->mail.logits, hp->n_vocab);
+    } else { /* the head's argmax (dk_head_done), written before the flag; without one (a logit not
+              * finite, or no key at all) the logits go to e->logits, where st_engine_eval checks them */
+      d->next_id = c->mail.argmax[0];
+      d->logits_finite = !c->mail.argmax[1];
+      if (!d->logits_finite) {
+        memcpy(e->logits, c->mail.logits, sizeof(float) * hp->n_vocab);
+        d->next_id = st_argmax(e->logits, (int32_t)hp->n_vocab);
+      }
+    }
     memcpy(c->route, c->mail.route, sizeof(struct st_route) * hp->n_layer * hp->n_expert_used);
   }
   if (d->pending_broken) { /* its lanes and kernels run out on a zero embedding; then the error */

@@ -57,8 +57,10 @@ void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int p
   st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, st, pdl, args...);
 }
 
-// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type.
-void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st) {
+// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type; amax:
+// the head's argmax keys (dk_segs::amax; one part), else NULL.
+void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st,
+               uint64_t *amax = NULL) {
   for (int i = 0; i < n_parts;) {
     const int i0 = i;
     const uint32_t type = parts[i].type;
@@ -67,6 +69,7 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
       constexpr uint32_t TY = decltype(ty)::value;
       const int R = mmv_stream_rows<TY>(n);
       dk_segs g = {};
+      g.amax = (unsigned long long *)amax;
       int64_t groups = 0;
       for (int p = i0; p < i; p++, g.n++) {
         g.s[g.n] = dk_seg{(const uint8_t *)parts[p].W, parts[p].row_bytes, parts[p].rows, parts[p].out,
@@ -86,6 +89,7 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
   if (!c->rope_uploaded) st_cuda_rope_table(c->dev.rope, c->n_ctx, c->head_dim, c->rope_theta, st);
+  ST_CUDA_CHECK(cudaMemsetAsync(c->dev.amax, 0, 2 * sizeof(uint64_t), st)); // dk_head_done zeroes it after each step
   const int n_embd = c->n_embd, n_expert = c->n_expert;
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
@@ -302,13 +306,20 @@ struct head_graph {
   const void *w;
 };
 
-// The step's routing to the mailbox (n entries), then, once every write of the step to the
-// mailbox is out (the head's logits came from the previous kernel), *flag = *seq; *stamp: the GPU's
-// clock. One block.
-__global__ void dk_head_done(const st_route *route, int n, st_route *to, uint32_t *flag, const uint32_t *seq,
-                             uint64_t *stamp) {
+// The step's routing to the mailbox (n entries) and the logits' argmax (amax, the head's atomics:
+// argmax[0] its id, argmax[1] 1 when a logit was not finite), amax zeroed for the next step; then,
+// once every write of the step to the mailbox is out (the head's logits came from the previous
+// kernel), *flag = *seq; *stamp: the GPU's clock. One block.
+__global__ void dk_head_done(const st_route *route, int n, st_route *to, uint64_t *amax, int32_t *argmax, uint32_t *flag,
+                             const uint32_t *seq, uint64_t *stamp) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) to[i] = route[i];
-  if (threadIdx.x == 0) *(volatile uint64_t *)stamp = st_dev_globaltimer();
+  if (threadIdx.x == 0) {
+    const uint64_t key = amax[0], bad = amax[1];
+    argmax[0] = key ? st_argmax_key_id(key) : 0;
+    argmax[1] = bad || !key; // no finite logit at all: the host looks at them itself
+    amax[0] = amax[1] = 0;
+    *(volatile uint64_t *)stamp = st_dev_globaltimer();
+  }
   dk_raise(flag, seq);
 }
 
@@ -318,9 +329,9 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
   pre_launch(c, c->n_layer, 1, g->a->has_cpu_in, g->norm, st); // the last layer's combine, the output norm
-  mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st);
-  dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, c->dmail.head_seq, dev_seq(D),
-                                     c->dmail.stamps + 1);
+  mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st, D.amax);
+  dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, D.amax, c->dmail.argmax, c->dmail.head_seq,
+                                  dev_seq(D), c->dmail.stamps + 1);
 }
 
 // Graph keys: graph_key0 + 3 l + r the task of layer l at positions of attention regime r (a

@@ -5,6 +5,7 @@
 
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/mmv.cuh"
+#include "codelets/decode.h" // st_argmax_key
 
 namespace {
 
@@ -128,6 +129,8 @@ struct dk_seg {
 struct dk_segs {
   dk_seg s[3];
   int n;
+  unsigned long long *amax; // the head (one segment): its rows' largest st_argmax_key into amax[0], a
+                            // non-finite row into amax[1] (st_decode_dev::amax); else NULL
 };
 
 struct mv_job {
@@ -152,9 +155,16 @@ struct mv_job {
   struct pre_t {};
   __device__ pre_t pre(int, int) const { return {}; }
   template <typename Sum> __device__ void put(int grp, Sum sum, int nr, int t, const pre_t &) const {
-    if (t >= nr) return;
     const int i = seg(grp);
-    g->s[i].out[(int64_t)grp * R + t] = sum(t);
+    const float v = t < nr ? sum(t) : 0.0f;
+    if (t < nr) g->s[i].out[(int64_t)grp * R + t] = v;
+    if (g->amax) { // the group's largest key by the warp, one atomic; a non-finite logit marked
+      const bool fin = isfinite(v);
+      unsigned long long key = t < nr && fin ? st_argmax_key(v, (uint32_t)(grp * R + t)) : 0ull;
+      if (t < nr && !fin) atomicOr(g->amax + 1, 1ull);
+      for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+      if (t == 0 && key) atomicMax(g->amax, key);
+    }
   }
 };
 
