@@ -170,6 +170,8 @@ static void run_job(struct server *s, struct job *j) {
   int rc = piece ? st_engine_eval(e, j->ids, (int)j->n_ids, s->logits, 0) : st_set_error(ST_ENOMEM, "out of memory");
   const double t_prompt = st_now() - t0;
   t0 = st_now();
+  const int greedy = smp.temp <= 0.0f; /* each step's next id from st_engine_eval_next */
+  int32_t next = -1;
   while (!rc && j->n_gen < j->max_tokens) {
     pthread_mutex_lock(&s->mu);
     cancelled = j->cancelled;
@@ -177,7 +179,7 @@ static void run_job(struct server *s, struct job *j) {
     pthread_mutex_unlock(&s->mu);
     if (stopping && !cancelled) rc = st_set_error(ST_ERUNTIME, "the server is shutting down");
     if (cancelled || stopping) break;
-    int32_t id = st_sampler_sample(&smp, s->logits, n_vocab);
+    int32_t id = next >= 0 ? next : st_sampler_sample(&smp, s->logits, n_vocab);
     if (id < 0) {
       rc = st_set_error(ST_ENOMEM, "out of memory sampling");
       break;
@@ -225,7 +227,7 @@ static void run_job(struct server *s, struct job *j) {
       break;
     }
     if (last) break;
-    rc = st_engine_eval(e, &id, 1, s->logits, 0);
+    rc = greedy ? st_engine_eval_next(e, id, &next) : st_engine_eval(e, &id, 1, s->logits, 0);
   }
   if (!rc && !stopped && !cancelled) {
     size_t l = piece ? st_detok_flush(&dt, piece, piece_cap) : 0;
