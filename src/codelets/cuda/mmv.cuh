@@ -1065,8 +1065,13 @@ template <typename K> static int mmv_resident_blocks(K kernel, size_t smem) {
   return sms * per;
 }
 
-// Registers: 64 for a single token (4 blocks, 32 warps per SM), 128 for a batch.
-#define MMV_BOUNDS(TT) __launch_bounds__(MMV_THREADS, (TT) == 1 ? 4 : 2)
+// Registers: 64 for a single token (4 blocks, 32 warps per SM), 128 for a batch. MMV_MIN_BLOCKS
+// (a build knob, -DMMV_MIN_BLOCKS=5: 48 registers) asks more blocks of the single-token kernels: the
+// Q8_0 streaming kernels then spill nothing, the MXFP4 int8 ones 28-36 bytes (not measured yet).
+#ifndef MMV_MIN_BLOCKS
+#define MMV_MIN_BLOCKS 4
+#endif
+#define MMV_BOUNDS(TT) __launch_bounds__(MMV_THREADS, (TT) == 1 ? MMV_MIN_BLOCKS : 2)
 
 // Whether `type` has a specialised kernel usable here: n whole blocks, weights (and every row)
 // aligned for its loads, activation rows 16-byte aligned and 4-float strided.
