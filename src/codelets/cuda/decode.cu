@@ -61,6 +61,7 @@ void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int p
 // the head's argmax keys (dk_segs::amax; one part), else NULL.
 void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st,
                uint64_t *amax = NULL) {
+  ST_ASSERT(!amax || n_parts == 1); // the keys carry a row's index in its part
   for (int i = 0; i < n_parts;) {
     const int i0 = i;
     const uint32_t type = parts[i].type;
