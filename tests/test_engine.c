@@ -315,6 +315,17 @@ static int small_model(const char *vocab_path, char *path, struct st_model **m) 
   return small_model_ff(vocab_path, 512, path, m);
 }
 
+/* small_model_ff in a temporary file, unlinked once loaded (the mapping stays); NULL after a failed
+ * "<what>: setup" check. */
+static struct st_model *temp_model(const char *vocab_path, int n_ff, const char *what) {
+  char path[] = "/tmp/strata-test-model-XXXXXX";
+  struct st_model *m = NULL;
+  const int made = !small_model_ff(vocab_path, n_ff, path, &m);
+  if (made) unlink(path);
+  if (!made) CHECK(0, "%s: setup: %s", what, st_last_error());
+  return made ? m : NULL;
+}
+
 /* The arena's layout and "through the source" reads, without StarPU: every other pair kept. The
  * mapping's expert pages are released while copying; reading them again must give the same bytes. */
 static void test_arena_layout(const struct st_model *m) {
@@ -383,14 +394,8 @@ static int run_greedy(struct st_model *m, int resident, const int32_t *prompt, i
  * last position's equal those of a run wanting the last token's alone (chunks of 1,024); and a
  * chunk over the buffers is refused by the prompt path itself. */
 static void test_all_logits_chunks(const char *vocab_path) {
-  char path[] = "/tmp/strata-test-logits-XXXXXX";
-  struct st_model *m = NULL;
-  const int made = !small_model_ff(vocab_path, 64, path, &m);
-  if (made) unlink(path);
-  if (!made) {
-    CHECK(0, "all-logits chunks: setup: %s", st_last_error());
-    return;
-  }
+  struct st_model *m = temp_model(vocab_path, 64, "all-logits chunks");
+  if (!m) return;
   enum { N = ST_LOGITS_ROWS + 37 };
   const size_t V = m->hp.n_vocab;
   int32_t *ids = malloc(sizeof(int32_t) * N);
@@ -434,14 +439,8 @@ static void test_all_logits_chunks(const char *vocab_path) {
  * layer (STRATA_LANE_TOKEN=0), odd rows per item (STRATA_LANE_ROWS) and one CPU worker give
  * bitwise equal logits at every position. */
 static void test_lane_layouts(const char *vocab_path) {
-  char path[] = "/tmp/strata-test-lanes-XXXXXX";
-  struct st_model *m = NULL;
-  const int made = !small_model_ff(vocab_path, 64, path, &m);
-  if (made) unlink(path);
-  if (!made) {
-    CHECK(0, "lane layouts: setup: %s", st_last_error());
-    return;
-  }
+  struct st_model *m = temp_model(vocab_path, 64, "lane layouts");
+  if (!m) return;
   enum { N = 24, RUNS = 4 };
   const size_t V = m->hp.n_vocab;
   int32_t ids[N];

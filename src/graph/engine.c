@@ -1252,16 +1252,10 @@ int st_engine_nonfinite(struct st_engine *e, int l0, int l1, const char *what) {
                       l1 >= L ? L - 1 : l1, l1 >= L ? " and the output head" : "");
 }
 
-int st_engine_eval_next(struct st_engine *e, int32_t id, int32_t *next) {
-  e->next_out = next;
-  const int rc = st_engine_eval(e, &id, 1, NULL, 0);
-  e->next_out = NULL;
-  return rc;
-}
-
-int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
+/* st_engine_eval, or with next set (one token, logits NULL) st_engine_eval_next. */
+static int eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits, int32_t *next) {
   if (n <= 0) return st_set_error(ST_EINVAL, "nothing to evaluate (0 tokens)");
-  if (!logits && (n != 1 || all_logits || !e->next_out))
+  if (!logits && (n != 1 || all_logits || !next))
     return st_set_error(ST_EINVAL, "no logits buffer (st_engine_eval_next evaluates one token)");
   if (e->n_past + n > e->n_ctx)
     return st_set_error(ST_EINVAL, "%d tokens after %d already in the context exceed the context of %d tokens (raise -c)",
@@ -1302,7 +1296,7 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
         }
     }
     if (!logits) /* st_engine_eval_next: one token */
-      *e->next_out = out ? st_argmax(out, (int32_t)V) : e->dec->next_id;
+      *next = out ? st_argmax(out, (int32_t)V) : e->dec->next_id;
     else if (out == e->logits && all_logits)
       memcpy(logits + (size_t)done * V, e->logits, sizeof(float) * V * (size_t)T);
     else if (out == e->logits && last)
@@ -1326,3 +1320,9 @@ int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits
   }
   return 0;
 }
+
+int st_engine_eval(struct st_engine *e, const int32_t *ids, int n, float *logits, int all_logits) {
+  return eval(e, ids, n, logits, all_logits, NULL);
+}
+
+int st_engine_eval_next(struct st_engine *e, int32_t id, int32_t *next) { return eval(e, &id, 1, NULL, 0, next); }

@@ -164,7 +164,6 @@ struct st_engine {
                               before it waits for its logits (graph/token.c; default 1) */
   int gpu_argmax;          /* STRATA_GPU_ARGMAX: st_engine_eval_next takes a GPU step's argmax from its head's
                               kernel and leaves the logits on the card's side (default 1) */
-  int32_t *next_out;       /* st_engine_eval_next's destination while it runs, else NULL */
   int lane_token;          /* STRATA_LANE_TOKEN: CPU-only decode, one lane task per CPU worker for the whole token
                               (1, the default) or one per layer (0) */
   int lane_rows[ST_LANE_ROW_KINDS]; /* STRATA_LANE_ROWS: rows per decode lane item (0: the default; graph/decode.h) */
