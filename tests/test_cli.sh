@@ -157,7 +157,7 @@ expect_error "remote-expert-opt without a helper" "remote-expert-opt needs a hel
 expect_error "peer flags without a peer" "need --peer-device N" "$STRATA" generate -m "$tiny" -p hi --peer-slots 8
 expect_error "--trace into a file" "not a directory" "$STRATA" generate -m "$tiny" -p hi --trace "$tiny"
 for v in STRATA_CUBLAS=abc STRATA_CUBLAS_TF32=2 STRATA_MMQ=2 STRATA_INT8_DOT=2 STRATA_PRIMARY_DEVICE=x STRATA_FF_SLICE=7 \
-         STRATA_PROMPT_LANES=2 STRATA_DECODE_GRAPH=x STRATA_PDL=3; do
+         STRATA_PROMPT_LANES=2 STRATA_DECODE_GRAPH=x STRATA_PDL=3 STRATA_LAYER_SPAN=-1; do
   expect_error "malformed $v" "${v%%=*}=" env "$v" "$STRATA" generate -m "$tiny" -p hi -n 1
 done
 expect_error "empty id in --prompt-ids" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "1,,3"

@@ -348,21 +348,24 @@ int st_submit_decode_lane(const struct st_lane_args *a, starpu_data_handle_t *bu
  * any position (the counts do not depend on it). Returns 0 or ST_ENOMEM. */
 int st_lane_token_plan(struct st_decode_ctx *c);
 
-/* GPU task arguments (cuda/decode.cu). The task of `layer` (< n_layer) has buffers attn_norm, wq,
- * wk, wv, wo, q_norm, k_norm, ffn_norm, router (R) and the layer's K and V caches per KV head (RW);
- * the head (layer == n_layer) has output_norm and output (R) and writes the logits and the step's
- * routing to the mailbox, then raises head_seq. Layer 0 reads the token's embedding row, position
- * and step number from the mailbox (st_decode_mail emb, pos_seq). */
+/* GPU task arguments (cuda/decode.cu). The task of layers layer .. layer + n_layers - 1 (< n_layer;
+ * one CUDA graph) has, per layer in order, buffers attn_norm, wq, wk, wv, wo, q_norm, k_norm,
+ * ffn_norm, router (R), the layer's K and V caches per KV head (RW; MLA: its one latent plane), a
+ * fixed FFN's gate, up and down (R, when the layer has one) and MLA's matrices (R, ST_MLA_W); the
+ * head (layer == n_layer, n_layers 1) has output_norm and output (R) and writes the logits and the
+ * step's routing to the mailbox, then raises head_seq. Layer 0 reads the token's embedding row,
+ * position and step number from the mailbox (st_decode_mail emb, pos_seq). Each layer l but 0, and
+ * the head, adds layer l - 1's expert rows to x first, waiting for the CPU pool's in the mailbox
+ * when ctx->layer_cpu[l - 1]; a layer with ctx->layer_cpu[l] publishes its routing and FFN input
+ * there (the flags do not change while a step's tasks are submitted: st_decode_tables_update runs
+ * with none pending). */
 struct st_decode_gpu_args {
   const struct st_decode_ctx *ctx;
-  int32_t layer, pos;
-  int32_t combine;    /* add layer - 1's expert rows to x first (every layer but 0, and the head) */
-  int32_t has_cpu_in; /* layer - 1 has CPU-pool pairs: wait for its rows in the mailbox when routed there */
-  int32_t has_xin;    /* this layer has CPU-pool pairs: publish its routing and FFN input to the mailbox (and,
-                       * on a GPU, the next graph's first kernel, its combine, waits for the pool's rows) */
+  int32_t layer, n_layers, pos;
 };
-int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
-                         struct st_target tgt, const char *name);
+/* Submits a GPU decode task of `a` with its nbufs handles and their modes (copied). */
+int st_submit_decode_gpu(const struct st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs,
+                         const enum starpu_data_access_mode *modes, int nbufs, struct st_target tgt, const char *name);
 
 #ifdef __cplusplus
 }

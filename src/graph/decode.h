@@ -43,8 +43,11 @@ struct st_decode {
   int n_lanes;                      /* one per CPU worker */
   int *lane_worker;                 /* [n_lanes] StarPU worker ids */
   unsigned order;                   /* the primary worker's last starpu_task::workerorder */
+  int span;                         /* GPU mode: layers a decode_layer task runs (STRATA_LAYER_SPAN; 1..n_layer) */
+  starpu_data_handle_t *span_bufs;  /* GPU mode: one task's handles, [span * per-layer most + 2] */
+  enum starpu_data_access_mode *span_modes; /* and their modes */
   char *names;                      /* task names (StarPU keeps the pointers) */
-  const char **layer_names, **lane_names; /* [n_layer + 1], [(n_layer + 1) * n_lanes] */
+  const char **layer_names, **lane_names; /* [n_layer + 1] (GPU mode: a span's at its first layer), [(n_layer + 1) * n_lanes] */
   uint64_t tasks_last;              /* tasks of the last step submitted */
   int pool_lanes;                   /* GPU mode: the last step submitted the CPU pool's lanes */
   uint64_t last_end_ns;             /* GPU mode: the last step's head end (GPU clock), 0 before one */

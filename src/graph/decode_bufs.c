@@ -11,6 +11,7 @@
 #include "codelets/quant.h"
 #include "common.h"
 #include "config.h"
+#include "graph/batch.h"
 #include "graph/decode.h"
 #include "graph/engine.h"
 #include "io/arch.h"
@@ -119,7 +120,9 @@ static int make_names(struct st_decode *d, const struct st_engine *e) {
   char *p = d->names;
   const char *gpu = e->placement.n_caches ? e->placement.cache[0].name : "CUDA0";
   for (int l = 0; l <= L; l++) {
-    if (l < L) snprintf(p, 64, "decode_layer L%d %s", l, gpu);
+    const int last = l + d->span - 1 < L ? l + d->span - 1 : L - 1; /* GPU mode: l's span, when l starts one */
+    if (l < L && d->gpu && last > l) snprintf(p, 64, "decode_layer L%d-%d %.16s", l, last, gpu);
+    else if (l < L) snprintf(p, 64, "decode_layer L%d %s", l, gpu);
     else snprintf(p, 64, "output_head %s", gpu);
     d->layer_names[l] = p;
     p += 64;
@@ -458,6 +461,13 @@ int st_decode_init(struct st_engine *e) {
     c->walls = calloc(1, sizeof *c->walls);
     if (!c->stats || !c->walls) return st_set_error(ST_ENOMEM, "out of memory for the lane stats");
   }
+  d->span = e->layer_span > 0 && e->layer_span < L ? e->layer_span : L;
+  {
+    const size_t per = W_COUNT + 2 * (size_t)hp->n_head_kv + 3 + ST_MLA_W, n = (size_t)d->span * per + 2;
+    d->span_bufs = malloc(sizeof *d->span_bufs * n);
+    d->span_modes = malloc(sizeof *d->span_modes * n);
+    if (!d->span_bufs || !d->span_modes) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
+  }
   int rc = make_names(d, e);
   if (!rc && !d->gpu) rc = st_lane_token_plan(c);
 #ifdef ST_HAVE_CUDA
@@ -498,6 +508,8 @@ void st_decode_free(struct st_engine *e) {
   free(d->layers);
   free(d->expert_src);
   free(d->layer_cpu);
+  free(d->span_bufs);
+  free(d->span_modes);
   free(d->lane_worker);
   free(d->names);
   free(d->layer_names);

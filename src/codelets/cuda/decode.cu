@@ -21,6 +21,8 @@
 // fixed FFN (a dense layer's, a shared expert) runs it after the experts (fixed_body), and dk_pre adds
 // its row after the routed ones. An MLA layer (deepseek2) replaces Q/K/V, rope_append and the
 // attention by mla_body's kernels (mla.cuh), the rest of the layer as above.
+#include <vector>
+
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
 #include "codelets/cuda/decode_kernels.cuh"
@@ -113,9 +115,12 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or more).
 static int pdl_ok() { return st_cuda_compute_capability() >= 90; }
 
-// What a layer's graph reads besides the context: the weight and KV device pointers of the task.
+// What a layer's kernels read besides the context: the weight and KV device pointers of the task,
+// and the layer's flags (codelets/decode.h st_decode_gpu_args).
 struct layer_graph {
-  const st_decode_gpu_args *a;
+  const st_decode_ctx *c;
+  int layer;
+  int combine, has_cpu_in, has_xin; // add layer - 1's rows first; wait for the CPU pool's; publish for it
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
   void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS]; // of c->kv_type
   const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
@@ -222,7 +227,7 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
 // before it).
 void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
-  const st_decode_layer *L = &c->layers[g->a->layer];
+  const st_decode_layer *L = &c->layers[g->layer];
   const int d = c->n_embd, Hq = c->n_head, hd = c->head_dim, nr = c->rope.n_rot, qk = c->qk_nope + nr;
   const mv_part in[2] = {c->q_lora ? mv_part{L->wq_a_d.type, g->m[MLA_Q_A], L->wq_a_d.row_bytes, c->q_lora, D.qa}
                                    : mv_part{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * qk, D.q},
@@ -251,17 +256,15 @@ void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_
                                         L->wv_b_d.row_bytes, c->head_dim_v, D.attn);
 }
 
-void layer_body(const void *args, cudaStream_t st) {
-  const layer_graph *g = (const layer_graph *)args;
-  const st_decode_gpu_args *a = g->a;
-  const st_decode_ctx *c = a->ctx;
+void layer_body(const layer_graph *g, cudaStream_t st) {
+  const st_decode_ctx *c = g->c;
   const st_decode_dev &D = c->dev;
-  const st_decode_layer *L = &c->layers[a->layer];
+  const st_decode_layer *L = &c->layers[g->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
-  pre_launch(c, a->layer, a->combine, a->has_cpu_in, (const float *)g->w[0], st);
+  pre_launch(c, g->layer, g->combine, g->has_cpu_in, (const float *)g->w[0], st);
   int64_t o_in = (int64_t)Hq * hd; // the output projection's input
-  const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[a->layer] : NULL;
+  const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[g->layer] : NULL;
   if (c->mla) {
     mla_body(c, g, pdl, st);
     o_in = (int64_t)Hq * c->head_dim_v;
@@ -297,12 +300,25 @@ void layer_body(const void *args, cudaStream_t st) {
                    D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL, X ? X->bo : (const float *)NULL,
                    X ? X->router_b : (const float *)NULL);
   });
-  if (!L->dense) experts_body(c, a->layer, a->has_xin, pdl, st);
-  if (L->fixed_ff) fixed_body(c, g, a->layer, st);
+  if (!L->dense) experts_body(c, g->layer, g->has_xin, pdl, st);
+  if (L->fixed_ff) fixed_body(c, g, g->layer, st);
+}
+
+// The kernels of a span's layers in order, into one graph (each layer's first kernel, dk_pre, a
+// plain launch). On an H100 (2026-12-06, bench/RESULTS.md) a graph a layer cost about 3 us more
+// a layer than the same kernels one after another in one graph.
+struct span_graph {
+  int n;
+  const layer_graph *g;
+};
+void span_body(const void *args, cudaStream_t st) {
+  const span_graph *s = (const span_graph *)args;
+  for (int i = 0; i < s->n; i++) layer_body(&s->g[i], st);
 }
 
 struct head_graph {
   const st_decode_gpu_args *a;
+  int has_cpu_in; // the last layer has CPU-pool pairs
   const float *norm;
   const void *w;
 };
@@ -329,15 +345,16 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  pre_launch(c, c->n_layer, 1, g->a->has_cpu_in, g->norm, st); // the last layer's combine, the output norm
+  pre_launch(c, c->n_layer, 1, g->has_cpu_in, g->norm, st); // the last layer's combine, the output norm
   mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st, D.amax);
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, D.amax, c->dmail.argmax, c->dmail.head_seq,
                                   dev_seq(D), c->dmail.stamps + 1);
 }
 
-// Graph keys: graph_key0 + 3 l + r the task of layer l at positions of attention regime r (a
-// layer's graph launches only the attention kernels its regime needs), graph_key0 + 3 n_layer the head.
-int key_of(const st_decode_ctx *c, int layer, int kind) { return c->graph_key0 + 3 * layer + kind; }
+// Graph keys: graph_key0 + 9 l + r the task of the span from layer l whose full-attention layers
+// are of attention regime r % 3 and sliding-window ones of r / 3 (a layer's kernels are only the
+// attention kernels its regime needs), graph_key0 + 9 n_layer the head.
+int key_of(const st_decode_ctx *c, int layer, int kind) { return c->graph_key0 + 9 * layer + kind; }
 
 void decode_gpu_run(void *buffers[], void *cl_arg);
 
@@ -363,40 +380,54 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   device_init(c, st);
   sig_hash sig;
   if (a->layer == c->n_layer) {
-    head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1])};
+    head_graph g = {a, c->n_layer > 0 && c->layer_cpu[c->n_layer - 1],
+                    (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1])};
     sig.add(g.norm);
     sig.add(g.w);
-    sig.add((uint64_t)a->has_cpu_in);
+    sig.add((uint64_t)g.has_cpu_in);
     st_cuda_graph_replay(st, key_of(c, c->n_layer, 0), sig.h, head_body, &g);
     ST_CUDA_CHECK(cudaGetLastError());
     return;
   }
   const int G = c->n_head_kv, planes = c->mla ? 1 : 2; // graph/layer.c's order
-  layer_graph g = {};
-  g.a = a;
-  int b = 0;
-  for (int i = 0; i < 9; i++) {
-    g.w[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
-    sig.add(g.w[i]);
+  static thread_local std::vector<layer_graph> gs; // the worker's, reused step to step
+  gs.assign((size_t)a->n_layers, layer_graph{});
+  int b = 0, r_full = 0, r_swa = 0;
+  for (int i = 0; i < a->n_layers; i++) {
+    layer_graph &g = gs[(size_t)i];
+    const int l = a->layer + i;
+    g.c = c;
+    g.layer = l;
+    g.combine = l > 0;
+    g.has_cpu_in = l > 0 && c->layer_cpu[l - 1];
+    g.has_xin = c->layer_cpu[l];
+    for (int w = 0; w < 9; w++) {
+      g.w[w] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
+      sig.add(g.w[w]);
+    }
+    for (int gi = 0; gi < G; gi++) {
+      g.k[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
+      g.v[gi] = planes == 2 ? (void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
+      sig.add(g.k[gi]);
+      sig.add(g.v[gi]);
+    }
+    for (int f = 0; f < 3; f++) {
+      g.f[f] = c->layers[l].fixed_ff ? (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
+      sig.add(g.f[f]);
+    }
+    for (int m = 0; m < ST_MLA_W && c->mla; m++) {
+      g.m[m] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
+      sig.add(g.m[m]);
+    }
+    sig.add((uint64_t)(g.combine | g.has_cpu_in << 1 | g.has_xin << 2));
+    if (!c->mla) {
+      const int swa = c->layers[l].swa;
+      g.regime = st_cuda_attend_regime(c->head_dim, c->kv_type, a->pos, swa ? c->attn_conf.window : 0);
+      (swa ? r_swa : r_full) = g.regime;
+    }
   }
-  for (int gi = 0; gi < G; gi++) {
-    g.k[gi] = (void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
-    g.v[gi] = planes == 2 ? (void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
-    sig.add(g.k[gi]);
-    sig.add(g.v[gi]);
-  }
-  for (int i = 0; i < 3; i++) {
-    g.f[i] = c->layers[a->layer].fixed_ff ? (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]) : NULL;
-    sig.add(g.f[i]);
-  }
-  for (int i = 0; i < ST_MLA_W && c->mla; i++) {
-    g.m[i] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
-    sig.add(g.m[i]);
-  }
-  sig.add((uint64_t)(a->combine | a->has_cpu_in << 1 | a->has_xin << 2));
-  if (!c->mla)
-    g.regime = st_cuda_attend_regime(c->head_dim, c->kv_type, a->pos, c->layers[a->layer].swa ? c->attn_conf.window : 0);
-  st_cuda_graph_replay(st, key_of(c, a->layer, g.regime), sig.h, layer_body, &g);
+  const span_graph sg = {a->n_layers, gs.data()};
+  st_cuda_graph_replay(st, key_of(c, a->layer, r_full + 3 * r_swa), sig.h, span_body, &sg);
   ST_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -518,14 +549,7 @@ extern "C" int st_cuda_mmv_takes(uint32_t type, uint64_t row_bytes, int64_t n) {
   return ok;
 }
 
-extern "C" int st_submit_decode_gpu(const st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs, int nbufs,
-                                    st_target tgt, const char *name) {
-  enum starpu_data_access_mode modes[16 + ST_MLA_W + 2 * ST_CUDA_MAX_KV_HEADS];
-  if (nbufs > (int)(sizeof modes / sizeof modes[0])) return st_set_error(ST_EINVAL, "%s: too many buffers", name);
-  const st_decode_ctx *c = a->ctx;
-  for (int i = 0; i < nbufs; i++) modes[i] = STARPU_R;
-  if (a->layer < c->n_layer) // the KV planes after the 9 weights (MLA: one a layer)
-    for (int i = 0; i < (c->mla ? 1 : 2) * c->n_head_kv; i++) modes[9 + i] = STARPU_RW;
+extern "C" int st_submit_decode_gpu(const st_decode_gpu_args *a, size_t args_size, starpu_data_handle_t *bufs,
+                                    const enum starpu_data_access_mode *modes, int nbufs, st_target tgt, const char *name) {
   return st_submit_task(&decode_gpu_cl, bufs, modes, nbufs, a, args_size, tgt, name);
 }
-
