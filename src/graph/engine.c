@@ -45,7 +45,7 @@ struct env_conf {
   long decode_graph;   /* STRATA_DECODE_GRAPH: 0 or 1 */
   long prompt_lanes;   /* STRATA_PROMPT_LANES: 0 or 1 */
   long pdl;            /* STRATA_PDL: 0 or 1 */
-  long layer_span;     /* STRATA_LAYER_SPAN: 0 (every layer) or 1..4096 */
+  long layer_span;     /* STRATA_LAYER_SPAN: 0 (every layer) or 1..4096 (default 12) */
   long mxfp4_int8;     /* STRATA_MXFP4_INT8: 0 or 1 */
   long step_wait;      /* STRATA_STEP_WAIT: 0 or 1 */
   long presubmit;      /* STRATA_PRESUBMIT: 0 or 1 */
@@ -126,7 +126,7 @@ static int read_env(struct env_conf *c) {
   if (!rc) rc = env_long("STRATA_DECODE_GRAPH", 0, 1, 1, &c->decode_graph);
   if (!rc) rc = env_long("STRATA_PROMPT_LANES", 0, 1, 1, &c->prompt_lanes);
   if (!rc) rc = env_long("STRATA_PDL", 0, 1, 1, &c->pdl);
-  if (!rc) rc = env_long("STRATA_LAYER_SPAN", 0, 4096, 0, &c->layer_span);
+  if (!rc) rc = env_long("STRATA_LAYER_SPAN", 0, 4096, 12, &c->layer_span);
   if (!rc) rc = env_long("STRATA_MXFP4_INT8", 0, 1, 1, &c->mxfp4_int8);
   if (!rc) rc = env_long("STRATA_STEP_WAIT", 0, 1, 1, &c->step_wait);
   if (!rc) rc = env_long("STRATA_PRESUBMIT", 0, 1, 1, &c->presubmit);

@@ -156,7 +156,7 @@ struct st_engine {
   int int8_dot;            /* STRATA_INT8_DOT: CPU expert-row tasks use int8 activations and integer kernels */
   int gpu_mem_capped;      /* --gpu-mem set STARPU_LIMIT_CUDA_MEM: auto sizing leaves no further reserve */
   int decode_graph;        /* STRATA_DECODE_GRAPH: decode steps through graph/decode.h (default 1) */
-  int layer_span;          /* STRATA_LAYER_SPAN: layers a GPU decode task (one CUDA graph) runs, 0: every layer */
+  int layer_span;          /* STRATA_LAYER_SPAN: layers a GPU decode task (one CUDA graph) runs (default 12), 0: every layer */
   int pdl;                 /* STRATA_PDL: the decode step's kernels as programmatic dependent launches (default 1) */
   int mxfp4_int8;          /* STRATA_MXFP4_INT8: the decode step's cached MXFP4 experts on int8 activations (default 1) */
   int step_wait;           /* STRATA_STEP_WAIT: a GPU decode step without CPU lanes waits for StarPU to retire its

@@ -1,6 +1,6 @@
 /* The layers' tasks of a decode step (graph/decode.h). With the dense work on the primary GPU:
- *   decode_layer  (CUDA0, ordered)  for each layer of a span of STRATA_LAYER_SPAN layers (default:
- *                                   every layer, one task and one CUDA graph), the previous layer's
+ *   decode_layer  (CUDA0, ordered)  for each layer of a span of STRATA_LAYER_SPAN layers (default
+ *                                   12; one task, one CUDA graph), the previous layer's
  *                                   combine, attention with the KV append, the output projection,
  *                                   FFN norm, router and top-k, and the layer's cached experts; a
  *                                   layer the CPU pool has a pair of also publishes its routing

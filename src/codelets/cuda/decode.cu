@@ -1,5 +1,5 @@
-// CUDA variants of the decode step's GPU tasks (decode.h): a layer's dense work with its cached
-// experts, and the output head, each one CUDA graph captured once and replayed
+// CUDA variants of the decode step's GPU tasks (decode.h): a span of layers' dense work with their
+// cached experts (STRATA_LAYER_SPAN), and the output head, each one CUDA graph captured once and replayed
 // (st_cuda_graph_replay) over the engine's persistent device buffers, the token's position and the
 // step number read from device memory. A layer the CPU pool has pairs of hands its routing and FFN
 // input to the CPU pool through the mailbox (dk_gateup's block 0) and the next layer's dk_pre
@@ -305,8 +305,8 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
 }
 
 // The kernels of a span's layers in order, into one graph (each layer's first kernel, dk_pre, a
-// plain launch). On an H100 (2026-12-06, bench/RESULTS.md) a graph a layer cost about 3 us more
-// a layer than the same kernels one after another in one graph.
+// plain launch). On an H100 (2026-12-06, doc/tuning.md STRATA_LAYER_SPAN) a graph a layer cost
+// about 3 us more a layer than the same kernels one after another in one graph.
 struct span_graph {
   int n;
   const layer_graph *g;
