@@ -230,6 +230,7 @@ print(text)
 EOF
 }
 
+case " $phases " in *" pack "*) ;; *) CARRY=$C "$root/scripts/carry-unpack" ;; esac # each call brings carry/ packed
 for p in $phases; do
   case $p in
     pack) pack ;;

@@ -13,11 +13,7 @@
 # Environment: ROUNDS, GPU_MEM, STEPS (1 2: which parts). Prints a table last.
 set -u
 cd "$(dirname "$0")/.."
-for f in carry/*.xz carry/tests/*.xz carry/ab/*.xz; do
-  [ -e "$f" ] || continue
-  case $f in *tokenizer.json.xz) continue ;; esac
-  [ -e "${f%.xz}" ] || { xz -dk "$f" && chmod +x "${f%.xz}"; }
-done
+scripts/carry-unpack # each call brings carry/ packed
 . scripts/gpu-lib.sh
 STEPS=${STEPS:-1 2}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }

@@ -6,10 +6,12 @@
 # fixture comparisons (tests/test_forward_ref) on CUDA0. Prints a table last.
 set -u
 C=${CARRY:-carry}
+CARRY=$C "$(dirname "$0")/carry-unpack" # each call brings carry/ packed
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
 S=$PWD/$C/strata
 M=$C/fixtures/models
 out=${OUT:-/tmp}
+mkdir -p "$out"
 rows=()
 add() { rows+=("$1"); echo "ROW $1"; }
 MODELS=${MODELS:-tiny-qwen3moe-q8_0 small-qwen3moe-q4_k_m tiny-qwen3moe-bf16}

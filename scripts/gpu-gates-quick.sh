@@ -3,7 +3,7 @@
 # scripts/gather-libs with the fixtures as carry/fixtures.tar.xz): greedy ids of the same command twice and
 # under eager vs dmda, tiny Qwen3 Q8_0 (every expert cached, and on the CPU pool) and tiny gpt-oss Q8_0; the
 # prompt path's defaults run to run bitwise over 300 tokens. One PASS/FAIL line each.
-cd carry && find . -name '*.xz' ! -name 'fixtures.tar.xz' -exec xz -d {} + ; mkdir -p fixtures && tar -xJf fixtures.tar.xz -C fixtures; chmod +x strata tests/*; cd ..
+scripts/carry-unpack # each call brings carry/ packed
 export LD_LIBRARY_PATH=$PWD/carry/lib STARPU_SILENT=1 STARPU_HOME=/tmp/sh; S=carry/strata; M=carry/fixtures/models; A=carry/fixtures/archs; o=/tmp
 printf 'The quick brown fox jumps over the lazy dog.\nMixture-of-experts models route every token.\n' > $o/calib.txt
 $S profile -m $M/tiny-qwen3moe-q8_0.gguf -f $o/calib.txt -o $o/t.profile >/dev/null 2>&1

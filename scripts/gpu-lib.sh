@@ -3,6 +3,7 @@
 # back ($OUT, else W), and gpu_model NAME [MKMODEL-ARGS...], which makes W/NAME.gguf and its profile
 # W/NAME.profile (over ~440 tokens) once and prints the model's path.
 C=${CARRY:-carry}
+CARRY=$C "$(dirname "${BASH_SOURCE[0]}")/carry-unpack" # each call brings carry/ packed
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
 S=$PWD/$C/strata
 W=${W:-/tmp/gpu-step}
