@@ -10,7 +10,7 @@
 #   BINS    "LABEL|BINARY ..." builds to compare (default: the carried strata); each env row then
 #           runs once per build, builds innermost, in the order given (repeat one to see the drift)
 #   GREEDY  N: also each build's greedy continuation of N tokens (md5 of its text) per model
-#   TIMEOUT seconds a run may take before it is stopped (default 120: a hung build costs no more)
+#   TIMEOUT seconds a bench run may take before it is stopped (default 300; the greedy run 120)
 set -u
 . "$(dirname "$0")/../scripts/gpu-lib.sh"
 MODELS=${MODELS:-"m8:--preset qwen3-30b-a3b --layers 8 --type q8_0"}
@@ -31,11 +31,11 @@ for me in "${models[@]}"; do
       vars=${ev#*:}
       t0=$SECONDS
       if [ -n "${GREEDY:-}" ]; then
-        env ${vars//,/ } timeout "${TIMEOUT:-120}" "$bin" generate -m "$model" -p "The history of the sky" -n "$GREEDY" --temp 0 --ignore-eos \
+        env ${vars//,/ } timeout 120 "$bin" generate -m "$model" -p "The history of the sky" -n "$GREEDY" --temp 0 --ignore-eos \
           --expert-profile "$W/$name.profile" --expert-cache auto > "$out/greedy-$name-$label.txt" 2> /dev/null
         echo "greedy $name $label: exit $? md5 $(md5sum < "$out/greedy-$name-$label.txt" | cut -c1-12)"
       fi
-      env ${vars//,/ } timeout "${TIMEOUT:-120}" "$bin" bench -m "$model" --json -r "${R:-3}" --prompt 0 --decode "${DECODE:-128}" \
+      env ${vars//,/ } timeout "${TIMEOUT:-300}" "$bin" bench -m "$model" --json -r "${R:-3}" --prompt 0 --decode "${DECODE:-128}" \
         --expert-profile "$W/$name.profile" --expert-cache auto > "$out/gap-$name-$label.json" 2> "$out/gap-$name-$label.err"
       st=$?
       rows+=("$(python3 - "$out/gap-$name-$label.json" "$name" "$label" "$st" "$((SECONDS - t0))" <<'EOF'

@@ -5,11 +5,11 @@
  *   decode_bufs.c    the persistent buffers (host, the primary GPU's, and their StarPU handles),
  *                    registered once per engine, and the codelets' context (codelets/decode.h)
  *   device_tables.c  the tiers' device tables: each pair's slot in the primary cache
- *   layer.c          one layer's task (the GPU's dense work and cached experts), the CPU pool's lanes
+ *   layer.c          a span of layers' task (the GPU's dense work and cached experts), the CPU pool's lanes
  *   token.c          the token's graph: every layer and the head, then the host's bookkeeping
  *
  * With a CUDA worker the dense work, the KV cache and attention run on the primary GPU, the
- * primary cache's experts there too, one task per layer, and the CPU pool's experts of every layer
+ * primary cache's experts there too, one task per span of layers (STRATA_LAYER_SPAN), and the CPU pool's experts of every layer
  * run in one lane task per CPU worker per token, fed through the mailbox (codelets/decode.h);
  * without a GPU every layer is one lane task per CPU worker. Configurations the step does
  * not cover (helper caches, the peer tier, a layer split; STRATA_DECODE_GRAPH=0) keep the per-task

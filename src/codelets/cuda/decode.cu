@@ -7,7 +7,7 @@
 //
 // A layer is eight kernels: dk_pre (the previous layer's combine and the attention norm), dk_mv
 // (Q, K and V in one launch when their types agree), rope_append (with up to 128 keys also the
-// attention itself) and attend_decode_all (the longer contexts; a layer's graph is captured per
+// attention itself) and attend_decode_all (the longer contexts; a span's graph is captured per
 // attention regime, st_cuda_attend_regime, so a short context's graph has seven kernels)
 // (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
 // dk_gateup (each block the top-k for itself, block 0 also the weights, the layer's routing table and
