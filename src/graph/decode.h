@@ -84,6 +84,8 @@ void st_decode_free(struct st_engine *e);
 int st_decode_tables_update(struct st_engine *e);
 
 /* Submits layer l's tasks of a decode step (layer.c); l == n_layer: the output head. */
+/* The most handles a GPU decode task of n_layers layers takes (layer.c's order; the head's 2). */
+size_t st_decode_task_bufs_max(const struct st_engine *e, int n_layers);
 int st_decode_submit_layer(struct st_engine *e, int l);
 /* GPU mode: submits the step's CPU-pool lanes (one per CPU worker; none when the CPU pool owns no
  * pair), before the layers (layer.c). 0 or the submission's error. */

@@ -11,7 +11,6 @@
 #include "codelets/quant.h"
 #include "common.h"
 #include "config.h"
-#include "graph/batch.h"
 #include "graph/decode.h"
 #include "graph/engine.h"
 #include "io/arch.h"
@@ -462,12 +461,9 @@ int st_decode_init(struct st_engine *e) {
     if (!c->stats || !c->walls) return st_set_error(ST_ENOMEM, "out of memory for the lane stats");
   }
   d->span = e->layer_span > 0 && e->layer_span < L ? e->layer_span : L;
-  {
-    const size_t per = W_COUNT + 2 * (size_t)hp->n_head_kv + 3 + ST_MLA_W, n = (size_t)d->span * per + 2;
-    d->span_bufs = malloc(sizeof *d->span_bufs * n);
-    d->span_modes = malloc(sizeof *d->span_modes * n);
-    if (!d->span_bufs || !d->span_modes) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
-  }
+  d->span_bufs = malloc(sizeof *d->span_bufs * st_decode_task_bufs_max(e, d->span));
+  d->span_modes = malloc(sizeof *d->span_modes * st_decode_task_bufs_max(e, d->span));
+  if (!d->span_bufs || !d->span_modes) return st_set_error(ST_ENOMEM, "out of memory for the decode step");
   int rc = make_names(d, e);
   if (!rc && !d->gpu) rc = st_lane_token_plan(c);
 #ifdef ST_HAVE_CUDA

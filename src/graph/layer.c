@@ -48,6 +48,11 @@ int st_decode_submit_lanes(struct st_engine *e) {
   return d->pool_lanes ? submit_lanes(e, (int)e->hp.n_layer, ST_LANE_EXPERTS) : 0;
 }
 
+size_t st_decode_task_bufs_max(const struct st_engine *e, int n_layers) {
+  /* layer_bufs' most a layer (MLA: one plane a KV head, fewer), the head's 2 */
+  return (size_t)n_layers * (W_COUNT + 2 * (size_t)e->hp.n_head_kv + 3 + ST_MLA_W) + 2;
+}
+
 /* Appends layer l's handles of a GPU decode task and their modes (codelets/decode.h's order) at
  * bufs + nb; returns the new count. A layer without q/k norms (gpt-oss), a router (a dense layer)
  * or wk, wv (MLA; wq too with a q LoRA) passes its attention norm in their places; the kernels read

@@ -115,12 +115,15 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or more).
 static int pdl_ok() { return st_cuda_compute_capability() >= 90; }
 
-// What a layer's kernels read besides the context: the weight and KV device pointers of the task,
-// and the layer's flags (codelets/decode.h st_decode_gpu_args).
+// Whether layer l's input (l = n_layer: the head's) waits for the CPU pool's rows of layer l - 1 in
+// the mailbox (codelets/decode.h st_decode_gpu_args); layer l publishes its own for the pool when
+// c->layer_cpu[l].
+bool cpu_in(const st_decode_ctx *c, int l) { return l > 0 && c->layer_cpu[l - 1]; }
+
+// What a layer's kernels read besides the context: the weight and KV device pointers of the task.
 struct layer_graph {
   const st_decode_ctx *c;
   int layer;
-  int combine, has_cpu_in, has_xin; // add layer - 1's rows first; wait for the CPU pool's; publish for it
   const void *w[9]; // attn_norm wq wk wv wo q_norm k_norm ffn_norm router
   void *k[ST_CUDA_MAX_KV_HEADS], *v[ST_CUDA_MAX_KV_HEADS]; // of c->kv_type
   const void *f[3];        // the fixed FFN's gate, up and down (shared expert, dense FFN), or NULL
@@ -262,7 +265,7 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const st_decode_layer *L = &c->layers[g->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
-  pre_launch(c, g->layer, g->combine, g->has_cpu_in, (const float *)g->w[0], st);
+  pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], st);
   int64_t o_in = (int64_t)Hq * hd; // the output projection's input
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[g->layer] : NULL;
   if (c->mla) {
@@ -300,7 +303,7 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
                    D.rlogits, q8_on(c, L->gate_d.type, d) ? D.ffn_q : (int8_t *)NULL, X ? X->bo : (const float *)NULL,
                    X ? X->router_b : (const float *)NULL);
   });
-  if (!L->dense) experts_body(c, g->layer, g->has_xin, pdl, st);
+  if (!L->dense) experts_body(c, g->layer, c->layer_cpu[g->layer], pdl, st);
   if (L->fixed_ff) fixed_body(c, g, g->layer, st);
 }
 
@@ -318,7 +321,6 @@ void span_body(const void *args, cudaStream_t st) {
 
 struct head_graph {
   const st_decode_gpu_args *a;
-  int has_cpu_in; // the last layer has CPU-pool pairs
   const float *norm;
   const void *w;
 };
@@ -345,7 +347,7 @@ void head_body(const void *args, cudaStream_t st) {
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  pre_launch(c, c->n_layer, 1, g->has_cpu_in, g->norm, st); // the last layer's combine, the output norm
+  pre_launch(c, c->n_layer, 1, cpu_in(c, c->n_layer), g->norm, st); // the last layer's combine, the output norm
   mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st, D.amax);
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, D.amax, c->dmail.argmax, c->dmail.head_seq,
                                   dev_seq(D), c->dmail.stamps + 1);
@@ -380,11 +382,10 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
   device_init(c, st);
   sig_hash sig;
   if (a->layer == c->n_layer) {
-    head_graph g = {a, c->n_layer > 0 && c->layer_cpu[c->n_layer - 1],
-                    (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1])};
+    head_graph g = {a, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const void *)STARPU_VECTOR_GET_PTR(buffers[1])};
     sig.add(g.norm);
     sig.add(g.w);
-    sig.add((uint64_t)g.has_cpu_in);
+    sig.add((uint64_t)cpu_in(c, c->n_layer));
     st_cuda_graph_replay(st, key_of(c, c->n_layer, 0), sig.h, head_body, &g);
     ST_CUDA_CHECK(cudaGetLastError());
     return;
@@ -398,9 +399,6 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
     const int l = a->layer + i;
     g.c = c;
     g.layer = l;
-    g.combine = l > 0;
-    g.has_cpu_in = l > 0 && c->layer_cpu[l - 1];
-    g.has_xin = c->layer_cpu[l];
     for (int w = 0; w < 9; w++) {
       g.w[w] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
       sig.add(g.w[w]);
@@ -419,7 +417,7 @@ void decode_gpu_run(void *buffers[], void *cl_arg) {
       g.m[m] = (const void *)STARPU_VECTOR_GET_PTR(buffers[b++]);
       sig.add(g.m[m]);
     }
-    sig.add((uint64_t)(g.combine | g.has_cpu_in << 1 | g.has_xin << 2));
+    sig.add((uint64_t)(cpu_in(c, l) | (c->layer_cpu[l] != 0) << 1)); // the mailbox's waits and hand-overs
     if (!c->mla) {
       const int swa = c->layers[l].swa;
       g.regime = st_cuda_attend_regime(c->head_dim, c->kv_type, a->pos, swa ? c->attn_conf.window : 0);
