@@ -124,10 +124,15 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
              (const float *)NULL, (uint64_t *)NULL, 0);
   } else {
     const int R = mmv_stream_rows<TY>(FF), per = (D + R - 1) / R;
-    const down_job<Q8> j = {c.route, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
+    const down_job<Q8> j = {c.route, NULL, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
+    route_src rs = {}; // dk_down's own selection, as dk_gateup's
+    rs.logits = c.logits, rs.E = E, rs.k = K, rs.d = D, rs.w_scale = 1.0f, rs.route = c.route, rs.ffn_in = c.ffn_in;
+    rs.seq = (const uint32_t *)(c.pos + 1);
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT + 2 * GATE), rg.n16[e] = (int64_t)(D * RB_FF / 16);
-    if (!read) stream(dk_down<TY, Q8>, per * K, smem + (Q8 ? st_q8_stride(FF) : 0), c, pdl, grid_scale, Q8 ? K : 1, j, per * K, (int64_t)FF);
+    if (!read)
+      stream(dk_down<TY, Q8>, per * K, smem + (Q8 ? st_q8_stride(FF) : 0) + sizeof(float) * E, c, pdl, grid_scale, Q8 ? K : 1, j, rs,
+             per * K, (int64_t)FF);
   }
   double b = 0;
   for (int r = 0; r < rg.n; r++) b += 16.0 * rg.n16[r];
@@ -231,7 +236,7 @@ int main(int argc, char **argv) {
   CK(cudaFuncSetAttribute(dk_router<ST_TYPE_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * D)));
   CK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF))));
+                          (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF) + sizeof(float) * E)));
   c.most = mmv_resident_blocks(dk_mv<TY>, mmv_pipe_bytes<TY>());
   printf("resident blocks: %d; staging %zu B per block; %d layers x %d replays\n", c.most, mmv_pipe_bytes<TY>(), layers,
          replays);

@@ -97,15 +97,15 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
   for (uint32_t t = 0; t < ST_TYPE_COUNT; t++)
     mmv_dispatch(t, [&](auto ty) {
       constexpr uint32_t TY = decltype(ty)::value;
-      // dk_gateup: the router's logits (sigmoid routing: scores, then selection values)
+      // dk_gateup, dk_down: the router's logits (sigmoid routing: scores, then selection values)
       const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * n_embd, pe = p + 2 * (int)sizeof(float) * n_expert;
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
       if constexpr (TY == ST_TYPE_Q8_0 || TY == ST_TYPE_MXFP4) {
         // down's quantised input after the buffers: the longest row a stream takes
-        const int q = p + (int)st_q8_stride(MMV_ITEMS * MMV_CH);
+        const int q = pe + (int)st_q8_stride(MMV_ITEMS * MMV_CH);
         ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
         ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, q));
       }
@@ -190,14 +190,14 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
     const uint64_t off = L->gate_bytes + L->up_bytes;
     if constexpr (TY == ST_TYPE_Q8_0 || TY == ST_TYPE_MXFP4)
       if (q8_on(c, TY, ff)) {
-        const down_job<true> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
-                                   D.gpu_out, NULL, db};
-        return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff), st, pdl, k, dj, groups,
-                             (int64_t)ff);
+        const down_job<true> dj = {route, NULL, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes,
+                                   D.act, D.gpu_out, NULL, db};
+        return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff) + sl, st, pdl, k, dj, rs,
+                             groups, (int64_t)ff);
       }
-    const down_job<false> dj = {route, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
+    const down_job<false> dj = {route, NULL, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
                                 D.gpu_out, NULL, db};
-    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, dj, groups, (int64_t)ff);
+    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, dj, rs, groups, (int64_t)ff);
   });
 }
 

@@ -438,32 +438,39 @@ template <bool Q8> struct gateup_job {
 };
 
 // Dynamic shared memory: the staging buffers, then E floats (dk_route_select's logits); the job's
-// route is the block's own (dk_route_select into shared memory), rs where it comes from.
+// route is the block's own (dk_route_select into shared memory), rs where it comes from. Its
+// dependents (dk_down) are signalled after its wait, once the router's logits are complete.
 template <uint32_t TYPE, bool Q8>
 __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> job_in, const __grid_constant__ route_src rs,
                                         int n_groups, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
   __shared__ st_route sr[64];
-  st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
   gateup_job<Q8> job = job_in;
   job.route = sr;
   float *sl = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
     st_dev_griddep_wait();
+    // dk_down may start once every block is here: the router's logits, which it selects from
+    // before its own wait, are then complete
+    st_dev_griddep_launch();
     dk_route_select(rs, sl, sr);
   }, [&] { dk_route_finish(rs, sl, sr); });
 }
 
 // out[j][r] = weight_j * down_r act[j] for the d rows of every routing slot j whose pair is in this
-// card's cache (the grouped kernel's scaling). A group is (slot j, R rows): float32 act, groups
+// card's cache (the grouped kernel's scaling). Its rows come from the block's own selection (sel:
+// dk_route_select, as dk_gateup's, from the router's logits, which are complete when dk_down
+// starts), so that their copies start before st_dev_griddep_wait, while dk_gateup finishes; the
+// weights (and the bias's expert) from the layer's table `route`, after the wait. A group is (slot j, R rows): float32 act, groups
 // (slot j, rows part) in part-major order (Q8: slot-minor, g = part k + j, the grid a multiple of
 // k, so that a block's groups share one slot, whose act row the block quantises once into shared
 // memory, xq, after it has started its first group's copies).
 template <bool Q8> struct down_job {
-  static constexpr bool static_rows = false, x_shared = Q8, x_q8 = Q8;
-  const st_route *route;
+  static constexpr bool static_rows = true, x_shared = Q8, x_q8 = Q8;
+  const st_route *route; // the layer's table (dk_gateup's block 0 writes it): the weights
+  const st_route *sel;   // the block's selection (shared memory): the rows
   const uint8_t *const *slot_ptr;
   int n_expert, d, R, per, ff, k;
   uint64_t down_off, row_bytes;
@@ -474,10 +481,10 @@ template <bool Q8> struct down_job {
   __device__ int slot(int g) const { return Q8 ? g % k : g / per; }
   __device__ int part(int g) const { return Q8 ? g / k : g % per; }
   __device__ int count(int g) const {
-    return dk_slot(route, slot_ptr, n_expert, slot(g)) ? min(R, d - part(g) * R) : 0;
+    return dk_slot(sel, slot_ptr, n_expert, slot(g)) ? min(R, d - part(g) * R) : 0;
   }
   __device__ const uint8_t *row(int g, int r) const {
-    return dk_slot(route, slot_ptr, n_expert, slot(g)) + down_off + (uint64_t)(part(g) * R + r) * row_bytes;
+    return dk_slot(sel, slot_ptr, n_expert, slot(g)) + down_off + (uint64_t)(part(g) * R + r) * row_bytes;
   }
   __device__ const void *x(int g) const { return Q8 ? (const void *)xq : (const void *)(act + (int64_t)slot(g) * ff); }
   struct pre_t {
@@ -500,15 +507,21 @@ template <bool Q8> struct down_job {
   }
 };
 
+// Dynamic shared memory: the staging buffers, then (Q8) the quantised act row, then E floats
+// (dk_route_select's logits; twice that for sigmoid routing).
 template <uint32_t TYPE, bool Q8>
-__global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_in, int n_groups, int64_t n) {
+__global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_in, const __grid_constant__ route_src rs,
+                                      int n_groups, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
+  __shared__ st_route sr[64];
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
   down_job<Q8> job = job_in;
   job.xq = (int8_t *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
+  job.sel = sr;
   const int j = blockIdx.x % job.k, ff = job.ff;
+  dk_route_select(rs, (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>() + (Q8 ? st_q8_stride(ff) : 0)), sr);
   mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [&] {
     if (Q8 && (int)blockIdx.x < n_groups)
       st_dev_q8_row(job.act + (int64_t)j * ff, ff / 32, job.xq, (float *)(job.xq + ff), threadIdx.x >> 5, MMV_THREADS / 32);
