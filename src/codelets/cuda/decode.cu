@@ -11,7 +11,8 @@
 // attention regime, st_cuda_attend_regime, so a short context's graph has seven kernels)
 // (attention.cu), dk_mv (the output projection), dk_router (residual, FFN norm, router logits),
 // dk_gateup (each block the top-k for itself, block 0 also the weights, the layer's routing table and
-// the mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted), in
+// the mailbox; then gate, up and SwiGLU of every cached routed expert) and dk_down (down, weighted; it
+// selects the experts itself too, so that its rows' copies start before it waits for dk_gateup), in
 // decode_kernels.cuh. The mat-vec products share mmv.cuh's block core with
 // st_cuda_matmul and st_cuda_grouped_matmul, and every other step repeats the float operations of
 // the per-task kernels (rmsnorm_kernel, combine_token, residual_piece, swiglu, softmax_topk), so a
