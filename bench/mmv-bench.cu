@@ -83,6 +83,14 @@ void stream(Kern kernel, int groups, size_t smem, const ctx &c, int pdl, double 
 
 // One launch of kind k over set i: 0 QKV, 1 output projection, 2 gate/up, 3 down (decode_kernels.cuh's
 // kernels and jobs); read: the ceiling; c.q8: the int8 kernels of gate/up and down.
+// The routing dk_gateup and dk_down select from c's logits: softmax top-k, as qwen3moe's router.
+static route_src bench_route_src(const ctx &c) {
+  route_src rs = {};
+  rs.logits = c.logits, rs.E = E, rs.k = K, rs.d = D, rs.w_scale = 1.0f, rs.route = c.route, rs.ffn_in = c.ffn_in;
+  rs.seq = (const uint32_t *)(c.pos + 1);
+  return rs;
+}
+
 template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl, double grid_scale, double *bytes) {
   const set &s = c.s[i];
   const size_t smem = mmv_pipe_bytes<TY>();
@@ -102,9 +110,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     const gateup_job<Q8> j = {c.route, s.slots, NE, FF, H, per, GATE, RB_D, Q8 ? (const void *)c.xq8 : c.x, c.act};
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT), rg.n16[e] = (int64_t)(2 * GATE / 16);
-    route_src rs = {}; // softmax top-k, as qwen3moe's router
-    rs.logits = c.logits, rs.E = E, rs.k = K, rs.d = D, rs.w_scale = 1.0f, rs.route = c.route, rs.ffn_in = c.ffn_in;
-    rs.seq = (const uint32_t *)(c.pos + 1);
+    const route_src rs = bench_route_src(c);
     if (!read) stream(dk_gateup<TY, Q8>, per * K, smem + sizeof(float) * E, c, pdl, grid_scale, 1, j, rs, per * K, (int64_t)D);
   } else if (kind == 4) {
     constexpr uint32_t RT = ST_TYPE_F32;
@@ -125,9 +131,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
   } else {
     const int R = mmv_stream_rows<TY>(FF), per = (D + R - 1) / R;
     const down_job<Q8> j = {c.route, NULL, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
-    route_src rs = {}; // dk_down's own selection, as dk_gateup's
-    rs.logits = c.logits, rs.E = E, rs.k = K, rs.d = D, rs.w_scale = 1.0f, rs.route = c.route, rs.ffn_in = c.ffn_in;
-    rs.seq = (const uint32_t *)(c.pos + 1);
+    const route_src rs = bench_route_src(c); // dk_down's own selection, as dk_gateup's
     rg.n = K;
     for (int e = 0; e < K; e++) rg.p[e] = (const uint4 *)(s.experts + 2 * e * EXPERT + 2 * GATE), rg.n16[e] = (int64_t)(D * RB_FF / 16);
     if (!read)

@@ -463,8 +463,8 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
 // card's cache (the grouped kernel's scaling). Its rows come from the block's own selection (sel:
 // dk_route_select, as dk_gateup's, from the router's logits, which are complete when dk_down
 // starts), so that their copies start before st_dev_griddep_wait, while dk_gateup finishes; the
-// weights (and the bias's expert) from the layer's table `route`, after the wait. A group is (slot j, R rows): float32 act, groups
-// (slot j, rows part) in part-major order (Q8: slot-minor, g = part k + j, the grid a multiple of
+// weights (and the bias's expert) from the layer's table `route`, after the wait. A group is
+// (slot j, R rows): float32 act, groups (slot j, rows part) in part-major order (Q8: slot-minor, g = part k + j, the grid a multiple of
 // k, so that a block's groups share one slot, whose act row the block quantises once into shared
 // memory, xq, after it has started its first group's copies).
 template <bool Q8> struct down_job {

@@ -878,8 +878,8 @@ template <uint32_t TYPE> struct mmv_pipe {
 //   void put(int g, Sum sum, int nr, int t, const pre_t &p)   the last warp's lane t (0..31)
 //                                   calls it; sum(r) is row r's result (r < nr), which any lane
 //                                   may ask for, any number of times; p: the lane's pre(g, t)
-//   static constexpr bool static_rows   rows never written by an earlier kernel (may be fetched
-//                                       before st_dev_griddep_wait)
+//   static constexpr bool static_rows   count and row read nothing a kernel still running may write
+//                                       (the rows may be fetched before st_dev_griddep_wait)
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
 //   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 or MXFP4 weights
 //                                       only: mmv_chunk_rows_q8, mmv_chunk_rows_q8_mxfp4)
