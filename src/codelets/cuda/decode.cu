@@ -37,6 +37,17 @@ namespace {
 
 // ---- launchers ---------------------------------------------------------------------------------
 
+// The knockout build's mask (scripts/build-decode-variants -DDK_KNOCKOUT: STRATA_KNOCKOUT, its bits
+// there), read once; 0 in every other build. Timing only: a part left out leaves wrong outputs.
+int knockout() {
+#ifdef DK_KNOCKOUT
+  static const int m = getenv("STRATA_KNOCKOUT") ? atoi(getenv("STRATA_KNOCKOUT")) : 0;
+  return m;
+#else
+  return 0;
+#endif
+}
+
 struct mv_part {
   uint32_t type;
   const void *W;
@@ -92,6 +103,10 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
 void device_init(const st_decode_ctx *c, cudaStream_t st) {
   if (*c->smem_set) return;
   *c->smem_set = 1;
+#ifdef DK_KNOCKOUT
+  const int ko = knockout();
+  ST_CUDA_CHECK(cudaMemcpyToSymbolAsync(dk_ko, &ko, sizeof ko, 0, cudaMemcpyHostToDevice, st));
+#endif
   if (!c->rope_uploaded) st_cuda_rope_table(c->dev.rope, c->n_ctx, c->head_dim, c->rope_theta, st);
   ST_CUDA_CHECK(cudaMemsetAsync(c->dev.amax, 0, 2 * sizeof(uint64_t), st)); // dk_head_done zeroes it after each step
   const int n_embd = c->n_embd, n_expert = c->n_expert;
@@ -170,7 +185,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
                         M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
                         dev_seq(D)};
   const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
-  mmv_dispatch(L->gate_d.type, [&](auto ty) {
+  mmv_dispatch(knockout() & 32 ? (uint32_t)ST_TYPE_COUNT : L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
     const int per_g = (ff + H - 1) / H, groups = per_g * k;
@@ -184,7 +199,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
                                   D.act, gb, ub, oai};
     stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
   });
-  mmv_dispatch(L->down_d.type, [&](auto ty) {
+  mmv_dispatch(knockout() & 64 ? (uint32_t)ST_TYPE_COUNT : L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rd = mmv_stream_rows<TY>(ff);
     const int per_d = (d + Rd - 1) / Rd, groups = per_d * k;
@@ -266,7 +281,8 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const st_decode_layer *L = &c->layers[g->layer];
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
-  pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], st);
+  const int ko = knockout();
+  if (!(ko & 1) || g->layer == 0) pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], st);
   int64_t o_in = (int64_t)Hq * hd; // the output projection's input
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[g->layer] : NULL;
   if (c->mla) {
@@ -276,7 +292,7 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
                           {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  mv_launch(qkv, 3, D.xn, d, pdl, st); // after dk_pre
+  if (!(ko & 2)) mv_launch(qkv, 3, D.xn, d, pdl, st); // after dk_pre
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
   // another architecture's biases, sinks, q.k scale and sliding window (qwen3moe: none, its bits)
   st_cuda_attn_ext ax = {};
@@ -284,17 +300,19 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
     ax = st_cuda_attn_ext{X->bq, X->bk, X->bv, X->sinks, c->attn_conf.scale, L->swa ? c->attn_conf.window : 0,
                           L->swa && L->kv_rows < c->n_ctx ? L->kv_rows : 0, c->rope.n_rot < hd ? c->rope.n_rot : 0};
   }
-  st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, L->q_norm ? (const float *)g->w[5] : NULL,
-                      L->k_norm ? (const float *)g->w[6] : NULL, c->eps, D.pos, c->kv_type, g->k, g->v, D.rope, D.attn,
-                      pdl, st, X ? &ax : NULL);
-  st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st,
-                            X ? &ax : NULL, g->regime);
+  if (!(ko & 4)) {
+    st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, L->q_norm ? (const float *)g->w[5] : NULL,
+                        L->k_norm ? (const float *)g->w[6] : NULL, c->eps, D.pos, c->kv_type, g->k, g->v, D.rope, D.attn,
+                        pdl, st, X ? &ax : NULL);
+    st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st,
+                              X ? &ax : NULL, g->regime);
+  }
   }
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
-  mv_launch(&o, 1, D.attn, o_in, c->mla ? 0 : pdl, st);
+  if (!(ko & 8)) mv_launch(&o, 1, D.attn, o_in, c->mla ? 0 : pdl, st);
   // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
   const int Er = L->dense ? 0 : E;
-  mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
+  mmv_dispatch(ko & 16 ? (uint32_t)ST_TYPE_COUNT : L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rr = mmv_stream_rows<TY>(d);
     auto kernel = dk_router<TY>;

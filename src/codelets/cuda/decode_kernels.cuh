@@ -135,6 +135,9 @@ struct dk_segs {
 
 struct mv_job {
   static constexpr bool static_rows = true, x_shared = false, x_q8 = false;
+#ifdef DK_KNOCKOUT
+  static constexpr int ko_compute = 0, ko_rows = 0; // STRATA_KNOCKOUT has no bit for it
+#endif
   const dk_segs *g;
   const float *xv;
   int R;
@@ -186,6 +189,9 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 // shared memory: the staging buffers, then d floats.
 struct router_job {
   static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
+#ifdef DK_KNOCKOUT
+  static constexpr int ko_compute = 0, ko_rows = 0; // STRATA_KNOCKOUT has no bit for it
+#endif
   const uint8_t *W;
   uint64_t row_bytes;
   int E, R;
@@ -391,6 +397,9 @@ __device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const u
 // ffn_in quantised (dk_router's ffn_q).
 template <bool Q8> struct gateup_job {
   static constexpr bool static_rows = false, x_shared = false, x_q8 = Q8;
+#ifdef DK_KNOCKOUT
+  static constexpr int ko_compute = 128, ko_rows = 256; // STRATA_KNOCKOUT's bits
+#endif
   const st_route *route;
   const uint8_t *const *slot_ptr;
   int n_expert, ff, H, per; // per: groups per slot
@@ -469,6 +478,9 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
 // memory, xq, after it has started its first group's copies).
 template <bool Q8> struct down_job {
   static constexpr bool static_rows = true, x_shared = Q8, x_q8 = Q8;
+#ifdef DK_KNOCKOUT
+  static constexpr int ko_compute = 512, ko_rows = 1024; // STRATA_KNOCKOUT's bits
+#endif
   const st_route *route; // the layer's table (dk_gateup's block 0 writes it): the weights
   const st_route *sel;   // the block's selection (shared memory): the rows
   const uint8_t *const *slot_ptr;
@@ -521,6 +533,12 @@ __global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_i
   job.xq = (int8_t *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   job.sel = sr;
   const int j = blockIdx.x % job.k, ff = job.ff;
+#ifdef DK_KNOCKOUT
+  if (dk_ko & 2048) { // the experts 0..k-1 instead of the block's top-k (timing only)
+    if ((int)threadIdx.x < rs.k) sr[threadIdx.x].expert = (int)threadIdx.x;
+    __syncthreads();
+  } else
+#endif
   dk_route_select(rs, (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>() + (Q8 ? st_q8_stride(ff) : 0)), sr);
   mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [&] {
     if (Q8 && (int)blockIdx.x < n_groups)

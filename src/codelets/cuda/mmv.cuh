@@ -963,6 +963,11 @@ __device__ __forceinline__ void mmv_chunk_rows(const uint8_t *const (&ch)[NR], i
   }
 }
 
+#ifdef DK_KNOCKOUT
+// The knockout build's device mask (scripts/build-decode-variants; decode.cu's device_init sets it
+// from STRATA_KNOCKOUT): a job's ko_rows bit runs no group, its ko_compute bit computes none.
+static __device__ int dk_ko;
+#endif
 // Runs the job's n_groups groups of rows of n (<= MMV_ITEMS * MMV_CH) weights. Every thread of the
 // block calls it; stage: mmv_pipe_bytes of dynamic shared memory. wait() runs once before the first
 // group is computed (and before the first group's rows are looked up unless Job::static_rows):
@@ -984,6 +989,12 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
   // writes the results (it has no chunk either in that case)
   const int FETCH = nch < S ? S - 1 : 0;
   int g = blockIdx.x;
+#ifdef DK_KNOCKOUT
+  if (dk_ko & Job::ko_rows) n_groups = 0;
+  const bool ko_compute = (dk_ko & Job::ko_compute) != 0;
+#else
+  constexpr bool ko_compute = false;
+#endif
   if (threadIdx.x == 0) {
     st_dev_mbar_init(&sm.full[0]);
     st_dev_mbar_init(&sm.full[1]);
@@ -1009,7 +1020,7 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
     float acc[NR];
 #pragma unroll
     for (int q = 0; q < NR; q++) acc[q] = 0.0f;
-    if (my_r < nr && my_s < nch) { // warp-uniform; a second row past nr repeats the first, unused
+    if (!ko_compute && my_r < nr && my_s < nch) { // warp-uniform; a second row past nr repeats the first, unused
       const uint8_t *ch[NR];
 #pragma unroll
       for (int q = 0; q < NR; q++) {
