@@ -37,6 +37,17 @@ namespace {
 
 // ---- launchers ---------------------------------------------------------------------------------
 
+// Variant knobs (scripts/build-decode-variants): at most this many blocks an SM for dk_gateup and
+// dk_down (0: as many as fit). With dk_gateup below the most, dk_down's first blocks find room at
+// once and select and fetch while gate/up streams (its blocks otherwise start only as dk_gateup's
+// leave: bench/RESULTS.md 2026-12-06, twenty-ninth session). Not measured yet.
+#ifndef DK_GATEUP_PER_SM
+#define DK_GATEUP_PER_SM 0
+#endif
+#ifndef DK_DOWN_PER_SM
+#define DK_DOWN_PER_SM 0
+#endif
+
 // The knockout build's mask (scripts/build-decode-variants -DDK_KNOCKOUT: STRATA_KNOCKOUT, its bits
 // there), read once; 0 in every other build. Timing only: a part left out leaves wrong outputs.
 int knockout() {
@@ -62,11 +73,11 @@ bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
   return c->int8_dot && (type == ST_TYPE_Q8_0 || (type == ST_TYPE_MXFP4 && c->mxfp4_int8)) && n % 32 == 0;
 }
 
-// Launches a streaming kernel on at most as many blocks as the device holds at once, a multiple of
-// `mult` of them (groups is one).
+// Launches a streaming kernel on at most as many blocks as the device holds at once (at most per_sm
+// an SM when per_sm > 0), a multiple of `mult` of them (groups is one).
 template <typename K, typename... Args>
-void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int pdl, int mult, Args... args) {
-  int64_t most = mmv_resident_blocks(kernel, smem); // at capture time only
+void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int pdl, int mult, int per_sm, Args... args) {
+  int64_t most = mmv_resident_blocks(kernel, smem, per_sm); // at capture time only
   most = most / mult * mult > 0 ? most / mult * mult : mult;
   st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, st, pdl, args...);
 }
@@ -91,7 +102,7 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
                           (parts[p].rows + R - 1) / R};
         groups += g.s[g.n].groups;
       }
-      stream_launch(dk_mv<TY>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, g, (int)groups, x, n);
+      stream_launch(dk_mv<TY>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, 0, g, (int)groups, x, n);
     });
   }
 }
@@ -193,11 +204,11 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
       if (q8_on(c, TY, d)) {
         const gateup_job<true> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_q,
                                      D.act, gb, ub, oai};
-        return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
+        return stream_launch(dk_gateup<TY, true>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, DK_GATEUP_PER_SM, gj, rs, groups, (int64_t)d);
       }
     const gateup_job<false> gj = {route, slots, c->n_expert, ff, H, per_g, L->gate_bytes, L->gate_d.row_bytes, D.ffn_in,
                                   D.act, gb, ub, oai};
-    stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, gj, rs, groups, (int64_t)d);
+    stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, DK_GATEUP_PER_SM, gj, rs, groups, (int64_t)d);
   });
   mmv_dispatch(knockout() & 64 ? (uint32_t)ST_TYPE_COUNT : L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
@@ -208,12 +219,12 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
       if (q8_on(c, TY, ff)) {
         const down_job<true> dj = {route, NULL, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes,
                                    D.act, D.gpu_out, NULL, db};
-        return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff) + sl, st, pdl, k, dj, rs,
+        return stream_launch(dk_down<TY, true>, groups, mmv_pipe_bytes<TY>() + st_q8_stride(ff) + sl, st, pdl, k, DK_DOWN_PER_SM, dj, rs,
                              groups, (int64_t)ff);
       }
     const down_job<false> dj = {route, NULL, slots, c->n_expert, d, Rd, per_d, ff, k, off, L->down_d.row_bytes, D.act,
                                 D.gpu_out, NULL, db};
-    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, dj, rs, groups, (int64_t)ff);
+    stream_launch(dk_down<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, DK_DOWN_PER_SM, dj, rs, groups, (int64_t)ff);
   });
 }
 

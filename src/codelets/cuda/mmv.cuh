@@ -1065,15 +1065,16 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
     }
   }
 }
-// Persistent blocks of `kernel` (MMV_THREADS threads, `smem` dynamic bytes) the device holds at once.
-template <typename K> static int mmv_resident_blocks(K kernel, size_t smem) {
+// Persistent blocks of `kernel` (MMV_THREADS threads, `smem` dynamic bytes) the device holds at once,
+// at most per_sm an SM when per_sm > 0.
+template <typename K> static int mmv_resident_blocks(K kernel, size_t smem, int per_sm = 0) {
   int dev = 0, sms = 0, per = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MMV_THREADS, smem) != cudaSuccess || per < 1) {
     cudaGetLastError();
     return 132;
   }
-  return sms * per;
+  return sms * (per_sm > 0 && per_sm < per ? per_sm : per);
 }
 
 // Registers: 64 for a single token (4 blocks, 32 warps per SM), 128 for a batch. MMV_MIN_BLOCKS
