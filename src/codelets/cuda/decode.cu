@@ -196,7 +196,8 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
                         M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
                         dev_seq(D)};
   const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
-  mmv_dispatch(knockout() & 32 ? (uint32_t)ST_TYPE_COUNT : L->gate_d.type, [&](auto ty) {
+  const int ko = knockout();
+  if (!(ko & 32)) mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
     const int per_g = (ff + H - 1) / H, groups = per_g * k;
@@ -210,7 +211,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
                                   D.act, gb, ub, oai};
     stream_launch(dk_gateup<TY, false>, groups, mmv_pipe_bytes<TY>() + sl, st, pdl, 1, DK_GATEUP_PER_SM, gj, rs, groups, (int64_t)d);
   });
-  mmv_dispatch(knockout() & 64 ? (uint32_t)ST_TYPE_COUNT : L->down_d.type, [&](auto ty) {
+  if (!(ko & 64)) mmv_dispatch(L->down_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rd = mmv_stream_rows<TY>(ff);
     const int per_d = (d + Rd - 1) / Rd, groups = per_d * k;
@@ -323,7 +324,7 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   if (!(ko & 8)) mv_launch(&o, 1, D.attn, o_in, c->mla ? 0 : pdl, st);
   // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
   const int Er = L->dense ? 0 : E;
-  mmv_dispatch(ko & 16 ? (uint32_t)ST_TYPE_COUNT : L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
+  if (!(ko & 16)) mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int Rr = mmv_stream_rows<TY>(d);
     auto kernel = dk_router<TY>;
