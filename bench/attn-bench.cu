@@ -3,15 +3,15 @@
 // build) on the qwen3-30b-a3b shape (32 query heads in 4 KV groups, head_dim 128,
 // float32 K and V, or half with KV=f16, or q8_0 blocks with KV=q8_0) at several depths, 48 launches back to back as programmatic dependents in one
 // CUDA graph over 8 copies of the KV cache (so that L2 holds as little as it can), µs per launch and
-// the K and V bytes read per second. Then one launch at depth 4096 against a float64 reference of
-// the same data on the host (max |Δ| over the 32 heads' outputs), so that a variant that computes
-// the wrong thing shows. Not a test: it prints, it asserts nothing.
+// the K and V bytes read per second. Then one launch at each CHECK_KEYS depth against a float64 reference of
+// the same data on the host (max |Δ| over the 32 heads' outputs, and a hash of their bits), so that a
+// variant that computes the wrong thing shows. Not a test: it prints, it asserts nothing.
 // Build: `make bench/attn-bench` (ATT_FLAGS for -D flags: ATT_SPLIT, ATT_MIN_CHUNK, ATT_MIN_BLOCKS,
 // ATT_MMA_CHUNK (keys of a chunk from which the half cache takes the tensor-core block), ATT_MMA_LOAD (its loads),
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
 // the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_PROBE (block clocks));
 // run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N] [REGIME=any]
-// [CHECK_KEYS=N] attn-bench [replays].
+// [CHECK_KEYS=N,N,..] attn-bench [replays].
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,8 +177,17 @@ int main(int argc, char **argv) {
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
   }
-  // one launch at depth CHECK_KEYS (default 4096) on copy 0 against float64 on the host
-  const int n_keys = getenv("CHECK_KEYS") ? std::min(std::max(atoi(getenv("CHECK_KEYS")), 1), N_CTX) : 4096, p0 = n_keys - 1;
+  // one launch at each depth of CHECK_KEYS (a comma list, default 4096,32769) on copy 0 against
+  // float64 on the host, and an FNV-1a hash of the output's bits (variants that should agree bit
+  // for bit print the same)
+  std::vector<int> checks;
+  for (const char *c = getenv("CHECK_KEYS") ? getenv("CHECK_KEYS") : "4096,32769"; *c;) {
+    checks.push_back(std::min(std::max(atoi(c), 1), N_CTX));
+    while (*c && *c != ',') c++;
+    if (*c) c++;
+  }
+  for (const int n_keys : checks) {
+  const int p0 = n_keys - 1;
   CK(cudaMemcpy(pos, &p0, sizeof p0, cudaMemcpyHostToDevice));
   st_cuda_attend_decode_all(q, HQ, G, HD, kv_type, &k[0], &v[0], pos, part, counters, out, 0, 0, st);
   std::vector<float> ho(HQ * HD);
@@ -205,6 +214,14 @@ int main(int argc, char **argv) {
       worst = fmax(worst, fabs(a / sum - ho[h * HD + i]));
     }
   }
-  printf("depth %d against float64: max |d| %.3g over %d values\n", n_keys, worst, HQ * HD);
+  uint64_t bits = 1469598103934665603ull;
+  for (const float x : ho) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    for (int b = 0; b < 4; b++) bits = (bits ^ ((u >> (8 * b)) & 0xff)) * 1099511628211ull;
+  }
+  printf("depth %d against float64: max |d| %.3g over %d values, bits %016llx\n", n_keys, worst, HQ * HD,
+         (unsigned long long)bits);
+  }
   return 0;
 }

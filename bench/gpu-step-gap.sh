@@ -11,6 +11,8 @@
 #           runs once per build, builds innermost, in the order given (repeat one to see the drift)
 #   GREEDY  N: also each build's greedy continuation of N tokens (md5 of its text) per model
 #   TIMEOUT seconds a bench run may take before it is stopped (default 300; the greedy run 120)
+#   ARGS    more strata bench arguments for every run (e.g. "--depth 32768 -c 32832 -ctk q8_0 -ctv q8_0":
+#           the decode row at that depth; the table shows the first decode row)
 set -u
 . "$(dirname "$0")/../scripts/gpu-lib.sh"
 MODELS=${MODELS:-"m8:--preset qwen3-30b-a3b --layers 8 --type q8_0"}
@@ -35,8 +37,9 @@ for me in "${models[@]}"; do
           --expert-profile "$W/$name.profile" --expert-cache auto > "$out/greedy-$name-$label.txt" 2> /dev/null
         echo "greedy $name $label: exit $? md5 $(md5sum < "$out/greedy-$name-$label.txt" | cut -c1-12)"
       fi
+      # shellcheck disable=SC2086
       env ${vars//,/ } timeout "${TIMEOUT:-300}" "$bin" bench -m "$model" --json -r "${R:-3}" --prompt 0 --decode "${DECODE:-128}" \
-        --expert-profile "$W/$name.profile" --expert-cache auto > "$out/gap-$name-$label.json" 2> "$out/gap-$name-$label.err"
+        --expert-profile "$W/$name.profile" --expert-cache auto ${ARGS:-} > "$out/gap-$name-$label.json" 2> "$out/gap-$name-$label.err"
       st=$?
       rows+=("$(python3 - "$out/gap-$name-$label.json" "$name" "$label" "$st" "$((SECONDS - t0))" <<'EOF'
 import json, sys

@@ -16,7 +16,7 @@ for v in $vs; do
   for kv in ${KVS:-f16 q8_0}; do
     KV=$kv MODE=0 COPIES=48 timeout 120 "$b" > "$out/attn-$v-$kv.txt" 2>&1
     row=$(awk '$1 ~ /^[0-9]+$/ && NF == 5 { printf "%s:%s ", $1, $3 }' "$out/attn-$v-$kv.txt")
-    chk=$(grep -o 'max |d| [^ ]*' "$out/attn-$v-$kv.txt")
+    chk=$(grep -o 'depth [0-9]* against float64: max |d| [^ ]* over [0-9]* values, bits [0-9a-f]*' "$out/attn-$v-$kv.txt" | awk '{print $2 ":" $7 " " $12}' | tr '\n' ' ')
     table+=("$(printf '%-10s %-5s %s (%s)' "$v" "$kv" "$row" "$chk")")
     # ATT_PROBE builds: each depth's block clocks
     awk -v v="$v" -v kv="$kv" '$1 ~ /^[0-9]+$/ && NF == 5 { d = $1 } /probe/ { sub(/^.*max\):/, ""); print "probe " v " " kv " " d ":" $0 }' \

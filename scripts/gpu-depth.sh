@@ -8,7 +8,8 @@
 #  3. tests/test_cuda_kernels: PASS and FAIL counts, and its FAIL lines;
 #  4. bench/attn-bench's carried variants (scripts/gpu-attn-variants.sh, NCU=0), when time is left.
 # Environment: STEPS (the steps to run, "1 2 3 4"), W work folder (/tmp/gpu-step), R repetitions (2),
-# DECODE tokens (64), DEPTHS (0,4096,32768). Prints a table last.
+# DECODE tokens (64), DEPTHS (0,4096,32768), RUNS (step 2's builds and caches, "BIN:KV ...", e.g.
+# "strata:f16 strata-noring:f16"; default strata with f16 and q8_0). Prints a table last.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
 LIMIT=${LIMIT:-480}
@@ -36,6 +37,10 @@ if step 2; then
 big=$(gpu_model qwen3-30b-a3b-q8_0 --preset qwen3-30b-a3b --type q8_0)
 runs=("strata f16" "strata q8_0")
 [ -x "$C/mk/strata" ] && runs+=("mk/strata f16")
+if [ -n "${RUNS:-}" ]; then
+  runs=()
+  for r in $RUNS; do runs+=("${r/:/ }"); done
+fi
 for run in "${runs[@]}"; do
   set -- $run
   left 60 || { add "$1 $2: no time left"; continue; }
