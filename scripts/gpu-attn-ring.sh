@@ -11,7 +11,8 @@
 #     when carried, each twice), with the f16 and the q8_0 cache.
 # Build here first: scripts/build-attn-variants noring=-DATT_RING_BYTES=0 ...; SRC=attention
 # scripts/build-decode-variants noring=-DATT_RING_BYTES=0 ...; scripts/gather-libs carry.
-# Environment: STEPS ("1 2 3"), LIMIT, DEPTH, BINS, R (2). Prints the tables last.
+# Environment: STEPS ("1 2 3"), LIMIT, SHARE (step 1 takes at most LIMIT / SHARE seconds; 3),
+# VARIANTS (step 1's attn-bench builds), DEPTH, BINS, R (2). Prints the tables last.
 set -u
 . "$(dirname "$0")/gpu-lib.sh"
 LIMIT=${LIMIT:-540}
@@ -20,13 +21,13 @@ step() { case " ${STEPS:-1 2 3} " in *" $1 "*) return 0 ;; esac; return 1; }
 report=()
 
 if step 1; then
-  CHECK_KEYS=${CHECK_KEYS:-4096,20000,32769} NCU=0 timeout $((LIMIT / 3)) bash "$(dirname "$0")/gpu-attn-variants.sh" \
+  CHECK_KEYS=${CHECK_KEYS:-4096,20000,32769} NCU=0 timeout $((LIMIT / ${SHARE:-3})) bash "$(dirname "$0")/gpu-attn-variants.sh" \
     > "$out/attn-variants.txt" 2>&1
   report+=("$(grep -A40 '== decode attention' "$out/attn-variants.txt")")
 fi
 
-if step 2 && left 120; then
-  timeout 150 "$C/tests/test_cuda_kernels" > "$out/cuda_kernels.log" 2>&1
+if step 2 && left 60; then
+  timeout $((LIMIT - SECONDS - 10)) "$C/tests/test_cuda_kernels" > "$out/cuda_kernels.log" 2>&1
   report+=("test_cuda_kernels: exit $?, $(grep -c '^PASS' "$out/cuda_kernels.log") PASS, $(grep -c '^FAIL' "$out/cuda_kernels.log") FAIL")
   report+=("$(grep -E '^FAIL' "$out/cuda_kernels.log" | head -n 8)")
 fi
