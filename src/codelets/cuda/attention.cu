@@ -572,22 +572,6 @@ template <int HD> struct mma_raw<HD, __half> {
       for (int h = 0; h < NH; h++) v[r][h] = key < end ? ATT_MMA_LOAD((const uint4 *)(vc + (int64_t)key * HD + 64 * h + 8 * g)) : z;
     }
   }
-  // the same values, key j's rows at krow(j), vrow(j) (shared or global memory: plain loads)
-  template <typename RK, typename RV> __device__ __forceinline__ void load_rows(RK krow, RV vrow, int k0, int end, int g, int t) {
-    const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int key = k0 + 8 * r + g;
-#pragma unroll
-      for (int si = 0; si < NS; si++) k[r][si] = key < end ? *(const uint4 *)(krow(key) + 2 * (32 * si + 8 * t)) : z;
-    }
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
-#pragma unroll
-      for (int h = 0; h < NH; h++) v[r][h] = key < end ? *(const uint4 *)(vrow(key) + 2 * (64 * h + 8 * g)) : z;
-    }
-  }
   __device__ __forceinline__ uint4 kh(int r, int si) const { return k[r][si]; }
   __device__ __forceinline__ uint4 vh(int r, int h, int) const { return v[r][h]; }
 };
@@ -619,34 +603,6 @@ template <int HD> struct mma_raw<HD, kv_q8> {
       for (int h = 0; h < NH; h++) v[r][h] = key < end ? q8(row + 64 * h + 8 * g) : z;
     }
   }
-  // the same values, key j's rows at krow(j), vrow(j) (shared or global memory: plain loads)
-  __device__ __forceinline__ static uint2 q8p(const uint8_t *p) {
-    if constexpr (HD % 128 == 0) return *(const uint2 *)p;
-    else return make_uint2(((const unsigned *)p)[0], ((const unsigned *)p)[1]);
-  }
-  __device__ __forceinline__ static uint2 scp(const uint8_t *row) {
-    if constexpr (HD % 128 == 0) return *(const uint2 *)(row + HD);
-    else return make_uint2(*(const unsigned *)(row + HD), 0u);
-  }
-  template <typename RK, typename RV> __device__ __forceinline__ void load_rows(RK krow, RV vrow, int k0, int end, int g, int t) {
-    const uint2 z = make_uint2(0, 0);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int key = k0 + 8 * r + g;
-      const uint8_t *row = key < end ? krow(key) : NULL;
-      ks[r] = row ? scp(row) : z;
-#pragma unroll
-      for (int si = 0; si < NS; si++) k[r][si] = row ? q8p(row + 32 * si + 8 * t) : z;
-    }
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
-      const uint8_t *row = key < end ? vrow(key) : NULL;
-      vs[r] = row ? scp(row) : z;
-#pragma unroll
-      for (int h = 0; h < NH; h++) v[r][h] = row ? q8p(row + 64 * h + 8 * g) : z;
-    }
-  }
   // scale i (< 4) of a row's scales
   __device__ __forceinline__ static __half scale(uint2 s, int i) {
     const uint32_t w = i < 2 ? s.x : s.y;
@@ -658,42 +614,10 @@ template <int HD> struct mma_raw<HD, kv_q8> {
   }
 };
 // KT: __half, or kv_q8 (its values as halves d q).
-// ---- the tensor-core block's K and V rows through a ring of shared-memory buffers (sm_90) -----
-// A round is every warp's next step, ATT_RING_KEYS keys: thread 0 copies their K rows, then their V
-// rows (each contiguous in the cache), into a buffer with two bulk copies counted on the buffer's
-// `full` mbarrier; each warp takes its step's values from the buffer into registers (those that
-// mma_raw::load reads from the cache: the same bits), arrives on the buffer's `empty` mbarrier, and
-// warp 0 refills it with the round NB on once all eight have. So NB - 1 rounds are in flight while
-// one is computed, without registers: the loads straight from the cache keep one step (about 35 KB
-// an SM) in flight, 2.2 TB/s for a q8_0 cache at 32,768 keys on an H100, and loading a step ahead in
-// registers took 255 of them and was slower (bench/RESULTS.md 2026-12-06). ATT_RING_BYTES bounds a
-// block's buffers (a build knob; 0, the default until it is measured on a GPU: every load straight
-// from the cache; 147456, 144 KiB: two buffers for a half cache, four for a q8_0 one).
-#ifndef ATT_RING_BYTES
-#define ATT_RING_BYTES 0
-#endif
-#define ATT_RING_KEYS (16 * ATT_WARPS)
-// Bytes of a cache row of HD values of KT (a half cache or a q8_0 one), of a ring buffer (a round's
-// K rows, then its V rows), and the buffers a block keeps: 2 to 4, or 0 (no ring) where two would
-// pass ATT_RING_BYTES.
-template <int HD, typename KT> __host__ __device__ constexpr int64_t att_mma_row_bytes() {
-  return kv_is_q8<KT> ? kv_q8_row_bytes(HD) : 2 * HD;
-}
-template <int HD, typename KT> __host__ __device__ constexpr int64_t att_ring_buf() {
-  return 2 * ATT_RING_KEYS * att_mma_row_bytes<HD, KT>();
-}
-template <int HD, typename KT> __host__ __device__ constexpr int att_ring_bufs() {
-  return ATT_RING_BYTES / att_ring_buf<HD, KT>() < 2   ? 0
-         : ATT_RING_BYTES / att_ring_buf<HD, KT>() > 4 ? 4
-                                                       : (int)(ATT_RING_BYTES / att_ring_buf<HD, KT>());
-}
-
-// ring: the block takes its rows through the ring (the caller's stage holds att_ring_bufs
-// buffers; sm_90 and a 16-byte aligned range), else straight from the cache.
 template <int HD, int NQ, typename KT>
 __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, int nh, const KT *kc, const KT *vc,
                                                               int start, int end, float scale, float *out,
-                                                              int64_t ostride, float *stage, float *direct, int ring) {
+                                                              int64_t ostride, float *stage, float *direct) {
   static_assert(HD % 64 == 0 && HD <= 128 && NQ <= 8, "attend_group_chunk_mma: 64 or 128 dimensions, 8 heads at most");
   constexpr int NS = HD / 32, NH = HD / 64, NT = HD / 8; // K loads a row, V loads a row, output tiles
   __shared__ float mw[ATT_WARPS][NQ], lw[ATT_WARPS][NQ];
@@ -758,57 +682,11 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
       }
     }
   };
-  constexpr int NB = att_ring_bufs<HD, KT>();
-  constexpr int64_t RB = att_mma_row_bytes<HD, KT>(), BUF = att_ring_buf<HD, KT>();
-  const uint8_t *kb = (const uint8_t *)kc, *vb = (const uint8_t *)vc;
-#if ST_DEV_BULK
-  if (NB && ring && !(((uintptr_t)(kb + start * RB) | (uintptr_t)(vb + start * RB)) & 15)) { // block-uniform
-    constexpr int NB = att_ring_bufs<HD, KT>() ? att_ring_bufs<HD, KT>() : 1; // (a build without the ring: never here)
-    __shared__ uint64_t full[NB], empty[NB];
-    uint8_t *buf = (uint8_t *)stage;
-    const int nr = (end - start + ATT_RING_KEYS - 1) / ATT_RING_KEYS;
-    // round i's rows into buffer i % NB, whole 16-byte units of them (a q8_0 row is 136 bytes: in a
-    // round of an odd number of keys the last row's last 8 stay behind, and that row is read from
-    // the cache)
-    auto whole = [&](int i) { return (unsigned)(min(ATT_RING_KEYS, end - start - i * ATT_RING_KEYS) * RB) & ~15u; };
-    auto issue = [&](int i) {
-      const int b = i % NB;
-      const int64_t o = (int64_t)(start + i * ATT_RING_KEYS) * RB;
-      const unsigned bytes = whole(i);
-      st_dev_mbar_arrive_tx(&full[b], 2 * bytes);
-      st_dev_bulk_copy(buf + b * BUF, kb + o, bytes, &full[b]);
-      st_dev_bulk_copy(buf + b * BUF + ATT_RING_KEYS * RB, vb + o, bytes, &full[b]);
-    };
-    if (threadIdx.x == 0) {
-      for (int b = 0; b < NB; b++) st_dev_mbar_init(&full[b]), st_dev_mbar_init(&empty[b], ATT_WARPS);
-      for (int i = 0; i < NB && i < nr; i++) issue(i);
-    }
-    __syncthreads(); // the mbarriers are set up
-    for (int i = 0, k0 = start + 16 * warp; k0 < end; i++, k0 += ATT_RING_KEYS) {
-      const int b = i % NB, r0 = start + i * ATT_RING_KEYS, in = (int)(whole(i) / RB); // rows whole in the buffer
-      const uint8_t *bk = buf + b * BUF, *bv = bk + ATT_RING_KEYS * RB;
-      st_dev_mbar_wait(&full[b], (unsigned)(i / NB) & 1u);
-      mma_raw<HD, KT> rw;
-      rw.load_rows([&](int key) { return key - r0 < in ? bk + (key - r0) * RB : kb + (int64_t)key * RB; },
-                   [&](int key) { return key - r0 < in ? bv + (key - r0) * RB : vb + (int64_t)key * RB; }, k0, end, g, t);
-      __syncwarp(); // every lane has its values: the warp is done with the buffer
-      if (lane == 0) st_dev_mbar_arrive(&empty[b]);
-      if (warp == 0 && i + NB < nr) { // warp 0 (every round but the last has a step for each warp)
-        st_dev_mbar_wait(&empty[b], (unsigned)(i / NB) & 1u);
-        if (lane == 0) issue(i + NB);
-        __syncwarp();
-      }
-      step(rw, k0);
-    }
-    __syncthreads(); // every warp is done with the ring, whose memory the warps' outputs take below
-  } else
-#endif
   for (int k0 = start + 16 * warp; k0 < end; k0 += 16 * ATT_WARPS) {
     mma_raw<HD, KT> rw;
     rw.load(kc, vc, k0, end, g, t);
     step(rw, k0);
   }
-  (void)kb, (void)vb, (void)ring;
   ATT_PROBE_AT(2);
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -871,25 +749,17 @@ static int att_mma_chunk_of(int kv_type) { return kv_type == ST_TYPE_Q8_0 ? ATT_
 template <int NQ, typename KT>
 __device__ __forceinline__ static void attend_chunk_mma(const float *qg, int nh, const KT *kc, const KT *vc, int hd,
                                                         int start, int end, float scale, float *out, int64_t ostride,
-                                                        float *stage, float *direct, int ring) {
+                                                        float *stage, float *direct = NULL) {
   if (start >= end) {
     if ((int)threadIdx.x < nh) out[threadIdx.x * ostride] = -INFINITY, out[threadIdx.x * ostride + 1] = 0.0f;
     return;
   }
-  if (hd == 128) attend_group_chunk_mma<128, NQ, KT>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct, ring);
-  else attend_group_chunk_mma<64, NQ, KT>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct, ring);
+  if (hd == 128) attend_group_chunk_mma<128, NQ, KT>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
+  else attend_group_chunk_mma<64, NQ, KT>(qg, nh, kc, vc, start, end, scale, out, ostride, stage, direct);
 }
 
-// Dynamic shared memory of the tensor-core kernels: the warps' outputs, and (ring) at least the
-// ring's buffers for head_dim hd (64 or 128), which the outputs reuse.
+// Dynamic shared memory of the tensor-core kernels: the warps' outputs.
 static size_t att_mma_smem_bytes(int hd, int nqb) { return sizeof(float) * ATT_WARPS * nqb * (hd + 1); }
-template <typename KT> static size_t att_mma_smem_bytes(int hd, int nqb, int ring) {
-  const size_t o = att_mma_smem_bytes(hd, nqb);
-  const size_t r = !ring ? 0
-                   : hd == 128 ? (size_t)att_ring_bufs<128, KT>() * att_ring_buf<128, KT>()
-                               : (size_t)att_ring_bufs<64, KT>() * att_ring_buf<64, KT>();
-  return r > o ? r : o;
-}
 
 // Whether the tensor-core kernels take this attention (see attend_chunk_mma): a half cache, head_dim
 // 64 or 128, 16-byte aligned pointers (q, and each of the n cache rows' bases in kv), sm_80 or later.
@@ -1163,8 +1033,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
 // group's nq query heads of token t ([T][ldq], head h at h hd); partials of (t, h) at part + ((t nq +
 // h) n_chunks + c) (hd + 2), chunks of `chunk` keys.
-// MMA: the tensor-core block (KT __half or kv_q8, ND 4; att_mma_ok) instead of attend_group_chunk,
-// through its ring when nst is 1 (att_mma_ring), straight from the cache when 0.
+// MMA: the tensor-core block (KT __half or kv_q8, ND 4; att_mma_ok) instead of attend_group_chunk.
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_split(const float *q, int64_t ldq, const KT *kc, const KT *vc, int hd, int nq, int pos0, int chunk,
@@ -1175,8 +1044,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   extern __shared__ float4 att_dyn[];
   const float *qg = q + (int64_t)t * ldq + (int64_t)h0 * hd;
   float *pp = part + ((int64_t)t * nq + h0) * hs + (int64_t)c * (hd + 2);
-  if constexpr (MMA)
-    attend_chunk_mma<NQ, KT>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn, NULL, nst);
+  if constexpr (MMA) attend_chunk_mma<NQ, KT>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn);
   else attend_group_chunk<ND, NQ, KT>(qg, min(NQ, nq - h0), kc, vc, hd, start, end, scale, pp, hs, (float *)att_dyn, nst);
 }
 
@@ -1198,7 +1066,6 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // paired (a half cache that att_mma_ok takes): launched twice, without and then with MMA, each
 // leaving at once where the chunks are the other's (ATT_MMA_CHUNK), so one CUDA graph serves every
 // position. after_short: with at most att_short_max keys rope_short has written the output; leave.
-// nst: attend_group_chunk's stages, or with MMA whether the block takes the ring (att_mma_ring).
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
@@ -1213,22 +1080,6 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     for (int i = 0; i < 4; i++) att_mma(d, (uint32_t)i, 0u, 0u, 0u);
     if (d[0] != 0.0f) out[0] = d[0]; // never: zero B operands
   }
-#endif
-#if defined(ATT_RING_EARLY) && ST_DEV_BULK /* bench variant: L2 asked for the block's first ATT_RING_EARLY rounds before the wait */
-  if constexpr (MMA)
-    if (nst && threadIdx.x == 0 && !x.window && (hd == 64 || hd == 128)) {
-      // the position as the previous kernels may not have written it yet (the step's, or the last
-      // step's): a hint only, for keys below it (rows earlier steps wrote)
-      const int pe = __ldcg(pos_dev), ch = att_chunk_keys(pe + 1), s0 = (int)blockIdx.x * ch;
-      const int64_t rb = hd == 128 ? att_mma_row_bytes<128, KT>() : att_mma_row_bytes<64, KT>();
-      const int nk = min(min(s0 + ch, pe) - s0, ATT_RING_EARLY * ATT_RING_KEYS);
-      const int gg = blockIdx.y / ((nq + NQ - 1) / NQ);
-      const unsigned bytes = (unsigned)(nk * rb) & ~15u;
-      if (ch >= att_mma_chunk<KT> && nk > 0 && bytes && !((s0 * rb) & 15)) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const uint8_t *)kv.k[gg] + s0 * rb), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const uint8_t *)kv.v[gg] + s0 * rb), "r"(bytes) : "memory");
-      }
-    }
 #endif
   st_dev_griddep_wait();
   ATT_PROBE_AT(1);
@@ -1250,7 +1101,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   float *direct = used == 1 && !sinks ? out + (int64_t)h0 * hd : NULL; // with sinks one chunk is merged too
   if constexpr (MMA)
     attend_chunk_mma<NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2), hs,
-                             (float *)att_dyn, direct, nst);
+                             (float *)att_dyn, direct);
   else
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
@@ -1304,9 +1155,6 @@ template <typename F> static void att_short_dispatch(int nq, int hd, F &&f) {
 #define ATT_MAX_DEVICES 64
 #define ATT_DEFAULT_ROOM (40 * 1024) /* the default 48 KiB less the kernels' static memory (at most 5.3 KiB) */
 static size_t att_room[ATT_MAX_DEVICES][2][2][2][4];
-// Whether the tensor-core kernels may take their ring, by device, cache (0 half, 1 q8_0) and log2 NQ:
-// 1 yes, -1 no, 0 not asked yet (no).
-static int att_ring_ok[ATT_MAX_DEVICES][2][4];
 
 template <typename K> static size_t att_room_of(K kernel) {
   int dev = 0, optin = 48 * 1024;
@@ -1348,28 +1196,6 @@ static void att_allow_smem() {
             if (kt < 2 || r1 < att_room[dev][1][slot][ND / 4 - 1][LQ]) att_room[dev][1][slot][ND / 4 - 1][LQ] = r1;
           });
       });
-  // the tensor-core kernels: the ring's buffers where the device allows them (att_mma_ring)
-  for (int b = 1; b <= 8; b *= 2)
-    att_dispatch(b, 128, [&](auto ndc, auto nqc) {
-      constexpr int ND = decltype(ndc)::value, NQ = decltype(nqc)::value;
-      if constexpr (ND == 4)
-        for (int kt = 1; kt < 3; kt++)
-          kv_dispatch_q8(kt == 2 ? ST_TYPE_Q8_0 : ST_TYPE_F16, [&](auto tag) {
-            using KT = typename decltype(tag)::type;
-            if constexpr (std::is_same<KT, __half>::value || kv_is_q8<KT>) {
-              const size_t need = std::max(att_mma_smem_bytes<KT>(128, NQ, 1), att_mma_smem_bytes<KT>(64, NQ, 1));
-              const bool ok = st_cuda_compute_capability() >= 90 && att_ring_bufs<128, KT>() && att_ring_bufs<64, KT>() &&
-                              need <= att_room_of(attend_split<ND, NQ, KT, true>) &&
-                              need <= att_room_of(attend_decode_all<ND, NQ, KT, true>);
-              if (ok) {
-                ST_CUDA_CHECK(cudaFuncSetAttribute(attend_split<ND, NQ, KT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
-                ST_CUDA_CHECK(cudaFuncSetAttribute(attend_decode_all<ND, NQ, KT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)need));
-              }
-              att_ring_ok[dev][kt == 2][att_log2(NQ)] = ok ? 1 : -1;
-            }
-          });
-    });
   for (int nd = 4; nd <= 8; nd += 4)
     for (int b = 1; b <= 2; b *= 2)
       att_short_dispatch(b, nd == 4 ? 128 : 256, [&](auto ndc, auto nqc) {
@@ -1398,17 +1224,6 @@ static int att_plan(int kind, int hd, int nd, int nqb, size_t es, size_t *bytes)
   const int nst = att_stages(hd, nd, nqb, es, room);
   *bytes = att_smem_bytes(hd, nd, nqb, nst, es);
   return nst;
-}
-
-// Whether the tensor-core kernels of a cache of KT with NQ heads a block take their ring on the
-// current device (1, else 0: att_allow_smem let them have its shared memory), and their dynamic
-// shared memory for head_dim hd either way (bytes).
-template <typename KT> static int att_mma_ring(int hd, int nqb, size_t *bytes) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError(), dev = -1;
-  const int ring = dev >= 0 && dev < ATT_MAX_DEVICES && att_ring_ok[dev][kv_is_q8<KT>][att_log2(nqb)] > 0;
-  *bytes = att_mma_smem_bytes<KT>(hd, nqb, ring);
-  return ring;
 }
 
 // att_plan for a cache of KT: a q8_0 cache's blocks read its rows from their shared tiles only, so it
@@ -1886,9 +1701,8 @@ static void attend(const float *q, int64_t ldq, const KT *kc, const KT *vc, int 
       const void *kv[2] = {kc, vc};
       if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4) {
         if (chunk >= att_mma_chunk<KT> && att_mma_ok(ST_TYPE_F16, hd, q, ldq, kv, 2)) {
-          const int ring = att_mma_ring<KT>(hd, NQ, &bytes);
-          attend_split<ND, NQ, KT, true><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, bytes, st>>>(
-              q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part, ring);
+          attend_split<ND, NQ, KT, true><<<dim3(n_chunks, T * n_hb), 32 * ATT_WARPS, att_mma_smem_bytes(hd, NQ), st>>>(
+              q, ldq, kc, vc, hd, nq, pos0, chunk, scale, part, 0);
           attend_split_combine<<<dim3(T, n_hb), 256, 0, st>>>(part, n_chunks, chunk, hd, nq, NQ, pos0, out, ldo);
           return;
         }
@@ -2074,12 +1888,10 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
         st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st,
                        pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, nst, (int)paired, after_short, xe);
       if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4)
-        if (paired && regime != ST_ATT_REGIME_SPLIT) {
-          size_t mb = 0;
-          const int ring = att_mma_ring<KT>(hd, NQ, &mb);
-          st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), mb, st,
-                         pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, ring, 1, after_short, xe);
-        }
+        if (paired && regime != ST_ATT_REGIME_SPLIT)
+          st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
+                         att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
+                         1, after_short, xe);
     });
   });
 }

@@ -311,12 +311,12 @@ __device__ __forceinline__ void st_dev_cp_wait_all() {
 #else
 #define ST_DEV_BULK 0
 #endif
-// An mbarrier in shared memory expecting `count` arrivals a phase (one by default), made visible to
-// the copy engine (one thread calls it; a block barrier must follow before any other thread uses it).
-__device__ __forceinline__ void st_dev_mbar_init(uint64_t *bar, unsigned count = 1) {
+// An mbarrier in shared memory expecting one arrival a phase, made visible to the copy engine
+// (one thread calls it; a block barrier must follow before any other thread uses it).
+__device__ __forceinline__ void st_dev_mbar_init(uint64_t *bar) {
 #if ST_DEV_BULK
   const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(a) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #else
   (void)bar;
@@ -330,16 +330,6 @@ __device__ __forceinline__ void st_dev_mbar_arrive_tx(uint64_t *bar, unsigned by
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
 #else
   (void)bar, (void)bytes;
-#endif
-}
-// One arrival on bar without bytes (release: this thread's earlier reads and writes of shared
-// memory are done before the phase can complete; a consumer's "the buffer is free").
-__device__ __forceinline__ void st_dev_mbar_arrive(uint64_t *bar) {
-#if ST_DEV_BULK
-  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-#else
-  (void)bar;
 #endif
 }
 // bytes (a multiple of 16) from src to dst (both 16-byte aligned), counted on bar.

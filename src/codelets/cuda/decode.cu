@@ -40,7 +40,8 @@ namespace {
 // Variant knobs (scripts/build-decode-variants): at most this many blocks an SM for dk_gateup and
 // dk_down (0: as many as fit). With dk_gateup below the most, dk_down's first blocks find room at
 // once and select and fetch while gate/up streams (its blocks otherwise start only as dk_gateup's
-// leave: bench/RESULTS.md 2026-12-06, twenty-ninth session). Not measured yet.
+// leave: bench/RESULTS.md 2026-12-06, twenty-ninth session). dk_gateup at 3 an SM made an 8-layer
+// qwen3 cut's step 1.2 % slower on an H100 (thirtieth session), so the default stays 0.
 #ifndef DK_GATEUP_PER_SM
 #define DK_GATEUP_PER_SM 0
 #endif
