@@ -770,72 +770,64 @@ static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const vo
   return st_cuda_compute_capability() >= 80;
 }
 
-// Merges the first `used` (<= ATT_SPLIT) chunk partials of nh <= 8 heads (head h's chunk c at p +
-// h hstride + c (hd + 2)) in chunk order into o + h ostride: out = sum_c A_c f_c / sum_c L_c f_c,
-// f_c = e^(M_c - M), M = max_c M_c. Per output value the arithmetic depends on nothing but the
-// partials, so every caller (any block size, any heads per block) gets the same bits. Loads bypass
-// L1 (another block of the same kernel may have written p).
-__device__ __forceinline__ static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
-                                                          float *o, int64_t ostride, const float *sinks = NULL) {
-  __shared__ float fs[8][ATT_SPLIT], ls[8][ATT_SPLIT], Ls[8];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int h = warp; h < nh; h += nw) {
-    const float *ph = p + h * hstride;
-    const int c0 = lane, c1 = lane + 32;
-    // the lane's two maxima and sums loaded at once, unconditionally (below)
-    const float *p0 = ph + (int64_t)min(c0, used - 1) * (hd + 2), *p1 = ph + (int64_t)min(c1, used - 1) * (hd + 2);
-    const float m0r = __ldcg(p0), m1r = __ldcg(p1), l0 = __ldcg(p0 + 1), l1 = __ldcg(p1 + 1);
-    const float m0 = c0 < used ? m0r : -INFINITY, m1 = c1 < used ? m1r : -INFINITY;
-    float M = fmaxf(m0, m1);
-    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    if (sinks) M = fmaxf(M, sinks[h]); // head h's sink: one more logit in the denominator
-    if (c0 < used) fs[h][c0] = expf(m0 - M), ls[h][c0] = l0;
-    if (c1 < used) fs[h][c1] = expf(m1 - M), ls[h][c1] = l1;
-    __syncwarp();
-    if (lane == 0) {
-      float L = 0.0f;
-      for (int c = 0; c < used; c++) L = fmaf(ls[h][c], fs[h][c], L);
-      Ls[h] = sinks ? L + expf(sinks[h] - M) : L;
+// Merges the first `used` (<= ATT_SPLIT) chunk partials of nh heads (head h's chunk c at p + h
+// hstride + c (hd + 2), hd <= 256) in chunk order into o + h ostride: out = sum_c A_c f_c / L, f_c =
+// e^(M_c - M), M = max_c M_c, L = sum_c L_c f_c (a butterfly over the warp's lanes, lane c holding
+// chunks c and c + 32). A warp a head (warps take every nw-th head), no block barrier: a lane loads
+// its two chunks' (M, L), then its dimensions lane + 32 j of CB chunks at a time, all in flight
+// together (the merge waits on a few L2 round trips, not one a chunk, nor on a block barrier and a
+// serial sum: on an H100 1.1-1.6 us less a launch than the block-wide merge from 128 keys to 32,768,
+// bench/RESULTS.md 2026-12-06, thirty-first session). Per output value the
+// arithmetic depends on nothing but the partials, so every caller (any block size, any heads per
+// block) gets the same bits; with one chunk they are the block's own A / L (attend_group_chunk's
+// direct). Loads bypass L1 (another block of the same kernel may have written p).
+template <int JM, int CB>
+__device__ __forceinline__ static void attend_merge_head(const float *ph, int used, int hd, float *oh, const float *sink) {
+  const int lane = threadIdx.x & 31, c0 = lane, c1 = lane + 32;
+  // every load unconditional (a chunk past `used` reads chunk used - 1 and is dropped): guarded ones were
+  // issued one at a time by ptxas in the kernels with the most registers live (bench/RESULTS.md,
+  // twenty-third session); first the lane's two maxima and sums
+  const float *p0 = ph + (int64_t)min(c0, used - 1) * (hd + 2), *p1 = ph + (int64_t)min(c1, used - 1) * (hd + 2);
+  const float m0r = __ldcg(p0), m1r = __ldcg(p1), l0 = __ldcg(p0 + 1), l1 = __ldcg(p1 + 1);
+  const float m0 = c0 < used ? m0r : -INFINITY, m1 = c1 < used ? m1r : -INFINITY;
+  float M = fmaxf(m0, m1);
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  if (sink) M = fmaxf(M, *sink); // the head's sink: one more logit in the denominator
+  const float f0 = c0 < used ? expf(m0 - M) : 0.0f, f1 = c1 < used ? expf(m1 - M) : 0.0f;
+  float L = c1 < used ? fmaf(l1, f1, l0 * f0) : c0 < used ? l0 * f0 : 0.0f;
+  for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off); // the same bits in every lane
+  if (sink) L += expf(*sink - M);
+  float a[JM];
+#pragma unroll
+  for (int j = 0; j < JM; j++) a[j] = 0.0f;
+  for (int cb = 0; cb < used; cb += CB) {
+    float v[CB][JM];
+#pragma unroll
+    for (int u = 0; u < CB; u++) {
+      const float *pc = ph + (int64_t)min(cb + u, used - 1) * (hd + 2) + 2 + lane;
+#pragma unroll
+      for (int j = 0; j < JM; j++) v[u][j] = __ldcg(pc + min(32 * j, hd - 1 - lane)); // past hd: a value of the row, dropped
+    }
+#pragma unroll
+    for (int u = 0; u < CB; u++) {
+      const int c = cb + u;
+      const float f = __shfl_sync(0xffffffffu, c < 32 ? f0 : f1, c & 31);
+      if (c < used)
+#pragma unroll
+        for (int j = 0; j < JM; j++) a[j] = fmaf(v[u][j], f, a[j]);
     }
   }
-  __syncthreads();
-  // a thread's values e = threadIdx.x + m blockDim.x (nh hd <= 1024: at most 4 with 256 threads), all
-  // their loads of 16 chunks in flight at once. The loads are unconditional: guarded ones (the loads
-  // are volatile asm) were issued by ptxas one at a time, each next to its FMA, in the kernels with
-  // the most registers live (the tensor-core block, every q8_0 block): one L2 round trip a chunk, 18-20
-  // us for 32 chunks against 4 now (bench/RESULTS.md, 2026-12-06, twenty-third session)
-  constexpr int MB = 4;
-  for (int e0 = 0; e0 < nh * hd; e0 += MB * blockDim.x) {
-    float a[MB];
-    const float *pe[MB];
 #pragma unroll
-    for (int m = 0; m < MB; m++) {
-      const int e = e0 + threadIdx.x + m * blockDim.x, h = e / hd;
-      a[m] = 0.0f;
-      pe[m] = e < nh * hd ? p + h * hstride + 2 + (e - h * hd) : NULL;
-    }
-    for (int c0 = 0; c0 < used; c0 += 16) {
-      float av[MB][16];
-#pragma unroll
-      for (int m = 0; m < MB; m++)
-#pragma unroll
-        for (int u = 0; u < 16; u++) { // a load past `used` reads chunk used - 1 again and is dropped
-          const float v = __ldcg((pe[m] ? pe[m] : p) + (int64_t)min(c0 + u, used - 1) * (hd + 2));
-          av[m][u] = pe[m] && c0 + u < used ? v : 0.0f;
-        }
-#pragma unroll
-      for (int m = 0; m < MB; m++) {
-        const int h = (e0 + threadIdx.x + m * blockDim.x) / hd;
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-          if (pe[m] && c0 + u < used) a[m] = fmaf(av[m][u], fs[h][c0 + u], a[m]);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < MB; m++) {
-      const int e = e0 + threadIdx.x + m * blockDim.x, h = e / hd;
-      if (pe[m]) o[h * ostride + (e - h * hd)] = a[m] / Ls[h];
-    }
+  for (int j = 0; j < JM; j++)
+    if (lane + 32 * j < hd) oh[lane + 32 * j] = a[j] / L;
+}
+__device__ __forceinline__ static void attend_merge_heads(const float *p, int64_t hstride, int nh, int used, int hd,
+                                                          float *o, int64_t ostride, const float *sinks = NULL) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int h = warp; h < nh; h += nw) {
+    const float *sink = sinks ? sinks + h : NULL;
+    if (hd <= 128) attend_merge_head<4, 16>(p + h * hstride, used, hd, o + h * ostride, sink);
+    else attend_merge_head<8, 8>(p + h * hstride, used, hd, o + h * ostride, sink);
   }
 }
 
