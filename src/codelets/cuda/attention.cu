@@ -776,7 +776,7 @@ static bool att_mma_ok(int kv_type, int hd, const void *q, int64_t ldq, const vo
 // chunks c and c + 32). A warp a head (warps take every nw-th head), no block barrier: a lane loads
 // its two chunks' (M, L), then its dimensions lane + 32 j of CB chunks at a time, all in flight
 // together (the merge waits on a few L2 round trips, not one a chunk, nor on a block barrier and a
-// serial sum: on an H100 1.1-1.6 us less a launch than the block-wide merge from 128 keys to 32,768,
+// serial sum: on an H100 0.3-1.6 us less a launch than the block-wide merge from 128 keys to 32,768,
 // bench/RESULTS.md 2026-12-06, thirty-first session). Per output value the
 // arithmetic depends on nothing but the partials, so every caller (any block size, any heads per
 // block) gets the same bits; with one chunk they are the block's own A / L (attend_group_chunk's
