@@ -9,7 +9,9 @@
 // Build: `make bench/attn-bench` (ATT_FLAGS for -D flags: ATT_SPLIT, ATT_MIN_CHUNK, ATT_MIN_BLOCKS,
 // ATT_MMA_CHUNK (keys of a chunk from which the half cache takes the tensor-core block), ATT_MMA_LOAD (its loads),
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
-// the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_PROBE (block clocks));
+// the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_PROBE (block clocks),
+// ATT_PF / ATT_PF_Q8 / ATT_PF_AHEAD (each warp's prefetch of its next rows, half / q8_0 cache), ATT_KO (timing only:
+// 1 the tensor-core block's loads without its arithmetic, 2 its arithmetic on made-up values without loads));
 // run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N] [REGIME=any]
 // [CHECK_KEYS=N,N,..] attn-bench [replays].
 #include <math.h>

@@ -552,7 +552,44 @@ __device__ unsigned long long att_probe[ATT_SPLIT * 64][6];
 // loads. A q8_0 cache's: the quants (8 a load) and each row's scales (4 in one 8-byte load at
 // head_dim 128, 2 in a 4-byte one at 64), half a half cache's bytes in registers. (Loading a step
 // ahead into a second set took 255 registers and was slower on an H100, and so were L2 hints a step or
-// two ahead: bench/RESULTS.md 2026-12-06.)
+// two ahead with the half cache: bench/RESULTS.md 2026-12-06; a q8_0 cache's step, half the bytes,
+// gains from a prefetch one step ahead: ATT_PF_Q8.)
+#ifndef ATT_KO
+#define ATT_KO 0 /* bench variants: 1 the tensor-core block's loads alone, 2 its arithmetic alone (timing only) */
+#endif
+// Each warp of the tensor-core block prefetches the K and V rows of its next step (ATT_PF_AHEAD
+// steps on) into L1 (1) or L2 (2), or not (0): ATT_PF for a half cache, ATT_PF_Q8 for a q8_0 one.
+// H100, bench/attn-bench at 32,768 keys (bench/RESULTS.md 2026-12-06, thirty-second session): the
+// q8_0 cache 22.7 -> 20.8 us a launch with L1 or L2 alike, 21.9 two steps on; the half cache 30.2 ->
+// 30.6 (it already has twice the bytes in flight: the loads alone take 28.9).
+#ifndef ATT_PF
+#define ATT_PF 0
+#endif
+#ifndef ATT_PF_Q8
+#define ATT_PF_Q8 2
+#endif
+#ifndef ATT_PF_AHEAD
+#define ATT_PF_AHEAD 1
+#endif
+// The 128-byte lines of K and V rows k0 .. k0 + 15 (those below end) prefetched by the warp's lanes
+// into L1 (LEVEL 1) or L2 (LEVEL 2).
+template <int LEVEL, typename KT>
+__device__ __forceinline__ static void att_prefetch_rows(const KT *kc, const KT *vc, int hd, int k0, int end, int lane) {
+  if (k0 >= end) return;
+  const int64_t rb = kv_is_q8<KT> ? kv_q8_row_bytes(hd) : (int64_t)hd * (int64_t)sizeof(KT);
+  const int rows = min(16, end - k0);
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    const uintptr_t a = (uintptr_t)(c ? (const void *)vc : (const void *)kc) + (uintptr_t)(k0 * rb);
+    const uintptr_t a0 = a & ~(uintptr_t)127;
+    const int lines = (int)((a + rows * rb - a0 + 127) / 128);
+    for (int i = lane; i < lines; i += 32) {
+      const void *p = (const void *)(a0 + 128 * (uintptr_t)i);
+      if (LEVEL == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+      else asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+}
 template <int HD, typename KT> struct mma_raw;
 template <int HD> struct mma_raw<HD, __half> {
   static constexpr int NS = HD / 32, NH = HD / 64;
@@ -571,6 +608,28 @@ template <int HD> struct mma_raw<HD, __half> {
 #pragma unroll
       for (int h = 0; h < NH; h++) v[r][h] = key < end ? ATT_MMA_LOAD((const uint4 *)(vc + (int64_t)key * HD + 64 * h + 8 * g)) : z;
     }
+  }
+  __device__ __forceinline__ void fake(int k0, int lane) { // ATT_KO 2: values made up from the key and the lane
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int si = 0; si < NS; si++) k[r][si] = make_uint4(0x3c003c00u ^ (k0 + lane), 0x3c00u, 0x3c00u + r, 0x3c00u + si);
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int h = 0; h < NH; h++) v[r][h] = make_uint4(0x3c003c00u ^ (k0 + lane), 0x3c00u, 0x3c00u + r, 0x3c00u + h);
+  }
+  __device__ __forceinline__ uint32_t fold() const { // ATT_KO 1: every loaded word in one
+    uint32_t x = 0;
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int si = 0; si < NS; si++) x ^= k[r][si].x ^ k[r][si].y ^ k[r][si].z ^ k[r][si].w;
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int h = 0; h < NH; h++) x ^= v[r][h].x ^ v[r][h].y ^ v[r][h].z ^ v[r][h].w;
+    return x;
   }
   __device__ __forceinline__ uint4 kh(int r, int si) const { return k[r][si]; }
   __device__ __forceinline__ uint4 vh(int r, int h, int) const { return v[r][h]; }
@@ -602,6 +661,36 @@ template <int HD> struct mma_raw<HD, kv_q8> {
 #pragma unroll
       for (int h = 0; h < NH; h++) v[r][h] = key < end ? q8(row + 64 * h + 8 * g) : z;
     }
+  }
+  __device__ __forceinline__ void fake(int k0, int lane) { // ATT_KO 2: values made up from the key and the lane
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      ks[r] = make_uint2(0x1c001c00u + r, 0x1c001c00u);
+#pragma unroll
+      for (int si = 0; si < NS; si++) k[r][si] = make_uint2(0x01020304u ^ (k0 + lane), 0x05060708u + si);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      vs[r] = make_uint2(0x1c001c00u + r, 0x1c001c00u);
+#pragma unroll
+      for (int h = 0; h < NH; h++) v[r][h] = make_uint2(0x01020304u ^ (k0 + lane), 0x05060708u + h);
+    }
+  }
+  __device__ __forceinline__ uint32_t fold() const { // ATT_KO 1: every loaded word in one
+    uint32_t x = 0;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      x ^= ks[r].x ^ ks[r].y;
+#pragma unroll
+      for (int si = 0; si < NS; si++) x ^= k[r][si].x ^ k[r][si].y;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      x ^= vs[r].x ^ vs[r].y;
+#pragma unroll
+      for (int h = 0; h < NH; h++) x ^= v[r][h].x ^ v[r][h].y;
+    }
+    return x;
   }
   // scale i (< 4) of a row's scales
   __device__ __forceinline__ static __half scale(uint2 s, int i) {
@@ -684,8 +773,19 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
   };
   for (int k0 = start + 16 * warp; k0 < end; k0 += 16 * ATT_WARPS) {
     mma_raw<HD, KT> rw;
+#if ATT_KO == 2 /* bench variant: no loads (made-up values), the arithmetic alone */
+    rw.fake(k0, lane);
+#else
     rw.load(kc, vc, k0, end, g, t);
+#endif
+    // the warp's next step's rows on their way to L2 while this one computes (a q8_0 cache's: see ATT_PF)
+    if constexpr ((kv_is_q8<KT> ? ATT_PF_Q8 : ATT_PF) != 0)
+      att_prefetch_rows<kv_is_q8<KT> ? ATT_PF_Q8 : ATT_PF>(kc, vc, HD, k0 + ATT_PF_AHEAD * 16 * ATT_WARPS, end, lane);
+#if ATT_KO == 1 /* bench variant: the loads alone (their words folded into one accumulator) */
+    acc[0][0] += (float)(rw.fold() & 1u);
+#else
     step(rw, k0);
+#endif
   }
   ATT_PROBE_AT(2);
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -705,22 +805,33 @@ __device__ __forceinline__ static void attend_group_chunk_mma(const float *qg, i
       }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < nh * HD; e += blockDim.x) {
-    const int h = e / HD, dd = e - h * HD;
+  // each warp's factor for each head, e^(its max - the block's), and the head's sum, once (thread
+  // w NQ + h: warp w's factor of head h; thread h also the sum L in warp order); then every value
+  // of the block's heads as the warps' outputs times their factors, added in warp order
+  __shared__ float fw[ATT_WARPS][NQ], ml[2][NQ];
+  if ((int)threadIdx.x < ATT_WARPS * NQ) {
+    const int w = threadIdx.x / NQ, h = threadIdx.x - w * NQ;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, mw[w][h]);
-    float L = 0.0f, a = 0.0f;
+    for (int u = 0; u < ATT_WARPS; u++) M = fmaxf(M, mw[u][h]);
+    fw[w][h] = exp2f(mw[w][h] - M); // a warp without keys: 0
+    if (w == 0) {
+      float L = 0.0f;
 #pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++) {
-      const float f = exp2f(mw[w][h] - M); // a warp without keys: 0
-      L = fmaf(lw[w][h], f, L);
-      a = fmaf(ow[(w * NQ + h) * OW + dd], f, a);
+      for (int u = 0; u < ATT_WARPS; u++) L = fmaf(lw[u][h], exp2f(mw[u][h] - M), L);
+      ml[0][h] = M, ml[1][h] = L;
     }
-    if (direct) direct[h * HD + dd] = a / L;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < nh * HD; e += blockDim.x) {
+    const int h = e / HD, dd = e - h * HD;
+    float a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) a = fmaf(ow[(w * NQ + h) * OW + dd], fw[w][h], a);
+    if (direct) direct[h * HD + dd] = a / ml[1][h];
     else {
       out[h * ostride + 2 + dd] = a;
-      if (dd == 0) out[h * ostride] = M * 0.6931471805599453f, out[h * ostride + 1] = L;
+      if (dd == 0) out[h * ostride] = ml[0][h] * 0.6931471805599453f, out[h * ostride + 1] = ml[1][h];
     }
   }
 }
