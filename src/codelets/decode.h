@@ -122,6 +122,8 @@ struct st_decode_dev {
   float *fgu, *fact;                                            /* the fixed FFN's gate and up [2][n_ff_max], act [n_ff_max] */
   float *part;                                                  /* attention partials */
   struct st_route *route;                                       /* [n_layer][k] */
+  uint64_t *sel_tag; /* [n_layer][k]: dk_gateup's block 0's selection for dk_down, (step << 32) | expert, zero at
+                        first (decode.cu's DK_DOWN_TAGS builds; unused in the others) */
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
   int32_t *counters; /* [n_head]: the decode attention's last-block counters, zero between launches */
   uint64_t *amax;    /* [2]: the head's largest st_argmax_key over the step's logits, and 1 when one was not

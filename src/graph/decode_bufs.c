@@ -238,6 +238,7 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->fact, float, (size_t)d->ctx.n_ff_max);
   TAKE(D->part, float, part);
   TAKE(D->route, struct st_route, (size_t)hp->n_layer * k);
+  TAKE(D->sel_tag, uint64_t, (size_t)hp->n_layer * k);
   TAKE(D->pos, int32_t, 2);
   TAKE(D->counters, int32_t, hp->n_head);
   TAKE(D->amax, uint64_t, 2);
@@ -266,11 +267,14 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
   struct st_decode_ctx *c = &d->ctx;
   const int L = (int)hp->n_layer;
   /* the route table starts at zero: a dense layer's entries stay (expert 0, weight 0); so do the
-   * position and step number (step 0: the mailbox's first step, 1, is past it for dk_pre's wait) */
+   * position and step number (step 0: the mailbox's first step, 1, is past it for dk_pre's wait) and
+   * the selection tags (step 0: none) */
   {
     const size_t n = sizeof(struct st_route) * hp->n_layer * hp->n_expert_used;
-    void *z = calloc(1, n > 2 * sizeof(int32_t) ? n : 2 * sizeof(int32_t));
+    const size_t nt = sizeof(uint64_t) * hp->n_layer * hp->n_expert_used, most = n > nt ? n : nt;
+    void *z = calloc(1, most > 2 * sizeof(int32_t) ? most : 2 * sizeof(int32_t));
     int rc = z ? to_primary(d, (uintptr_t)c->dev.route, z, n) : st_set_error(ST_ENOMEM, "out of memory");
+    if (!rc) rc = to_primary(d, (uintptr_t)c->dev.sel_tag, z, nt);
     if (!rc) rc = to_primary(d, (uintptr_t)c->dev.pos, z, 2 * sizeof(int32_t));
     free(z);
     if (rc) return rc;

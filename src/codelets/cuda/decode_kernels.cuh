@@ -9,6 +9,14 @@
 
 namespace {
 
+// Variant knob (scripts/build-decode-variants -DDK_DOWN_TAGS=1): dk_down takes its experts from
+// dk_gateup's block 0's selection tags (one L2 read each) instead of loading the router's logits and
+// selecting for itself, which the twenty-ninth session's knockout put at about 2.2 us a layer on an H100
+// (bench/RESULTS.md). Not yet timed on a GPU, so off by default, and then compiled out.
+#ifndef DK_DOWN_TAGS
+#define DK_DOWN_TAGS 0
+#endif
+
 #define PRE_THREADS 1024
 #define NORM_THREADS 256 /* rmsnorm_kernel's block: its sums' order */
 
@@ -287,6 +295,10 @@ struct route_src {
   float *pub_x;
   uint32_t *pub_flag;
   const uint32_t *seq;
+  // the layer's selection tags (st_decode_dev::sel_tag; decode.cu's DK_DOWN_TAGS builds), or NULL: dk_gateup's
+  // block 0 writes (step << 32) | expert for each slot once it has selected, and dk_down takes its
+  // rows' experts from them instead of selecting for itself
+  uint64_t *sel_tag;
 };
 // The weights of a selection r[0..k) (k <= 32) as a softmax over the chosen logits l[r[j].expert]
 // (router.c st_route_gated, ST_GATING_SOFTMAX_WEIGHT): their max, each e^(l - max) as a float, the
@@ -369,6 +381,25 @@ __device__ __forceinline__ void dk_sigmoid_weights_warp(const float *sl, int k, 
   if (w_scale != 1.0f) p *= w_scale;
   if (lane < k) r[lane].weight = p;
   __syncwarp();
+}
+// dk_gateup's block 0, after dk_route_select: the selection's tags for dk_down (rs.sel_tag set).
+__device__ __forceinline__ void dk_route_tag(const route_src &rs, const st_route *sr) {
+  if (rs.sel_tag && blockIdx.x == 0 && (int)threadIdx.x < rs.k)
+    rs.sel_tag[threadIdx.x] = (uint64_t)*rs.seq << 32 | (uint32_t)sr[threadIdx.x].expert;
+}
+// dk_down, instead of dk_route_select: each slot's expert from its tag once the tag carries this
+// step's number (dk_gateup's block 0 has selected; it is resident by then, since dk_down starts only
+// after every dk_gateup block has passed its wait), into sr[0..k); ends with a barrier. The same
+// experts as dk_route_select would give: the same function of the same logits.
+__device__ __forceinline__ void dk_route_from_tags(const route_src &rs, st_route *sr) {
+  if ((int)threadIdx.x < rs.k) {
+    const uint32_t want = __ldcg(rs.seq);
+    const uint64_t *p = rs.sel_tag + threadIdx.x;
+    uint64_t v;
+    for (v = __ldcv(p); (uint32_t)(v >> 32) != want; v = __ldcv(p)) __nanosleep(64);
+    sr[threadIdx.x].expert = (int)(uint32_t)v;
+  }
+  __syncthreads();
 }
 __device__ __forceinline__ void dk_route_finish(const route_src &rs, const float *sl, st_route *sr) {
   if (blockIdx.x != 0) return; // block-uniform: the barriers below see every thread of block 0
@@ -465,6 +496,9 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
     // before its own wait, are then complete
     st_dev_griddep_launch();
     dk_route_select(rs, sl, sr);
+#if DK_DOWN_TAGS
+    dk_route_tag(rs, sr);
+#endif
   }, [&] { dk_route_finish(rs, sl, sr); });
 }
 
@@ -538,6 +572,10 @@ __global__ void MMV_BOUNDS(1) dk_down(__grid_constant__ const down_job<Q8> job_i
     if ((int)threadIdx.x < rs.k) sr[threadIdx.x].expert = (int)threadIdx.x;
     __syncthreads();
   } else
+#endif
+#if DK_DOWN_TAGS
+  if (rs.sel_tag) dk_route_from_tags(rs, sr);
+  else
 #endif
   dk_route_select(rs, (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>() + (Q8 ? st_q8_stride(ff) : 0)), sr);
   mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [&] {
