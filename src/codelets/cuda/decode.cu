@@ -195,7 +195,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   const route_src rs = {D.rlogits, c->n_expert, k, d, c->gating == ST_GATING_SOFTMAX_WEIGHT, sig, c->w_norm, c->w_scale,
                         X ? X->probs_b : (const float *)NULL, grouped ? c->n_group : 0, grouped ? c->n_group_used : 0, route, D.ffn_in, M.xroute + (size_t)l * k,
                         M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
-                        dev_seq(D), DK_DOWN_TAGS ? D.sel_tag + (size_t)l * k : (uint64_t *)NULL};
+                        dev_seq(D), /* tags only where dk_gateup runs (not knocked out) */ DK_DOWN_TAGS && !(knockout() & 32) ? D.sel_tag + (size_t)l * k : (uint64_t *)NULL};
   const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
   const int ko = knockout();
   if (!(ko & 32)) mmv_dispatch(L->gate_d.type, [&](auto ty) {
