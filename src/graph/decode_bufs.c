@@ -270,11 +270,11 @@ static int upload_arch(struct st_decode *d, const struct st_engine *e) {
    * position and step number (step 0: the mailbox's first step, 1, is past it for dk_pre's wait) and
    * the selection tags (step 0: none) */
   {
+    _Static_assert(sizeof(struct st_route) == sizeof(uint64_t), "a route entry and a selection tag: the same zeros");
     const size_t n = sizeof(struct st_route) * hp->n_layer * hp->n_expert_used;
-    const size_t nt = sizeof(uint64_t) * hp->n_layer * hp->n_expert_used, most = n > nt ? n : nt;
-    void *z = calloc(1, most > 2 * sizeof(int32_t) ? most : 2 * sizeof(int32_t));
+    void *z = calloc(1, n > 2 * sizeof(int32_t) ? n : 2 * sizeof(int32_t));
     int rc = z ? to_primary(d, (uintptr_t)c->dev.route, z, n) : st_set_error(ST_ENOMEM, "out of memory");
-    if (!rc) rc = to_primary(d, (uintptr_t)c->dev.sel_tag, z, nt);
+    if (!rc) rc = to_primary(d, (uintptr_t)c->dev.sel_tag, z, n);
     if (!rc) rc = to_primary(d, (uintptr_t)c->dev.pos, z, 2 * sizeof(int32_t));
     free(z);
     if (rc) return rc;

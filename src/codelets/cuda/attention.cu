@@ -576,13 +576,12 @@ __device__ unsigned long long att_probe[ATT_SPLIT * 64][6];
 template <int LEVEL, typename KT>
 __device__ __forceinline__ static void att_prefetch_rows(const KT *kc, const KT *vc, int hd, int k0, int end, int lane) {
   if (k0 >= end) return;
-  const int64_t rb = kv_is_q8<KT> ? kv_q8_row_bytes(hd) : (int64_t)hd * (int64_t)sizeof(KT);
   const int rows = min(16, end - k0);
 #pragma unroll
   for (int c = 0; c < 2; c++) {
-    const uintptr_t a = (uintptr_t)(c ? (const void *)vc : (const void *)kc) + (uintptr_t)(k0 * rb);
-    const uintptr_t a0 = a & ~(uintptr_t)127;
-    const int lines = (int)((a + rows * rb - a0 + 127) / 128);
+    const KT *cache = c ? vc : kc;
+    const uintptr_t a = (uintptr_t)kv_row(cache, k0, hd), a0 = a & ~(uintptr_t)127;
+    const int lines = (int)(((uintptr_t)kv_row(cache, k0 + rows, hd) - a0 + 127) / 128);
     for (int i = lane; i < lines; i += 32) {
       const void *p = (const void *)(a0 + 128 * (uintptr_t)i);
       if (LEVEL == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
