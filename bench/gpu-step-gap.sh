@@ -53,6 +53,7 @@ print("%-10s %-10s %9.2f %9.1f %9.1f %9.1f %9.1f %9.1f %7.1f   %ss" % (name, lab
       r["gpu_gap_us_per_step"], r["host_tail_us_per_step"], r["host_between_us_per_step"], r["tasks_per_token"], secs))
 EOF
 )")
+      echo "ROW ${rows[-1]}" # as it comes, in case the call's limit stops the run before the table
     done
   done
 done
