@@ -2,6 +2,8 @@
 # On a GPU host after scripts/gather-libs (builds nothing): a decode step's GPU span against the
 # GPU's idle time between steps and the host's share of it (strata bench's per-step timers), with
 # every expert cached, for each model of MODELS and each environment of ENVS, one table last.
+# Each row is also printed as it comes, as a line starting with ROW (a call stopped at its limit
+# still reports the runs it finished).
 # With STRATA_PRESUBMIT=1 (the default) a step's first kernel waits on the GPU for the host's
 # token, so the GPU span includes that wait: compare kernels' spans with STRATA_PRESUBMIT=0.
 #   MODELS  "NAME:MKMODEL-ARGS;..." (default: the qwen3-30b-a3b shape cut to 8 layers, Q8_0)
