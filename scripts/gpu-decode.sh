@@ -5,12 +5,14 @@
 # primary cache off, half full and full, under eager (with spans of 3 layers a task: the fixtures'
 # 4 layers as two tasks) and dmda (STRATA_LAYER_SPAN, else the default: one task); byte-identical
 # greedy ids, also with one layer a task; the
-# fixture comparisons (tests/test_forward_ref) on CUDA0. Prints a table last.
+# fixture comparisons (tests/test_forward_ref) on CUDA0. Prints a table last. BIN: the strata binary
+# to check (default carry/strata; e.g. BIN=carry/strata-tags, a scripts/build-decode-variants build).
 set -u
 C=${CARRY:-carry}
 CARRY=$C "$(dirname "$0")/carry-unpack" # each call brings carry/ packed
 export LD_LIBRARY_PATH=$PWD/$C/lib STARPU_SILENT=1 STARPU_HOME=/tmp/strata-starpu-home
-S=$PWD/$C/strata
+S=${BIN:-$PWD/$C/strata}
+[ "${S#/}" = "$S" ] && S=$PWD/$S
 M=$C/fixtures/models
 out=${OUT:-/tmp}
 mkdir -p "$out"
