@@ -192,12 +192,12 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
   const int oai = c->ffn_act == ST_ACT_SWIGLU_OAI;
   const int sig = c->gating == ST_GATING_SIGMOID;
   const int grouped = sig && c->n_group > 1 && c->n_group_used < c->n_group; // st_decode_gpu_arch: n_group <= 32
+  const int ko = knockout();
   const route_src rs = {D.rlogits, c->n_expert, k, d, c->gating == ST_GATING_SOFTMAX_WEIGHT, sig, c->w_norm, c->w_scale,
                         X ? X->probs_b : (const float *)NULL, grouped ? c->n_group : 0, grouped ? c->n_group_used : 0, route, D.ffn_in, M.xroute + (size_t)l * k,
                         M.xffn + (size_t)l * d, has_xin ? M.xin_seq + (size_t)l * ST_MAIL_FLAG_STRIDE : (uint32_t *)NULL,
-                        dev_seq(D), /* tags only where dk_gateup runs (not knocked out) */ DK_DOWN_TAGS && !(knockout() & 32) ? D.sel_tag + (size_t)l * k : (uint64_t *)NULL};
+                        dev_seq(D), /* tags only where dk_gateup runs (not knocked out) */ DK_DOWN_TAGS && !(ko & 32) ? D.sel_tag + (size_t)l * k : (uint64_t *)NULL};
   const size_t sl = sizeof(float) * (size_t)c->n_expert * (sig ? 2 : 1); // dk_route_select's logits
-  const int ko = knockout();
   if (!(ko & 32)) mmv_dispatch(L->gate_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
     const int H = mmv_stream_rows<TY>(d) / 2; // gpu_layouts_ok: at least 1
