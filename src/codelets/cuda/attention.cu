@@ -69,7 +69,7 @@ __host__ __device__ __forceinline__ constexpr static int64_t kv_q8_row_bytes(int
 // aligned rows at hd 128) and then every row's scales, the same bytes as N rows of
 // kv_q8_row_bytes; the access pattern of such a layout, for its time before it is built.
 // ATT_Q8_TILE=1 (the same, timing only): tiles of 16 rows, their 16 x hd quants and then their scales
-// (17 x 128 bytes a tile at hd 128).
+// (17 x 128 bytes a tile at hd 128); ATT_Q8_TILE=2: the same read with 16-byte loads at hd 128.
 #ifdef ATT_Q8_PLANE_ROWS
 __host__ __device__ __forceinline__ constexpr static int64_t kv_q8_stride(int hd) { return hd; }
 #else
@@ -677,6 +677,16 @@ template <int HD> struct mma_raw<HD, kv_q8> {
       const int key = k0 + 8 * r + g;
       const uint8_t *row = (const uint8_t *)kc + kv_q8_at(key, HD);
       ks[r] = key < end ? sc(kc, key, row) : z;
+#if ATT_Q8_TILE == 2 /* the tile probe with 16-byte loads (lane t: a row's values 32 t .. + 32) */
+      if constexpr (HD == 128) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const uint4 a = key < end ? ATT_Q8_LOAD((const uint4 *)(row + 32 * t + 16 * i)) : make_uint4(0, 0, 0, 0);
+          k[r][2 * i] = make_uint2(a.x, a.y), k[r][2 * i + 1] = make_uint2(a.z, a.w);
+        }
+        continue;
+      }
+#endif
 #pragma unroll
       for (int si = 0; si < NS; si++) k[r][si] = key < end ? q8(row + 32 * si + 8 * t) : z;
     }
@@ -685,6 +695,13 @@ template <int HD> struct mma_raw<HD, kv_q8> {
       const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
       const uint8_t *row = (const uint8_t *)vc + kv_q8_at(key, HD);
       vs[r] = key < end ? sc(vc, key, row) : z;
+#if ATT_Q8_TILE == 2 /* (lane g: values 16 g .. + 16) */
+      if constexpr (HD == 128) {
+        const uint4 a = key < end ? ATT_Q8_LOAD((const uint4 *)(row + 16 * g)) : make_uint4(0, 0, 0, 0);
+        v[r][0] = make_uint2(a.x, a.y), v[r][1] = make_uint2(a.z, a.w);
+        continue;
+      }
+#endif
 #pragma unroll
       for (int h = 0; h < NH; h++) v[r][h] = key < end ? q8(row + 64 * h + 8 * g) : z;
     }
