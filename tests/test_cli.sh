@@ -81,7 +81,7 @@ expect_error "llama.cpp's -ngl (getopt would read -n gl)" "\-ngl is llama.cpp's 
 expect_error "llama.cpp's --flash-attn" "\-\-flash-attn is llama.cpp's flag" "$STRATA" bench -m "$tiny" --flash-attn on
 expect_error "unknown command" "unknown command" "$STRATA" frobnicate
 # profile takes no KV cache flags: llama.cpp's -ctk is named as such, not read as -c tk
-expect_error "profile -ctk" "unknown option '--cache-type-k'" "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/p.profile" -ctk f16
+expect_error "profile -ctk" "--cache-type-k (-ctk) does not apply to strata profile" "$STRATA" profile -m "$tiny" -f "$tmp/calib.txt" -o "$tmp/p.profile" -ctk f16
 expect_error "missing model file" "$tmp/nope.gguf" "$STRATA" generate -m "$tmp/nope.gguf" -p hi
 # special files never block (issue #21): a FIFO or a directory given where a file is read is
 # refused at once (each under `timeout`: before the fix, open() on the FIFO waited forever)
@@ -161,6 +161,10 @@ for v in STRATA_CUBLAS=abc STRATA_CUBLAS_TF32=2 STRATA_MMQ=2 STRATA_INT8_DOT=2 S
   expect_error "malformed $v" "${v%%=*}=" env "$v" "$STRATA" generate -m "$tiny" -p hi -n 1
 done
 expect_error "empty id in --prompt-ids" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "1,,3"
+for bad in "[1,2]x" "[1,2" "1,2]" "[[1,2]]" "1 2" "1,2,"; do
+  expect_error "malformed --prompt-ids '$bad'" "expected comma-separated token ids" "$STRATA" eval -m "$tiny" --prompt-ids "$bad"
+done
+expect_error "empty --prompt-ids '[ ]'" "no token ids" "$STRATA" eval -m "$tiny" --prompt-ids "[ ]"
 expect_error "--all-logits without a file" "all-logits writes to --logits-out" "$STRATA" eval -m "$tiny" -p hi --all-logits
 expect_error "STARPU_NCPU=abc" "STARPU_NCPU=abc: expected a whole number" env STARPU_NCPU=abc "$STRATA" generate -m "$tiny" -p hi -n 1
 expect_error "STARPU_NCPU=0" "needs at least one CPU worker" env STARPU_NCPU=0 "$STRATA" generate -m "$tiny" -p hi -n 1
@@ -220,6 +224,7 @@ awk -v p="$tps" -v t="$tf" -v w="$want" -v V="$V" 'BEGIN { g = t * 1e12 * 32 / p
   && ok "bench --json tflop_s: $tf TFLOP/s at $tps tok/s over 32 tokens = $want FLOPs (vocabulary $V, within 1e-4)" \
   || bad "bench tflop_s: $tf at $tps tok/s, want $want FLOPs: $(head -c 300 "$tmp/out" "$tmp/err")"
 expect_error "bench -r 0" "\-\-repetitions" "$STRATA" bench -m "$tiny" -r 0
+expect_error "bench --kernels with a model" "\-\-kernels takes no model" "$STRATA" bench --kernels -m "$tiny"
 expect_error "bench -r with --kernels" "\-\-repetitions applies to the model bench" "$STRATA" bench --kernels -r 2
 expect_error "bench --kernels --formats with an unknown format" "unknown format 'q9_K' (known: f32" "$STRATA" bench --kernels --formats q4_K,q9_K
 expect_error "bench --kernels --formats empty" "no format named in ''" "$STRATA" bench --kernels --formats ""

@@ -84,6 +84,8 @@ expect() {
 expect "bad JSON" 400 -d '{"messages": [' "$u/v1/chat/completions"
 expect "missing messages" 400 -d '{"max_tokens": 4}' "$u/v1/chat/completions"
 expect "missing prompt" 400 -d '{"max_tokens": 4}' "$u/v1/completions"
+expect "a user turn without content" 400 -d '{"messages":[{"role":"user"}],"max_tokens":4}' "$u/v1/chat/completions"
+expect "a tool turn with null content" 400 -d '{"messages":[{"role":"tool","content":null}],"max_tokens":4}' "$u/v1/chat/completions"
 expect "wrong type" 400 -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":"many"}' "$u/v1/chat/completions"
 expect "unknown model" 404 -d '{"model":"gpt-4","messages":[{"role":"user","content":"hi"}]}' "$u/v1/chat/completions"
 expect "unknown path" 404 -d '{}' "$u/v1/engines"
@@ -241,6 +243,10 @@ cfg "wrong type" '"port" must be a whole number' "{\"model\":\"$model\",\"port\"
 cfg "missing model" 'missing key "model"' '{"port":8080}'
 cfg "two GPUs: layer split" 'layer split' "{\"model\":\"$model\",\"gpu\":[0,1]}"
 cfg "two GPUs + --peer-device: peer tier" "peer tier on nvidia-smi's card 0" "{\"model\":\"$model\",\"gpu\":[2,0],\"args\":[\"--peer-device\",\"1\"]}"
+had_ncuda=${STARPU_NCUDA+x} was_ncuda=${STARPU_NCUDA-}
+STARPU_NCUDA=0 && export STARPU_NCUDA
+cfg "a GPU listed and none usable (STARPU_NCUDA=0)" 'this process can use 0 of them' "{\"model\":\"$model\",\"gpu\":[0]}"
+if [ -n "$had_ncuda" ]; then STARPU_NCUDA=$was_ncuda; else unset STARPU_NCUDA; fi
 cfg "--peer-device outside the list" 'counts positions in "gpu"' "{\"model\":\"$model\",\"gpu\":[0,1],\"args\":[\"--peer-device\",\"2\"]}"
 # strict (issue #21): nothing after the object, no repeated key, UTF-8 only
 cfg "text after the object" 'text after the JSON object at byte' "{\"model\":\"$model\"} {\"port\":1}"

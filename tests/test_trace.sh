@@ -130,6 +130,7 @@ else
   bad "tune exit status non-zero: $(cat "$tmp/out" "$tmp/err" | tail -n 5)"
 fi
 expect_error "tune without a model" "missing -m" "$STRATA" tune --policies eager
+expect_error "tune with -n after --" "'-n' after -- would override" "$STRATA" tune -m "$tiny" -- -n 5
 for c in trace tune; do
   "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"
 done

@@ -286,6 +286,8 @@ int st_cmd_bench(int argc, char **argv) {
   }
   free(longopts);
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
+  if (!rc && model && kernels)
+    rc = st_set_error(ST_EINVAL, "--kernels takes no model: it times the kernels on rows of its own (drop -m, or --kernels for the model bench)");
   if (!rc && reps > 1 && kernels) rc = st_set_error(ST_EINVAL, "--repetitions applies to the model bench, not --kernels");
   if (!rc && formats && !kernels) rc = st_set_error(ST_EINVAL, "--formats applies to --kernels");
   if (!rc && isa && !kernels) rc = st_set_error(ST_EINVAL, "--isa applies to --kernels");
@@ -492,7 +494,7 @@ int st_cmd_bench(int argc, char **argv) {
       printf("roofline inputs: host read %.1f GB/s (%d threads), GPU copy %.1f GB/s, experts read per token %.1f MiB\n",
              bw_host / 1e9, st_engine_n_cpu_workers(e), bw_gpu / 1e9, pair_b / 1048576.0);
     printf("%-8s %8s %8s %10s %10s %12s %12s %9s %10s %10s %10s %6s %10s %8s %7s %8s\n", "test", "tokens", "depth", "seconds",
-           "tok/s", "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roofline", "graphs", "dense us/t",
+           "tok/s", "GPU entries", "CPU entries", "cache %", "H2D MiB", "routing s", "roof tok/s", "graphs", "dense us/t",
            "tasks/t", "GPU %", "TFLOP/s");
     for (int i = 0; i < n_res; i++) {
       const struct result *r = &res[i];

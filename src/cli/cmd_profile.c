@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "common.h"
@@ -32,17 +33,25 @@ int st_cmd_profile(int argc, char **argv) {
     case 'n': rc = st_parse_int("-n", optarg, 1, 1L << 30, &max_tokens); break;
     case 'c': rc = st_parse_int("-c", optarg, 16, 1 << 24, &n_ctx); break;
     case 'h':
-      printf("usage: strata profile -m FILE -f TEXT_FILE [-n TOKENS] -o FILE.profile\n\n"
+      printf("usage: strata profile -m FILE -f TEXT_FILE [-n TOKENS] [-c N] -o FILE.profile\n\n"
              "Runs the model over the text (prompt path, in windows of the context) and writes every expert\n"
              "pair ranked by routed count (format: doc/expert-profile.md).\n\n"
              "  -m, --model FILE      MoE GGUF (qwen3moe, deepseek2, gpt-oss, glm4moe)\n"
              "  -f, --file FILE       calibration text (UTF-8)\n"
              "  -n, --n-tokens N      use at most N tokens of it (default: all)\n"
              "  -c, --ctx-size N      window in tokens (default: min(model context, 4096))\n"
-             "  -o, --output FILE     profile to write\n");
+             "  -o, --output FILE     profile to write\n"
+             "  -h, --help            this help\n"
+             "Progress: one line redrawn on a terminal, else a line every 10 s.\n");
       return 0;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
-    default: rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata profile --help)", st_cli_bad_option(argv));
+    default: {
+      const char *bad = st_cli_bad_option(argv);
+      if (!strncmp(bad, "--cache-type-", 13)) /* -ctk / -ctv, aliased above */
+        rc = st_set_error(ST_EINVAL, "%s (-ct%c) does not apply to strata profile: it keeps no KV cache beyond its window",
+                          bad, bad[13]);
+      else rc = st_set_error(ST_EINVAL, "unknown option '%s' (see strata profile --help)", bad);
+    }
     }
   }
   if (!rc && optind < argc) rc = st_set_error(ST_EINVAL, "unexpected argument '%s'", argv[optind]);
@@ -60,16 +69,22 @@ int st_cmd_profile(int argc, char **argv) {
   if (!rc) rc = st_engine_create(m, &(struct st_engine_opts){.n_ctx = (int)n_ctx}, &e);
   float *logits = rc ? NULL : malloc(sizeof(float) * m->hp.n_vocab);
   if ((size_t)max_tokens < n) n = (size_t)max_tokens;
-  double t0 = st_now();
+  double t0 = st_now(), said = t0;
+  const int tty = isatty(2); /* a terminal gets one line redrawn; a log a line every 10 s and the last */
   for (size_t done = 0; !rc && done < n;) {
     const size_t w = n - done < (size_t)e->n_ctx ? n - done : (size_t)e->n_ctx;
     st_engine_reset(e);
     rc = st_engine_eval(e, ids + done, (int)w, logits, 0);
     done += w;
-    fprintf(stderr, "\rstrata profile: %zu / %zu tokens (%.0f tok/s)", done, n, done / (st_now() - t0));
+    const double now = st_now();
+    if (tty || now - said >= 10.0 || done == n) {
+      fprintf(stderr, "%sstrata profile: %zu / %zu tokens (%.0f tok/s)%s", tty ? "\r" : "", done, n, done / (now - t0),
+              tty ? "" : "\n");
+      said = now;
+    }
   }
   if (!rc) {
-    fputc('\n', stderr);
+    if (tty) fputc('\n', stderr);
     rc = st_profile_write(out, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used, n, e->route_counts);
   }
   if (!rc) /* a leading dense layer's "pairs" are listed with count 0: they have no experts */

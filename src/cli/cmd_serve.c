@@ -143,6 +143,18 @@ static char *name_from_path(const char *path) {
   return n;
 }
 
+/* libmicrohttpd's error log (MHD_USE_ERROR_LOG), named as such on strata's stderr. Its "Application
+ * reported internal error" is left out: the handler answers MHD_NO only where the client has left
+ * (its job's log line says "client disconnected, stopped") or no memory was left for a response. */
+static void mhd_log(void *cls, const char *fm, va_list ap) {
+  (void)cls;
+  if (!strncmp(fm, "Application reported internal error", 35)) return;
+  char line[512];
+  vsnprintf(line, sizeof line, fm, ap);
+  const size_t n = strlen(line);
+  fprintf(stderr, "strata serve: libmicrohttpd: %s%s", line, n && line[n - 1] == '\n' ? "" : "\n");
+}
+
 int st_cmd_serve(int argc, char **argv) {
   struct serve_opts o = {.queue = 64, .max_conns = 1024, .max_per_addr = 64, .header_timeout = 10, .idle_timeout = 600};
   struct st_config cfg = {0};
@@ -159,6 +171,10 @@ int st_cmd_serve(int argc, char **argv) {
     /* the config first, then the command line again so that its flags win */
     rc = st_config_load(o.config, &cfg);
     if (!rc) rc = st_config_apply_gpus(&cfg); /* before the args: it sets the visible GPUs and may add --layer-split */
+    if (!rc && cfg.n_gpu > 0 && st_engine_visible_cards() < cfg.n_gpu)
+      rc = st_set_error(ST_EINVAL, "%s: \"gpu\" lists %d GPU%s, and this process can use %d of them (check the numbers "
+                        "against nvidia-smi, the driver and STARPU_NCUDA; \"gpu\": [] runs on the CPU pool)",
+                        o.config, cfg.n_gpu, cfg.n_gpu == 1 ? "" : "s", st_engine_visible_cards());
     if (!rc) {
       char **av = calloc((size_t)cfg.n_args + 2, sizeof *av);
       if (!av) rc = st_set_error(ST_ENOMEM, "out of memory");
@@ -285,7 +301,7 @@ int st_cmd_serve(int argc, char **argv) {
                          st_serve_on_completed, &s, MHD_OPTION_NOTIFY_CONNECTION, st_serve_on_connection, &s,
                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s.max_conns + 64),
                          MHD_OPTION_CONNECTION_TIMEOUT, s.header_timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
-                         (size_t)1 << 20, MHD_OPTION_END);
+                         (size_t)1 << 20, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!d) rc = st_set_error(ST_EIO, "cannot listen on %s port %ld (in use, or not an address of this host?)", o.host, o.port);
   }
   if (!rc) {

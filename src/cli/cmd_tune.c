@@ -299,6 +299,18 @@ int st_cmd_tune(int argc, char **argv) {
     snprintf(msg, sizeof msg, "unexpected argument '%s' (options for generate go after --)", argv[optind]);
     return fail(msg);
   }
+  /* what tune sets on each run's command line itself: a second value after -- would win there */
+  static const char *const own[][2] = {{"-m", "--model"}, {"-p", "--prompt"}, {"--prompt-ids", "--prompt-ids"},
+                                       {"-n", "--n-predict"}, {"--temp", "--temp"}};
+  for (int i = optind; i < argc; i++)
+    for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) {
+      const size_t ls = strlen(own[k][1]);
+      if (!strcmp(argv[i], own[k][0]) || (!strncmp(argv[i], own[k][1], ls) && (!argv[i][ls] || argv[i][ls] == '='))) {
+        snprintf(msg, sizeof msg, "'%s' after -- would override what tune gives every run (-m, the prompt ids, "
+                 "-n from --decode, --temp 0): use tune's own -m, --prompt and --decode", argv[i]);
+        return fail(msg);
+      }
+    }
 
   char **policies = NULL, **ncpus = NULL;
   size_t n_pol = 0, n_ncpu = 0;

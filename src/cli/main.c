@@ -27,8 +27,8 @@ static void usage(FILE *f) {
           "  tune       run a short benchmark under each StarPU scheduler and recommend one\n"
           "  serve      an OpenAI-compatible HTTP server for one model (chat/completions, streaming, metrics)\n"
           "\n"
-          "`strata <command> --help` lists each command's options. StarPU reads its own environment\n"
-          "variables (STARPU_SCHED, STARPU_NCPU, ...): see doc/tuning.md.\n");
+          "`strata <command> --help` (or `strata help <command>`) lists each command's options.\n"
+          "StarPU reads its own environment variables (STARPU_SCHED, STARPU_NCPU, ...): see doc/tuning.md.\n");
 }
 
 int main(int argc, char **argv) {
@@ -37,7 +37,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *cmd = argv[1];
-  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+  char *help_argv[] = {argv[0], NULL, "--help", NULL};
+  if (!strcmp(cmd, "help") && argc == 3) { /* strata help COMMAND: that command's --help */
+    cmd = help_argv[1] = argv[2];
+    argv = help_argv;
+  } else if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;
   }
@@ -85,20 +89,26 @@ int st_parse_float(const char *flag, const char *s, double lo, double hi, double
   return 0;
 }
 
+static const char *skip_space(const char *p) {
+  while (*p == ' ' || *p == '\n') p++;
+  return p;
+}
+
 int st_parse_ids(const char *s, int32_t **ids, size_t *n) {
   size_t cap = 16, m = 0;
+  const char *p = skip_space(s);
+  const int bracket = *p == '[';
+  p = skip_space(p + bracket);
+  if (!*p || (bracket && *p == ']')) return st_set_error(ST_EINVAL, "--prompt-ids: no token ids in '%s'", s);
   int32_t *v = malloc(sizeof *v * cap);
   if (!v) return st_set_error(ST_ENOMEM, "out of memory");
-  const char *p = s;
-  while (*p == ' ' || *p == '[') p++;
-  while (*p && *p != ']') {
-    char *end;
+  /* ids with one comma between them ("1,,3", "1 2" and "1,2," are refused), in one optional pair of
+   * brackets, and nothing after them */
+  for (;;) {
+    char *end = NULL;
     errno = 0;
-    long x = strtol(p, &end, 10);
-    if (end == p || errno || x < 0 || x > INT32_MAX) {
-      free(v);
-      return st_set_error(ST_EINVAL, "--prompt-ids: expected comma-separated token ids, got '%s'", s);
-    }
+    const long x = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+    if (x < 0 || errno || x > INT32_MAX) break;
     if (m == cap) {
       int32_t *nv = realloc(v, sizeof *v * (cap *= 2));
       if (!nv) {
@@ -108,24 +118,22 @@ int st_parse_ids(const char *s, int32_t **ids, size_t *n) {
       v = nv;
     }
     v[m++] = (int32_t)x;
-    p = end;
-    while (*p == ' ' || *p == '\n') p++;
-    if (*p == ',') { /* one comma between ids: "1,,3" is refused, not read as [1, 3] */
-      p++;
-      while (*p == ' ' || *p == '\n') p++;
-      if (*p == ',' || !*p || *p == ']') {
-        free(v);
-        return st_set_error(ST_EINVAL, "--prompt-ids: expected comma-separated token ids, got '%s'", s);
-      }
+    p = skip_space(end);
+    if (*p == ',') {
+      p = skip_space(p + 1);
+      continue;
     }
+    const int closed = bracket && *p == ']';
+    if (closed) p = skip_space(p + 1);
+    if (!*p && closed == bracket) {
+      *ids = v;
+      *n = m;
+      return 0;
+    }
+    break;
   }
-  if (m == 0) {
-    free(v);
-    return st_set_error(ST_EINVAL, "--prompt-ids: no token ids in '%s'", s);
-  }
-  *ids = v;
-  *n = m;
-  return 0;
+  free(v);
+  return st_set_error(ST_EINVAL, "--prompt-ids: expected comma-separated token ids, optionally in brackets, got '%s'", s);
 }
 
 double st_anon_rss_mib(void) {

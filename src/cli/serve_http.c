@@ -364,7 +364,14 @@ static enum MHD_Result handle_completion(struct server *s, struct MHD_Connection
         break;
       }
       m[i].role = role->valuestring;
-      m[i].content = content_text(cJSON_GetObjectItemCaseSensitive(v, "content"), &owned[i], err, sizeof err, i);
+      const cJSON *content = cJSON_GetObjectItemCaseSensitive(v, "content");
+      /* only an assistant turn may come without content (OpenAI's tool-call turns) */
+      if ((!content || cJSON_IsNull(content)) && strcmp(role->valuestring, "assistant")) {
+        snprintf(err, sizeof err, "messages[%zu] (role '%s') must have a 'content'", i, role->valuestring);
+        bad = 1;
+        break;
+      }
+      m[i].content = content_text(content, &owned[i], err, sizeof err, i);
       bad = !m[i].content;
     }
     int think = 1;

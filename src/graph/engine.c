@@ -578,11 +578,7 @@ uint64_t st_engine_kv_bytes(const struct st_engine *e) {
   return b;
 }
 
-/* --prefill's default: ST_PREFILL_GPU tokens where a GPU computes the prompt (its uncached experts
- * cross the bus once a chunk, and its tensor-core products take bigger tiles), ST_PREFILL_CPU on CPU
- * workers alone (a GPU build on a host without a card, or STARPU_NCUDA=0). */
-/* The CUDA devices StarPU may start workers on: none with STARPU_NCUDA=0 or a build without CUDA. */
-static int visible_cards(void) {
+int st_engine_visible_cards(void) {
 #ifdef ST_HAVE_CUDA
   const char *nc = getenv("STARPU_NCUDA");
   return nc && !strcmp(nc, "0") ? 0 : st_cuda_device_count();
@@ -591,7 +587,10 @@ static int visible_cards(void) {
 #endif
 }
 
-static int default_prefill(void) { return visible_cards() > 0 ? ST_PREFILL_GPU : ST_PREFILL_CPU; }
+/* --prefill's default: ST_PREFILL_GPU tokens where a GPU computes the prompt (its uncached experts
+ * cross the bus once a chunk, and its tensor-core products take bigger tiles), ST_PREFILL_CPU on CPU
+ * workers alone (a GPU build on a host without a card, or STARPU_NCUDA=0). */
+static int default_prefill(void) { return st_engine_visible_cards() > 0 ? ST_PREFILL_GPU : ST_PREFILL_CPU; }
 
 int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct st_engine **out) {
   *out = NULL;
@@ -751,7 +750,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
    * is refused as the GPU tiers are. */
   {
     const char *nc = getenv("STARPU_NCUDA");
-    if (o->gpu_mem_gib > 0 && visible_cards() <= 0) {
+    if (o->gpu_mem_gib > 0 && st_engine_visible_cards() <= 0) {
       st_engine_destroy(e);
       return st_set_error(ST_EINVAL, "--gpu-mem needs a CUDA device, and %s (check STARPU_NCUDA and the driver)",
                           nc && !strcmp(nc, "0") ? "STARPU_NCUDA=0 starts none" : "StarPU found none");
@@ -780,6 +779,9 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
   }
   /* the decode step queues up to this many GPU tasks on CUDA0's stream ahead of the one running */
   setenv("STARPU_CUDA_PIPELINE", "4", 0);
+  /* StarPU's notices (a FxT build's warning on every start, perf models being calibrated) are not
+   * the user's business unless asked for: STARPU_SILENT=0 shows them. Its errors print regardless. */
+  setenv("STARPU_SILENT", "1", 0);
   struct starpu_conf conf;
   starpu_conf_init(&conf);
   /* On a bigger machine keep one core for the thread that submits the graph and reads each

@@ -281,5 +281,8 @@ struct st_target st_engine_traced(const struct st_engine *e, struct st_target t)
 /* StarPU worker counts by kind, for reports. */
 int st_engine_n_cpu_workers(const struct st_engine *e);
 int st_engine_n_cuda_workers(const struct st_engine *e);
+/* The CUDA devices StarPU may start workers on (CUDA_VISIBLE_DEVICES applied): 0 with STARPU_NCUDA=0,
+ * a build without CUDA or no driver. Callable before any engine exists. */
+int st_engine_visible_cards(void);
 
 #endif
