@@ -30,6 +30,7 @@ int st_cmd_tokenize(int argc, char **argv) {
              "  -m, --model FILE   GGUF with a gpt2/qwen2 tokenizer (a vocabulary-only file is fine)\n"
              "  -p, --prompt TEXT  text to tokenize; special tokens such as <|im_start|> are parsed\n"
              "      --no-special   treat special-token text as plain text\n"
+             "  -h, --help         this help\n"
              "Prints the ids as a JSON array on stdout. No BOS is added.\n");
       return 0;
     case ':': rc = st_set_error(ST_EINVAL, "option '%s' needs a value", argv[optind - 1]); break;
