@@ -2,8 +2,8 @@
 # Learned expert profiles (issue #23, io/learned.h), on the CPU: a first run writes the model's
 # profile into $XDG_CACHE_HOME/strata/ and says so, a second run reads it (the log says so) and adds
 # its tokens; --no-learn reads and writes nothing; --expert-profile wins over the learned one; a
-# corrupt or truncated learned profile is ignored with one warning and rewritten whole; two
-# processes saving at once leave a valid file; another model file gets a file of its own; strata serve
+# corrupt or truncated learned profile is ignored with one warning and rewritten whole; four
+# processes saving at once leave a valid file holding all four runs' tokens; another model file gets a file of its own; strata serve
 # saves at shutdown. A
 # profile counts as valid when `strata generate --expert-profile FILE` (the strict parser) takes it.
 set -u
@@ -78,19 +78,26 @@ else
   bad "a truncated learned profile: $(grep '^strata:' "$tmp/err" | head -n 4)"
 fi
 
-# 6. four processes saving at once: every one succeeds and the file is one of theirs, whole
+# 6. four processes saving at once: every one succeeds, the file is whole, and it holds all four
+# runs' tokens (each save adds its own run to the file as it is then, under the lock)
+run6() { "$STRATA" generate -m "$q8" -p "Mixture-of-experts models route every token." -n 6 --temp 0 --ignore-eos >/dev/null 2>"$1"; }
+t0=$(tokens_of "$f")
+run6 "$tmp/err"
+d=$(($(tokens_of "$f") - t0))
+t1=$(tokens_of "$f")
 i=0
 while [ $i -lt 4 ]; do
-  "$STRATA" generate -m "$q8" -p "Mixture-of-experts models route every token." -n 6 --temp 0 >/dev/null 2>"$tmp/err$i" &
+  run6 "$tmp/err$i" &
   i=$((i + 1))
 done
 wait
 saved=$(cat "$tmp"/err[0-3] | grep -c "^strata: learned expert profile: ")
-left=$(ls "$XDG_CACHE_HOME/strata" | grep -vc '\.profile$')
-if [ "$saved" = 4 ] && [ "$left" = 0 ] && valid "$q8" "$f"; then
-  ok "four processes at once: 4 saves, no temporary file left, a valid profile of $(tokens_of "$f") tokens"
+left=$(ls "$XDG_CACHE_HOME/strata" | grep -v '\.profile\.lock$' | grep -vc '\.profile$')
+t2=$(tokens_of "$f")
+if [ "$saved" = 4 ] && [ "$left" = 0 ] && [ "$d" -gt 0 ] && [ "$t2" = $((t1 + 4 * d)) ] && valid "$q8" "$f"; then
+  ok "four processes at once: 4 saves, no temporary file left, a valid profile of $t2 tokens = $t1 + 4 x $d (one run alone)"
 else
-  bad "four processes at once: $saved saves, $left other files, $(cat "$tmp/verr" 2>/dev/null)"
+  bad "four processes at once: $saved saves, $left other files, tokens $t1 -> $t2 (one run alone: $d), $(cat "$tmp/verr" 2>/dev/null)"
 fi
 
 # 7. another model file: a file of its own

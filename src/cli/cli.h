@@ -79,7 +79,7 @@ void st_cli_learn_begin(struct st_learned *l, const struct st_model *m, struct s
 void st_cli_learn_say(const struct st_learned *l);
 /* After a run (and, in strata serve, now and then): adds the engine's routing counts to the learned
  * profile and saves it (a failure is a warning). */
-void st_cli_learn_save(const struct st_learned *l, const struct st_engine *e);
+void st_cli_learn_save(struct st_learned *l, const struct st_engine *e);
 
 /* Prints ids as a JSON array and a newline. */
 void st_print_ids(FILE *f, const int32_t *ids, size_t n);

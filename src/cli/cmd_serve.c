@@ -148,9 +148,9 @@ static char *name_from_path(const char *path) {
  * (its job's log line says "client disconnected, stopped") or no memory was left for a response. */
 static void mhd_log(void *cls, const char *fm, va_list ap) {
   (void)cls;
-  if (!strncmp(fm, "Application reported internal error", 35)) return;
   char line[512];
   vsnprintf(line, sizeof line, fm, ap);
+  if (strstr(line, "Application reported internal error")) return;
   const size_t n = strlen(line);
   fprintf(stderr, "strata serve: libmicrohttpd: %s%s", line, n && line[n - 1] == '\n' ? "" : "\n");
 }
@@ -296,12 +296,13 @@ int st_cmd_serve(int argc, char **argv) {
     }
     d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                              MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0),
-                         (uint16_t)o.port, NULL, NULL, st_serve_on_request, &s, MHD_OPTION_SOCK_ADDR,
+                         (uint16_t)o.port, NULL, NULL, st_serve_on_request, &s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                         NULL /* first: libmicrohttpd logs the options after it through it */, MHD_OPTION_SOCK_ADDR,
                          v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4, MHD_OPTION_NOTIFY_COMPLETED,
                          st_serve_on_completed, &s, MHD_OPTION_NOTIFY_CONNECTION, st_serve_on_connection, &s,
                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s.max_conns + 64),
                          MHD_OPTION_CONNECTION_TIMEOUT, s.header_timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
-                         (size_t)1 << 20, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                         (size_t)1 << 20, MHD_OPTION_END);
     if (!d) rc = st_set_error(ST_EIO, "cannot listen on %s port %ld (in use, or not an address of this host?)", o.host, o.port);
   }
   if (!rc) {

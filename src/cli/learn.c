@@ -40,7 +40,7 @@ void st_cli_learn_say(const struct st_learned *l) {
   if (l->note[0]) fprintf(stderr, "%s\n", l->note);
 }
 
-void st_cli_learn_save(const struct st_learned *l, const struct st_engine *e) {
+void st_cli_learn_save(struct st_learned *l, const struct st_engine *e) {
   if (!l->path[0] || !l->base) return;
   const size_t n = (size_t)l->n_layer * l->n_expert;
   uint64_t entries = 0;
@@ -52,5 +52,5 @@ void st_cli_learn_save(const struct st_learned *l, const struct st_engine *e) {
   if (st_learned_save(l, e->route_counts, tokens))
     fprintf(stderr, "strata: warning: the learned expert profile was not saved: %s\n", st_last_error());
   else
-    fprintf(stderr, "strata: learned expert profile: %s (%" PRIu64 " tokens)\n", l->path, l->base_tokens + tokens);
+    fprintf(stderr, "strata: learned expert profile: %s (%" PRIu64 " tokens)\n", l->path, l->file_tokens);
 }

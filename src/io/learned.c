@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -48,7 +49,8 @@ int st_learned_open(struct st_learned *l, const struct st_model *m) {
   l->top_k = m->hp.n_expert_used;
   const size_t n = (size_t)l->n_layer * l->n_expert;
   l->base = calloc(n ? n : 1, sizeof *l->base);
-  if (!l->base) return st_set_error(ST_ENOMEM, "out of memory for the learned expert profile");
+  l->saved = calloc(n ? n : 1, sizeof *l->saved);
+  if (!l->base || !l->saved) return st_set_error(ST_ENOMEM, "out of memory for the learned expert profile");
   char dir[3600];
   if (cache_dir(dir, sizeof dir)) {
     fprintf(stderr, "strata: warning: neither XDG_CACHE_HOME nor HOME is an absolute path: no learned expert profile\n");
@@ -87,34 +89,62 @@ int st_learned_open(struct st_learned *l, const struct st_model *m) {
   return 0;
 }
 
-int st_learned_save(const struct st_learned *l, const uint64_t *counts, uint64_t tokens) {
+/* The file's counts as they are now into cur (zeros where there is none or it does not fit this
+ * model), its tokens returned. */
+static uint64_t file_counts(const struct st_learned *l, uint64_t *cur, size_t n) {
+  memset(cur, 0, sizeof *cur * n);
+  struct st_profile prof;
+  if (access(l->path, F_OK) || st_profile_load(l->path, l->n_layer, l->n_expert, l->top_k, &prof)) return 0;
+  for (size_t i = 0; i < n; i++) cur[(size_t)prof.pairs[i].layer * l->n_expert + prof.pairs[i].expert] = prof.pairs[i].count;
+  const uint64_t tokens = prof.tokens;
+  st_profile_free(&prof);
+  return tokens;
+}
+
+int st_learned_save(struct st_learned *l, const uint64_t *counts, uint64_t tokens) {
   if (!l->path[0]) return 0;
   const size_t n = (size_t)l->n_layer * l->n_expert;
   uint64_t *sum = malloc(sizeof *sum * (n ? n : 1));
   if (!sum) return st_set_error(ST_ENOMEM, "out of memory saving %s", l->path);
-  for (size_t i = 0; i < n; i++) sum[i] = l->base[i] + counts[i];
+  /* one saver at a time (a lock that cannot be had only loses that guarantee, not the save) */
+  char lock[4200];
+  snprintf(lock, sizeof lock, "%s.lock", l->path);
+  const int lfd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lfd >= 0)
+    while (flock(lfd, LOCK_EX) && errno == EINTR) continue;
+  const uint64_t file_tokens = file_counts(l, sum, n);
+  for (size_t i = 0; i < n; i++) sum[i] += counts[i] - l->saved[i];
+  const uint64_t total = file_tokens + tokens - l->saved_tokens;
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.XXXXXX", l->path);
   const int fd = mkstemp(tmp);
+  int rc = 0;
   if (fd < 0) {
-    free(sum);
-    return st_set_error(ST_EIO, "%s: cannot create a temporary file beside it: %s", l->path, strerror(errno));
+    rc = st_set_error(ST_EIO, "%s: cannot create a temporary file beside it: %s", l->path, strerror(errno));
+  } else {
+    fchmod(fd, 0644);
+    close(fd);
+    rc = st_profile_write(tmp, l->n_layer, l->n_expert, l->top_k, total, sum);
+    if (!rc) { /* on disk before it replaces the old file */
+      const int f = open(tmp, O_RDONLY);
+      if (f < 0 || fsync(f)) rc = st_set_error(ST_EIO, "%s: cannot sync: %s", tmp, strerror(errno));
+      if (f >= 0) close(f);
+    }
+    if (!rc && rename(tmp, l->path)) rc = st_set_error(ST_EIO, "%s: cannot rename %s over it: %s", l->path, tmp, strerror(errno));
+    if (rc) unlink(tmp);
   }
-  fchmod(fd, 0644);
-  close(fd);
-  int rc = st_profile_write(tmp, l->n_layer, l->n_expert, l->top_k, l->base_tokens + tokens, sum);
+  if (lfd >= 0) close(lfd); /* releases the lock */
   free(sum);
-  if (!rc) { /* on disk before it replaces the old file */
-    const int f = open(tmp, O_RDONLY);
-    if (f < 0 || fsync(f)) rc = st_set_error(ST_EIO, "%s: cannot sync: %s", tmp, strerror(errno));
-    if (f >= 0) close(f);
+  if (!rc) {
+    memcpy(l->saved, counts, sizeof *counts * n);
+    l->saved_tokens = tokens;
+    l->file_tokens = total;
   }
-  if (!rc && rename(tmp, l->path)) rc = st_set_error(ST_EIO, "%s: cannot rename %s over it: %s", l->path, tmp, strerror(errno));
-  if (rc) unlink(tmp);
   return rc;
 }
 
 void st_learned_close(struct st_learned *l) {
   free(l->base);
-  l->base = NULL;
+  free(l->saved);
+  l->base = l->saved = NULL;
 }

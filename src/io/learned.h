@@ -6,7 +6,9 @@
  * tensor layout, everything before the tensor data). Their format is the expert profile's
  * (io/profile.h, doc/expert-profile.md), so `--expert-profile` reads them too. A save writes a
  * temporary file in the same folder and renames it over the old one: a reader sees the old file or
- * the new one, never part of one, and of two processes saving at once one wins whole. */
+ * the new one, never part of one. Saves hold an exclusive lock (flock on the file's name + ".lock")
+ * and add what the process routed since its last save to the file as it is then, so runs that
+ * overlap in time (a server and generate runs beside it) all count. */
 #ifndef ST_LEARNED_H
 #define ST_LEARNED_H
 
@@ -21,6 +23,9 @@ struct st_learned {
   uint64_t *base;       /* [n_layer][n_expert]: the counts of earlier runs (the file at start), owned */
   uint64_t base_tokens; /* tokens of earlier runs */
   int loaded;           /* the file was there, and valid for this model, at start */
+  uint64_t *saved;      /* [n_layer][n_expert]: this process's counts already added to the file, owned */
+  uint64_t saved_tokens; /* its tokens already added */
+  uint64_t file_tokens; /* the file's tokens after the last save */
   char note[4608];      /* which profile the run uses, one line for the command to print once the
                            engine is up (so that a refusal stays one line) */
 };
@@ -36,10 +41,12 @@ void st_learned_identity(const struct st_model *m, char out[17]);
  * 0 or ST_ENOMEM. */
 int st_learned_open(struct st_learned *l, const struct st_model *m);
 
-/* Saves base + counts (routed entries of this run, [n_layer][n_expert]) for base_tokens + tokens
- * tokens to the file, atomically. Nothing to do while the path is "". 0, or ST_EIO / ST_ENOMEM with
- * a message naming the file. */
-int st_learned_save(const struct st_learned *l, const uint64_t *counts, uint64_t tokens);
+/* Adds this run's routing since its last save to the file: counts are the run's routed entries so
+ * far ([n_layer][n_expert], cumulative), tokens its tokens so far. Under the lock it reads the file
+ * as it is now (none, or one that does not fit, counts as empty), adds counts - saved and tokens -
+ * saved_tokens, and replaces it atomically; then saved = counts, file_tokens = the file's tokens.
+ * Nothing to do while the path is "". 0, or ST_EIO / ST_ENOMEM with a message naming the file. */
+int st_learned_save(struct st_learned *l, const uint64_t *counts, uint64_t tokens);
 
 void st_learned_close(struct st_learned *l);
 
