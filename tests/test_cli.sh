@@ -253,6 +253,30 @@ for t in iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s; do
   fi
   rm -f "$tmp/$t.gguf"
 done
+# 7b. mkmodel refuses a shape or tokenizer that would make a file no loader reads; a run stopped by
+# SIGTERM leaves an existing output file as it was and no partial file beside it
+expect_error "mkmodel --head-dim 9" "RoPE rotates 9 dimensions" "$STRATA" mkmodel -q -o "$tmp/hd.gguf" --type f16 --head-dim 9
+echo '{"model":{"type":"WordPiece","vocab":{"a":0}}}' >"$tmp/wp.json"
+expect_error "mkmodel --vocab of a WordPiece tokenizer" "mkmodel takes a BPE tokenizer.json with merges" \
+  "$STRATA" mkmodel -q -o "$tmp/wp.gguf" --vocab "$tmp/wp.json"
+if "$STRATA" mkmodel -q -o "$tmp/keep.gguf" --layers 2 $vocab 2>"$tmp/err"; then
+  sum0=$(md5sum <"$tmp/keep.gguf")
+  "$STRATA" mkmodel -q -o "$tmp/keep.gguf" --preset qwen3-30b-a3b --layers 1 --experts 8 2>"$tmp/err" &
+  mp=$!
+  waited=0
+  while ! ls "$tmp"/keep.gguf.part.* >/dev/null 2>&1 && [ $waited -lt 300 ] && kill -0 $mp 2>/dev/null; do sleep 0.1; waited=$((waited + 1)); done
+  kill -TERM $mp 2>/dev/null
+  wait $mp
+  st=$?
+  if [ "$st" = 143 ] && [ "$(md5sum <"$tmp/keep.gguf")" = "$sum0" ] && ! ls "$tmp"/keep.gguf.part.* >/dev/null 2>&1; then
+    ok "mkmodel stopped by SIGTERM (exit $st): the existing file unchanged, no partial file left"
+  else
+    bad "mkmodel stopped by SIGTERM: exit $st, $(ls "$tmp" | grep keep | tr '\n' ' '), $(tail -n 2 "$tmp/err")"
+  fi
+else
+  bad "mkmodel --layers 2: $(tail -n 2 "$tmp/err")"
+fi
+rm -f "$tmp"/keep.gguf*
 # 8. Ctrl-C during generate: the run stops after the token in progress and ends as a finished one
 # (its timings printed), exit status 130; the signal is sent once the first text has come out
 rm -f "$tmp/out" "$tmp/err"

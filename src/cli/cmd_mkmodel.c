@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "codelets/quant.h"
+#include "io/gguf.h"
 #include "common.h"
 #include "io/arch.h"
 #include "io/mkmodel.h"
@@ -134,6 +136,14 @@ static int parse_type(const char *type, const char *flag, uint32_t *out) {
   return 1;
 }
 
+/* SIGINT, SIGTERM, SIGHUP while the file is written: its partial file goes, then the signal's
+ * default action ends the process (an existing output file is left as it was). */
+static void on_stop(int sig) {
+  st_gguf_writer_remove_partial();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 int st_cmd_mkmodel(int argc, char **argv) {
   enum { O_PRESET = 256, O_LAYERS, O_EXPERTS, O_TOPK, O_HIDDEN, O_EFFN, O_HEADS, O_KVHEADS,
          O_HEADDIM, O_CONTEXT, O_ROPE, O_TYPE, O_SEED, O_SKEW, O_VOCAB, O_QLORA, O_ETYPE, O_THREADS };
@@ -188,6 +198,8 @@ int st_cmd_mkmodel(int argc, char **argv) {
       return 1;
     }
   }
+  /* glm4moe rotates half of each head (its partial rotary factor): with another --head-dim, still half */
+  if (shape_arg[O_HEADDIM] && cfg.arch == ST_ARCH_GLM4MOE) cfg.n_rot = cfg.head_dim / 2;
   if (shape_arg[O_ROPE]) {
     char *end;
     cfg.rope_theta = strtof(shape_arg[O_ROPE], &end);
@@ -229,6 +241,12 @@ int st_cmd_mkmodel(int argc, char **argv) {
   if (st_mkmodel_vocab_load(vocab_path, &vocab)) return fail("%s", st_last_error());
   double t0 = st_now();
   uint64_t bytes = 0;
+  const int stops[] = {SIGINT, SIGTERM, SIGHUP};
+  for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop;
+    sigaction(stops[i], &sa, NULL);
+  }
   int rc = st_mkmodel_write(&cfg, &vocab, output, &bytes);
   double dt = st_now() - t0;
   uint64_t n_vocab = vocab.n_tokens;

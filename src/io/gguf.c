@@ -617,17 +617,29 @@ struct st_gguf_writer {
   uint64_t data_size; /* bytes of the data section so far (offsets of declared tensors) */
   FILE *f;
   char *path;
+  char *tmp; /* the file being written, beside path: renamed over it by finish, removed otherwise */
   char *vbuf;
   uint64_t cur;     /* tensor being written */
   uint64_t cur_done; /* bytes of it written */
   int began, failed;
 };
 
+/* The partial file of the writer that began last and has not finished (for a signal handler). */
+static char *volatile partial_path;
+
+void st_gguf_writer_remove_partial(void) {
+  char *p = partial_path;
+  if (p) unlink(p);
+}
+
 struct st_gguf_writer *st_gguf_writer_new(void) { return calloc(1, sizeof(struct st_gguf_writer)); }
 
 void st_gguf_writer_free(struct st_gguf_writer *w) {
   if (!w) return;
   if (w->f) fclose(w->f);
+  if (w->tmp) unlink(w->tmp); /* not finished: the destination keeps what it had */
+  if (partial_path == w->tmp) partial_path = NULL;
+  free(w->tmp);
   for (uint64_t i = 0; i < w->n_kv; i++) free(w->keys[i]);
   for (uint64_t i = 0; i < w->n_t; i++) free(w->t[i].name);
   free(w->keys);
@@ -792,8 +804,25 @@ int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path) {
   if (w->began) return st_set_error(ST_EINVAL, "gguf writer: begin called twice");
   free(w->path);
   if (!(w->path = strdup(path))) return st_set_error(ST_ENOMEM, "gguf writer: out of memory");
-  w->f = fopen(path, "wb");
-  if (!w->f) return st_set_error(ST_EIO, "%s: cannot create: %s", path, strerror(errno));
+  /* written as PATH.part.XXXXXX and renamed at the end: an interrupted or failed write leaves an
+   * existing PATH as it was, and never a partial file under its name */
+  const size_t tl = strlen(path) + sizeof ".part.XXXXXX";
+  if (!(w->tmp = malloc(tl))) return st_set_error(ST_ENOMEM, "gguf writer: out of memory");
+  snprintf(w->tmp, tl, "%s.part.XXXXXX", path);
+  const int fd = mkstemp(w->tmp);
+  if (fd < 0) {
+    const int e = errno;
+    free(w->tmp);
+    w->tmp = NULL;
+    return st_set_error(ST_EIO, "%s: cannot create: %s", path, strerror(e));
+  }
+  fchmod(fd, 0644);
+  partial_path = w->tmp;
+  w->f = fdopen(fd, "wb");
+  if (!w->f) {
+    close(fd);
+    return st_set_error(ST_EIO, "%s: cannot create: %s", path, strerror(errno));
+  }
   w->vbuf = malloc(GGUF_WRITE_BUFFER);
   if (w->vbuf) setvbuf(w->f, w->vbuf, _IOFBF, GGUF_WRITE_BUFFER);
   w->began = 1;
@@ -865,7 +894,13 @@ int st_gguf_writer_finish(struct st_gguf_writer *w) {
                       (unsigned long long)w->t[w->cur].nbytes, (unsigned long long)(w->n_t - w->cur));
   if (!rc && (w->failed || fflush(w->f) || ferror(w->f)))
     rc = st_set_error(ST_EIO, "%s: write failed: %s", w->path, strerror(errno));
+  if (!rc && fsync(fileno(w->f))) rc = st_set_error(ST_EIO, "%s: sync failed: %s", w->path, strerror(errno));
   if (fclose(w->f) && !rc) rc = st_set_error(ST_EIO, "%s: close failed: %s", w->path, strerror(errno));
   w->f = NULL;
+  if (!rc && rename(w->tmp, w->path)) rc = st_set_error(ST_EIO, "%s: cannot rename %s over it: %s", w->path, w->tmp, strerror(errno));
+  if (rc) unlink(w->tmp);
+  if (partial_path == w->tmp) partial_path = NULL;
+  free(w->tmp);
+  w->tmp = NULL;
   return rc;
 }

@@ -147,7 +147,9 @@ int st_gguf_writer_add_arr_f32(struct st_gguf_writer *w, const char *key, const 
 /* Declares a tensor: `ne` has n_dims entries, ne[0] contiguous. */
 int st_gguf_writer_add_tensor(struct st_gguf_writer *w, const char *name, uint32_t type,
                               uint32_t n_dims, const uint64_t *ne);
-/* Opens `path` for writing and writes header, KVs and tensor infos. */
+/* Opens `path` for writing (as PATH.part.XXXXXX beside it, mode 0644, renamed over PATH by
+ * st_gguf_writer_finish; st_gguf_writer_free removes it when unfinished) and writes header, KVs and
+ * tensor infos. */
 int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path);
 /* Appends bytes of the current tensor; when a tensor's bytes are complete the writer pads to
  * the alignment before the next one. Writing more than the declared size is an error. */
@@ -155,7 +157,11 @@ int st_gguf_writer_write_data(struct st_gguf_writer *w, const void *data, size_t
 /* Writes the whole of the current tensor in one call: `n` must equal its declared size (bytes)
  * and none of it may have been written yet. */
 int st_gguf_writer_write_tensor(struct st_gguf_writer *w, const void *data, size_t n);
-/* Checks every tensor was written completely, flushes and closes. */
+/* Removes the partial file of the writer begun last and not yet finished, if any; only unlink(2),
+ * so a SIGINT/SIGTERM handler may call it before the process ends. */
+void st_gguf_writer_remove_partial(void);
+/* Checks every tensor was written completely, flushes, syncs, closes and renames the file over
+ * PATH (an existing file there is replaced only now). */
 int st_gguf_writer_finish(struct st_gguf_writer *w);
 
 #endif

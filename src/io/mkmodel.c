@@ -115,6 +115,10 @@ int st_mkmodel_check(const struct st_mkmodel_config *c) {
     return st_set_error(ST_EINVAL, "--q-lora applies to deepseek2 presets only");
   if (c->n_head % c->n_head_kv)
     return st_set_error(ST_EINVAL, "--heads %u is not a multiple of --kv-heads %u", c->n_head, c->n_head_kv);
+  const uint32_t rot = c->n_rot ? c->n_rot : c->head_dim; /* what RoPE rotates of each head (llama.cpp: rope.dimension_count) */
+  if (c->arch != ST_ARCH_DEEPSEEK2 && (rot % 2 || rot > c->head_dim))
+    return st_set_error(ST_EINVAL, "--head-dim %u: RoPE rotates %u dimensions of each head, which must be an even count "
+                        "up to --head-dim (an even --head-dim)", c->head_dim, rot);
   if (c->has_expert_type && st_mkmodel_file_type(c->expert_type) < 0)
     return st_set_error(ST_EINVAL, "expert type %s cannot be written", st_type_info(c->expert_type)->name);
   const struct st_type_info *ti = st_type_info(c->type);
@@ -195,6 +199,16 @@ static int vocab_from_json(const char *path, struct st_mkmodel_vocab *v) {
   cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
   if (!cJSON_IsObject(vocab)) {
     rc = st_set_error(ST_EFORMAT, "%s: no model.vocab object (not a BPE tokenizer.json?)", path);
+    goto out;
+  }
+  /* the GGUF says gpt2 (byte-level BPE): a tokenizer of another kind, or one without merges, would
+   * write a file no loader reads */
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+  if ((type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE"))) || !cJSON_IsArray(merges) ||
+      !cJSON_GetArraySize(merges)) {
+    rc = st_set_error(ST_EFORMAT, "%s: model.type %s%s%s with %s: mkmodel takes a BPE tokenizer.json with merges", path,
+                      cJSON_IsString(type) ? "\"" : "", cJSON_IsString(type) ? type->valuestring : type ? "(not a string)" : "(none)",
+                      cJSON_IsString(type) ? "\"" : "", cJSON_IsArray(merges) && cJSON_GetArraySize(merges) ? "merges" : "no merges");
     goto out;
   }
   /* Highest id, bounded so a hostile file cannot make us allocate without limit. */
