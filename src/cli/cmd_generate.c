@@ -227,12 +227,15 @@ static void report_graphs(const struct st_engine *e) {
 #endif
 }
 
-static void report(const struct session *s, size_t n_prompt, double t_prompt, size_t n_gen, double t_gen) {
+/* n_steps: the decode steps of the n_gen tokens (the first comes from the prompt's logits, and the
+ * last is not run), whose time t_gen is: tok/s is steps a second, as llama.cpp's eval rate. */
+static void report(const struct session *s, size_t n_prompt, double t_prompt, size_t n_gen, size_t n_steps, double t_gen) {
   const struct st_engine_stats *st = &s->engine->stats;
   struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0);
   fprintf(stderr, "\nprompt: %zu tokens in %.3f s (%.2f tok/s)\n", n_prompt, t_prompt,
           t_prompt > 0 ? n_prompt / t_prompt : 0.0);
-  fprintf(stderr, "decode: %zu tokens in %.3f s (%.2f tok/s)\n", n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0);
+  fprintf(stderr, "decode: %zu tokens, %zu decode steps in %.3f s (%.2f tok/s)\n", n_gen, n_steps, t_gen,
+          t_gen > 0 ? n_steps / t_gen : 0.0);
   fprintf(stderr, "StarPU workers: %d CPU, %d CUDA; scheduler %s\n", st_engine_n_cpu_workers(s->engine),
           st_engine_n_cuda_workers(s->engine), pol && pol->policy_name ? pol->policy_name : "?");
   char tiers[1024];
@@ -305,7 +308,7 @@ int st_cmd_generate(int argc, char **argv) {
   rc = !logits || !gen || !text ? st_set_error(ST_ENOMEM, "out of memory") : 0;
   if (!rc) rc = st_engine_eval(s.engine, s.ids, (int)s.n_ids, logits, 0);
   const double t_prompt = st_now() - t0;
-  size_t n_gen = 0;
+  size_t n_gen = 0, n_steps = 0;
   t0 = st_now();
   /* greedy: each step's next id from st_engine_eval_next (a GPU step's head finds it) */
   const int greedy = smp.temp <= 0.0f;
@@ -332,6 +335,7 @@ int st_cmd_generate(int argc, char **argv) {
       break;
     }
     rc = greedy ? st_engine_eval_next(s.engine, id, &next) : st_engine_eval(s.engine, &id, 1, logits, 0);
+    n_steps++;
   }
   const double t_gen = st_now() - t0;
   if (!rc) {
@@ -345,7 +349,7 @@ int st_cmd_generate(int argc, char **argv) {
     fflush(stdout);
     if (interrupted) fprintf(stderr, "strata generate: interrupted (SIGINT) after %zu generated tokens\n", n_gen);
     st_cli_learn_save(&s.learned, s.engine);
-    report(&s, s.n_ids, t_prompt, n_gen, t_gen);
+    report(&s, s.n_ids, t_prompt, n_gen, n_steps, t_gen);
   } else {
     fprintf(stderr, "strata generate: %s\n", st_last_error());
   }

@@ -111,7 +111,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
          (unsigned long long)herr);
   METRIC("strata_prompt_tokens_total", "counter", "Prompt tokens evaluated.", " %llu", (unsigned long long)pt);
   METRIC("strata_generated_tokens_total", "counter", "Tokens generated.", " %llu", (unsigned long long)gt);
-  METRIC("strata_last_request_tokens_per_second", "gauge", "Decode speed of the last request, tokens/s.", " %.3f",
+  METRIC("strata_last_request_tokens_per_second", "gauge", "Decode speed of the last request: decode steps a second (its first token comes from the prompt).", " %.3f",
          tps);
   {
     const struct st_placement *pl = &s->engine->placement;

@@ -170,6 +170,7 @@ static void run_job(struct server *s, struct job *j) {
   int rc = piece ? st_engine_eval(e, j->ids, (int)j->n_ids, s->logits, 0) : st_set_error(ST_ENOMEM, "out of memory");
   const double t_prompt = st_now() - t0;
   t0 = st_now();
+  int steps = 0; /* decode steps run: the first token comes from the prompt's logits */
   const int greedy = smp.temp <= 0.0f; /* each step's next id from st_engine_eval_next */
   int32_t next = -1;
   while (!rc && j->n_gen < j->max_tokens) {
@@ -228,6 +229,7 @@ static void run_job(struct server *s, struct job *j) {
     }
     if (last) break;
     rc = greedy ? st_engine_eval_next(e, id, &next) : st_engine_eval(e, &id, 1, s->logits, 0);
+    steps++;
   }
   if (!rc && !stopped && !cancelled) {
     size_t l = piece ? st_detok_flush(&dt, piece, piece_cap) : 0;
@@ -235,7 +237,7 @@ static void run_job(struct server *s, struct job *j) {
     if (j->stream && j->text.n > sent) stream_chunk(s, j, j->text.s + sent, 0, NULL);
   }
   const double t_gen = st_now() - t0;
-  const double tps = t_gen > 0 && j->n_gen ? j->n_gen / t_gen : 0.0;
+  const double tps = t_gen > 0 && steps ? steps / t_gen : 0.0; /* decode steps a second (llama.cpp's eval rate) */
   if (j->text.oom && !rc) rc = st_set_error(ST_ENOMEM, "out of memory for the generated text");
   if (rc && (j->error = strdup(st_last_error()))) st_utf8_sanitize(j->error, strlen(j->error) + 1);
   if (j->stream && !cancelled) {
@@ -266,10 +268,10 @@ static void run_job(struct server *s, struct job *j) {
   char tiers[1024];
   st_engine_tier_report(e, NULL, &before, tiers, sizeof tiers);
   fprintf(stderr,
-          "strata serve: request %llu (%s%s): prompt %zu tokens in %.3f s, generated %d tokens in %.3f s "
-          "(%.2f tok/s), %s; %s; host->device %.1f MiB\n",
+          "strata serve: request %llu (%s%s): prompt %zu tokens in %.3f s, generated %d tokens, %d decode steps in "
+          "%.3f s (%.2f tok/s), %s; %s; host->device %.1f MiB\n",
           (unsigned long long)j->seq, j->kind == JOB_CHAT ? "chat" : "completion", j->stream ? ", stream" : "",
-          j->n_ids, t_prompt, j->n_gen, t_gen, tps,
+          j->n_ids, t_prompt, j->n_gen, steps, t_gen, tps,
           rc ? "failed" : cancelled ? "client disconnected, stopped" : j->finish,
           tiers, (st->h2d_bytes - before.h2d_bytes) / 1048576.0);
   pthread_mutex_lock(&s->mu);
