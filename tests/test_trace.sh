@@ -118,6 +118,16 @@ expect_error "random bytes" "events.tsv:1:" "$STRATA" trace "$tmp/random"
 expect_error "missing directory" "$tmp/nope" "$STRATA" trace "$tmp/nope"
 expect_error "unknown flag" "unknown option '--bogus'" "$STRATA" trace --bogus "$tmp/syn"
 
+# 3b. a second recording into the same folder replaces the first: what strata trace made of the old
+# one goes, and strata trace on the new one takes only its own events
+"$STRATA" generate -m "$tiny" -p hi -n 6 --temp 0 --trace "$tmp/again" >/dev/null 2>&1 && "$STRATA" trace "$tmp/again" >/dev/null 2>&1
+"$STRATA" generate -m "$tiny" -p hi -n 2 --temp 0 --trace "$tmp/again" >/dev/null 2>"$tmp/err"
+if [ -s "$tmp/again/events.tsv" ] && [ ! -e "$tmp/again/timeline.svg" ] && [ ! -e "$tmp/again/summary.txt" ] \
+   && "$STRATA" trace "$tmp/again" >/dev/null 2>&1 && [ -s "$tmp/again/timeline.svg" ]; then
+  ok "a second --trace into the same folder: the first's timeline and summary removed, the new recording renders"
+else
+  bad "a second --trace into the same folder: $(ls "$tmp/again" | tr '\n' ' ') $(tail -n 2 "$tmp/err")"
+fi
 # 4. tune over two schedulers
 if "$STRATA" tune -m "$tiny" --policies eager,lws --prompt 16 --decode 8 >"$tmp/out" 2>"$tmp/err"; then
   ranked=$(grep -cE '^[0-9]+ +(eager|lws) ' "$tmp/out")

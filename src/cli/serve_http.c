@@ -252,7 +252,8 @@ static void stream_free(void *cls) {
     if (v_ && !cJSON_IsNull(v_)) {                                                                          \
       if (!cJSON_IsNumber(v_) || v_->valuedouble < (lo) || v_->valuedouble > (hi) ||                        \
           ((whole) && v_->valuedouble != (double)(long long)v_->valuedouble)) {                             \
-        ret = send_error(s, c, 400, "invalid_type", "'%s' must be a %s between %.15g and %.15g", field,           \
+        ret = send_error(s, c, 400, cJSON_IsNumber(v_) ? "invalid_value" : "invalid_type",                    \
+                         "'%s' must be a %s between %.15g and %.15g", field,                                 \
                          (whole) ? "whole number" : "number", (double)(lo), (double)(hi));                  \
         goto done;                                                                                          \
       }                                                                                                     \

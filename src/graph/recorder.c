@@ -3,6 +3,7 @@
 #include "graph/recorder.h"
 
 #include <errno.h>
+#include <glob.h>
 #include <pthread.h>
 #include <starpu.h>
 #include <stdio.h>
@@ -41,6 +42,19 @@ int st_recorder_check_dir(const char *dir) {
     return errno == ENOTDIR ? st_set_error(ST_EIO, "--trace %s: not a directory", dir)
                             : st_set_error(ST_EIO, "--trace %s: cannot create the directory: %s", dir, strerror(errno));
   if (access(dir, W_OK)) return st_set_error(ST_EIO, "--trace %s: cannot write there: %s", dir, strerror(errno));
+  /* an earlier recording's files go, so that none of them is read as this run's: its FxT files and
+   * what strata trace made of it (the next strata trace rewrites fxt/) */
+  static const char *const old[] = {"events.tsv", "timeline.svg", "trace.json", "summary.txt", "paje.trace"};
+  char path[4200];
+  for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, old[i]);
+    unlink(path);
+  }
+  snprintf(path, sizeof path, "%s/prof_file_*", dir);
+  glob_t g;
+  if (!glob(path, 0, NULL, &g))
+    for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
+  globfree(&g);
   return 0;
 }
 

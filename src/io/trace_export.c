@@ -528,10 +528,17 @@ int st_trace_write_svg(const struct st_trace *tr, const char *path) {
   char buf[1024];
   int rc = 0;
 
-  xmlTextWriterPtr w = xmlNewTextWriterFilename(path, 0);
+  /* the file opened here (one error line of ours where it cannot be, not libxml2's I/O messages) and
+   * handed to the writer, which flushes it and leaves it to us to close */
+  FILE *f = fopen(path, "w");
+  xmlOutputBufferPtr ob = f ? xmlOutputBufferCreateFile(f, NULL) : NULL;
+  xmlTextWriterPtr w = ob ? xmlNewTextWriter(ob) : NULL;
   if (!w) {
+    const int e = errno;
+    if (ob && !w) xmlOutputBufferClose(ob);
+    if (f) fclose(f);
     free(ix), free(steps), free(layer_start);
-    return st_set_error(ST_EIO, "%s: cannot write: %s", path, strerror(errno));
+    return st_set_error(ST_EIO, "%s: cannot write: %s", path, strerror(e));
   }
   CK(xmlTextWriterSetIndent(w, 1));
   CK(xmlTextWriterStartDocument(w, NULL, "UTF-8", NULL));
@@ -686,10 +693,12 @@ int st_trace_write_svg(const struct st_trace *tr, const char *path) {
   CK(xmlTextWriterEndDocument(w));
   xmlFreeTextWriter(w);
   w = NULL;
+  if (ferror(f) | fclose(f)) rc = st_set_error(ST_EIO, "%s: error writing the SVG: %s", path, strerror(errno));
   goto done;
 fail:
   rc = st_set_error(ST_EIO, "%s: error writing the SVG", path);
   xmlFreeTextWriter(w);
+  fclose(f);
 done:
   free(ix);
   free(steps);
