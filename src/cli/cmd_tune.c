@@ -48,7 +48,8 @@ static void usage(FILE *f) {
           "                        failed (default: 600)\n"
           "  -h, --help            this help\n"
           "Schedulers with performance models (dmda, dmdas) calibrate them during their first\n"
-          "runs (stored under $STARPU_HOME/.starpu, else $HOME/.starpu): use --repeat 3 or more to\n"
+          "runs (stored in StarPU's .starpu/sampling under $XDG_CACHE_HOME, else $STARPU_HOME, else\n"
+          "$HOME; STARPU_PERF_MODEL_DIR names the folder itself): use --repeat 3 or more to\n"
           "judge them.\n");
 }
 

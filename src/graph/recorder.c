@@ -130,7 +130,11 @@ int st_recorder_close(struct st_recorder *r, const char *model_path) {
   FILE *f = fopen(path, "w");
   int rc = f ? 0 : st_set_error(ST_EIO, "%s: cannot create", path);
   if (f) {
-    fprintf(f, "# strata trace v1\nmodel\t%s\n", model_path ? model_path : "-");
+    /* the path as one field: a tab, newline or carriage return in it written as a space (as the
+     * worker names below) */
+    fputs("# strata trace v1\nmodel\t", f);
+    for (const char *c = model_path ? model_path : "-"; *c; c++) fputc(*c == '\t' || *c == '\n' || *c == '\r' ? ' ' : *c, f);
+    fputc('\n', f);
     for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
       char name[128];
       starpu_worker_get_name((int)w, name, sizeof name);
