@@ -668,6 +668,7 @@ int st_engine_create(struct st_model *m, const struct st_engine_opts *o, struct 
     st_engine_destroy(e);
     return rc;
   }
+  if (o->trace_dir) st_recorder_clear_dir(o->trace_dir);
   if (o->trace_dir) {
     char prefix[4200];
     snprintf(prefix, sizeof prefix, "%s/", o->trace_dir);

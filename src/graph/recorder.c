@@ -42,8 +42,11 @@ int st_recorder_check_dir(const char *dir) {
     return errno == ENOTDIR ? st_set_error(ST_EIO, "--trace %s: not a directory", dir)
                             : st_set_error(ST_EIO, "--trace %s: cannot create the directory: %s", dir, strerror(errno));
   if (access(dir, W_OK)) return st_set_error(ST_EIO, "--trace %s: cannot write there: %s", dir, strerror(errno));
-  /* an earlier recording's files go, so that none of them is read as this run's: its FxT files and
-   * what strata trace made of it (the next strata trace rewrites fxt/) */
+  return 0;
+}
+
+void st_recorder_clear_dir(const char *dir) {
+  /* what strata trace made of an earlier recording goes with it (the next strata trace rewrites fxt/) */
   static const char *const old[] = {"events.tsv", "timeline.svg", "trace.json", "summary.txt", "paje.trace"};
   char path[4200];
   for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
@@ -55,7 +58,6 @@ int st_recorder_check_dir(const char *dir) {
   if (!glob(path, 0, NULL, &g))
     for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
   globfree(&g);
-  return 0;
 }
 
 int st_recorder_open(const char *dir, struct st_recorder **out) {

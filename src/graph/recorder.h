@@ -10,10 +10,13 @@ struct st_recorder;
 /* Creates DIR (and its parents) and an empty recording whose clock starts now (µs of
  * starpu_timing_now, so StarPU must be initialised). *out is owned: st_recorder_close(). */
 /* Creates `dir` when missing and checks it is a directory the process can write; ST_EIO naming it
- * otherwise. Then removes an earlier recording's files there (events.tsv, prof_file_*, and
- * timeline.svg, trace.json, summary.txt, paje.trace made from them). st_recorder_open() calls it;
- * the engine calls it before StarPU starts. */
+ * otherwise. st_recorder_open() calls it; the engine calls it before StarPU starts. */
 int st_recorder_check_dir(const char *dir);
+/* Removes an earlier recording's files from `dir` (events.tsv, StarPU's prof_file_*, and the
+ * timeline.svg, trace.json, summary.txt and paje.trace made from them), so that none is read as
+ * the new one's: the engine calls it once, after st_recorder_check_dir and before StarPU starts
+ * (StarPU writes this run's FxT file into `dir` when it shuts down). */
+void st_recorder_clear_dir(const char *dir);
 
 int st_recorder_open(const char *dir, struct st_recorder **out);
 

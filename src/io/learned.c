@@ -42,6 +42,21 @@ static int cache_dir(char *dir, size_t cap) {
   return 0;
 }
 
+/* The file's counts into cur[n] and its tokens into *tokens: 0; 1 where there is no file (cur
+ * zeroed); else st_profile_load's error (negative, cur zeroed), for a file that does not parse or fit. */
+static int read_counts(const struct st_learned *l, uint64_t *cur, size_t n, uint64_t *tokens) {
+  memset(cur, 0, sizeof *cur * n);
+  *tokens = 0;
+  if (access(l->path, F_OK)) return 1;
+  struct st_profile prof;
+  const int rc = st_profile_load(l->path, l->n_layer, l->n_expert, l->top_k, &prof);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++) cur[(size_t)prof.pairs[i].layer * l->n_expert + prof.pairs[i].expert] = prof.pairs[i].count;
+  *tokens = prof.tokens;
+  st_profile_free(&prof);
+  return 0;
+}
+
 int st_learned_open(struct st_learned *l, const struct st_model *m) {
   memset(l, 0, sizeof *l);
   l->n_layer = m->hp.n_layer;
@@ -75,30 +90,12 @@ int st_learned_open(struct st_learned *l, const struct st_model *m) {
   char id[17];
   st_learned_identity(m, id);
   snprintf(l->path, sizeof l->path, "%s/%s-%s.profile", dir, name, id);
-  if (access(l->path, F_OK)) return 0;
-  struct st_profile prof;
-  if (st_profile_load(l->path, l->n_layer, l->n_expert, l->top_k, &prof)) {
+  const int rc = read_counts(l, l->base, n, &l->base_tokens);
+  if (rc < 0)
     fprintf(stderr, "strata: warning: ignoring the learned expert profile %s: %s (the next save rewrites it)\n", l->path,
             st_last_error());
-    return 0;
-  }
-  for (size_t i = 0; i < n; i++) l->base[(size_t)prof.pairs[i].layer * l->n_expert + prof.pairs[i].expert] = prof.pairs[i].count;
-  l->base_tokens = prof.tokens;
-  l->loaded = 1;
-  st_profile_free(&prof);
+  l->loaded = !rc;
   return 0;
-}
-
-/* The file's counts as they are now into cur (zeros where there is none or it does not fit this
- * model), its tokens returned. */
-static uint64_t file_counts(const struct st_learned *l, uint64_t *cur, size_t n) {
-  memset(cur, 0, sizeof *cur * n);
-  struct st_profile prof;
-  if (access(l->path, F_OK) || st_profile_load(l->path, l->n_layer, l->n_expert, l->top_k, &prof)) return 0;
-  for (size_t i = 0; i < n; i++) cur[(size_t)prof.pairs[i].layer * l->n_expert + prof.pairs[i].expert] = prof.pairs[i].count;
-  const uint64_t tokens = prof.tokens;
-  st_profile_free(&prof);
-  return tokens;
 }
 
 int st_learned_save(struct st_learned *l, const uint64_t *counts, uint64_t tokens) {
@@ -112,7 +109,8 @@ int st_learned_save(struct st_learned *l, const uint64_t *counts, uint64_t token
   const int lfd = open(lock, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (lfd >= 0)
     while (flock(lfd, LOCK_EX) && errno == EINTR) continue;
-  const uint64_t file_tokens = file_counts(l, sum, n);
+  uint64_t file_tokens;
+  read_counts(l, sum, n, &file_tokens); /* none, or one that does not fit: rewritten whole */
   for (size_t i = 0; i < n; i++) sum[i] += counts[i] - l->saved[i];
   const uint64_t total = file_tokens + tokens - l->saved_tokens;
   char tmp[4200];

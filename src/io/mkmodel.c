@@ -204,11 +204,11 @@ static int vocab_from_json(const char *path, struct st_mkmodel_vocab *v) {
   /* the GGUF says gpt2 (byte-level BPE): a tokenizer of another kind, or one without merges, would
    * write a file no loader reads */
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
-  if ((type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE"))) || !cJSON_IsArray(merges) ||
-      !cJSON_GetArraySize(merges)) {
-    rc = st_set_error(ST_EFORMAT, "%s: model.type %s%s%s with %s: mkmodel takes a BPE tokenizer.json with merges", path,
-                      cJSON_IsString(type) ? "\"" : "", cJSON_IsString(type) ? type->valuestring : type ? "(not a string)" : "(none)",
-                      cJSON_IsString(type) ? "\"" : "", cJSON_IsArray(merges) && cJSON_GetArraySize(merges) ? "merges" : "no merges");
+  const char *kind = cJSON_IsString(type) ? type->valuestring : type ? "(not a string)" : "BPE";
+  const int has_merges = cJSON_IsArray(merges) && cJSON_GetArraySize(merges) > 0;
+  if (strcmp(kind, "BPE") || !has_merges) {
+    rc = st_set_error(ST_EFORMAT, "%s: model.type %s with %s: mkmodel takes a BPE tokenizer.json with merges", path, kind,
+                      has_merges ? "merges" : "no merges");
     goto out;
   }
   /* Highest id, bounded so a hostile file cannot make us allocate without limit. */
