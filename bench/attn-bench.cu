@@ -11,9 +11,7 @@
 // ATT_MMA_SKIP (that block without its key loop), ATT_MMA_WARM (its tensor cores used once before
 // the wait for the previous kernel), ATT_PLAN_ES, ATT_Q8_LOAD (the q8_0 blocks' loads), ATT_MMA_CHUNK_Q8 (ATT_MMA_CHUNK for a q8_0 cache), ATT_PROBE (block clocks),
 // ATT_PF / ATT_PF_Q8 / ATT_PF_AHEAD (each warp's prefetch of its next rows, half / q8_0 cache), ATT_KO (timing only:
-// 1 the tensor-core block's loads without its arithmetic, 2 its arithmetic on made-up values without loads),
-// ATT_Q8_PLANE_ROWS=32832 / ATT_Q8_TILE=1 or 2 (timing only: a q8_0 cache read as another layout would be,
-// planes of quants then scales, or tiles of 16 rows, 2 with 16-byte loads; the values read are not the cache's));
+// 1 the tensor-core block's loads without its arithmetic, 2 its arithmetic on made-up values without loads);
 // run: [KV=f16|q8_0] [MODE=0|1|2] [COPIES=N] [DEPTH=N] [REGIME=any]
 // [CHECK_KEYS=N,N,..] attn-bench [replays].
 #include <math.h>

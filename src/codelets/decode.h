@@ -123,7 +123,7 @@ struct st_decode_dev {
   float *part;                                                  /* attention partials */
   struct st_route *route;                                       /* [n_layer][k] */
   uint64_t *sel_tag; /* [n_layer][k]: dk_gateup's block 0's selection for dk_down, (step << 32) | expert, zero at
-                        first (decode.cu's DK_DOWN_TAGS builds; unused in the others) */
+                        first (DK_DOWN_TAGS, decode_kernels.cuh's default; unused in -DDK_DOWN_TAGS=0 builds) */
   int32_t *pos;                                                 /* [2]: the token's position, the step number (seq) */
   int32_t *counters; /* [n_head]: the decode attention's last-block counters, zero between launches */
   uint64_t *amax;    /* [2]: the head's largest st_argmax_key over the step's logits, and 1 when one was not

@@ -63,26 +63,11 @@ template <typename F> static void kv_dispatch_q8(int kv_type, F &&f) {
   else kv_dispatch(kv_type, f);
 }
 __host__ __device__ __forceinline__ constexpr static int64_t kv_q8_row_bytes(int hd) { return (int64_t)hd + (int64_t)(hd / 32) * 2; }
+// The byte offset of row `row`'s quants in a q8_0 cache with rows of hd values. (Other layouts were
+// timed and not kept, bench/RESULTS.md 2026-12-07: quants and scales in planes, 16-row tiles whose
+// rows are 128-byte aligned, and rows padded to 144 bytes read with 16-byte loads.)
+__host__ __device__ __forceinline__ constexpr static int64_t kv_q8_at(int64_t row, int hd) { return row * kv_q8_row_bytes(hd); }
 // Row `row` of a cache of KT with rows of hd values.
-// ATT_Q8_PLANE_ROWS=N (bench/attn-bench variants, timing only: the values read are not the cache's):
-// the tensor-core block reads a q8_0 cache as planes of N rows, every row's hd quants (128-byte
-// aligned rows at hd 128) and then every row's scales, the same bytes as N rows of
-// kv_q8_row_bytes; the access pattern of such a layout, for its time before it is built.
-// ATT_Q8_TILE=1 (the same, timing only): tiles of 16 rows, their 16 x hd quants and then their scales
-// (17 x 128 bytes a tile at hd 128); ATT_Q8_TILE=2: the same read with 16-byte loads at hd 128.
-#ifdef ATT_Q8_PLANE_ROWS
-__host__ __device__ __forceinline__ constexpr static int64_t kv_q8_stride(int hd) { return hd; }
-#else
-__host__ __device__ __forceinline__ constexpr static int64_t kv_q8_stride(int hd) { return kv_q8_row_bytes(hd); }
-#endif
-// The byte offset of row `row`'s quants in a q8_0 cache with rows of hd values.
-__host__ __device__ __forceinline__ constexpr static int64_t kv_q8_at(int64_t row, int hd) {
-#if ATT_Q8_TILE
-  return (row >> 4) * 17 * hd + (row & 15) * hd;
-#else
-  return row * kv_q8_stride(hd);
-#endif
-}
 template <typename KT> __device__ __forceinline__ static const KT *kv_row(const KT *c, int64_t row, int hd) {
   if constexpr (kv_is_q8<KT>) return (const KT *)((const uint8_t *)c + kv_q8_at(row, hd));
   else return c + row * hd;
@@ -656,19 +641,10 @@ template <int HD> struct mma_raw<HD, kv_q8> {
   static constexpr int NS = HD / 32, NH = HD / 64;
   uint2 k[2][NS], v[4][NH], ks[2], vs[4]; // quants; a row's scales (.x holds 2, .y 2 more at HD 128)
   __device__ __forceinline__ static uint2 q8(const uint8_t *p) { return kv_q8_quants8(p, HD); }
-  // the scales of row `key` (at `row`) of the cache at c
-  __device__ __forceinline__ static uint2 sc(const kv_q8 *c, int key, const uint8_t *row) {
-#if defined ATT_Q8_PLANE_ROWS
-    const uint8_t *s = (const uint8_t *)c + (int64_t)ATT_Q8_PLANE_ROWS * HD + (int64_t)key * (HD / 16);
-#elif ATT_Q8_TILE
-    const uint8_t *s = (const uint8_t *)c + (int64_t)(key >> 4) * 17 * HD + 16 * HD + (key & 15) * (HD / 16);
-    (void)row;
-#else
-    const uint8_t *s = row + HD;
-    (void)c, (void)key;
-#endif
-    if constexpr (HD % 128 == 0) return ATT_Q8_LOAD((const uint2 *)s);
-    else return make_uint2(ATT_Q8_LOAD((const unsigned *)s), 0u);
+  // the scales of the row at `row`
+  __device__ __forceinline__ static uint2 sc(const uint8_t *row) {
+    if constexpr (HD % 128 == 0) return ATT_Q8_LOAD((const uint2 *)(row + HD));
+    else return make_uint2(ATT_Q8_LOAD((const unsigned *)(row + HD)), 0u);
   }
   __device__ __forceinline__ void load(const kv_q8 *kc, const kv_q8 *vc, int k0, int end, int g, int t) {
     const uint2 z = make_uint2(0, 0); // rows past the range: zero quants, zero scales
@@ -676,17 +652,7 @@ template <int HD> struct mma_raw<HD, kv_q8> {
     for (int r = 0; r < 2; r++) {
       const int key = k0 + 8 * r + g;
       const uint8_t *row = (const uint8_t *)kc + kv_q8_at(key, HD);
-      ks[r] = key < end ? sc(kc, key, row) : z;
-#if ATT_Q8_TILE == 2 /* the tile probe with 16-byte loads (lane t: a row's values 32 t .. + 32) */
-      if constexpr (HD == 128) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          const uint4 a = key < end ? ATT_Q8_LOAD((const uint4 *)(row + 32 * t + 16 * i)) : make_uint4(0, 0, 0, 0);
-          k[r][2 * i] = make_uint2(a.x, a.y), k[r][2 * i + 1] = make_uint2(a.z, a.w);
-        }
-        continue;
-      }
-#endif
+      ks[r] = key < end ? sc(row) : z;
 #pragma unroll
       for (int si = 0; si < NS; si++) k[r][si] = key < end ? q8(row + 32 * si + 8 * t) : z;
     }
@@ -694,14 +660,7 @@ template <int HD> struct mma_raw<HD, kv_q8> {
     for (int r = 0; r < 4; r++) {
       const int key = k0 + 2 * t + (r & 1) + 8 * (r >> 1);
       const uint8_t *row = (const uint8_t *)vc + kv_q8_at(key, HD);
-      vs[r] = key < end ? sc(vc, key, row) : z;
-#if ATT_Q8_TILE == 2 /* (lane g: values 16 g .. + 16) */
-      if constexpr (HD == 128) {
-        const uint4 a = key < end ? ATT_Q8_LOAD((const uint4 *)(row + 16 * g)) : make_uint4(0, 0, 0, 0);
-        v[r][0] = make_uint2(a.x, a.y), v[r][1] = make_uint2(a.z, a.w);
-        continue;
-      }
-#endif
+      vs[r] = key < end ? sc(row) : z;
 #pragma unroll
       for (int h = 0; h < NH; h++) v[r][h] = key < end ? q8(row + 64 * h + 8 * g) : z;
     }

@@ -9,12 +9,13 @@
 
 namespace {
 
-// Variant knob (scripts/build-decode-variants -DDK_DOWN_TAGS=1): dk_down takes its experts from
-// dk_gateup's block 0's selection tags (one L2 read each) instead of loading the router's logits and
-// selecting for itself, which the twenty-ninth session's knockout put at about 2.2 us a layer on an H100
-// (bench/RESULTS.md). Not yet timed on a GPU, so off by default, and then compiled out.
+// dk_down takes its experts from dk_gateup's block 0's selection tags (one L2 read each) instead of
+// loading the router's logits and selecting for itself, which the twenty-ninth session's knockout put
+// at about 2.2 us a layer on an H100: every-expert decode of qwen3-30b-a3b Q8_0 359.1 -> 370.7 tok/s
+// there, the same greedy bits (bench/RESULTS.md, 2026-12-07). Variant knob for A/B builds
+// (scripts/build-decode-variants -DDK_DOWN_TAGS=0: dk_down's own selection, as before).
 #ifndef DK_DOWN_TAGS
-#define DK_DOWN_TAGS 0
+#define DK_DOWN_TAGS 1
 #endif
 
 #define PRE_THREADS 1024
@@ -295,7 +296,7 @@ struct route_src {
   float *pub_x;
   uint32_t *pub_flag;
   const uint32_t *seq;
-  // the layer's selection tags (st_decode_dev::sel_tag; decode.cu's DK_DOWN_TAGS builds), or NULL: dk_gateup's
+  // the layer's selection tags (st_decode_dev::sel_tag; DK_DOWN_TAGS, the default), or NULL: dk_gateup's
   // block 0 writes (step << 32) | expert for each slot once it has selected, and dk_down takes its
   // rows' experts from them instead of selecting for itself
   uint64_t *sel_tag;
