@@ -1074,8 +1074,13 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 }
 
 // Heads a short-context block takes (attend_short_block's NQ, which its sums' order depends on): at
-// most two, so that the decode step's few keys are read by 4 blocks a KV group of 8 heads.
-static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < 2 ? att_nq(nq, hd) : 2; }
+// most ATT_SHORT_NQ, two, so that the decode step's few keys are read by 4 blocks a KV group of 8
+// heads (bench variants: -DATT_SHORT_NQ=1, a block a head).
+#ifndef ATT_SHORT_NQ
+#define ATT_SHORT_NQ 2
+#endif
+static_assert(ATT_SHORT_NQ == 1 || ATT_SHORT_NQ == 2, "att_short_dispatch: one or two heads a block");
+static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < ATT_SHORT_NQ ? att_nq(nq, hd) : ATT_SHORT_NQ; }
 
 // The decode step's q/k norms, RoPE and KV append in one launch, and with at most ATT_SHORT_MAX keys
 // (and out set) its attention too: block g n_hb + b takes KV group g's query heads b NQ .. (nq a
