@@ -141,6 +141,8 @@ else
 fi
 expect_error "tune without a model" "missing -m" "$STRATA" tune --policies eager
 expect_error "tune with -n after --" "'-n' after -- would override" "$STRATA" tune -m "$tiny" -- -n 5
+expect_error "tune with a policy listed twice" "'eager' is listed twice" "$STRATA" tune -m "$tiny" --policies eager,lws,eager
+expect_error "tune with a worker count listed twice" "1 is listed twice" "$STRATA" tune -m "$tiny" --ncpu 1,2,1
 for c in trace tune; do
   "$STRATA" $c --help >"$tmp/out" 2>&1 && grep -q "usage: strata $c" "$tmp/out" && ok "$c --help" || bad "$c --help: $(head -c 200 "$tmp/out")"
 done

@@ -36,10 +36,11 @@ static void usage(FILE *f) {
           "STARPU_SCHED (and STARPU_NCPU) set; options after `--` are passed to every run.\n"
           "\n"
           "  -m, --model FILE      GGUF model (required)\n"
-          "      --policies LIST   comma-separated STARPU_SCHED values\n"
+          "      --policies LIST   comma-separated STARPU_SCHED values, each once\n"
           "                        (default: " DEFAULT_POLICIES ")\n"
-          "      --ncpu LIST       comma-separated STARPU_NCPU values, e.g. 1,2,4 (default: StarPU's\n"
-          "                        own choice, STARPU_NCPU left as it is)\n"
+          "      --ncpu LIST       comma-separated STARPU_NCPU values, each once, e.g. 1,2,4 (default:\n"
+          "                        StarPU's own choice, STARPU_NCPU left as it is; a count above the\n"
+          "                        online cores is run, with a warning)\n"
           "      --prompt N        prompt length, tokens (default: 64; at most 16384: the ids go on each\n"
           "                        run's command line)\n"
           "      --decode N        tokens generated, each a decode step (default: 32)\n"
@@ -336,6 +337,18 @@ int st_cmd_tune(int argc, char **argv) {
       rc = fail(st_last_error());
       goto out;
     }
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  for (size_t i = 0; i < n_ncpu; i++) {
+    for (size_t j = 0; j < i; j++)
+      if (ncpu_v[j] == ncpu_v[i]) {
+        snprintf(msg, sizeof msg, "--ncpu: %ld is listed twice", ncpu_v[i]);
+        rc = fail(msg);
+        goto out;
+      }
+    if (cores > 0 && ncpu_v[i] > cores)
+      fprintf(stderr, "strata tune: warning: --ncpu %ld is more CPU workers than this machine's %ld online cores\n",
+              ncpu_v[i], cores);
+  }
   for (size_t i = 0; i < n_pol; i++) {
     if (strlen(policies[i]) >= sizeof runs[0].policy || strspn(policies[i], "abcdefghijklmnopqrstuvwxyz0123456789_-") !=
                                                              strlen(policies[i])) {
@@ -343,6 +356,12 @@ int st_cmd_tune(int argc, char **argv) {
       rc = fail(msg);
       goto out;
     }
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(policies[j], policies[i])) {
+        snprintf(msg, sizeof msg, "--policies: '%.60s' is listed twice", policies[i]);
+        rc = fail(msg);
+        goto out;
+      }
   }
 
   /* A prompt of ordinary word-piece ids from the model's vocabulary, as bench/generate.sh. */
