@@ -253,6 +253,17 @@ for t in iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s; do
   fi
   rm -f "$tmp/$t.gguf"
 done
+# 7a. mkmodel's last line says which matrices fell back to q8_0: all of them at hidden 64 (q4_k's
+# 256-blocks divide no row), not all at hidden and expert FFN 256 (the attention's narrower rows still do)
+if "$STRATA" mkmodel -o "$tmp/fb.gguf" --layers 2 --type q4_k -q $vocab 2>"$tmp/err" \
+   && grep -Eq 'q4_K \(all ([0-9]+) of \1 matrices in q8_0' "$tmp/err" \
+   && "$STRATA" mkmodel -o "$tmp/fb.gguf" --hidden 256 --expert-ffn 256 --layers 2 --type q4_k -q $vocab 2>"$tmp/err2" \
+   && grep -q 'q4_K' "$tmp/err2" && ! grep -q '(all ' "$tmp/err2"; then
+  ok "mkmodel --type q4_k names its q8_0 fallback: $(grep -o 'q4_K (.*' "$tmp/err"); at 256: $(grep -o 'q4_K.*' "$tmp/err2")"
+else
+  bad "mkmodel --type q4_k fallback line: $(tail -n 1 "$tmp/err") / $(tail -n 1 "$tmp/err2" 2>/dev/null)"
+fi
+rm -f "$tmp/fb.gguf"
 # 7b. mkmodel refuses a shape or tokenizer that would make a file no loader reads; a run stopped by
 # SIGTERM leaves an existing output file as it was and no partial file beside it
 expect_error "mkmodel --head-dim 9" "RoPE rotates 9 dimensions" "$STRATA" mkmodel -q -o "$tmp/hd.gguf" --type f16 --head-dim 9

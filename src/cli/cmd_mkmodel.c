@@ -252,9 +252,14 @@ int st_cmd_mkmodel(int argc, char **argv) {
   uint64_t n_vocab = vocab.n_tokens;
   st_mkmodel_vocab_free(&vocab);
   if (rc) return fail("%s", st_last_error());
-  char types[48];
+  uint32_t n_fb = 0, n_mat = 0, fb_type = cfg.type;
+  if (st_mkmodel_fallbacks(&cfg, n_vocab, &n_fb, &n_mat, &fb_type)) n_fb = 0;
+  char types[160];
   snprintf(types, sizeof types, "%s%s%s", st_type_info(cfg.type)->name, cfg.has_expert_type ? ", experts " : "",
            cfg.has_expert_type ? st_type_info(cfg.expert_type)->name : "");
+  if (n_fb) /* the type's blocks do not divide some rows (st_mkmodel_fallbacks) */
+    snprintf(types + strlen(types), sizeof types - strlen(types), " (%s%u of %u matrices in %s: rows its blocks do not divide)",
+             n_fb == n_mat ? "all " : "", n_fb, n_mat, st_type_info(fb_type)->name);
   fprintf(stderr, "strata mkmodel: wrote %s: %.2f GiB in %.1f s (%.0f MB/s); %s, %u layers, %u experts, "
                   "top-%u, hidden %u, vocab %llu, %s\n",
           output, bytes / 1073741824.0, dt, bytes / 1e6 / (dt > 0 ? dt : 1e-9), st_arch_of(cfg.arch)->name, cfg.n_layer,

@@ -595,6 +595,23 @@ static uint32_t build_tensors(const struct st_mkmodel_config *c, uint64_t n_voca
   return n;
 }
 
+int st_mkmodel_fallbacks(const struct st_mkmodel_config *c, uint64_t n_vocab, uint32_t *n_fallback, uint32_t *n_matrices,
+                         uint32_t *fallback_type) {
+  struct tdesc *t = calloc(3 + (size_t)ST_LAYER_MAX_TENSORS * c->n_layer, sizeof *t);
+  if (!t) return st_set_error(ST_ENOMEM, "out of memory");
+  const uint32_t n = build_tensors(c, n_vocab, t);
+  *n_fallback = *n_matrices = 0;
+  *fallback_type = c->type;
+  for (uint32_t i = 0; i < n; i++) {
+    if (t[i].kind != K_MATRIX && t[i].kind != K_EMBD) continue;
+    (*n_matrices)++;
+    const uint32_t want = c->has_expert_type && strstr(t[i].name, "_exps") && t[i].n_dims == 3 ? c->expert_type : c->type;
+    if (t[i].type != want) (*n_fallback)++, *fallback_type = t[i].type;
+  }
+  free(t);
+  return 0;
+}
+
 /* u and the per-layer router bias coefficients (see the file comment). */
 static int make_skew(struct gen *G) {
   const struct st_mkmodel_config *c = G->cfg;
