@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codelets/quant.h"
@@ -217,6 +218,7 @@ static void test_roundtrip(void) {
   rc |= st_gguf_writer_add_tensor(w, "t.bf16", ST_TYPE_BF16, 3, ne_bf16);
   rc |= st_gguf_writer_add_tensor(w, "t.q8_0", ST_TYPE_Q8_0, 2, ne_q8);
   int bad_q8 = st_gguf_writer_add_tensor(w, "t.bad", ST_TYPE_Q8_0, 2, (uint64_t[]){33, 1});
+  const uint64_t predicted = st_gguf_writer_file_bytes(w);
   rc |= st_gguf_writer_begin(w, path);
   /* F32 streamed in three uneven pieces, BF16 in one call, Q8_0 in two pieces. */
   rc |= st_gguf_writer_write_data(w, f32d, 20);
@@ -233,6 +235,12 @@ static void test_roundtrip(void) {
   result("writer: refuses row not multiple of block", bad_q8 == ST_EINVAL, "%d", bad_q8);
   result("writer: refuses partial write_tensor", short_tensor == ST_EINVAL, "%d", short_tensor);
   result("writer: refuses data past last tensor", extra == ST_EINVAL, "%d", extra);
+  {
+    struct stat sb;
+    const int st_ok = stat(path, &sb) == 0;
+    result("writer: st_gguf_writer_file_bytes before begin = the finished file's size", st_ok && (uint64_t)sb.st_size == predicted,
+           "predicted %llu, file %lld bytes", (unsigned long long)predicted, st_ok ? (long long)sb.st_size : -1LL);
+  }
   if (rc) {
     result("writer: round trip", 0, "writer failed: %s", st_last_error());
     return;

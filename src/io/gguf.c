@@ -800,6 +800,12 @@ static int wr_zeros(struct st_gguf_writer *w, size_t n) {
   return wr(w, zeros, n);
 }
 
+uint64_t st_gguf_writer_file_bytes(const struct st_gguf_writer *w) {
+  uint64_t pos = 24 + w->kvlen;
+  for (uint64_t i = 0; i < w->n_t; i++) pos += 8 + strlen(w->t[i].name) + 4 + 8 * (uint64_t)w->t[i].n_dims + 4 + 8;
+  return align_up(pos) + w->data_size;
+}
+
 int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path) {
   if (w->began) return st_set_error(ST_EINVAL, "gguf writer: begin called twice");
   free(w->path);

@@ -147,6 +147,9 @@ int st_gguf_writer_add_arr_f32(struct st_gguf_writer *w, const char *key, const 
 /* Declares a tensor: `ne` has n_dims entries, ne[0] contiguous. */
 int st_gguf_writer_add_tensor(struct st_gguf_writer *w, const char *name, uint32_t type,
                               uint32_t n_dims, const uint64_t *ne);
+/* Bytes of the file the writer will have written once every declared tensor is (header, KV pairs,
+ * tensor infos, the data section with its padding): for a free-space check before begin. */
+uint64_t st_gguf_writer_file_bytes(const struct st_gguf_writer *w);
 /* Opens `path` for writing (as PATH.part.XXXXXX beside it, mode 0644, renamed over PATH by
  * st_gguf_writer_finish; st_gguf_writer_free removes it when unfinished) and writes header, KVs and
  * tensor infos. */

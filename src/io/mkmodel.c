@@ -841,15 +841,16 @@ int st_mkmodel_write(const struct st_mkmodel_config *c, const struct st_mkmodel_
       goto out;
     }
   }
-  { /* refuse up front when the tensors alone would not fit on the file system */
+  { /* refuse up front when the file (metadata, tokenizer and tensors) would not fit on the file system */
+    const uint64_t file_bytes = st_gguf_writer_file_bytes(w);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) *(slash == dir ? slash + 1 : slash) = 0;
     else snprintf(dir, sizeof dir, ".");
     struct statvfs fs;
-    if (!statvfs(dir, &fs) && (uint64_t)fs.f_bavail * fs.f_frsize < total) {
-      rc = st_set_error(ST_EIO, "%s: the model needs %.2f GiB and %s has %.2f GiB free", path, total / 1073741824.0, dir,
+    if (!statvfs(dir, &fs) && (uint64_t)fs.f_bavail * fs.f_frsize < file_bytes) {
+      rc = st_set_error(ST_EIO, "%s: the model needs %.2f GiB and %s has %.2f GiB free", path, file_bytes / 1073741824.0, dir,
                         (double)fs.f_bavail * fs.f_frsize / 1073741824.0);
       goto out;
     }
