@@ -800,11 +800,14 @@ static int wr_zeros(struct st_gguf_writer *w, size_t n) {
   return wr(w, zeros, n);
 }
 
-uint64_t st_gguf_writer_file_bytes(const struct st_gguf_writer *w) {
+/* Bytes of the header, KV pairs and tensor infos begin writes, before the padding to the alignment. */
+static uint64_t header_bytes(const struct st_gguf_writer *w) {
   uint64_t pos = 24 + w->kvlen;
   for (uint64_t i = 0; i < w->n_t; i++) pos += 8 + strlen(w->t[i].name) + 4 + 8 * (uint64_t)w->t[i].n_dims + 4 + 8;
-  return align_up(pos) + w->data_size;
+  return pos;
 }
+
+uint64_t st_gguf_writer_file_bytes(const struct st_gguf_writer *w) { return align_up(header_bytes(w)) + w->data_size; }
 
 int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path) {
   if (w->began) return st_set_error(ST_EINVAL, "gguf writer: begin called twice");
@@ -838,7 +841,6 @@ int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path) {
   if (!rc) rc = wr(w, &w->n_t, 8);
   if (!rc) rc = wr(w, &w->n_kv, 8);
   if (!rc) rc = wr(w, w->kvbuf, w->kvlen);
-  uint64_t pos = 24 + w->kvlen;
   for (uint64_t i = 0; i < w->n_t && !rc; i++) {
     const struct wtensor *t = &w->t[i];
     uint64_t n = strlen(t->name);
@@ -848,8 +850,8 @@ int st_gguf_writer_begin(struct st_gguf_writer *w, const char *path) {
     if (!rc) rc = wr(w, t->ne, 8 * (size_t)t->n_dims);
     if (!rc) rc = wr(w, &t->type, 4);
     if (!rc) rc = wr(w, &t->offset, 8);
-    pos += 8 + n + 4 + 8 * t->n_dims + 4 + 8;
   }
+  const uint64_t pos = header_bytes(w);
   if (!rc) rc = wr_zeros(w, (size_t)(align_up(pos) - pos));
   w->cur = 0;
   w->cur_done = 0;

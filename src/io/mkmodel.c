@@ -419,6 +419,7 @@ struct tdesc {
   char name[96];
   enum tkind kind;
   uint32_t type, n_dims, layer;
+  uint32_t asked; /* the type asked for (add_desc may write a fallback type instead) */
   uint64_t ne[4];
   float std; /* K_MATRIX / K_ROUTER noise */
   uint64_t rows, row_bytes;
@@ -538,6 +539,7 @@ static int add_desc(struct tdesc *t, uint32_t *n, const char *name, enum tkind k
   struct tdesc *d = &t[(*n)++];
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "%s", name);
+  d->asked = type;
   /* as llama.cpp's quantiser does: a row the type's blocks do not divide (a 256-weight K-quant
    * block on a 64-wide row) is written in a fallback type */
   if (ne0 % st_type_info(type)->blck_size) type = ne0 % ST_QK8_0 ? ST_TYPE_F32 : ST_TYPE_Q8_0;
@@ -605,8 +607,7 @@ int st_mkmodel_fallbacks(const struct st_mkmodel_config *c, uint64_t n_vocab, ui
   for (uint32_t i = 0; i < n; i++) {
     if (t[i].kind != K_MATRIX && t[i].kind != K_EMBD) continue;
     (*n_matrices)++;
-    const uint32_t want = c->has_expert_type && strstr(t[i].name, "_exps") && t[i].n_dims == 3 ? c->expert_type : c->type;
-    if (t[i].type != want) (*n_fallback)++, *fallback_type = t[i].type;
+    if (t[i].type != t[i].asked) (*n_fallback)++, *fallback_type = t[i].type;
   }
   free(t);
   return 0;
