@@ -1074,10 +1074,12 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 }
 
 // Heads a short-context block takes (attend_short_block's NQ, which its sums' order depends on): at
-// most ATT_SHORT_NQ, two, so that the decode step's few keys are read by 4 blocks a KV group of 8
-// heads (bench variants: -DATT_SHORT_NQ=1, a block a head).
+// most ATT_SHORT_NQ, one, so that the decode step's few keys are read by a block a query head (bench
+// variant: -DATT_SHORT_NQ=2, two heads a block). On an H100 (bench/RESULTS.md 2026-12-07, thirty-sixth
+// session) one head a block took an 8-layer cut's GPU span a step from 556 to 553 us (qwen3, 32 heads)
+// and from 799 to 772 us (gpt-oss, 64 heads).
 #ifndef ATT_SHORT_NQ
-#define ATT_SHORT_NQ 2
+#define ATT_SHORT_NQ 1
 #endif
 static_assert(ATT_SHORT_NQ == 1 || ATT_SHORT_NQ == 2, "att_short_dispatch: one or two heads a block");
 static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < ATT_SHORT_NQ ? att_nq(nq, hd) : ATT_SHORT_NQ; }

@@ -47,7 +47,11 @@ __device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
 // mailbox's step number pos_seq[1] has moved past the last step's, *seq: a step submitted before
 // the host knew its token, STRATA_PRESUBMIT) and the n_counters fused
 // kernels' counters zeroed and the GPU's clock written to *stamp (when set); then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
-// dynamic shared memory: d floats.
+// dynamic shared memory: d floats. Its loads that do not depend on one another are issued together
+// (the route, the layer's slot table, h and w, the first PRE_ELEMS / 2 pairs of elements of each
+// thread held in registers): one block's chain of dependent loads is the kernel's time.
+#define PRE_ELEMS 4   /* elements of h and w a thread loads up front (d <= PRE_ELEMS PRE_THREADS) */
+#define PRE_SLOTS 256 /* experts whose slot pointers the block loads up front (n_expert <= PRE_SLOTS) */
 __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
@@ -55,20 +59,32 @@ __global__ void __launch_bounds__(PRE_THREADS)
            float *x, const float *w, float eps, float *xn, const float *fixed, uint64_t *stamp, int wait_mail) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
+  __shared__ const uint8_t *slots[PRE_SLOTS];
   __shared__ int any_cpu;
   __shared__ float red[32];
+  const int t = threadIdx.x, bd = blockDim.x;
+  float wv[PRE_ELEMS], hv[PRE_ELEMS];
+#pragma unroll
+  for (int m = 0; m < PRE_ELEMS; m++) wv[m] = t + m * bd < d ? __ldg(w + t + m * bd) : 0.0f; // weights: no kernel writes them
   st_dev_griddep_launch();
   st_dev_griddep_wait(); // every read below is of an earlier kernel's writes
   if (combine) {
-    if (threadIdx.x == 0) any_cpu = 0;
+    const bool pre_slots = n_expert <= PRE_SLOTS;
+    st_route rt = {};
+    if (t < k) rt = route[t];
+    if (pre_slots && t < n_expert) slots[t] = slot_ptr[t];
+#pragma unroll
+    for (int m = 0; m < PRE_ELEMS; m++) hv[m] = t + m * bd < d ? h[t + m * bd] : 0.0f;
+    if (t == 0) any_cpu = 0;
     __syncthreads();
-    if ((int)threadIdx.x < k) {
-      const int e = min(max(route[threadIdx.x].expert, 0), n_expert - 1);
-      src[threadIdx.x] = (slot_ptr[e] ? gpu_out : cpu_out) + (size_t)threadIdx.x * d;
-      if (!slot_ptr[e]) atomicOr(&any_cpu, 1);
+    if (t < k) {
+      const int e = min(max(rt.expert, 0), n_expert - 1);
+      const uint8_t *sp = pre_slots ? slots[e] : slot_ptr[e];
+      src[t] = (sp ? gpu_out : cpu_out) + (size_t)t * d;
+      if (!sp) atomicOr(&any_cpu, 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0 && cpu_flag && any_cpu)
+    if (t == 0 && cpu_flag && any_cpu)
       for (const uint32_t want = *seq; dk_flag_load(cpu_flag) != want;) __nanosleep(128);
     __syncthreads();
     // two of the thread's elements at a time, every load of a row group in flight (the mailbox's
@@ -76,8 +92,8 @@ __global__ void __launch_bounds__(PRE_THREADS)
     // each element's sum in slot order. The loads are unconditional (past k: slot k - 1's row again,
     // past d: element i0 again, both dropped): guarded volatile loads may be issued one at a time,
     // each next to its use (as attention.cu's merge found)
-    for (int i0 = threadIdx.x; i0 < d; i0 += 2 * blockDim.x) {
-      const int i1 = i0 + blockDim.x, two = i1 < d, i1r = two ? i1 : i0;
+    auto pair = [&](int i0, float h0, float h1) {
+      const int i1 = i0 + bd, two = i1 < d, i1r = two ? i1 : i0;
       float acc0 = 0.0f, acc1 = 0.0f;
       for (int j0 = 0; j0 < k; j0 += 8) { // (k 0: a dense layer, its fixed FFN's row only)
         float v0[8], v1[8];
@@ -95,19 +111,23 @@ __global__ void __launch_bounds__(PRE_THREADS)
         acc0 = k ? __fadd_rn(acc0, fixed[i0]) : fixed[i0];
         if (two) acc1 = k ? __fadd_rn(acc1, fixed[i1]) : fixed[i1];
       }
-      x[i0] = xs[i0] = __fadd_rn(acc0, h[i0]);
-      if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h[i1]);
-    }
+      x[i0] = xs[i0] = __fadd_rn(acc0, h0);
+      if (two) x[i1] = xs[i1] = __fadd_rn(acc1, h1);
+    };
+#pragma unroll
+    for (int m = 0; m < PRE_ELEMS; m += 2)
+      if (t + m * bd < d) pair(t + m * bd, hv[m], hv[m + 1]);
+    for (int i0 = t + PRE_ELEMS * bd; i0 < d; i0 += 2 * bd) pair(i0, h[i0], i0 + bd < d ? h[i0 + bd] : 0.0f);
   } else {
     if (wait_mail) { // the host writes the embedding row and the position, then the step number (release)
-      if (threadIdx.x == 0)
+      if (t == 0)
         for (const uint32_t last = *seq; dk_flag_load((const uint32_t *)(pos_seq + 1)) == last;) __nanosleep(256);
       __syncthreads();
     }
-    if (threadIdx.x < 2) pos[threadIdx.x] = __ldcv(pos_seq + threadIdx.x);
-    if (threadIdx.x == 0 && stamp) *(volatile uint64_t *)stamp = st_dev_globaltimer();
-    for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    if (t < 2) pos[t] = __ldcv(pos_seq + t);
+    if (t == 0 && stamp) *(volatile uint64_t *)stamp = st_dev_globaltimer();
+    for (int i = t; i < n_counters; i += bd) counters[i] = 0;
+    for (int i = t; i < d; i += bd) {
       const float v = __ldcv(emb + i);
       x[i] = v;
       xs[i] = v;
@@ -115,15 +135,18 @@ __global__ void __launch_bounds__(PRE_THREADS)
   }
   __syncthreads();
   float ss = 0.0f;
-  if (threadIdx.x < NORM_THREADS)
-    for (int i = threadIdx.x; i < d; i += NORM_THREADS) ss = fmaf(xs[i], xs[i], ss);
+  if (t < NORM_THREADS)
+    for (int i = t; i < d; i += NORM_THREADS) ss = fmaf(xs[i], xs[i], ss);
   ss = st_warp_sum(ss);
-  if ((threadIdx.x & 31) == 0 && threadIdx.x < NORM_THREADS) red[threadIdx.x >> 5] = ss;
+  if ((t & 31) == 0 && t < NORM_THREADS) red[t >> 5] = ss;
   __syncthreads();
   float tot = 0.0f;
   for (int i = 0; i < NORM_THREADS / 32; i++) tot += red[i];
   const float scale = rsqrtf(tot / (float)d + eps);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) xn[i] = xs[i] * scale * w[i];
+#pragma unroll
+  for (int m = 0; m < PRE_ELEMS; m++)
+    if (t + m * bd < d) xn[t + m * bd] = xs[t + m * bd] * scale * wv[m];
+  for (int i = t + PRE_ELEMS * bd; i < d; i += bd) xn[i] = xs[i] * scale * w[i];
 }
 
 // Up to three matrices of one type times the same vector in one launch: the row groups of segment
