@@ -121,12 +121,22 @@ expect_error "unknown flag" "unknown option '--bogus'" "$STRATA" trace --bogus "
 # 3b. a second recording into the same folder replaces the first: what strata trace made of the old
 # one goes, and strata trace on the new one takes only its own events
 "$STRATA" generate -m "$tiny" -p hi -n 6 --temp 0 --trace "$tmp/again" >/dev/null 2>&1 && "$STRATA" trace "$tmp/again" >/dev/null 2>&1
+# what starpu_fxt_tool leaves in fxt/ (made here too, where the tool is missing), and a file of the user's
+mkdir -p "$tmp/again/fxt" "$tmp/again2/fxt"
+for f in dag.dot tasks.rec fxt_tool.log; do echo old > "$tmp/again/fxt/$f"; echo old > "$tmp/again2/fxt/$f"; done
+echo mine > "$tmp/again2/fxt/notes.txt"
 "$STRATA" generate -m "$tiny" -p hi -n 2 --temp 0 --trace "$tmp/again" >/dev/null 2>"$tmp/err"
 if [ -s "$tmp/again/events.tsv" ] && [ ! -e "$tmp/again/timeline.svg" ] && [ ! -e "$tmp/again/summary.txt" ] \
-   && "$STRATA" trace "$tmp/again" >/dev/null 2>&1 && [ -s "$tmp/again/timeline.svg" ]; then
-  ok "a second --trace into the same folder: the first's timeline and summary removed, the new recording renders"
+   && [ ! -e "$tmp/again/fxt" ] && "$STRATA" trace "$tmp/again" >/dev/null 2>&1 && [ -s "$tmp/again/timeline.svg" ]; then
+  ok "a second --trace into the same folder: the first's timeline, summary and fxt/ removed, the new recording renders"
 else
-  bad "a second --trace into the same folder: $(ls "$tmp/again" | tr '\n' ' ') $(tail -n 2 "$tmp/err")"
+  bad "a second --trace into the same folder: $(ls "$tmp/again" "$tmp/again/fxt" 2>&1 | tr '\n' ' ') $(tail -n 2 "$tmp/err")"
+fi
+"$STRATA" generate -m "$tiny" -p hi -n 2 --temp 0 --trace "$tmp/again2" >/dev/null 2>"$tmp/err"
+if [ ! -e "$tmp/again2/fxt/dag.dot" ] && [ ! -e "$tmp/again2/fxt/tasks.rec" ] && [ "$(cat "$tmp/again2/fxt/notes.txt" 2>/dev/null)" = mine ]; then
+  ok "--trace into a folder whose fxt/ holds a file of the user's: starpu_fxt_tool's files removed, the user's kept"
+else
+  bad "--trace with a user's file in fxt/: $(ls "$tmp/again2/fxt" 2>&1 | tr '\n' ' ') $(tail -n 2 "$tmp/err")"
 fi
 # 4. tune over two schedulers
 if "$STRATA" tune -m "$tiny" --policies eager,lws --prompt 16 --decode 8 >"$tmp/out" 2>"$tmp/err"; then
