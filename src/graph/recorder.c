@@ -14,6 +14,7 @@
 
 #include "codelets/codelets.h"
 #include "common.h"
+#include "io/trace.h"
 
 struct rec_task {
   const char *name; /* the engine's task-name arena: lives as long as the engine */
@@ -46,24 +47,15 @@ int st_recorder_check_dir(const char *dir) {
 }
 
 void st_recorder_clear_dir(const char *dir) {
-  /* what strata trace made of an earlier recording goes with it: its files in DIR, and in DIR/fxt
-   * the files starpu_fxt_tool writes there (io/trace_export.c st_trace_run_fxt_tool), the folder
-   * itself once empty; anything else in DIR/fxt stays, and so does the folder then */
+  /* what strata trace made of an earlier recording goes with it: its files in DIR, and what
+   * starpu_fxt_tool wrote in DIR/fxt (io/trace.h) */
   static const char *const old[] = {"events.tsv", "timeline.svg", "trace.json", "summary.txt", "paje.trace"};
-  static const char *const fxt[] = {"fxt_tool.log", "paje.trace", "dag.dot", "tasks.rec", "trace.rec", "data.rec",
-                                    "comms.rec", "sched_tasks.rec", "papi.rec", "activity.data", "distrib.data",
-                                    "trace.html", "starpu_idle_microsec.log"};
   char path[4200];
   for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, old[i]);
     unlink(path);
   }
-  for (size_t i = 0; i < sizeof fxt / sizeof fxt[0]; i++) {
-    snprintf(path, sizeof path, "%s/fxt/%s", dir, fxt[i]);
-    unlink(path);
-  }
-  snprintf(path, sizeof path, "%s/fxt", dir);
-  rmdir(path);
+  st_trace_remove_fxt_outputs(dir);
   snprintf(path, sizeof path, "%s/prof_file_*", dir);
   glob_t g;
   if (!glob(path, 0, NULL, &g))

@@ -123,4 +123,10 @@ void st_trace_write_summary(const struct st_trace *tr, FILE *f);
  * a negative ST_E* code when the tool is missing or failed; `msg` always says what happened. */
 int st_trace_run_fxt_tool(const char *dir, const char *outdir, char *msg, size_t msg_size);
 
+/* Removes from OUTDIR/fxt/ the files st_trace_run_fxt_tool's run of starpu_fxt_tool writes there
+ * (its log, dag.dot, tasks.rec, trace.rec, data.rec, activity.data, distrib.data, trace.html, ...),
+ * then the folder itself when that leaves it empty; any other file stays. Errors are ignored
+ * (a file or folder that is not there is the usual case). */
+void st_trace_remove_fxt_outputs(const char *outdir);
+
 #endif

@@ -927,6 +927,19 @@ static int find_tool(char *out, size_t n) {
   return access(out, X_OK) ? -1 : 0;
 }
 
+void st_trace_remove_fxt_outputs(const char *outdir) {
+  static const char *const made[] = {"fxt_tool.log", "paje.trace", "dag.dot", "tasks.rec", "trace.rec", "data.rec",
+                                     "comms.rec", "sched_tasks.rec", "papi.rec", "activity.data", "distrib.data",
+                                     "trace.html", "starpu_idle_microsec.log"};
+  char path[PATH_MAX + 64];
+  for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
+    snprintf(path, sizeof path, "%s/fxt/%s", outdir, made[i]);
+    unlink(path);
+  }
+  snprintf(path, sizeof path, "%s/fxt", outdir);
+  rmdir(path);
+}
+
 int st_trace_run_fxt_tool(const char *dir, const char *outdir, char *msg, size_t msg_size) {
   char pat[PATH_MAX + 16], tool[PATH_MAX], abs_out[PATH_MAX], side[PATH_MAX + 8], log[PATH_MAX + 24], paje[PATH_MAX + 16];
   snprintf(pat, sizeof pat, "%s/prof_file_*", dir);
