@@ -964,35 +964,25 @@ static size_t att_short_smem(int hd, int nd, int nqb, size_t es) {
   return 2 * (size_t)att_short_max(hd, es) * hd * es + sizeof(float) * ATT_WARPS * nqb * nd * 32;
 }
 
-// Keys [j0, j1) of a float or half cache (key j at row lo + j, modulo ring when ring > 0) into the
-// rows ks, vs ([keys][hd]) of attend_short_block's shared memory: 16-byte asynchronous copies where
+// Keys j < n of a float or half cache (key j at row lo + j, modulo ring when ring > 0) into the
+// rows ks, vs ([n][hd]) of attend_short_block's shared memory: 16-byte asynchronous copies where
 // the rows allow them (the caller commits and waits), else plain loads and stores.
 template <typename KT>
-__device__ __forceinline__ static void att_short_copy(KT *ks, KT *vs, const KT *kc, const KT *vc, int hd, int j0, int j1,
-                                                      int lo, int ring) {
+__device__ __forceinline__ static void att_short_copy(KT *ks, KT *vs, const KT *kc, const KT *vc, int hd, int n, int lo,
+                                                      int ring) {
   constexpr int PER = 16 / sizeof(KT);
   const int per = hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0 ? hd / PER : 0;
-  for (int e = threadIdx.x + j0 * per; per && e < j1 * per; e += blockDim.x) {
+  for (int e = threadIdx.x; per && e < n * per; e += blockDim.x) {
     const int j = e / per, r = ring ? (lo + j) % ring : lo + j;
     const int64_t src = (int64_t)r * hd + PER * (e - j * per);
     st_dev_cp16(ks + PER * e, kc + src);
     st_dev_cp16(vs + PER * e, vc + src);
   }
-  for (int e = threadIdx.x + j0 * hd; !per && e < j1 * hd; e += blockDim.x) {
+  for (int e = threadIdx.x; !per && e < n * hd; e += blockDim.x) {
     const int j = e / hd, r = ring ? (lo + j) % ring : lo + j;
     ks[e] = kc[(int64_t)r * hd + e - j * hd], vs[e] = vc[(int64_t)r * hd + e - j * hd];
   }
 }
-
-// Keys a warp of attend_short_block takes at a time in its score and P V loops (#pragma unroll):
-// independent dot products and reductions in flight together, each key's arithmetic unchanged
-// (bench variant; 0: the compiler's choice, which unrolled the score loop by two).
-#ifndef ATT_SHORT_UNROLL
-#define ATT_SHORT_UNROLL 0
-#endif
-#if ATT_SHORT_UNROLL
-constexpr int att_short_unroll = ATT_SHORT_UNROLL; // (#pragma unroll takes no macro)
-#endif
 
 // Causal attention of nh <= NQ query heads (qs: shared memory, head i at qs + i hd) over keys
 // [0, n) of kc, vc ([keys][hd] of KT; 1 <= n <= att_short_max) into out (head i at out + i hd), by a
@@ -1005,7 +995,7 @@ constexpr int att_short_unroll = ATT_SHORT_UNROLL; // (#pragma unroll takes no m
 template <int ND, int NQ, typename KT>
 __device__ __forceinline__ static void attend_short_block(const float *qs, int nh, const KT *kc, const KT *vc, int hd,
                                                           int n, float scale, float *out, uint8_t *smem, int lo = 0,
-                                                          int ring = 0, const float *sinks = NULL, int staged = 0) {
+                                                          int ring = 0, const float *sinks = NULL) {
   __shared__ float ps[NQ][ATT_SHORT_MAX], lsum[NQ];
   using ST = kv_smem_t<KT>; // a q8_0 cache's rows as halves
   constexpr int B = att_log2(NQ);
@@ -1017,16 +1007,13 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
     att_stage_q8(ks, vs, kc, vc, n, hd, lo, ring);
     st_dev_cp_wait_all();
   } else {
-    att_short_copy(ks, vs, kc, vc, hd, staged, n, lo, ring);
+    att_short_copy(ks, vs, kc, vc, hd, n, lo, ring);
     st_dev_cp_commit();
     st_dev_cp_wait_all();
   }
   __syncthreads(); // the rows (and the caller's qs) are in shared memory
   float q[NQ][ND];
   att_load_q<ND, NQ>(q, qs, nh, hd, lane);
-#if ATT_SHORT_UNROLL
-#pragma unroll att_short_unroll
-#endif
   for (int j = warp; j < n; j += ATT_WARPS) {
     float kr[ND], v[NQ];
 #pragma unroll
@@ -1061,9 +1048,6 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
   for (int h = 0; h < NQ; h++)
 #pragma unroll
     for (int i = 0; i < ND; i++) acc[h][i] = 0.0f;
-#if ATT_SHORT_UNROLL
-#pragma unroll att_short_unroll
-#endif
   for (int j = warp; j < n; j += ATT_WARPS) {
     float vr[ND];
 #pragma unroll
@@ -1099,12 +1083,6 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 #define ATT_SHORT_NQ 1
 #endif
 static_assert(ATT_SHORT_NQ == 1 || ATT_SHORT_NQ == 2, "att_short_dispatch: one or two heads a block");
-// -DATT_SHORT_EARLY=1: rope_short issues the copies of a float or half cache's earlier keys right
-// after its wait, before it norms and rotates the heads, so that their latency overlaps that work
-// (bench variant, not yet measured; 0: the copies after the new rows are written); the same bits.
-#ifndef ATT_SHORT_EARLY
-#define ATT_SHORT_EARLY 0
-#endif
 static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < ATT_SHORT_NQ ? att_nq(nq, hd) : ATT_SHORT_NQ; }
 
 // The decode step's q/k norms, RoPE and KV append in one launch, and with at most ATT_SHORT_MAX keys
@@ -1131,17 +1109,6 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   const int lo = x.window && n > x.window ? n - x.window : 0; // the window's first key
   const bool attend_here = out && n - lo <= att_short_max(hd, kv_es<KT>);
   const float2 *cs = tab + (int64_t)pos * (hd / 2);
-  // a float or half cache's earlier keys' copies into attend_short_block's rows, in flight while the
-  // heads are normed and rotated (the new key's row follows once this block has written it)
-  int staged = 0;
-  if constexpr (ATT_SHORT_EARLY && !kv_is_q8<KT>)
-    if (attend_here) {
-      KT *ks = (KT *)att_dyn;
-      staged = n - lo - 1;
-      att_short_copy(ks, ks + (size_t)att_short_max(hd, sizeof(KT)) * hd, (const KT *)kv.k[g], (const KT *)kv.v[g], hd,
-                     0, staged, lo, x.ring);
-      st_dev_cp_commit();
-    }
   const int grp = threadIdx.x >> 6, t = threadIdx.x & 63;
   for (int it = grp; it <= nh; it += ATT_WARPS / 2) { // the heads, then the K row; a group's 64 threads alike
     const auto sync = [grp] { asm volatile("bar.sync %0, 64;" ::"r"(1 + grp) : "memory"); };
@@ -1174,8 +1141,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   if (!attend_here) return; // block-uniform
   __syncthreads(); // (attend_short_block's copies start after another barrier: qs and the new rows are written)
   attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n - lo, scale,
-                                 out + (int64_t)h0 * hd, (uint8_t *)att_dyn, lo, x.ring, x.sinks ? x.sinks + h0 : NULL,
-                                 staged);
+                                 out + (int64_t)h0 * hd, (uint8_t *)att_dyn, lo, x.ring, x.sinks ? x.sinks + h0 : NULL);
 }
 
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV

@@ -18,15 +18,6 @@ namespace {
 #define DK_DOWN_TAGS 1
 #endif
 
-// dk_gateup's blocks load the layer's slot pointers (one an expert, a thread each) before their wait,
-// and after the selection hand the chosen experts' to shared memory, so that the first rows' copies
-// do not wait for an L2 read of the slot table after the top-k (as dk_pre's loads, 2026-12-07). A
-// variant knob, not yet measured (scripts/build-decode-variants slots=-DDK_GATEUP_SLOTS=1); the
-// same rows either way.
-#ifndef DK_GATEUP_SLOTS
-#define DK_GATEUP_SLOTS 0
-#endif
-
 #define PRE_THREADS 1024
 #define NORM_THREADS 256 /* rmsnorm_kernel's block: its sums' order */
 
@@ -472,11 +463,9 @@ template <bool Q8> struct gateup_job {
   float *act;
   const float *gate_b, *up_b; // the experts' biases [n_expert][ff] (gpt-oss), or NULL
   int oai;                    // ST_ACT_SWIGLU_OAI: the clamped SwiGLU (router.c st_swiglu_oai)
-  const uint8_t *const *chosen; // DK_GATEUP_SLOTS: routing slot j's pair pointer (shared memory), else NULL
-  __device__ const uint8_t *slot_of(int j) const { return chosen ? chosen[j] : dk_slot(route, slot_ptr, n_expert, j); }
-  __device__ int count(int g) const { return slot_of(g / per) ? 2 * H : 0; }
+  __device__ int count(int g) const { return dk_slot(route, slot_ptr, n_expert, g / per) ? 2 * H : 0; }
   __device__ const uint8_t *row(int g, int r) const {
-    const uint8_t *p = slot_of(g / per);
+    const uint8_t *p = dk_slot(route, slot_ptr, n_expert, g / per);
     const int rr = min((g % per) * H + r % H, ff - 1);
     return p + (r < H ? 0 : up_off) + (uint64_t)rr * row_bytes;
   }
@@ -524,14 +513,6 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
   mmv_table<TYPE>(sm.kv);
   gateup_job<Q8> job = job_in;
   job.route = sr;
-  job.chosen = NULL;
-#if DK_GATEUP_SLOTS
-  __shared__ const uint8_t *chosen[64];
-  const bool pre_slots = rs.E <= MMV_THREADS; // a thread an expert
-  // the slot table: written by the host between steps, by no kernel
-  const uint8_t *mine = pre_slots && (int)threadIdx.x < rs.E ? job_in.slot_ptr[threadIdx.x] : NULL;
-  if (pre_slots) job.chosen = chosen;
-#endif
   float *sl = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
     st_dev_griddep_wait();
@@ -539,14 +520,6 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
     // before its own wait, are then complete
     st_dev_griddep_launch();
     dk_route_select(rs, sl, sr);
-#if DK_GATEUP_SLOTS
-    if (pre_slots) { // each chosen expert's thread hands its slot pointer over (block-uniform branch)
-      if ((int)threadIdx.x < rs.E)
-        for (int j = 0; j < rs.k; j++)
-          if (sr[j].expert == (int)threadIdx.x) chosen[j] = mine;
-      __syncthreads();
-    }
-#endif
 #if DK_DOWN_TAGS
     dk_route_tag(rs, sr);
 #endif
