@@ -203,6 +203,12 @@ struct mv_job {
   }
 };
 
+#ifdef DK_KNOCKOUT
+struct mv_job_ko : mv_job {
+  static constexpr int ko_compute = 4096, ko_rows = 8192; // STRATA_KNOCKOUT's bits
+};
+#endif
+
 template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_groups, const float *x, int64_t n) {
   extern __shared__ uint4 dyn_smem[];
@@ -210,6 +216,13 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
   const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
+#ifdef DK_KNOCKOUT
+  if (!g.amax) { // Q/K/V and the output projection, not the head: STRATA_KNOCKOUT's 4096 and 8192 bits
+    const mv_job_ko jk{job};
+    mmv_stream(sm, dyn_smem, jk, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
+    return;
+  }
+#endif
   mmv_stream(sm, dyn_smem, job, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
 }
 
@@ -222,7 +235,7 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 struct router_job {
   static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
 #ifdef DK_KNOCKOUT
-  static constexpr int ko_compute = 0, ko_rows = 0; // STRATA_KNOCKOUT has no bit for it
+  static constexpr int ko_compute = 16384, ko_rows = 0; // STRATA_KNOCKOUT's bit
 #endif
   const uint8_t *W;
   uint64_t row_bytes;
