@@ -399,6 +399,21 @@ __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, 
     return;
   }
   for (int e = threadIdx.x; e < rs.E; e += blockDim.x) sl[e] = __ldcg(rs.logits + e);
+#ifdef DK_KNOCKOUT
+  // timing only, the selection replaced (dk_gateup's and, through its tags, dk_down's): 32768 the
+  // experts 0..k-1 at every step; 65536 k experts 16 apart, the set moving with the step number
+  if (dk_ko & (32768 | 65536)) {
+    const int step = (int)*rs.seq;
+    for (int e = threadIdx.x; e < rs.E; e += blockDim.x) {
+      bool on = e < rs.k;
+      if (dk_ko & 65536) {
+        const int r = ((e - step * 11) % rs.E + rs.E) % rs.E; // the set {step 11 + 16 j}
+        on = r % 16 == 0 && r / 16 < rs.k;
+      }
+      sl[e] = on ? 1.0f : 0.0f;
+    }
+  }
+#endif
   __syncthreads();
   if (rs.k > 32) st_dev_softmax_topk_block(sl, rs.E, rs.k, sr);
   else st_dev_topk_select_block(sl, rs.E, rs.k, sr);
