@@ -114,7 +114,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     if (!read) stream(dk_gateup<TY, Q8>, per * K, smem + sizeof(float) * E, c, pdl, grid_scale, 1, j, rs, per * K, (int64_t)D);
   } else if (kind == 4) {
     constexpr uint32_t RT = ST_TYPE_F32;
-    const int R = mmv_stream_rows<RT>(D);
+    const int R = dk_router_rows<RT>(D); // its rows a block, as decode.cu launches it
     const size_t dyn = mmv_pipe_bytes<RT>() + sizeof(float) * D;
     rg.p[0] = (const uint4 *)s.router, rg.n16[0] = (int64_t)E * D * 4 / 16, rg.n = 1;
     if (!read)

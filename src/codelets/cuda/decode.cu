@@ -327,7 +327,7 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const int Er = L->dense ? 0 : E;
   if (!(ko & 16)) mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
     constexpr uint32_t TY = decltype(ty)::value;
-    const int Rr = mmv_stream_rows<TY>(d);
+    const int Rr = dk_router_rows<TY>(d);
     auto kernel = dk_router<TY>;
     const size_t dyn = mmv_pipe_bytes<TY>() + sizeof(float) * (size_t)d;
     st_cuda_launch(kernel, dim3((unsigned)(Er ? (Er + Rr - 1) / Rr : 1)), dim3(MMV_THREADS), dyn, st, pdl, D.x, D.xo,

@@ -258,6 +258,20 @@ struct router_job {
   }
 };
 
+// Router rows a dk_router block computes: at most DK_ROUTER_ROWS (0: a streaming group's,
+// mmv_stream_rows, 4 float32 rows of 2,048 weights). One row a block spreads qwen3-30b-a3b's 128 rows
+// over 128 blocks instead of 32, and its logits come 1.6 us a layer sooner on an H100 (an 8-layer
+// cut's step 552.5 -> 540.0 us, gpt-oss-20b's 775.1 -> 769.2; two a block 543.6; bench/RESULTS.md
+// 2026-12-07, thirty-eighth session). A row's sum is the same whichever block computes it. Variant
+// knob for A/B builds (scripts/build-decode-variants -DDK_ROUTER_ROWS=0: as before).
+#ifndef DK_ROUTER_ROWS
+#define DK_ROUTER_ROWS 1
+#endif
+template <uint32_t TYPE> __host__ __device__ __forceinline__ int dk_router_rows(int64_t d) {
+  const int r = mmv_stream_rows<TYPE>(d);
+  return DK_ROUTER_ROWS > 0 && DK_ROUTER_ROWS < r ? DK_ROUTER_ROWS : r;
+}
+
 template <uint32_t TYPE>
 __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const float *w, float eps, int d, const uint8_t *W,
                                         uint64_t row_bytes, int E, float *h, float *ffn_in, float *logits, int8_t *ffn_q,
@@ -268,7 +282,7 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   __shared__ float red[32];
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  const int R = mmv_stream_rows<TYPE>(d);
+  const int R = dk_router_rows<TYPE>(d);
   const router_job job = {W, row_bytes, E, R, xs, logits, rb};
   mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
     st_dev_griddep_wait();
