@@ -415,15 +415,13 @@ __device__ __forceinline__ void dk_route_select(const route_src &rs, float *sl, 
   for (int e = threadIdx.x; e < rs.E; e += blockDim.x) sl[e] = __ldcg(rs.logits + e);
 #ifdef DK_KNOCKOUT
   // timing only, the selection replaced (dk_gateup's and, through its tags, dk_down's): 32768 the
-  // experts 0..k-1 at every step; 65536 k experts 16 apart, the set moving with the step number
+  // experts 0..k-1 at every step; 65536 k experts E / k apart (16 for qwen3's 128 and 8), the set
+  // moving with the step number: {11 step + (E / k) j}
   if (dk_ko & (32768 | 65536)) {
-    const int step = (int)*rs.seq;
+    const int step = (int)*rs.seq, gap = max(rs.E / rs.k, 1);
     for (int e = threadIdx.x; e < rs.E; e += blockDim.x) {
-      bool on = e < rs.k;
-      if (dk_ko & 65536) {
-        const int r = ((e - step * 11) % rs.E + rs.E) % rs.E; // the set {step 11 + 16 j}
-        on = r % 16 == 0 && r / 16 < rs.k;
-      }
+      const int r = ((e - step * 11) % rs.E + rs.E) % rs.E;
+      const bool on = dk_ko & 65536 ? r % gap == 0 && r / gap < rs.k : e < rs.k;
       sl[e] = on ? 1.0f : 0.0f;
     }
   }
