@@ -101,10 +101,17 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
     const uint8_t *W = kind == 0 ? s.qkv : s.o;
     const int R = mmv_stream_rows<TY>(n);
     dk_segs g = {};
-    g.s[0] = dk_seg{W, rb, rows, c.q, (rows + R - 1) / R};
-    g.n = 1;
+    // QKV as decode.cu launches it: Q's rows on x quantised (the int8 kernels), K's and V's on float32
+    const int64_t q_rows = kind == 0 && Q8 ? QD : 0;
+    if (q_rows) g.s[g.n++] = dk_seg{W, rb, q_rows, c.q, (q_rows + R - 1) / R, 1};
+    g.s[g.n++] = dk_seg{W + q_rows * rb, rb, rows - q_rows, c.q + q_rows, (rows - q_rows + R - 1) / R, 0};
+    int groups = 0;
+    for (int p = 0; p < g.n; p++) groups += (int)g.s[p].groups;
     rg.p[0] = (const uint4 *)W, rg.n16[0] = (int64_t)(rows * rb / 16), rg.n = 1;
-    if (!read) stream(dk_mv<TY>, (int)g.s[0].groups, smem, c, pdl, grid_scale, 1, g, (int)g.s[0].groups, kind == 0 ? c.x : c.xq, n);
+    if (!read) {
+      if (q_rows) stream(dk_mv<TY, true>, groups, smem, c, pdl, grid_scale, 1, g, groups, kind == 0 ? c.x : c.xq, (const int8_t *)c.xq8, n);
+      else stream(dk_mv<TY, false>, groups, smem, c, pdl, grid_scale, 1, g, groups, kind == 0 ? c.x : c.xq, (const int8_t *)NULL, n);
+    }
   } else if (kind == 2) {
     const int H = mmv_stream_rows<TY>(D) / 2, per = (FF + H - 1) / H;
     const gateup_job<Q8> j = {c.route, s.slots, NE, FF, H, per, GATE, RB_D, Q8 ? (const void *)c.xq8 : c.x, c.act};
@@ -127,7 +134,7 @@ template <bool Q8> void one_as(const ctx &c, int kind, int i, bool read, int pdl
       st_cuda_launch(dk_pre, dim3(1), dim3(PRE_THREADS), sizeof(float) * D, c.st, pdl, (const st_route *)c.route, s.slots, NE, (const float *)c.out,
              (const float *)c.out, (const uint32_t *)NULL, (const uint32_t *)(c.pos + 1), (const float *)c.h, K, D, 1,
              (const float *)c.x, (const int32_t *)c.pos, c.pos, c.counters, 0, c.x, (const float *)c.ones, 1e-6f, c.xn,
-             (const float *)NULL, (uint64_t *)NULL, 0);
+             Q8 ? c.xq8 : (int8_t *)NULL, (const float *)NULL, (uint64_t *)NULL, 0);
   } else {
     const int R = mmv_stream_rows<TY>(FF), per = (D + R - 1) / R;
     const down_job<Q8> j = {c.route, NULL, s.slots, NE, D, R, per, FF, K, 2 * GATE, RB_FF, c.act, c.out, NULL};
@@ -241,7 +248,7 @@ int main(int argc, char **argv) {
                           (int)(mmv_pipe_bytes<ST_TYPE_F32>() + sizeof(float) * D)));
   CK(cudaFuncSetAttribute(dk_down<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)(mmv_pipe_bytes<TY>() + st_q8_stride(FF) + sizeof(float) * E)));
-  c.most = mmv_resident_blocks(dk_mv<TY>, mmv_pipe_bytes<TY>());
+  c.most = mmv_resident_blocks(dk_mv<TY, false>, mmv_pipe_bytes<TY>());
   printf("resident blocks: %d; staging %zu B per block; %d layers x %d replays\n", c.most, mmv_pipe_bytes<TY>(), layers,
          replays);
   const char *names[6] = {"QKV 5120x2048", "output 2048x4096", "gate+up 8x2x768x2048", "down 8x2048x768",

@@ -68,7 +68,8 @@ struct st_wdesc {
 struct st_attention_args {
   int32_t T, pos0, n_ctx, n_embd, head_dim, n_q, group0, n_groups, graph_key, cublas_rows;
   int32_t int8_dot; /* 1 (STRATA_INT8_DOT): the CPU variant's Q product on int8 activations
-                     * (st_dense_matmul; K and V keep float32); CUDA ignores it */
+                     * (st_dense_matmul; K and V keep float32); CUDA's for a one-token task with
+                     * Q8_0 weights (one int8 term, as the decode step's Q) */
   int32_t kv_type;  /* the KV cache's element: ST_TYPE_F32, ST_TYPE_F16 (the new rows computed in
                      * float32, rounded to nearest even into the cache; attention reads them back
                      * to float32) or ST_TYPE_Q8_0 (a row's int8 quants then its fp16 scales, each

@@ -1905,9 +1905,10 @@ static void attention_body(void *buffers[], const void *args, void *scratch, cud
     float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[7 + 2 * a->n_groups + i]);
     // the new rows: straight into a float32 cache, through knew, vnew into a half or q8_0 one
     float *kdst = rounded ? knew : (float *)kc + (size_t)a->pos0 * hd, *vdst = rounded ? vnew : (float *)vc + (size_t)a->pos0 * hd;
-    // the dense products keep float32 activations (int8 = 0: STRATA_INT8_DOT is the experts')
+    // a one-token task's Q takes xn quantised (STRATA_INT8_DOT, Q8_0 weights), as the decode step's Q does
+    // (decode.cu dense_q8); K and V, and longer batches, keep float32 activations
     st_cuda_product(cb, a->wq.type, wq, a->wq.row_bytes, (int64_t)group * qw, (int64_t)(group + 1) * qw, xn, d, T,
-                   d, q, qw, st, 0);
+                   d, q, qw, st, T == 1 && a->int8_dot);
     st_cuda_product(cb, a->wk.type, wk, a->wk.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,
                    d, kdst, hd, st, 0);
     st_cuda_product(cb, a->wv.type, wv, a->wv.row_bytes, (int64_t)group * hd, (int64_t)(group + 1) * hd, xn, d, T,

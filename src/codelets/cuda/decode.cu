@@ -66,12 +66,29 @@ struct mv_part {
   uint64_t row_bytes;
   int64_t rows;
   float *out;
+  int q8; // the product takes the input row quantised (dense_q8)
 };
 
 // Whether the int8 kernels take a product of Q8_0 weights (STRATA_INT8_DOT), or of MXFP4 ones (also
 // STRATA_MXFP4_INT8, on by default: mmv_chunk_rows_q8_mxfp4, checked against the CPU on an H200), with n-float rows.
 bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
   return c->int8_dot && (type == ST_TYPE_Q8_0 || (type == ST_TYPE_MXFP4 && c->mxfp4_int8)) && n % 32 == 0;
+}
+
+// Whether a dense product of `kind` (dot.h ST_DENSE_*) of `type` weights on rows of n takes its input
+// quantised on the decode step, as dk_pre makes it: Q8_0's Q and the output head (STRATA_INT8_DOT),
+// one int8 term as st_dense_terms takes them on the CPU. K and V keep float32 (the CPU's two terms: their
+// rounding stays in the KV cache), and so does the output projection, whose input the attention's
+// blocks write (quantising it in every block of the product cost more than its integer sums saved:
+// bench/RESULTS.md, 2026-12-07). The per-task path takes the same rule (attention.cu, linear.cu).
+// Variant knob for A/B builds (scripts/build-decode-variants -DDK_DENSE_Q8=MASK; the per-task path does not
+// follow it, so only the default build is exact against it): 1 Q, 2 the head; 0 float32 for both, as before.
+#ifndef DK_DENSE_Q8
+#define DK_DENSE_Q8 3
+#endif
+bool dense_q8(const st_decode_ctx *c, uint32_t type, int64_t n, int kind) {
+  const int mask = kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_HEAD ? 2 : 0;
+  return c->int8_dot && type == ST_TYPE_Q8_0 && n % 32 == 0 && (DK_DENSE_Q8 & mask);
 }
 
 // Launches a streaming kernel on at most as many blocks as the device holds at once (at most per_sm
@@ -83,9 +100,9 @@ void stream_launch(K kernel, int64_t groups, size_t smem, cudaStream_t st, int p
   st_cuda_launch(kernel, dim3((unsigned)(groups < most ? groups : most)), dim3(MMV_THREADS), smem, st, pdl, args...);
 }
 
-// out_i = W_i x for the parts (x: n floats), one dk_mv launch per run of parts of one type; amax:
-// the head's argmax keys (dk_segs::amax; one part), else NULL.
-void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int pdl, cudaStream_t st,
+// out_i = W_i x for the parts (x: n floats; xq: x quantised, which the parts marked q8 take), one dk_mv
+// launch per run of parts of one type; amax: the head's argmax keys (dk_segs::amax; one part), else NULL.
+void mv_launch(const mv_part *parts, int n_parts, const float *x, const int8_t *xq, int64_t n, int pdl, cudaStream_t st,
                uint64_t *amax = NULL) {
   ST_ASSERT(!amax || n_parts == 1); // the keys carry a row's index in its part
   for (int i = 0; i < n_parts;) {
@@ -98,12 +115,18 @@ void mv_launch(const mv_part *parts, int n_parts, const float *x, int64_t n, int
       dk_segs g = {};
       g.amax = (unsigned long long *)amax;
       int64_t groups = 0;
+      bool any_q8 = false;
       for (int p = i0; p < i; p++, g.n++) {
+        const int q8 = TY == ST_TYPE_Q8_0 && parts[p].q8;
+        ST_ASSERT(!q8 || xq);
         g.s[g.n] = dk_seg{(const uint8_t *)parts[p].W, parts[p].row_bytes, parts[p].rows, parts[p].out,
-                          (parts[p].rows + R - 1) / R};
+                          (parts[p].rows + R - 1) / R, q8};
         groups += g.s[g.n].groups;
+        any_q8 = any_q8 || q8;
       }
-      stream_launch(dk_mv<TY>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, 0, g, (int)groups, x, n);
+      if constexpr (TY == ST_TYPE_Q8_0)
+        if (any_q8) return stream_launch(dk_mv<TY, true>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, 0, g, (int)groups, x, xq, n);
+      stream_launch(dk_mv<TY, false>, groups, mmv_pipe_bytes<TY>(), st, pdl, 1, 0, g, (int)groups, x, xq, n);
     });
   }
 }
@@ -127,7 +150,8 @@ void device_init(const st_decode_ctx *c, cudaStream_t st) {
       constexpr uint32_t TY = decltype(ty)::value;
       // dk_gateup, dk_down: the router's logits (sigmoid routing: scores, then selection values)
       const int p = (int)mmv_pipe_bytes<TY>(), r = p + (int)sizeof(float) * n_embd, pe = p + 2 * (int)sizeof(float) * n_expert;
-      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
+      if constexpr (TY == ST_TYPE_Q8_0) ST_CUDA_CHECK(cudaFuncSetAttribute(dk_mv<TY, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_gateup<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_down<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, pe));
       ST_CUDA_CHECK(cudaFuncSetAttribute(dk_router<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, r));
@@ -237,7 +261,7 @@ void experts_body(const st_decode_ctx *c, int l, int has_xin, int pdl, cudaStrea
 // STRATA_PDL the graph's next kernel (Q/K/V, whose weights no kernel writes) then starts its
 // weights' copies while dk_pre's one block works: 2026-12-06 (bench/RESULTS.md), an 8-layer cut's
 // step 609.5 -> 594.5 us against dk_pre as the last kernel of layer l - 1's graph.
-void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, cudaStream_t st) {
+void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const float *w, int quantise, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const int lp = l > 0 ? l - 1 : 0;
   const st_decode_layer *P = &c->layers[lp];
@@ -250,7 +274,8 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
                  (const st_route *)(D.route + (size_t)lp * c->k), (const uint8_t *const *)(D.slot_ptr + (size_t)lp * c->n_expert),
                  c->n_expert, (const float *)D.gpu_out, rows, flag, dev_seq(D), (const float *)D.h, n_routed, c->n_embd,
                  combine, (const float *)c->dmail.emb, (const int32_t *)c->dmail.pos_seq, D.pos, D.counters, c->n_head, D.x,
-                 w, c->eps, D.xn, fixed, combine ? (uint64_t *)NULL : c->dmail.stamps, !combine && c->presubmit);
+                 w, c->eps, D.xn, quantise ? D.xnq : (int8_t *)NULL, fixed, combine ? (uint64_t *)NULL : c->dmail.stamps,
+                 !combine && c->presubmit);
 }
 
 // MLA's attention of a layer (mla.cuh) from xn to D.attn ([n_head][head_dim_v]): q (wq, or q_a,
@@ -264,11 +289,11 @@ void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_
   const mv_part in[2] = {c->q_lora ? mv_part{L->wq_a_d.type, g->m[MLA_Q_A], L->wq_a_d.row_bytes, c->q_lora, D.qa}
                                    : mv_part{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * qk, D.q},
                          {L->wkv_a_d.type, g->m[MLA_KV_A], L->wkv_a_d.row_bytes, hd, D.kvnew}};
-  mv_launch(in, 2, D.xn, d, pdl, st);
+  mv_launch(in, 2, D.xn, NULL, d, pdl, st);
   if (c->q_lora) {
     dk_mla_qnorm<<<1, MLA_THREADS, 0, st>>>(D.qa, (const float *)g->m[MLA_Q_A_NORM], c->q_lora, c->eps);
     const mv_part qb = {L->wq_b_d.type, g->m[MLA_Q_B], L->wq_b_d.row_bytes, (int64_t)Hq * qk, D.q};
-    mv_launch(&qb, 1, D.qa, c->q_lora, 0, st);
+    mv_launch(&qb, 1, D.qa, NULL, c->q_lora, 0, st);
   }
   const int n_chunks = (L->kv_rows + MLA_CHUNK - 1) / MLA_CHUNK;
   const size_t smem = sizeof(float) * (size_t)(hd + MLA_CHUNK);
@@ -295,17 +320,18 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
   const int ko = knockout();
-  if (!(ko & 1) || g->layer == 0) pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], st);
+  const int q8 = !c->mla && dense_q8(c, L->wq_d.type, d, ST_DENSE_QO); // Q takes xn quantised
+  if (!(ko & 1) || g->layer == 0) pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], q8, st);
   int64_t o_in = (int64_t)Hq * hd; // the output projection's input
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[g->layer] : NULL;
   if (c->mla) {
     mla_body(c, g, pdl, st);
     o_in = (int64_t)Hq * c->head_dim_v;
   } else {
-  const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q},
-                          {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew},
-                          {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd}};
-  if (!(ko & 2)) mv_launch(qkv, 3, D.xn, d, pdl, st); // after dk_pre
+  const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q, q8},
+                          {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew, 0},
+                          {L->wv_d.type, g->w[3], L->wv_d.row_bytes, (int64_t)G * hd, D.kvnew + (size_t)G * hd, 0}};
+  if (!(ko & 2)) mv_launch(qkv, 3, D.xn, D.xnq, d, pdl, st); // after dk_pre
   // short contexts: the attention in rope_append's launch, the split-K kernels leave at once
   // another architecture's biases, sinks, q.k scale and sliding window (qwen3moe: none, its bits)
   st_cuda_attn_ext ax = {};
@@ -321,8 +347,8 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
                               X ? &ax : NULL, g->regime);
   }
   }
-  const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo};
-  if (!(ko & 8)) mv_launch(&o, 1, D.attn, o_in, c->mla ? 0 : pdl, st);
+  const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo, 0};
+  if (!(ko & 8)) mv_launch(&o, 1, D.attn, NULL, o_in, c->mla ? 0 : pdl, st);
   // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
   const int Er = L->dense ? 0 : E;
   if (!(ko & 16)) mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
@@ -378,9 +404,10 @@ void head_body(const void *args, cudaStream_t st) {
   const head_graph *g = (const head_graph *)args;
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
-  const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits};
-  pre_launch(c, c->n_layer, 1, cpu_in(c, c->n_layer), g->norm, st); // the last layer's combine, the output norm
-  mv_launch(&head, 1, D.xn, c->n_embd, c->pdl && pdl_ok(), st, D.amax);
+  const int q8 = dense_q8(c, c->output_d.type, c->n_embd, ST_DENSE_HEAD);
+  const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits, q8};
+  pre_launch(c, c->n_layer, 1, cpu_in(c, c->n_layer), g->norm, q8, st); // the last layer's combine, the output norm
+  mv_launch(&head, 1, D.xn, D.xnq, c->n_embd, c->pdl && pdl_ok(), st, D.amax);
   dk_head_done<<<1, 256, 0, st>>>(D.route, c->n_layer * c->k, c->dmail.route, D.amax, c->dmail.argmax, c->dmail.head_seq,
                                   dev_seq(D), c->dmail.stamps + 1);
 }
@@ -549,12 +576,12 @@ extern "C" int st_cuda_stream_rows(uint32_t type, const void *W, uint64_t row_by
     constexpr uint32_t TY = decltype(ty)::value;
     if (!ok) return;
     const size_t smem = mmv_pipe_bytes<TY>();
-    ok = cudaFuncSetAttribute(dk_mv<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
+    ok = cudaFuncSetAttribute(dk_mv<TY, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
     const int R = mmv_stream_rows<TY>(n);
     dk_segs g = {};
     g.s[0] = dk_seg{dw, row_bytes, rows, dout, (rows + R - 1) / R};
     g.n = 1;
-    if (ok) dk_mv<TY><<<grid, MMV_THREADS, smem>>>(g, (int)g.s[0].groups, (const float *)dx, n);
+    if (ok) dk_mv<TY, false><<<grid, MMV_THREADS, smem>>>(g, (int)g.s[0].groups, (const float *)dx, (const int8_t *)NULL, n);
   });
   ok = ok && typed && cudaGetLastError() == cudaSuccess &&
        cudaMemcpy(out, dout, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost) == cudaSuccess;

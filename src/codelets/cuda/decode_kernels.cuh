@@ -46,7 +46,8 @@ __device__ __forceinline__ void dk_raise(uint32_t *flag, const uint32_t *seq) {
 // the step's position and number copied from the mailbox to pos[0..1] (wait_mail: once the
 // mailbox's step number pos_seq[1] has moved past the last step's, *seq: a step submitted before
 // the host knew its token, STRATA_PRESUBMIT) and the n_counters fused
-// kernels' counters zeroed and the GPU's clock written to *stamp (when set); then xn = RMSNorm(x) * w as rmsnorm_kernel computes it. One block;
+// kernels' counters zeroed and the GPU's clock written to *stamp (when set); then xn = RMSNorm(x) * w as rmsnorm_kernel computes it,
+// and quantised into xq when set (st_q8_stride(d) bytes, as st_cuda_quantize_rows quantises it). One block;
 // dynamic shared memory: d floats. Its loads that do not depend on one another are issued together
 // (the route, the layer's slot table, h and w, the first PRE_ELEMS / 2 pairs of elements of each
 // thread held in registers): one block's chain of dependent loads is the kernel's time.
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
     dk_pre(const st_route *route, const uint8_t *const *slot_ptr, int n_expert, const float *gpu_out,
            const float *cpu_out, const uint32_t *cpu_flag, const uint32_t *seq, const float *h, int k, int d,
            int combine, const float *emb, const int32_t *pos_seq, int32_t *pos, int32_t *counters, int n_counters,
-           float *x, const float *w, float eps, float *xn, const float *fixed, uint64_t *stamp, int wait_mail) {
+           float *x, const float *w, float eps, float *xn, int8_t *xq, const float *fixed, uint64_t *stamp, int wait_mail) {
   extern __shared__ float xs[];
   __shared__ const float *src[64];
   __shared__ const uint8_t *slots[PRE_SLOTS];
@@ -143,10 +144,15 @@ __global__ void __launch_bounds__(PRE_THREADS)
   float tot = 0.0f;
   for (int i = 0; i < NORM_THREADS / 32; i++) tot += red[i];
   const float scale = rsqrtf(tot / (float)d + eps);
+  // each thread rewrites its own elements of xs with xn's (read by the quantisation after a barrier)
 #pragma unroll
   for (int m = 0; m < PRE_ELEMS; m++)
-    if (t + m * bd < d) xn[t + m * bd] = xs[t + m * bd] * scale * wv[m];
-  for (int i = t + PRE_ELEMS * bd; i < d; i += bd) xn[i] = xs[i] * scale * w[i];
+    if (t + m * bd < d) xn[t + m * bd] = xs[t + m * bd] = xs[t + m * bd] * scale * wv[m];
+  for (int i = t + PRE_ELEMS * bd; i < d; i += bd) xn[i] = xs[i] = xs[i] * scale * w[i];
+  if (xq) {
+    __syncthreads();
+    st_dev_q8_row(xs, d / 32, xq, (float *)(xq + d), t >> 5, bd >> 5);
+  }
 }
 
 // Up to three matrices of one type times the same vector in one launch: the row groups of segment
@@ -157,6 +163,7 @@ struct dk_seg {
   int64_t rows;
   float *out;
   int64_t groups;
+  int q8; // the segment takes the quantised input row (Q8_0 weights; dk_mv's Q8S kernels), else the float32 one
 };
 struct dk_segs {
   dk_seg s[3];
@@ -165,13 +172,16 @@ struct dk_segs {
                             // non-finite row into amax[1] (st_decode_dev::amax); else NULL
 };
 
-struct mv_job {
-  static constexpr bool static_rows = true, x_shared = false, x_q8 = false;
+// Q8S (Q8_0 weights): the segments marked q8 take xq, the input row quantised (dk_pre's), the others
+// xv (mmv_stream's x_q8_some).
+template <bool Q8S> struct mv_job {
+  static constexpr bool static_rows = true, x_shared = false, x_q8 = false, x_q8_some = Q8S;
 #ifdef DK_KNOCKOUT
   static constexpr int ko_compute = 0, ko_rows = 0; // STRATA_KNOCKOUT has no bit for it
 #endif
   const dk_segs *g;
   const float *xv;
+  const int8_t *xq;
   int R;
   __device__ int seg(int &grp) const {
     int i = 0;
@@ -186,7 +196,8 @@ struct mv_job {
     const int i = seg(grp);
     return g->s[i].W + (uint64_t)(grp * R + r) * g->s[i].row_bytes;
   }
-  __device__ const void *x(int) const { return xv; }
+  __device__ bool q8(int grp) const { return Q8S && g->s[seg(grp)].q8; }
+  __device__ const void *x(int grp) const { return q8(grp) ? (const void *)xq : (const void *)xv; }
   struct pre_t {};
   __device__ pre_t pre(int, int) const { return {}; }
   template <typename Sum> __device__ void put(int grp, Sum sum, int nr, int t, const pre_t &) const {
@@ -204,21 +215,23 @@ struct mv_job {
 };
 
 #ifdef DK_KNOCKOUT
-struct mv_job_ko : mv_job {
+template <bool Q8S> struct mv_job_ko : mv_job<Q8S> {
   static constexpr int ko_compute = 4096, ko_rows = 8192; // STRATA_KNOCKOUT's bits
 };
 #endif
 
-template <uint32_t TYPE>
-__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_groups, const float *x, int64_t n) {
+// xq: the input row x quantised (st_q8_stride(n) bytes) for the segments marked q8 (Q8S), else NULL.
+template <uint32_t TYPE, bool Q8S>
+__global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_groups, const float *x, const int8_t *xq,
+                                    int64_t n) {
   extern __shared__ uint4 dyn_smem[];
   __shared__ mmv_pipe<TYPE> sm;
   st_dev_griddep_launch();
   mmv_table<TYPE>(sm.kv);
-  const mv_job job = {&g, x, mmv_stream_rows<TYPE>(n)};
+  const mv_job<Q8S> job = {&g, x, xq, mmv_stream_rows<TYPE>(n)};
 #ifdef DK_KNOCKOUT
   if (!g.amax) { // Q/K/V and the output projection, not the head: STRATA_KNOCKOUT's 4096 and 8192 bits
-    const mv_job_ko jk{job};
+    const mv_job_ko<Q8S> jk{job};
     mmv_stream(sm, dyn_smem, jk, n_groups, n, [] { st_dev_griddep_wait(); }, [] {});
     return;
   }
@@ -233,7 +246,7 @@ __global__ void MMV_BOUNDS(1) dk_mv(const __grid_constant__ dk_segs g, int n_gro
 // block's work after the others) cost about 8.7 us a layer on an H200 (bench/mmv-bench). Dynamic
 // shared memory: the staging buffers, then d floats.
 struct router_job {
-  static constexpr bool static_rows = true, x_shared = true, x_q8 = false;
+  static constexpr bool static_rows = true, x_shared = true, x_q8 = false, x_q8_some = false;
 #ifdef DK_KNOCKOUT
   static constexpr int ko_compute = 16384, ko_rows = 0; // STRATA_KNOCKOUT's bit
 #endif
@@ -491,7 +504,7 @@ __device__ __forceinline__ const uint8_t *dk_slot(const st_route *route, const u
 // gate, its last H from up (H = mmv_stream_rows(n) / 2; rows past ff repeat the last one). Q8: x is
 // ffn_in quantised (dk_router's ffn_q).
 template <bool Q8> struct gateup_job {
-  static constexpr bool static_rows = false, x_shared = false, x_q8 = Q8;
+  static constexpr bool static_rows = false, x_shared = false, x_q8 = Q8, x_q8_some = false;
 #ifdef DK_KNOCKOUT
   static constexpr int ko_compute = 128, ko_rows = 256; // STRATA_KNOCKOUT's bits
 #endif
@@ -575,7 +588,7 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
 // k, so that a block's groups share one slot, whose act row the block quantises once into shared
 // memory, xq, after it has started its first group's copies).
 template <bool Q8> struct down_job {
-  static constexpr bool static_rows = true, x_shared = Q8, x_q8 = Q8;
+  static constexpr bool static_rows = true, x_shared = Q8, x_q8 = Q8, x_q8_some = false;
 #ifdef DK_KNOCKOUT
   static constexpr int ko_compute = 512, ko_rows = 1024; // STRATA_KNOCKOUT's bits
 #endif

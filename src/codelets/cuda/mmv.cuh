@@ -861,8 +861,9 @@ template <uint32_t TYPE> __host__ __device__ constexpr size_t mmv_pipe_bytes() {
 template <uint32_t TYPE> struct mmv_pipe {
   uint64_t full[2];
   const uint8_t *rows[2][MMV_STREAM_NR_MAX * MMV_ITEMS];
-  const void *x[2]; // float32 rows, or (Job::x_q8) quantised ones (common.cuh st_q8_stride)
+  const void *x[2]; // float32 rows, or (Job::x_q8, or q8[b] set) quantised ones (common.cuh st_q8_stride)
   int nr[2];
+  int q8[2]; // Job::x_q8_some: whether the group's x is a quantised row
   float red[2][MMV_STREAM_NR_MAX * MMV_ITEMS];
   float kv[16];
 };
@@ -883,6 +884,9 @@ template <uint32_t TYPE> struct mmv_pipe {
 //   static constexpr bool x_shared      x(g) points into shared memory (else global, read-only)
 //   static constexpr bool x_q8          x(g) is a quantised activation row (Q8_0 or MXFP4 weights
 //                                       only: mmv_chunk_rows_q8, mmv_chunk_rows_q8_mxfp4)
+//   static constexpr bool x_q8_some     (Q8_0 weights only; not with x_q8 or x_shared) group g's x is a
+//                                       quantised row where bool q8(int g) says so, else float32
+//                                       rows: one launch for products that take their input either way
 // count is called by every lane of one warp, row by its lanes r < count(g), x by its lane 0.
 
 // One warp: group g's rows and input into buffer b (lanes r < R), and its copies started: every
@@ -903,6 +907,7 @@ __device__ __forceinline__ void mmv_fetch(mmv_pipe<TYPE> &sm, uint4 *stage, cons
   if (lane == 0) {
     sm.nr[b] = nr;
     sm.x[b] = job.x(g);
+    if constexpr (Job::x_q8_some) sm.q8[b] = job.q8(g);
   }
 #if ST_DEV_BULK
   const int a = (int)((uintptr_t)src & 15), bytes = src ? (a + len + 15) / 16 * 16 : 0;
@@ -1037,6 +1042,12 @@ __device__ __forceinline__ void mmv_stream(mmv_pipe<TYPE> &sm, uint4 *stage, con
         else
           mmv_chunk_rows_q8<NR, Job::x_shared>(ch, nw, xq + my_s * MMV_CH, (const float *)(xq + n) + my_s * (MMV_CH / 32),
                                                acc);
+      } else if (Job::x_q8_some && sm.q8[b]) { // warp-uniform
+        if constexpr (Job::x_q8_some) {
+          static_assert(TYPE == ST_TYPE_Q8_0 && !Job::x_shared, "mixed inputs: Q8_0 weights, rows in global memory");
+          const int8_t *xq = (const int8_t *)sm.x[b];
+          mmv_chunk_rows_q8<NR, false>(ch, nw, xq + my_s * MMV_CH, (const float *)(xq + n) + my_s * (MMV_CH / 32), acc);
+        }
       } else {
         mmv_chunk_rows<TYPE, NR, Job::x_shared>(ch, nw, (const float *)sm.x[b] + my_s * MMV_CH, sm.kv, acc);
       }
