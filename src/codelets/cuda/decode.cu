@@ -88,7 +88,7 @@ bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
 #endif
 bool dense_q8(const st_decode_ctx *c, uint32_t type, int64_t n, int kind) {
   const int mask = kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_HEAD ? 2 : 0;
-  return c->int8_dot && type == ST_TYPE_Q8_0 && n % 32 == 0 && (DK_DENSE_Q8 & mask);
+  return c->int8_dot && mmv_q8_takes(type, n) && (DK_DENSE_Q8 & mask); // st_cuda_matmul's test: the same products
 }
 
 // Launches a streaming kernel on at most as many blocks as the device holds at once (at most per_sm

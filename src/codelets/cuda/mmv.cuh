@@ -1136,6 +1136,10 @@ static inline bool mmv_fits_any(uint32_t type, uint64_t row_bytes, const void *W
   }
 }
 
+// Whether the int8-activation kernels take a product (Q8_0 weights, n a multiple of 32): st_cuda_matmul's
+// test, and the decode step's for its dense products (decode.cu dense_q8), so both paths quantise the same ones.
+static inline bool mmv_q8_takes(uint32_t type, int64_t n) { return type == ST_TYPE_Q8_0 && n > 0 && n % 32 == 0; }
+
 #ifdef MMV_LAUNCHERS
 // st_cuda_matmul's product: block x takes rows r0 + R x + [0, R) (R = mmv_block_rows(n)), block y
 // the token rows TT y + [0, TT). Q8: x is quantised (mmv_block), ldx in bytes.
@@ -1186,8 +1190,6 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_quantize_kernel(const float *
   st_dev_q8_row(x + t * ldx, (int)(n / 32), row, (float *)(row + n), (int)b, (int)(n / 32)); // block b alone
 }
 
-// Whether the int8-activation kernels take a product (Q8_0 weights, n a multiple of 32).
-static inline bool mmv_q8_takes(uint32_t type, int64_t n) { return type == ST_TYPE_Q8_0 && n > 0 && n % 32 == 0; }
 
 // Quantises T token rows (x, ldx floats apart) into xq (st_q8_stride(n) bytes a row), on stream.
 static inline void mmv_quantize(const float *x, int64_t ldx, int64_t T, int64_t n, int8_t *xq, cudaStream_t stream) {
