@@ -547,7 +547,8 @@ int main(void) {
     free(x), free(want), free(got);
   }
   /* The decode step's attention (rope_append's launch computing short contexts itself, the split-K
-   * kernels the rest) against the attention codelet's T = 1 kernels: outputs and caches bit for bit,
+   * kernels the rest) against the attention codelet's T = 1 kernels: outputs, their int8 rows (hd a
+   * multiple of 32: the writers' st_dev_q8_span against one launch over the row) and caches bit for bit,
    * on the fixtures' shape and Qwen3-30B-A3B's, short contexts, their edge, and long ones (at 20,000
    * keys the half cache's chunks take the tensor-core kernels). */
   {
@@ -562,9 +563,10 @@ int main(void) {
           int same = 0;
           const int rc = st_cuda_decode_attention_check(Hq, G, hd, kv_type, pos, 1000u + (uint32_t)pi, &same);
           const int ok = rc == 0 && same;
-          printf("%s decode step's attention, Hq=%d G=%d hd=%d %s KV, position %d: output and caches %s the attention "
+          printf("%s decode step's attention, Hq=%d G=%d hd=%d %s KV, position %d: output%s and caches %s the attention "
                  "codelet's T = 1 kernels'%s\n",
                  ok ? "PASS" : "FAIL", Hq, G, hd, kt == 2 ? "q8_0" : kt ? "f16" : "f32", pos,
+                 hd % 32 ? "" : ", its int8 row (the output projection's input)",
                  rc ? "(CUDA error) vs" : same ? "bitwise equal to" : "DIFFER from",
                  kt == 2 ? " (and the new rows to the float32 cache's, quantised)" : "");
           ok ? pass++ : fail++;

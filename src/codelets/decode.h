@@ -130,6 +130,8 @@ struct st_decode_dev {
                         finite (the head's kernel raises both; dk_head_done publishes them and zeroes them) */
   int8_t *ffn_q;     /* STRATA_INT8_DOT, Q8_0 gate and up: ffn_in quantised (st_decode_q8_bytes(d)) */
   int8_t *xnq;       /* STRATA_INT8_DOT, Q8_0 Q or output head: xn quantised by dk_pre (st_decode_q8_bytes(d)) */
+  int8_t *attnq;     /* STRATA_INT8_DOT, Q8_0 output projection: attn quantised by the attention's kernels
+                        (st_decode_q8_bytes(Hq hd)) */
   float *rope;       /* [n_ctx][hd / 2] RoPE's (cos, sin), filled once (cuda/attention.cu st_cuda_rope_table) */
   const uint8_t **slot_ptr; /* [n_layer][n_expert] the pair's slot (gate, up, down) in this card's cache, or NULL */
   /* MLA (cuda/mla.cuh; one float elsewhere): the q LoRA's output [q_lora], the absorbed queries

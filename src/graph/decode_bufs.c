@@ -244,6 +244,7 @@ static size_t carve_dev(struct st_decode *d, const struct st_engine *e, uintptr_
   TAKE(D->amax, uint64_t, 2);
   TAKE(D->ffn_q, int8_t, st_decode_q8_bytes(dm));
   TAKE(D->xnq, int8_t, st_decode_q8_bytes(dm));
+  TAKE(D->attnq, int8_t, st_decode_q8_bytes(qw));
   TAKE(D->rope, float, (size_t)e->n_ctx * hd);
   TAKE(D->slot_ptr, const uint8_t *, (size_t)hp->n_layer * hp->n_expert);
   TAKE(D->qa, float, mla ? hp->q_lora + 1 : 1);

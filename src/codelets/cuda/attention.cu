@@ -11,6 +11,7 @@
 
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
+#include "common.h" // ST_ASSERT
 
 #ifndef ATT_Q8_LOAD
 #define ATT_Q8_LOAD __ldcs /* a q8_0 cache's rows are read once a step: streaming loads */
@@ -1092,12 +1093,13 @@ static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < ATT_SHORT_NQ ?
 // computes the attention, else in place in q for attend_decode_all; the group's new K row (kvnew[g
 // hd ..], normed with kw and rotated) and V row (kvnew[(G + g) hd ..]) are written at the position
 // of its caches as KT (every block of the group writes the same values, before it reads them); then
-// attend_short_block into out. Dynamic shared memory: att_short_smem.
+// attend_short_block into out, and with outq its heads quantised there too (st_dev_q8_span; hd a
+// multiple of 32). Dynamic shared memory: att_short_smem.
 template <int ND, int NQ, typename KT>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     rope_short(float *q, int nq, const float *kvnew, int G, int hd, const float *qw, const float *kw, float eps,
                const int *pos_dev, const __grid_constant__ kv_ptrs kv, const float2 *tab, float scale, float *out,
-               const __grid_constant__ st_cuda_attn_ext x) {
+               int8_t *outq, const __grid_constant__ st_cuda_attn_ext x) {
   __shared__ __align__(16) float qs[32 * 32]; // NQ hd <= 1024 (att_nq)
   __shared__ float red[ATT_WARPS / 2][2];
   __shared__ float krow[kv_is_q8<KT> ? 256 : 1]; // a q8_0 cache's new K row in float32, then quantised
@@ -1142,6 +1144,9 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   __syncthreads(); // (attend_short_block's copies start after another barrier: qs and the new rows are written)
   attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n - lo, scale,
                                  out + (int64_t)h0 * hd, (uint8_t *)att_dyn, lo, x.ring, x.sinks ? x.sinks + h0 : NULL);
+  if (!outq) return;
+  __syncthreads(); // the block's heads are in out
+  st_dev_q8_span(out, (int64_t)h0 * hd, nh * hd, (int64_t)G * nq * hd, outq);
 }
 
 // The codelet's split-K kernels (any T): block (c, t n_hb + b) of attend_group_chunk for one KV
@@ -1180,11 +1185,12 @@ __global__ static void attend_split_combine(const float *part, int n_chunks, int
 // paired (a half cache that att_mma_ok takes): launched twice, without and then with MMA, each
 // leaving at once where the chunks are the other's (ATT_MMA_CHUNK), so one CUDA graph serves every
 // position. after_short: with at most att_short_max keys rope_short has written the output; leave.
+// outq: the block that writes a (group, heads)'s output quantises it there too (st_dev_q8_span).
 template <int ND, int NQ, typename KT, bool MMA>
 __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_decode_all(const float *q, int nq, int hd, const __grid_constant__ kv_ptrs kv, const int *pos_dev,
-                      float scale, float *part, int *counters, float *out, int nst, int paired, int after_short,
-                      const __grid_constant__ st_cuda_attn_ext x) {
+                      float scale, float *part, int *counters, float *out, int8_t *outq, int nst, int paired,
+                      int after_short, const __grid_constant__ st_cuda_attn_ext x) {
   __shared__ int last;
   ATT_PROBE_AT(0);
   st_dev_griddep_launch();
@@ -1220,7 +1226,14 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     attend_group_chunk<ND, NQ, KT>(q + (int64_t)h0 * hd, nh, kc, vc, hd, start, end, scale, ph + (int64_t)c * (hd + 2),
                                    hs, (float *)att_dyn, nst, direct);
   ATT_PROBE_AT(3);
-  if (direct) return; // one chunk wrote the output
+  const int64_t total = (int64_t)gridDim.y / n_hb * nq * hd; // the output row's floats
+  if (direct) { // one chunk wrote the output
+    if (outq) {
+      __syncthreads();
+      st_dev_q8_span(out, (int64_t)h0 * hd, nh * hd, total, outq);
+    }
+    return;
+  }
   // the block's partial (every thread's stores, before the barrier) released by thread 0's count, and
   // every count acquired by the last block's thread 0, then its threads (the barrier): the PTX memory
   // model's release and acquire at GPU scope, without __threadfence's sequentially consistent fences
@@ -1231,6 +1244,10 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
   if (!last) return;
   ATT_PROBE_AT(4);
   attend_merge_heads(ph, hs, nh, used, hd, out + (int64_t)h0 * hd, hd, sinks);
+  if (outq) {
+    __syncthreads(); // the merged heads are in out
+    st_dev_q8_span(out, (int64_t)h0 * hd, nh * hd, total, outq);
+  }
   ATT_PROBE_AT(5);
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
 }
@@ -1954,7 +1971,8 @@ extern "C" size_t st_cuda_decode_part_floats(int n_ctx, int n_heads, int hd) {
 
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, int kv_type, void *const *k, void *const *v, const float *tab,
-                         float *out, int pdl, cudaStream_t st, const st_cuda_attn_ext *x) {
+                         float *out, int pdl, cudaStream_t st, const st_cuda_attn_ext *x, int8_t *outq) {
+  ST_ASSERT(!outq || (out && hd % 32 == 0)); // whole 32-element blocks a head
   const st_cuda_attn_ext xe = x ? *x : st_cuda_attn_ext{};
   kv_ptrs p;
   for (int g = 0; g < G; g++) p.k[g] = k[g], p.v[g] = v[g];
@@ -1965,7 +1983,7 @@ void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, co
       using KT = typename decltype(tag)::type;
       st_cuda_launch(rope_short<ND, NQ, KT>, dim3((unsigned)(G * ((nq + NQ - 1) / NQ))), dim3(32 * ATT_WARPS),
                      att_short_smem(hd, ND, NQ, kv_es<KT>), st, pdl, q, nq, kvnew, G, hd, qw, kw, eps, pos_dev, p,
-                     (const float2 *)tab, xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd), out, xe);
+                     (const float2 *)tab, xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd), out, outq, xe);
     });
   });
 }
@@ -1978,8 +1996,9 @@ int st_cuda_attend_regime(int hd, int kv_type, int pos, int window) {
 
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
-                               cudaStream_t st, const st_cuda_attn_ext *x, int regime) {
+                               cudaStream_t st, const st_cuda_attn_ext *x, int regime, int8_t *outq) {
   if (after_short && regime == ST_ATT_REGIME_SHORT) return; // rope_append's launch attends
+  ST_ASSERT(!outq || hd % 32 == 0); // whole 32-element blocks a head
   const st_cuda_attn_ext xe = x ? *x : st_cuda_attn_ext{};
   const float scale = xe.scale > 0.0f ? xe.scale : 1.0f / sqrtf((float)hd);
   kv_ptrs p;
@@ -2001,12 +2020,12 @@ void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_typ
       // a regime's graph launches the one kernel of the pair that computes its positions
       if (!paired || regime != ST_ATT_REGIME_WIDE)
         st_cuda_launch(attend_decode_all<ND, NQ, KT, false>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS), bytes, st,
-                       pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, nst, (int)paired, after_short, xe);
+                       pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, outq, nst, (int)paired, after_short, xe);
       if constexpr ((std::is_same<KT, __half>::value || kv_is_q8<KT>) && ND == 4)
         if (paired && regime != ST_ATT_REGIME_SPLIT)
           st_cuda_launch(attend_decode_all<ND, NQ, KT, true>, dim3(ATT_SPLIT, G * n_hb), dim3(32 * ATT_WARPS),
-                         att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, 0,
-                         1, after_short, xe);
+                         att_mma_smem_bytes(hd, NQ), st, pdl, q, nq, hd, p, pos_dev, scale, part, counters, out, outq,
+                         0, 1, after_short, xe);
     });
   });
 }
@@ -2098,6 +2117,9 @@ template <typename T> __global__ static void check_fill(T *p, int64_t n, uint32_
   }
 }
 
+// A row of n floats (a multiple of 32) quantised by one block (st_dev_q8_span), for the check below.
+__global__ static void check_q8_row(const float *x, int64_t n, int8_t *xq) { st_dev_q8_span(x, 0, (int)n, n, xq); }
+
 extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same) {
   *same = 0;
   if (G < 1 || G > ST_CUDA_MAX_KV_HEADS || Hq % G || pos < 0) return -1;
@@ -2109,7 +2131,10 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
   int *counters = NULL, *pos_dev = NULL;
   void *kv[2][2 * ST_CUDA_MAX_KV_HEADS] = {};
   uint8_t *hbuf = NULL;
+  int8_t *oq[2] = {NULL, NULL}; // the decode step's output quantised by its writers, and out[1] by check_q8_row
+  const int64_t on = (int64_t)Hq * hd, oqb = st_q8_stride(on);
   bool ok = true;
+  for (int r = 0; ok && hd % 32 == 0 && r < 2; r++) ok = cudaMalloc(&oq[r], (size_t)oqb) == cudaSuccess;
   for (int r = 0; r < 2; r++) {
     ok = ok && cudaMalloc(&q[r], sizeof(float) * Hq * hd) == cudaSuccess &&
          cudaMalloc(&out[r], sizeof(float) * Hq * hd) == cudaSuccess;
@@ -2146,9 +2171,10 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
     void *k0[ST_CUDA_MAX_KV_HEADS], *v0[ST_CUDA_MAX_KV_HEADS], *k1[ST_CUDA_MAX_KV_HEADS], *v1[ST_CUDA_MAX_KV_HEADS];
     for (int g = 0; g < G; g++) k0[g] = kv[0][2 * g], v0[g] = kv[0][2 * g + 1], k1[g] = kv[1][2 * g], v1[g] = kv[1][2 * g + 1];
     // the decode step's pair, as its graph of the position's regime launches them
-    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k0, v0, tab, out[0], 0, 0);
+    st_cuda_rope_append(q[0], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k0, v0, tab, out[0], 0, 0, NULL,
+                        oq[0]);
     st_cuda_attend_decode_all(q[0], Hq, G, hd, kv_type, k0, v0, pos_dev, part, counters, out[0], 1, 0, 0, NULL,
-                              st_cuda_attend_regime(hd, kv_type, pos, 0));
+                              st_cuda_attend_regime(hd, kv_type, pos, 0), oq[0]);
     // the per-task path's: q and the new rows first, then the attention of each KV group
     st_cuda_rope_append(q[1], Hq, kvnew, G, hd, nw, nw + hd, 1e-6f, pos_dev, kv_type, k1, v1, tab, NULL, 0, 0);
     kv_dispatch_q8(kv_type, [&](auto tag) {
@@ -2157,6 +2183,7 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
         attend<KT>(q[1] + (size_t)g * nq * hd, (int64_t)nq * hd, (const KT *)k1[g], (const KT *)v1[g], 1, pos, nq, hd, part,
                    out[1] + (size_t)g * nq * hd, (int64_t)nq * hd, 0, 0);
     });
+    if (oq[1]) check_q8_row<<<1, 256>>>(out[1], on, oq[1]); // as st_cuda_matmul's int8 path quantises it
     ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
   }
   // a q8_0 cache's new rows (rope_short's krow, V row, row offset) against the float32 cache's rows of
@@ -2191,15 +2218,18 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
   const size_t hb = 2 * (cache > sizeof(float) * Hq * hd ? cache : sizeof(float) * Hq * hd);
   ok = ok && (hbuf = (uint8_t *)malloc(hb)) != NULL;
   *same = ok && rows_same;
-  for (int i = -1; ok && i < 2 * G; i++) { // the outputs, then each cache
-    const void *a = i < 0 ? (const void *)out[0] : kv[0][i], *b = i < 0 ? (const void *)out[1] : kv[1][i];
-    const size_t n = i < 0 ? sizeof(float) * Hq * hd : cache;
+  for (int i = -2; ok && i < 2 * G; i++) { // the quantised outputs, the outputs, then each cache
+    if (i == -2 && !oq[0]) continue;
+    const void *a = i == -2 ? (const void *)oq[0] : i < 0 ? (const void *)out[0] : kv[0][i];
+    const void *b = i == -2 ? (const void *)oq[1] : i < 0 ? (const void *)out[1] : kv[1][i];
+    const size_t n = i == -2 ? (size_t)oqb : i < 0 ? sizeof(float) * Hq * hd : cache;
     ok = cudaMemcpy(hbuf, a, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
          cudaMemcpy(hbuf + n, b, n, cudaMemcpyDeviceToHost) == cudaSuccess;
     if (ok && memcmp(hbuf, hbuf + n, n)) *same = 0;
   }
   free(hbuf);
   for (int r = 0; r < 2; r++) {
+    cudaFree(oq[r]);
     cudaFree(q[r]);
     cudaFree(out[r]);
     for (int i = 0; i < 2 * G; i++) cudaFree(kv[r][i]);

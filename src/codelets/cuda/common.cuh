@@ -408,6 +408,14 @@ __device__ __forceinline__ void st_dev_q8_row(const float *x, int nb, int8_t *qs
   for (int b = b0; b < nb; b += step) st_dev_q8_quantize(x[32 * b + lane], qs + 32 * b + lane, ds + b);
 }
 
+// Elements [e0, e0 + n) of a row x of `total` floats into the int8 row xq as st_dev_q8_row lays one
+// out (quants at xq[e], the 32-element blocks' scales as floats after all `total` quants): block b
+// of the span by warp b % warps of the calling block (every thread calls it); e0, n and total
+// multiples of 32. A block quantising what it has just written to x calls __syncthreads first.
+__device__ __forceinline__ void st_dev_q8_span(const float *x, int64_t e0, int n, int64_t total, int8_t *xq) {
+  st_dev_q8_row(x + e0, n / 32, xq + e0, (float *)(xq + total) + e0 / 32, (int)(threadIdx.x >> 5), (int)(blockDim.x >> 5));
+}
+
 // The softmax's max and double sum of E logits l by one warp (every lane calls it): lane-strided,
 // then butterflies; mx is every lane's, the callers take lane 0's sum (the lanes' may differ in
 // their last bit).
@@ -622,10 +630,12 @@ struct st_cuda_attn_ext {
 // sines read from tab (st_cuda_rope_table's, the same floats). out (may be NULL): at positions whose
 // keys are few (up to 128; 64 for head_dim 256 in float32) the launch also writes the token's
 // attention there ([Hq][hd], the attention codelet's T = 1 bits), leaving q as it was; then
-// st_cuda_attend_decode_all with after_short leaves those positions alone.
+// st_cuda_attend_decode_all with after_short leaves those positions alone. outq (may be NULL; with
+// out, hd a multiple of 32): that attention also quantised into outq, st_q8_stride(Hq hd) bytes laid
+// out as st_dev_q8_row's row (the bits mmv_quantize makes of out), each head by the block that wrote it.
 void st_cuda_rope_append(float *q, int Hq, const float *kvnew, int G, int hd, const float *qw, const float *kw,
                          float eps, const int *pos_dev, int kv_type, void *const *k, void *const *v, const float *tab,
-                         float *out, int pdl, cudaStream_t st, const st_cuda_attn_ext *x = NULL);
+                         float *out, int pdl, cudaStream_t st, const st_cuda_attn_ext *x = NULL, int8_t *outq = NULL);
 // RoPE's cosine and sine for every position < n_ctx and pair i < hd / 2 into t ([n_ctx][hd / 2]
 // (cos, sin) pairs: n_ctx hd floats), as the attention kernels compute them (double precision,
 // rounded to float), queued on st.
@@ -645,11 +655,13 @@ void st_cuda_attention_allow_smem();
 // (st_cuda_attend_regime) of every position the launch will see, so that it launches only the
 // kernel that computes them: nothing for SHORT with after_short (rope_append's launch attends),
 // of a half cache's pair (the tensor-core kernel from ATT_MMA_CHUNK keys a chunk) the plain kernel
-// for SPLIT and the tensor-core one for WIDE. The bits do not depend on it.
+// for SPLIT and the tensor-core one for WIDE. The bits do not depend on it. outq (may be NULL; hd a
+// multiple of 32): out quantised there too, as st_cuda_rope_append's.
 enum { ST_ATT_REGIME_ANY = -1, ST_ATT_REGIME_SHORT = 0, ST_ATT_REGIME_SPLIT = 1, ST_ATT_REGIME_WIDE = 2 };
 void st_cuda_attend_decode_all(const float *q, int Hq, int G, int hd, int kv_type, void *const *k, void *const *v,
                                const int *pos_dev, float *part, int *counters, float *out, int after_short, int pdl,
-                               cudaStream_t st, const st_cuda_attn_ext *x = NULL, int regime = ST_ATT_REGIME_ANY);
+                               cudaStream_t st, const st_cuda_attn_ext *x = NULL, int regime = ST_ATT_REGIME_ANY,
+                               int8_t *outq = NULL);
 // The regime of a decode token's attention at position pos (window: a sliding window's keys, or
 // 0) of head_dim hd in a cache of kv_type: SHORT up to rope_append's short-context keys, WIDE where
 // the split-K chunks reach ATT_MMA_CHUNK keys, else SPLIT.

@@ -68,8 +68,11 @@ int st_cuda_attention_rows(const float *q, const float *k, const float *v, int T
  * through the attention codelet's T = 1 kernels (st_cuda_rope_append without, then the split-K or
  * short-context kernels per KV group), each on its own copy of the caches, from the same random q,
  * K and V rows and norm weights (seed). A q8_0 cache (kv_type ST_TYPE_Q8_0; hd a multiple of 32): its
- * new rows must also equal the float32 cache's rows of the same launch, quantised on the device.
- * *same: 1 when the outputs and both caches (every row) agree bit for bit. 0, or -1 on a CUDA error. */
+ * new rows must also equal the float32 cache's rows of the same launch, quantised on the device. hd a
+ * multiple of 32: the decode step's launches also quantise their output (the output projection's
+ * int8 input), which must equal the codelet's output quantised in one launch (st_cuda_matmul's bits).
+ * *same: 1 when the outputs, the quantised outputs and both caches (every row) agree bit for bit. 0,
+ * or -1 on a CUDA error. */
 int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same);
 
 /* For tests: rows x hd floats x quantised on the device into q8_0 KV rows (out: rows x hd / 32 x 34

@@ -76,18 +76,20 @@ bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
 }
 
 // Whether a dense product of `kind` (dot.h ST_DENSE_*) of `type` weights on rows of n takes its input
-// quantised on the decode step, as dk_pre makes it: Q8_0's Q and the output head (STRATA_INT8_DOT),
-// one int8 term as st_dense_terms takes them on the CPU. K and V keep float32 (the CPU's two terms: their
-// rounding stays in the KV cache), and so does the output projection, whose input the attention's
-// blocks write (quantising it in every block of the product cost more than its integer sums saved:
-// bench/RESULTS.md, 2026-12-07). The per-task path takes the same rule (attention.cu, linear.cu).
+// quantised on the decode step: Q8_0's Q, output projection and output head (STRATA_INT8_DOT), one int8
+// term as st_dense_terms takes them on the CPU; out_proj: the product is the output projection (kind
+// ST_DENSE_QO, as Q's). Q's and the head's input dk_pre quantises, the output projection's the
+// attention's blocks, each the heads it wrote (st_dev_q8_span: no launch of its own). K and V keep
+// float32 (the CPU's two terms: their rounding stays in the KV cache). The per-task path takes the
+// same rule (attention.cu, linear.cu: st_cuda_matmul's int8 path for a one-token product).
 // Variant knob for A/B builds (scripts/build-decode-variants -DDK_DENSE_Q8=MASK; the per-task path does not
-// follow it, so only the default build is exact against it): 1 Q, 2 the head; 0 float32 for both, as before.
+// follow it, so only the default build is exact against it): 1 Q, 2 the head, 4 the output projection;
+// 0 float32 for all three, as before the fortieth session.
 #ifndef DK_DENSE_Q8
-#define DK_DENSE_Q8 3
+#define DK_DENSE_Q8 7
 #endif
-bool dense_q8(const st_decode_ctx *c, uint32_t type, int64_t n, int kind) {
-  const int mask = kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_HEAD ? 2 : 0;
+bool dense_q8(const st_decode_ctx *c, uint32_t type, int64_t n, int kind, bool out_proj = false) {
+  const int mask = out_proj ? 4 : kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_HEAD ? 2 : 0;
   return c->int8_dot && mmv_q8_takes(type, n) && (DK_DENSE_Q8 & mask); // st_cuda_matmul's test: the same products
 }
 
@@ -278,11 +280,16 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
                  !combine && c->presubmit);
 }
 
+// x (n floats, a multiple of 32) quantised into xq as st_dev_q8_row lays a row out, by one block: the
+// output projection's input where a head is not whole 32-element blocks, which the attention's
+// blocks cannot quantise themselves.
+__global__ void dk_q8_row(const float *x, int64_t n, int8_t *xq) { st_dev_q8_span(x, 0, (int)n, n, xq); }
+
 // MLA's attention of a layer (mla.cuh) from xn to D.attn ([n_head][head_dim_v]): q (wq, or q_a,
 // its norm and q_b) and kv_a_mqa; the cache row and the absorbed queries; the split attention and
-// its merge; v_b. Plain launches after the first (pdl: whether that one may overlap the kernel
-// before it).
-void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_t st) {
+// its merge; v_b, and with oq D.attn quantised there too (dk_mla_vb). Plain launches after the first
+// (pdl: whether that one may overlap the kernel before it).
+void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, int8_t *oq, cudaStream_t st) {
   const st_decode_dev &D = c->dev;
   const st_decode_layer *L = &c->layers[g->layer];
   const int d = c->n_embd, Hq = c->n_head, hd = c->head_dim, nr = c->rope.n_rot, qk = c->qk_nope + nr;
@@ -310,7 +317,7 @@ void mla_body(const st_decode_ctx *c, const layer_graph *g, int pdl, cudaStream_
   else run(0.0f);
   dk_mla_merge<<<Hq, MLA_THREADS, 0, st>>>(D.part, n_chunks, c->kv_lora, D.pos, D.olat);
   dk_mla_vb<<<Hq, MLA_THREADS, 0, st>>>(D.olat, c->kv_lora, L->wv_b_d.type, (const uint8_t *)g->m[MLA_V_B],
-                                        L->wv_b_d.row_bytes, c->head_dim_v, D.attn);
+                                        L->wv_b_d.row_bytes, c->head_dim_v, D.attn, oq);
 }
 
 void layer_body(const layer_graph *g, cudaStream_t st) {
@@ -322,11 +329,14 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const int ko = knockout();
   const int q8 = !c->mla && dense_q8(c, L->wq_d.type, d, ST_DENSE_QO); // Q takes xn quantised
   if (!(ko & 1) || g->layer == 0) pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], q8, st);
-  int64_t o_in = (int64_t)Hq * hd; // the output projection's input
+  const int hv = c->mla ? c->head_dim_v : hd; // a head of the attention's output
+  const int64_t o_in = (int64_t)Hq * hv;      // the output projection's input
+  const bool q8o = dense_q8(c, L->wo_d.type, o_in, ST_DENSE_QO, true);
+  // the attention's blocks quantise the heads they write where a head is whole 32-element blocks
+  int8_t *oq = q8o && hv % 32 == 0 ? D.attnq : NULL;
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[g->layer] : NULL;
   if (c->mla) {
-    mla_body(c, g, pdl, st);
-    o_in = (int64_t)Hq * c->head_dim_v;
+    mla_body(c, g, pdl, oq, st);
   } else {
   const mv_part qkv[3] = {{L->wq_d.type, g->w[1], L->wq_d.row_bytes, (int64_t)Hq * hd, D.q, q8},
                           {L->wk_d.type, g->w[2], L->wk_d.row_bytes, (int64_t)G * hd, D.kvnew, 0},
@@ -342,13 +352,14 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   if (!(ko & 4)) {
     st_cuda_rope_append(D.q, Hq, D.kvnew, G, hd, L->q_norm ? (const float *)g->w[5] : NULL,
                         L->k_norm ? (const float *)g->w[6] : NULL, c->eps, D.pos, c->kv_type, g->k, g->v, D.rope, D.attn,
-                        pdl, st, X ? &ax : NULL);
+                        pdl, st, X ? &ax : NULL, oq);
     st_cuda_attend_decode_all(D.q, Hq, G, hd, c->kv_type, g->k, g->v, D.pos, D.part, D.counters, D.attn, 1, pdl, st,
-                              X ? &ax : NULL, g->regime);
+                              X ? &ax : NULL, g->regime, oq);
   }
   }
-  const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo, 0};
-  if (!(ko & 8)) mv_launch(&o, 1, D.attn, NULL, o_in, c->mla ? 0 : pdl, st);
+  if (q8o && !oq) dk_q8_row<<<1, 256, 0, st>>>(D.attn, o_in, D.attnq);
+  const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo, q8o};
+  if (!(ko & 8)) mv_launch(&o, 1, D.attn, D.attnq, o_in, c->mla ? 0 : pdl, st);
   // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
   const int Er = L->dense ? 0 : E;
   if (!(ko & 16)) mmv_dispatch(L->dense ? (uint32_t)ST_TYPE_F32 : L->router_d.type, [&](auto ty) {
@@ -547,7 +558,7 @@ extern "C" int st_cuda_mla_check(int n_head, int qk_nope, int n_rot, int kv_lora
     if (kv_type == ST_TYPE_F16) run(__half());
     else run(0.0f);
     dk_mla_merge<<<n_head, MLA_THREADS>>>(dpart, n_chunks, kv_lora, dpos, dolat);
-    dk_mla_vb<<<n_head, MLA_THREADS>>>(dolat, kv_lora, ST_TYPE_F32, (const uint8_t *)dvb, sizeof(float) * kv_lora, hv, dattn);
+    dk_mla_vb<<<n_head, MLA_THREADS>>>(dolat, kv_lora, ST_TYPE_F32, (const uint8_t *)dvb, sizeof(float) * kv_lora, hv, dattn, NULL);
     ok = cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
          cudaMemcpy(attn, dattn, sizeof(float) * n_head * hv, cudaMemcpyDeviceToHost) == cudaSuccess &&
          cudaMemcpy(row, drows, sizeof(float) * hd, cudaMemcpyDeviceToHost) == cudaSuccess;

@@ -3,7 +3,6 @@
 // tokens, gemm.cu).
 #include "codelets/cuda/common.cuh"
 #include "codelets/cuda/cuda_codelets.h"
-#include "codelets/dot.h" // ST_DENSE_HEAD
 
 // dst[t][i * piece + j] = src_i[(row0 + t) * piece + j]
 __global__ static void gather_piece(const float *src, int64_t row0, int64_t piece, int64_t n, int i, float *dst) {
@@ -26,10 +25,10 @@ static void linear_body(void *buffers[], const void *args, void *scratch, cudaSt
   }
   ST_CUDA_CHECK(cudaGetLastError());
   if (norm) st_cuda_rmsnorm(x, norm, x, a->T, (int)n, a->eps, st);
-  // a one-token output head takes its input quantised (STRATA_INT8_DOT, Q8_0 weights), as the decode step's
-  // head does (decode.cu dense_q8); the output projection and longer batches keep float32 activations
+  // a one-token output projection or output head takes its input quantised (STRATA_INT8_DOT, Q8_0 weights),
+  // as the decode step's do (decode.cu dense_q8); longer batches keep float32 activations
   st_cuda_product(st_cuda_cublas_handle(a->T, a->cublas_rows), a->w.type, w, a->w.row_bytes, a->r0, a->r1, x, n,
-                  a->T, n, out, a->r1 - a->r0, st, a->T == 1 && a->int8_dot && a->dense_kind == ST_DENSE_HEAD);
+                  a->T, n, out, a->r1 - a->r0, st, a->T == 1 && a->int8_dot);
 }
 
 extern "C" void st_linear_cuda(void *buffers[], void *cl_arg) {

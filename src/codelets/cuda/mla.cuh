@@ -161,10 +161,11 @@ static __global__ void __launch_bounds__(MLA_THREADS)
   }
 }
 
-// Block h: attn[h][r] = v_b[h] row r . olat[h] for r < hv (one warp a row).
+// Block h: attn[h][r] = v_b[h] row r . olat[h] for r < hv (one warp a row); outq (hv a multiple of
+// 32): head h quantised there too (st_dev_q8_span, a row of gridDim.x hv floats).
 static __global__ void __launch_bounds__(MLA_THREADS)
     dk_mla_vb(const float *olat, int kv_lora, uint32_t vb_type, const uint8_t *vb, uint64_t vb_row_bytes, int hv,
-              float *attn) {
+              float *attn, int8_t *outq) {
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const float *x = olat + (size_t)h * kv_lora;
   for (int r = warp; r < hv; r += warps) {
@@ -174,6 +175,9 @@ static __global__ void __launch_bounds__(MLA_THREADS)
     acc = st_warp_sum(acc);
     if (lane == 0) attn[(size_t)h * hv + r] = acc;
   }
+  if (!outq) return;
+  __syncthreads(); // the head's rows are in attn
+  st_dev_q8_span(attn, (int64_t)h * hv, hv, (int64_t)gridDim.x * hv, outq);
 }
 
 // For tests (st_cuda_mla_check): n floats into a cache of KT, and back.
