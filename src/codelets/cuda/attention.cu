@@ -2117,9 +2117,6 @@ template <typename T> __global__ static void check_fill(T *p, int64_t n, uint32_
   }
 }
 
-// A row of n floats (a multiple of 32) quantised by one block (st_dev_q8_span), for the check below.
-__global__ static void check_q8_row(const float *x, int64_t n, int8_t *xq) { st_dev_q8_span(x, 0, (int)n, n, xq); }
-
 extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type, int pos, uint32_t seed, int *same) {
   *same = 0;
   if (G < 1 || G > ST_CUDA_MAX_KV_HEADS || Hq % G || pos < 0) return -1;
@@ -2131,7 +2128,7 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
   int *counters = NULL, *pos_dev = NULL;
   void *kv[2][2 * ST_CUDA_MAX_KV_HEADS] = {};
   uint8_t *hbuf = NULL;
-  int8_t *oq[2] = {NULL, NULL}; // the decode step's output quantised by its writers, and out[1] by check_q8_row
+  int8_t *oq[2] = {NULL, NULL}; // the decode step's output quantised by its writers, and out[1] in one launch
   const int64_t on = (int64_t)Hq * hd, oqb = st_q8_stride(on);
   bool ok = true;
   for (int r = 0; ok && hd % 32 == 0 && r < 2; r++) ok = cudaMalloc(&oq[r], (size_t)oqb) == cudaSuccess;
@@ -2183,7 +2180,7 @@ extern "C" int st_cuda_decode_attention_check(int Hq, int G, int hd, int kv_type
         attend<KT>(q[1] + (size_t)g * nq * hd, (int64_t)nq * hd, (const KT *)k1[g], (const KT *)v1[g], 1, pos, nq, hd, part,
                    out[1] + (size_t)g * nq * hd, (int64_t)nq * hd, 0, 0);
     });
-    if (oq[1]) check_q8_row<<<1, 256>>>(out[1], on, oq[1]); // as st_cuda_matmul's int8 path quantises it
+    if (oq[1]) st_cuda_quantize_rows(out[1], on, 1, on, oq[1], 0); // as st_cuda_matmul's int8 path quantises it
     ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
   }
   // a q8_0 cache's new rows (rope_short's krow, V row, row offset) against the float32 cache's rows of

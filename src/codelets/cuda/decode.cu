@@ -75,22 +75,23 @@ bool q8_on(const st_decode_ctx *c, uint32_t type, int64_t n) {
   return c->int8_dot && (type == ST_TYPE_Q8_0 || (type == ST_TYPE_MXFP4 && c->mxfp4_int8)) && n % 32 == 0;
 }
 
-// Whether a dense product of `kind` (dot.h ST_DENSE_*) of `type` weights on rows of n takes its input
-// quantised on the decode step: Q8_0's Q, output projection and output head (STRATA_INT8_DOT), one int8
-// term as st_dense_terms takes them on the CPU; out_proj: the product is the output projection (kind
-// ST_DENSE_QO, as Q's). Q's and the head's input dk_pre quantises, the output projection's the
-// attention's blocks, each the heads it wrote (st_dev_q8_span: no launch of its own). K and V keep
-// float32 (the CPU's two terms: their rounding stays in the KV cache). The per-task path takes the
-// same rule (attention.cu, linear.cu: st_cuda_matmul's int8 path for a one-token product).
+// The dense products dense_q8 may put on int8 activations (DK_DENSE_Q8's bits).
+enum { DQ8_Q = 1, DQ8_HEAD = 2, DQ8_O = 4 };
+// Whether dense product `part` (DQ8_*) of `type` weights on rows of n takes its input quantised on the
+// decode step: Q8_0's Q, output projection and output head (STRATA_INT8_DOT), one int8 term as
+// st_dense_terms takes them on the CPU (ST_DENSE_QO, ST_DENSE_HEAD). Q's and the head's input dk_pre
+// quantises, the output projection's the attention's blocks, each the heads it wrote (st_dev_q8_span:
+// no launch of its own). K and V keep float32 (the CPU's two terms: their rounding stays in the KV
+// cache). The per-task path takes the same rule (attention.cu, linear.cu: st_cuda_matmul's int8 path
+// for a one-token product).
 // Variant knob for A/B builds (scripts/build-decode-variants -DDK_DENSE_Q8=MASK; the per-task path does not
 // follow it, so only the default build is exact against it): 1 Q, 2 the head, 4 the output projection;
 // 0 float32 for all three, as before the fortieth session.
 #ifndef DK_DENSE_Q8
 #define DK_DENSE_Q8 7
 #endif
-bool dense_q8(const st_decode_ctx *c, uint32_t type, int64_t n, int kind, bool out_proj = false) {
-  const int mask = out_proj ? 4 : kind == ST_DENSE_QO ? 1 : kind == ST_DENSE_HEAD ? 2 : 0;
-  return c->int8_dot && mmv_q8_takes(type, n) && (DK_DENSE_Q8 & mask); // st_cuda_matmul's test: the same products
+bool dense_q8(const st_decode_ctx *c, uint32_t type, int64_t n, int part) {
+  return c->int8_dot && mmv_q8_takes(type, n) && (DK_DENSE_Q8 & part); // st_cuda_matmul's test: the same products
 }
 
 // Launches a streaming kernel on at most as many blocks as the device holds at once (at most per_sm
@@ -280,11 +281,6 @@ void pre_launch(const st_decode_ctx *c, int l, int combine, int wait_cpu, const 
                  !combine && c->presubmit);
 }
 
-// x (n floats, a multiple of 32) quantised into xq as st_dev_q8_row lays a row out, by one block: the
-// output projection's input where a head is not whole 32-element blocks, which the attention's
-// blocks cannot quantise themselves.
-__global__ void dk_q8_row(const float *x, int64_t n, int8_t *xq) { st_dev_q8_span(x, 0, (int)n, n, xq); }
-
 // MLA's attention of a layer (mla.cuh) from xn to D.attn ([n_head][head_dim_v]): q (wq, or q_a,
 // its norm and q_b) and kv_a_mqa; the cache row and the absorbed queries; the split attention and
 // its merge; v_b, and with oq D.attn quantised there too (dk_mla_vb). Plain launches after the first
@@ -327,11 +323,11 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
   const int d = c->n_embd, hd = c->head_dim, G = c->n_head_kv, Hq = c->n_head, E = c->n_expert;
   const int pdl = c->pdl && pdl_ok();
   const int ko = knockout();
-  const int q8 = !c->mla && dense_q8(c, L->wq_d.type, d, ST_DENSE_QO); // Q takes xn quantised
+  const int q8 = !c->mla && dense_q8(c, L->wq_d.type, d, DQ8_Q); // Q takes xn quantised
   if (!(ko & 1) || g->layer == 0) pre_launch(c, g->layer, g->layer > 0, cpu_in(c, g->layer), (const float *)g->w[0], q8, st);
   const int hv = c->mla ? c->head_dim_v : hd; // a head of the attention's output
   const int64_t o_in = (int64_t)Hq * hv;      // the output projection's input
-  const bool q8o = dense_q8(c, L->wo_d.type, o_in, ST_DENSE_QO, true);
+  const bool q8o = dense_q8(c, L->wo_d.type, o_in, DQ8_O);
   // the attention's blocks quantise the heads they write where a head is whole 32-element blocks
   int8_t *oq = q8o && hv % 32 == 0 ? D.attnq : NULL;
   const st_decode_dev_layer *X = c->dlayers ? &c->dlayers[g->layer] : NULL;
@@ -357,7 +353,8 @@ void layer_body(const layer_graph *g, cudaStream_t st) {
                               X ? &ax : NULL, g->regime, oq);
   }
   }
-  if (q8o && !oq) dk_q8_row<<<1, 256, 0, st>>>(D.attn, o_in, D.attnq);
+  // else (a head not whole 32-element blocks) one launch quantises the row, as st_cuda_matmul does
+  if (q8o && !oq) st_cuda_quantize_rows(D.attn, o_in, 1, o_in, D.attnq, st);
   const mv_part o = {L->wo_d.type, g->w[4], L->wo_d.row_bytes, d, D.xo, q8o};
   if (!(ko & 8)) mv_launch(&o, 1, D.attn, D.attnq, o_in, c->mla ? 0 : pdl, st);
   // a dense layer: no router rows (one block computes h and ffn_in), no routed experts
@@ -415,7 +412,7 @@ void head_body(const void *args, cudaStream_t st) {
   const head_graph *g = (const head_graph *)args;
   const st_decode_ctx *c = g->a->ctx;
   const st_decode_dev &D = c->dev;
-  const int q8 = dense_q8(c, c->output_d.type, c->n_embd, ST_DENSE_HEAD);
+  const int q8 = dense_q8(c, c->output_d.type, c->n_embd, DQ8_HEAD);
   const mv_part head = {c->output_d.type, g->w, c->output_d.row_bytes, c->n_vocab, c->dmail.logits, q8};
   pre_launch(c, c->n_layer, 1, cpu_in(c, c->n_layer), g->norm, q8, st); // the last layer's combine, the output norm
   mv_launch(&head, 1, D.xn, D.xnq, c->n_embd, c->pdl && pdl_ok(), st, D.amax);
