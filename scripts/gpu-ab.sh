@@ -10,7 +10,9 @@
 #     kept for a following call on the same machine): every expert cached, decode 128 tokens at depth
 #     0, -r 3, the two builds alternately (ROUNDS, default 2); then the 24 GB class (--gpu-mem
 #     GPU_MEM, default 21.25) decode 64 at depths 0 and 4096 once each.
-# Environment: ROUNDS, GPU_MEM, STEPS (1 2: which parts). Prints a table last.
+# Environment: ROUNDS, GPU_MEM, STEPS (1 2: which parts), VARIANTS ("NAME|BINARY ...": more builds
+# timed in every round after the two, e.g. scripts/build-decode-variants' carry/strata-NAME; carried xz'd
+# or plain). Prints a table last.
 set -u
 cd "$(dirname "$0")/.."
 scripts/carry-unpack # each call brings carry/ packed
@@ -49,6 +51,7 @@ if has 2; then
   for r in $(seq 1 "${ROUNDS:-2}"); do
     one "new-$r" "$S" --decode 128
     one "base-$r" "$C/ab/strata-base" --decode 128
+    for v in ${VARIANTS:-}; do one "${v%%|*}-$r" "${v#*|}" --decode 128; done
   done
   one new-24gb "$S" --decode 64 --depth 0,4096 --gpu-mem "${GPU_MEM:-21.25}"
   one base-24gb "$C/ab/strata-base" --decode 64 --depth 0,4096 --gpu-mem "${GPU_MEM:-21.25}"

@@ -142,13 +142,13 @@ __global__ static void kv_q8_to_half(const kv_q8 *src, __half *dst, int64_t rows
   }
 }
 
-// Keys j < n of a q8_0 cache (key j at row lo + j, modulo ring when ring > 0) as tiles of halves
-// ks, vs ([n][hd]) in shared memory, 8 values a thread at a time; then the end of a copy group (none
-// was started: the callers' waits stay balanced).
+// Keys j0 <= j < n of a q8_0 cache (key j at row lo + j, modulo ring when ring > 0) as tiles of
+// halves ks, vs ([n][hd]; key j at row j) in shared memory, 8 values a thread at a time; then the end
+// of a copy group (none was started: the callers' waits stay balanced).
 __device__ __forceinline__ static void att_stage_q8(__half *ks, __half *vs, const kv_q8 *kc, const kv_q8 *vc, int n, int hd,
-                                                    int lo = 0, int ring = 0) {
+                                                    int lo = 0, int ring = 0, int j0 = 0) {
   const int per = hd / 8;
-  for (int e = threadIdx.x; e < n * per; e += blockDim.x) {
+  for (int e = j0 * per + threadIdx.x; e < n * per; e += blockDim.x) {
     const int j = e / per, r = ring ? (lo + j) % ring : lo + j, c = 8 * (e - j * per);
     *(uint4 *)(ks + 8 * e) = kv_q8_ld8(kc, r, hd, c);
     *(uint4 *)(vs + 8 * e) = kv_q8_ld8(vc, r, hd, c);
@@ -965,30 +965,37 @@ static size_t att_short_smem(int hd, int nd, int nqb, size_t es) {
   return 2 * (size_t)att_short_max(hd, es) * hd * es + sizeof(float) * ATT_WARPS * nqb * nd * 32;
 }
 
-// Keys j < n of a float or half cache (key j at row lo + j, modulo ring when ring > 0) into the
-// rows ks, vs ([n][hd]) of attend_short_block's shared memory: 16-byte asynchronous copies where
-// the rows allow them (the caller commits and waits), else plain loads and stores.
+// Keys j0 <= j < n of a float or half cache (key j at row lo + j, modulo ring when ring > 0) into
+// the rows ks, vs ([n][hd]; key j at row j) of attend_short_block's shared memory: att_stage's copies
+// of the one or two runs of contiguous rows (a ring's rows wrap once at most), each its own group.
 template <typename KT>
-__device__ __forceinline__ static void att_short_copy(KT *ks, KT *vs, const KT *kc, const KT *vc, int hd, int n, int lo,
-                                                      int ring) {
+__device__ __forceinline__ static void att_short_copy(KT *ks, KT *vs, const KT *kc, const KT *vc, int hd, int j0, int n,
+                                                      int lo, int ring) {
   constexpr int PER = 16 / sizeof(KT);
-  const int per = hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0 ? hd / PER : 0;
-  for (int e = threadIdx.x; per && e < n * per; e += blockDim.x) {
-    const int j = e / per, r = ring ? (lo + j) % ring : lo + j;
-    const int64_t src = (int64_t)r * hd + PER * (e - j * per);
-    st_dev_cp16(ks + PER * e, kc + src);
-    st_dev_cp16(vs + PER * e, vc + src);
+  const bool vec = hd % PER == 0 && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0;
+  while (j0 < n) {
+    const int r = ring ? (lo + j0) % ring : lo + j0, len = ring ? min(n - j0, ring - r) : n - j0;
+    att_stage(ks + (int64_t)j0 * hd, vs + (int64_t)j0 * hd, kc, vc, r, len, hd, vec);
+    j0 += len;
   }
-  for (int e = threadIdx.x; !per && e < n * hd; e += blockDim.x) {
-    const int j = e / hd, r = ring ? (lo + j) % ring : lo + j;
-    ks[e] = kc[(int64_t)r * hd + e - j * hd], vs[e] = vc[(int64_t)r * hd + e - j * hd];
-  }
+}
+
+// Keys j0 <= j < n (as att_short_copy numbers them) into attend_short_block's K and V rows at smem:
+// a float or half cache's by asynchronous copies still in flight on return (the caller waits), a
+// q8_0 cache's as halves.
+template <typename KT>
+__device__ __forceinline__ static void att_short_stage(uint8_t *smem, const KT *kc, const KT *vc, int hd, int j0, int n,
+                                                       int lo, int ring) {
+  using ST = kv_smem_t<KT>;
+  ST *ks = (ST *)smem, *vs = ks + (size_t)att_short_max(hd, sizeof(ST)) * hd;
+  if constexpr (kv_is_q8<KT>) att_stage_q8(ks, vs, kc, vc, n, hd, lo, ring, j0);
+  else att_short_copy(ks, vs, kc, vc, hd, j0, n, lo, ring);
 }
 
 // Causal attention of nh <= NQ query heads (qs: shared memory, head i at qs + i hd) over keys
 // [0, n) of kc, vc ([keys][hd] of KT; 1 <= n <= att_short_max) into out (head i at out + i hd), by a
-// block of ATT_WARPS warps: the rows copied into `smem` (att_short_smem bytes) by 16-byte
-// asynchronous copies where they allow it; the scores of key j by warp j % 8 (lanes share the head
+// block of ATT_WARPS warps: the rows copied into `smem` (att_short_smem bytes; att_short_stage, the
+// first `staged` keys' copies already issued by the caller); the scores of key j by warp j % 8 (lanes share the head
 // dimensions, the NQ dot products reduced by att_transpose_sum, as attend_group_chunk's); each
 // head's softmax over all n keys by one warp (its max, then e^(s - max) and their sum: per lane in
 // key order, then a butterfly); P V by warp j % 8 for its keys; the warps' sums added in warp order,
@@ -996,7 +1003,7 @@ __device__ __forceinline__ static void att_short_copy(KT *ks, KT *vs, const KT *
 template <int ND, int NQ, typename KT>
 __device__ __forceinline__ static void attend_short_block(const float *qs, int nh, const KT *kc, const KT *vc, int hd,
                                                           int n, float scale, float *out, uint8_t *smem, int lo = 0,
-                                                          int ring = 0, const float *sinks = NULL) {
+                                                          int ring = 0, const float *sinks = NULL, int staged = 0) {
   __shared__ float ps[NQ][ATT_SHORT_MAX], lsum[NQ];
   using ST = kv_smem_t<KT>; // a q8_0 cache's rows as halves
   constexpr int B = att_log2(NQ);
@@ -1004,14 +1011,8 @@ __device__ __forceinline__ static void attend_short_block(const float *qs, int n
   const size_t rows = (size_t)att_short_max(hd, sizeof(ST)) * hd;
   ST *ks = (ST *)smem, *vs = ks + rows;
   float *wacc = (float *)(smem + 2 * rows * sizeof(ST));
-  if constexpr (kv_is_q8<KT>) {
-    att_stage_q8(ks, vs, kc, vc, n, hd, lo, ring);
-    st_dev_cp_wait_all();
-  } else {
-    att_short_copy(ks, vs, kc, vc, hd, n, lo, ring);
-    st_dev_cp_commit();
-    st_dev_cp_wait_all();
-  }
+  att_short_stage(smem, kc, vc, hd, staged, n, lo, ring);
+  st_dev_cp_wait_all();
   __syncthreads(); // the rows (and the caller's qs) are in shared memory
   float q[NQ][ND];
   att_load_q<ND, NQ>(q, qs, nh, hd, lane);
@@ -1084,6 +1085,12 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 #define ATT_SHORT_NQ 1
 #endif
 static_assert(ATT_SHORT_NQ == 1 || ATT_SHORT_NQ == 2, "att_short_dispatch: one or two heads a block");
+// rope_short's work before its wait for Q/K/V (a programmatic dependent's start): the old keys' rows
+// into shared memory, the norms' weights, biases and RoPE row into L2, so that none of the block's
+// dependent loads after the wait goes to DRAM. Bench variant: -DATT_SHORT_EARLY=0, as before.
+#ifndef ATT_SHORT_EARLY
+#define ATT_SHORT_EARLY 1
+#endif
 static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < ATT_SHORT_NQ ? att_nq(nq, hd) : ATT_SHORT_NQ; }
 
 // The decode step's q/k norms, RoPE and KV append in one launch, and with at most ATT_SHORT_MAX keys
@@ -1094,7 +1101,9 @@ static int att_short_nq(int nq, int hd) { return att_nq(nq, hd) < ATT_SHORT_NQ ?
 // hd ..], normed with kw and rotated) and V row (kvnew[(G + g) hd ..]) are written at the position
 // of its caches as KT (every block of the group writes the same values, before it reads them); then
 // attend_short_block into out, and with outq its heads quantised there too (st_dev_q8_span; hd a
-// multiple of 32). Dynamic shared memory: att_short_smem.
+// multiple of 32). Before its wait (ATT_SHORT_EARLY) the block stages every key but the new one for
+// the position it reads then and prefetches its small operands; after the wait a different position
+// (layer 0's dk_pre writes it) stages them again. Dynamic shared memory: att_short_smem.
 template <int ND, int NQ, typename KT>
 __global__ static void __launch_bounds__(32 * ATT_WARPS)
     rope_short(float *q, int nq, const float *kvnew, int G, int hd, const float *qw, const float *kw, float eps,
@@ -1105,11 +1114,40 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   __shared__ float krow[kv_is_q8<KT> ? 256 : 1]; // a q8_0 cache's new K row in float32, then quantised
   extern __shared__ float4 att_dyn[];
   st_dev_griddep_launch();
-  st_dev_griddep_wait();
   const int n_hb = (nq + NQ - 1) / NQ, g = blockIdx.x / n_hb, h0 = g * nq + (int)(blockIdx.x % n_hb) * NQ;
-  const int nh = min(NQ, (g + 1) * nq - h0), pos = *pos_dev, n = pos + 1, row = x.ring ? pos % x.ring : pos;
-  const int lo = x.window && n > x.window ? n - x.window : 0; // the window's first key
+  const int nh = min(NQ, (g + 1) * nq - h0);
+  const auto first_key = [&x](int n) { return x.window && n > x.window ? n - x.window : 0; }; // the window's
+  int staged = 0, pos_early = -1;
+#if ATT_SHORT_EARLY
+  // before the wait, what no kernel of this step writes: the rows of every key but the new one at
+  // the position the step had when the block started (layer 0's dk_pre may still be writing it; the
+  // wait's position decides), and the norms' weights, the biases and the position's RoPE row to L2
+  pos_early = __ldcv(pos_dev);
+  if (out && pos_early >= 0) {
+    const int n = pos_early + 1, lo = first_key(n);
+    if (n - lo <= att_short_max(hd, kv_es<KT>)) {
+      staged = n - lo - 1;
+      att_short_stage((uint8_t *)att_dyn, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, 0, staged, lo, x.ring);
+    }
+  }
+  const int t0 = threadIdx.x, nt = blockDim.x;
+  const size_t hb = sizeof(float) * (size_t)hd;
+  st_dev_prefetch_l2(qw, hb, t0, nt);
+  st_dev_prefetch_l2(kw, hb, t0, nt);
+  st_dev_prefetch_l2(tab + (int64_t)max(pos_early, 0) * (hd / 2), hb, t0, nt);
+  st_dev_prefetch_l2(x.bq ? x.bq + (int64_t)h0 * hd : NULL, hb * nh, t0, nt);
+  st_dev_prefetch_l2(x.bk ? x.bk + (int64_t)g * hd : NULL, hb, t0, nt);
+  st_dev_prefetch_l2(x.bv ? x.bv + (int64_t)g * hd : NULL, hb, t0, nt);
+#endif
+  st_dev_griddep_wait();
+  const int pos = *pos_dev, n = pos + 1, row = x.ring ? pos % x.ring : pos;
+  const int lo = first_key(n);
   const bool attend_here = out && n - lo <= att_short_max(hd, kv_es<KT>);
+  if (pos != pos_early && staged) { // block-uniform: the rows staged are another position's
+    st_dev_cp_wait_all();
+    __syncthreads();
+    staged = 0;
+  }
   const float2 *cs = tab + (int64_t)pos * (hd / 2);
   const int grp = threadIdx.x >> 6, t = threadIdx.x & 63;
   for (int it = grp; it <= nh; it += ATT_WARPS / 2) { // the heads, then the K row; a group's 64 threads alike
@@ -1143,7 +1181,8 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   if (!attend_here) return; // block-uniform
   __syncthreads(); // (attend_short_block's copies start after another barrier: qs and the new rows are written)
   attend_short_block<ND, NQ, KT>(qs, nh, (const KT *)kv.k[g], (const KT *)kv.v[g], hd, n - lo, scale,
-                                 out + (int64_t)h0 * hd, (uint8_t *)att_dyn, lo, x.ring, x.sinks ? x.sinks + h0 : NULL);
+                                 out + (int64_t)h0 * hd, (uint8_t *)att_dyn, lo, x.ring, x.sinks ? x.sinks + h0 : NULL,
+                                 staged);
   if (!outq) return;
   __syncthreads(); // the block's heads are in out
   st_dev_q8_span(out, (int64_t)h0 * hd, nh * hd, (int64_t)G * nq * hd, outq);

@@ -298,15 +298,21 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   const int R = dk_router_rows<TYPE>(d);
   const router_job job = {W, row_bytes, E, R, xs, logits, rb};
   mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
-    st_dev_griddep_wait();
-    // every load of the thread first (d <= 4096, gpu_layouts_ok), then the sums in element order
+    // every load of the thread first (d <= 4096, gpu_layouts_ok), the weights' before the wait (no
+    // kernel writes them), then the sums in element order
     constexpr int PER = 4096 / MMV_THREADS;
-    float xv[PER], wv[PER];
+    float xv[PER], wv[PER], bv[PER];
 #pragma unroll
     for (int u = 0; u < PER; u++) {
       const int i = threadIdx.x + u * MMV_THREADS;
-      xv[u] = i < d ? x[i] + (bo ? xo[i] + bo[i] : xo[i]) : 0.0f; // the output projection's bias first
-      wv[u] = i < d ? w[i] : 0.0f;
+      wv[u] = i < d ? __ldg(w + i) : 0.0f;
+      bv[u] = bo && i < d ? __ldg(bo + i) : 0.0f;
+    }
+    st_dev_griddep_wait();
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int i = threadIdx.x + u * MMV_THREADS;
+      xv[u] = i < d ? x[i] + (bo ? xo[i] + bv[u] : xo[i]) : 0.0f; // the output projection's bias first
     }
     float ss = 0.0f;
 #pragma unroll
