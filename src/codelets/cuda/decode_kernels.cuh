@@ -574,6 +574,9 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
   job.route = sr;
   float *sl = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
+    // the layer's slot table to L2 (no kernel of the step writes it): the rows' lookups after the
+    // selection then wait on L2, not DRAM
+    st_dev_prefetch_l2(job.slot_ptr, sizeof(*job.slot_ptr) * (size_t)job.n_expert, threadIdx.x, blockDim.x);
     st_dev_griddep_wait();
     // dk_down may start once every block is here: the router's logits, which it selects from
     // before its own wait, are then complete
