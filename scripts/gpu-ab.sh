@@ -12,7 +12,7 @@
 #     GPU_MEM, default 21.25) decode 64 at depths 0 and 4096 once each.
 # Environment: ROUNDS, GPU_MEM, STEPS (1 2: which parts), VARIANTS ("NAME|BINARY ...": more builds
 # timed in every round after the two, e.g. scripts/build-decode-variants' carry/strata-NAME; carried xz'd
-# or plain). Prints a table last.
+# or plain), AB24 (0: without the 24 GB class rows). Prints a table last.
 set -u
 cd "$(dirname "$0")/.."
 scripts/carry-unpack # each call brings carry/ packed
@@ -53,8 +53,10 @@ if has 2; then
     one "base-$r" "$C/ab/strata-base" --decode 128
     for v in ${VARIANTS:-}; do one "${v%%|*}-$r" "${v#*|}" --decode 128; done
   done
-  one new-24gb "$S" --decode 64 --depth 0,4096 --gpu-mem "${GPU_MEM:-21.25}"
-  one base-24gb "$C/ab/strata-base" --decode 64 --depth 0,4096 --gpu-mem "${GPU_MEM:-21.25}"
+  if [ "${AB24:-1}" = 1 ]; then
+    one new-24gb "$S" --decode 64 --depth 0,4096 --gpu-mem "${GPU_MEM:-21.25}"
+    one base-24gb "$C/ab/strata-base" --decode 64 --depth 0,4096 --gpu-mem "${GPU_MEM:-21.25}"
+  fi
 fi
 echo "== gpu-ab ($((SECONDS - t00)) s)"
 for r in "${rows[@]}"; do echo "$r"; done
