@@ -298,21 +298,15 @@ __global__ void MMV_BOUNDS(1) dk_router(const float *x, const float *xo, const f
   const int R = dk_router_rows<TYPE>(d);
   const router_job job = {W, row_bytes, E, R, xs, logits, rb};
   mmv_stream(sm, dyn_smem, job, (E + R - 1) / R, d, [&] {
-    // every load of the thread first (d <= 4096, gpu_layouts_ok), the weights' before the wait (no
-    // kernel writes them), then the sums in element order
-    constexpr int PER = 4096 / MMV_THREADS;
-    float xv[PER], wv[PER], bv[PER];
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-      const int i = threadIdx.x + u * MMV_THREADS;
-      wv[u] = i < d ? __ldg(w + i) : 0.0f;
-      bv[u] = bo && i < d ? __ldg(bo + i) : 0.0f;
-    }
     st_dev_griddep_wait();
+    // every load of the thread first (d <= 4096, gpu_layouts_ok), then the sums in element order
+    constexpr int PER = 4096 / MMV_THREADS;
+    float xv[PER], wv[PER];
 #pragma unroll
     for (int u = 0; u < PER; u++) {
       const int i = threadIdx.x + u * MMV_THREADS;
-      xv[u] = i < d ? x[i] + (bo ? xo[i] + bv[u] : xo[i]) : 0.0f; // the output projection's bias first
+      xv[u] = i < d ? x[i] + (bo ? xo[i] + bo[i] : xo[i]) : 0.0f; // the output projection's bias first
+      wv[u] = i < d ? w[i] : 0.0f;
     }
     float ss = 0.0f;
 #pragma unroll
@@ -574,9 +568,6 @@ __global__ void MMV_BOUNDS(1) dk_gateup(const __grid_constant__ gateup_job<Q8> j
   job.route = sr;
   float *sl = (float *)((uint8_t *)dyn_smem + mmv_pipe_bytes<TYPE>());
   mmv_stream(sm, dyn_smem, job, n_groups, n, [&] {
-    // the layer's slot table to L2 (no kernel of the step writes it): the rows' lookups after the
-    // selection then wait on L2, not DRAM
-    st_dev_prefetch_l2(job.slot_ptr, sizeof(*job.slot_ptr) * (size_t)job.n_expert, threadIdx.x, blockDim.x);
     st_dev_griddep_wait();
     // dk_down may start once every block is here: the router's logits, which it selects from
     // before its own wait, are then complete
