@@ -1085,15 +1085,6 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
 #define ATT_SHORT_NQ 1
 #endif
 static_assert(ATT_SHORT_NQ == 1 || ATT_SHORT_NQ == 2, "att_short_dispatch: one or two heads a block");
-// attend_decode_all's work before its wait (its blocks are resident while Q/K/V and rope_append
-// finish): the first ATT_EARLY_KEYS keys' K and V rows of each block's chunk to L2. Bench variant:
-// -DATT_DECODE_EARLY=0, as before.
-#ifndef ATT_DECODE_EARLY
-#define ATT_DECODE_EARLY 1
-#endif
-#ifndef ATT_EARLY_KEYS
-#define ATT_EARLY_KEYS 256
-#endif
 // rope_short's work before its wait for Q/K/V (a programmatic dependent's start): the old keys' rows
 // into shared memory, the norms' weights, biases and RoPE row into L2, so that none of the block's
 // dependent loads after the wait goes to DRAM. Bench variant: -DATT_SHORT_EARLY=0, as before.
@@ -1247,23 +1238,6 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS, ATT_MIN_BLOCKS)
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = 0; i < 4; i++) att_mma(d, (uint32_t)i, 0u, 0u, 0u);
     if (d[0] != 0.0f) out[0] = d[0]; // never: zero B operands
-  }
-#endif
-#if ATT_DECODE_EARLY
-  { // before the wait, a hint: the first ATT_EARLY_KEYS rows of the block's chunk to L2 (their position
-    // as the block reads it then; layer 0's dk_pre may still be writing it, and the new row may still
-    // be written, in L2, by rope_append), so that its loads after the wait find them there
-    const int n0 = __ldcv(pos_dev) + 1, lo0 = x.window && n0 > x.window ? n0 - x.window : 0, nk0 = n0 - lo0;
-    const int ch0 = att_chunk_keys(nk0), s0 = (int)blockIdx.x * ch0;
-    const int g0 = (int)blockIdx.y / ((nq + NQ - 1) / NQ);
-    if (n0 > 0 && !(after_short && nk0 <= att_short_max(hd, kv_es<KT>)) && s0 < nk0 &&
-        !(paired && (ch0 >= att_mma_chunk<KT>) != MMA)) {
-      const int nk = min(min(ch0, nk0 - s0), ATT_EARLY_KEYS);
-      const KT *k0 = kv_row((const KT *)kv.k[g0], lo0 + s0, hd), *v0 = kv_row((const KT *)kv.v[g0], lo0 + s0, hd);
-      const size_t bytes = (size_t)nk * (size_t)((const uint8_t *)kv_row(k0, 1, hd) - (const uint8_t *)k0);
-      st_dev_prefetch_l2(k0, bytes, threadIdx.x, blockDim.x);
-      st_dev_prefetch_l2(v0, bytes, threadIdx.x, blockDim.x);
-    }
   }
 #endif
   st_dev_griddep_wait();
