@@ -582,17 +582,9 @@ template <int LEVEL, typename KT>
 __device__ __forceinline__ static void att_prefetch_rows(const KT *kc, const KT *vc, int hd, int k0, int end, int lane) {
   if (k0 >= end) return;
   const int rows = min(16, end - k0);
-#pragma unroll
-  for (int c = 0; c < 2; c++) {
-    const KT *cache = c ? vc : kc;
-    const uintptr_t a = (uintptr_t)kv_row(cache, k0, hd), a0 = a & ~(uintptr_t)127;
-    const int lines = (int)(((uintptr_t)kv_row(cache, k0 + rows, hd) - a0 + 127) / 128);
-    for (int i = lane; i < lines; i += 32) {
-      const void *p = (const void *)(a0 + 128 * (uintptr_t)i);
-      if (LEVEL == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-      else asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-  }
+  const size_t bytes = (const uint8_t *)kv_row(kc, k0 + rows, hd) - (const uint8_t *)kv_row(kc, k0, hd);
+  st_dev_prefetch<LEVEL>(kv_row(kc, k0, hd), bytes, lane, 32);
+  st_dev_prefetch<LEVEL>(kv_row(vc, k0, hd), bytes, lane, 32);
 }
 template <int HD, typename KT> struct mma_raw;
 template <int HD> struct mma_raw<HD, __half> {
@@ -1127,7 +1119,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   // the position the step had when the block started (layer 0's dk_pre may still be writing it; the
   // wait's position decides), and the norms' weights, the biases and the position's RoPE row to L2
   pos_early = __ldcv(pos_dev);
-  if (out && pos_early >= 0) {
+  if (out) {
     const int n = pos_early + 1, lo = first_key(n);
     if (n - lo <= att_short_max(hd, kv_es<KT>)) {
       staged = n - lo - 1;
@@ -1136,12 +1128,12 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS)
   }
   const int t0 = threadIdx.x, nt = blockDim.x;
   const size_t hb = sizeof(float) * (size_t)hd;
-  st_dev_prefetch_l2(qw, hb, t0, nt);
-  st_dev_prefetch_l2(kw, hb, t0, nt);
-  st_dev_prefetch_l2(tab + (int64_t)max(pos_early, 0) * (hd / 2), hb, t0, nt);
-  st_dev_prefetch_l2(x.bq ? x.bq + (int64_t)h0 * hd : NULL, hb * nh, t0, nt);
-  st_dev_prefetch_l2(x.bk ? x.bk + (int64_t)g * hd : NULL, hb, t0, nt);
-  st_dev_prefetch_l2(x.bv ? x.bv + (int64_t)g * hd : NULL, hb, t0, nt);
+  st_dev_prefetch(qw, hb, t0, nt);
+  st_dev_prefetch(kw, hb, t0, nt);
+  st_dev_prefetch(tab + (int64_t)max(pos_early, 0) * (hd / 2), hb, t0, nt);
+  st_dev_prefetch(x.bq ? x.bq + (int64_t)h0 * hd : NULL, hb * nh, t0, nt);
+  st_dev_prefetch(x.bk ? x.bk + (int64_t)g * hd : NULL, hb, t0, nt);
+  st_dev_prefetch(x.bv ? x.bv + (int64_t)g * hd : NULL, hb, t0, nt);
 #endif
   st_dev_griddep_wait();
   const int pos = *pos_dev, n = pos + 1, row = x.ring ? pos % x.ring : pos;

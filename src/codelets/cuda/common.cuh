@@ -303,13 +303,16 @@ __device__ __forceinline__ void st_dev_cp_wait_all() {
 }
 
 // A hint that bytes [p, p + bytes) of global memory will be read soon: their 128-byte lines fetched
-// into L2 (prefetch.global.L2; PTX ISA, "Data Movement and Conversion Instructions: prefetch"), the
-// lines shared out over threads t = 0 .. nt - 1 of those that call it. p NULL: nothing.
-__device__ __forceinline__ void st_dev_prefetch_l2(const void *p, size_t bytes, int t, int nt) {
+// into L1 (LEVEL 1) or L2 (LEVEL 2) (prefetch.global.L1 / .L2; PTX ISA, "Data Movement and Conversion
+// Instructions: prefetch"), the lines shared out over threads t = 0 .. nt - 1 of those that call it.
+// p NULL: nothing.
+template <int LEVEL = 2> __device__ __forceinline__ void st_dev_prefetch(const void *p, size_t bytes, int t, int nt) {
   if (!p) return;
   const uintptr_t a = (uintptr_t)p & ~(uintptr_t)127, end = (uintptr_t)p + bytes;
-  for (uintptr_t l = a + (uintptr_t)t * 128; l < end; l += (uintptr_t)nt * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+  for (uintptr_t l = a + (uintptr_t)t * 128; l < end; l += (uintptr_t)nt * 128) {
+    if (LEVEL == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(l));
+    else asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+  }
 }
 
 // Bulk copies global -> shared that complete on an mbarrier (sm_90: the copy engine of
